@@ -1,0 +1,85 @@
+# lbctl build graph. `make demo` and `make test` are the two entry points a
+# fresh machine needs; both bootstrap first (scripts/bootstrap.sh installs
+# only what is missing).
+.DELETE_ON_ERROR:
+.SECONDARY:
+SHELL := /bin/bash
+
+CLANG     ?= clang
+BPFTOOL   ?= $(shell command -v bpftool || echo /usr/sbin/bpftool)
+ARCH_INC  := /usr/include/$(shell gcc -dumpmachine)
+OUT       := bpf/.output
+BPF_SRCS  := bpf/sock.c bpf/abi.c
+BPF_OBJS  := $(patsubst bpf/%.c,$(OUT)/%.bpf.o,$(BPF_SRCS))
+BPF_HDRS  := $(wildcard bpf/include/*.h bpf/lib/*.h)
+BPF_TEST_SRCS := $(wildcard bpf/tests/*.c)
+BPF_TEST_OBJS := $(patsubst bpf/tests/%.c,$(OUT)/tests/%.bpf.o,$(BPF_TEST_SRCS))
+# No vmlinux.h: the socket hooks need only UAPI (linux-libc-dev) and libbpf
+# headers, which keeps one object loadable on every kernel we test.
+BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf
+NATIVE    := build/Release/lb_native.node
+TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
+STAMP     := node_modules/.lbctl-lock-hash
+
+.PHONY: all build bootstrap bpf native ts gen check-gen test test-unit test-bpf test-e2e demo clean cleanup
+
+all: build
+
+bootstrap $(STAMP):
+	@bash scripts/bootstrap.sh
+
+build: bootstrap bpf native ts check-gen
+
+bpf: $(BPF_OBJS) $(BPF_TEST_OBJS)
+
+$(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+$(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
+	@mkdir -p $(OUT)/tests
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+$(OUT):
+	@mkdir -p $@
+
+native: $(NATIVE)
+
+$(NATIVE): binding.gyp $(wildcard native/*.cc native/*.h) $(STAMP)
+	npx --no-install node-gyp rebuild --silent
+
+ts: dist/.stamp
+
+dist/.stamp: $(TS_SRCS) tsconfig.json $(STAMP)
+	npx --no-install tsc -p tsconfig.json
+	@touch $@
+
+# The TypeScript codecs come from the objects' BTF; `gen` rewrites them,
+# `check-gen` fails the build when the checked-in file is stale.
+gen: $(BPF_OBJS)
+	node scripts/gen-abi.mjs --bpftool $(BPFTOOL) $(BPF_OBJS) > src/datapath/abi.gen.ts
+
+check-gen: $(BPF_OBJS)
+	@node scripts/gen-abi.mjs --bpftool $(BPFTOOL) $(BPF_OBJS) | diff -u src/datapath/abi.gen.ts - >/dev/null \
+	  || { echo "src/datapath/abi.gen.ts is stale: run 'make gen' and commit it" >&2; \
+	       node scripts/gen-abi.mjs --bpftool $(BPFTOOL) $(BPF_OBJS) | diff -u src/datapath/abi.gen.ts - | head -40 >&2; exit 1; }
+
+test: build
+	npx --no-install tap test/unit test/native test/bpf test/e2e
+
+test-unit: build
+	npx --no-install tap test/unit
+
+test-bpf: build
+	npx --no-install tap test/native test/bpf
+
+test-e2e: build
+	npx --no-install tap test/e2e
+
+demo: build
+	bash scripts/demo.sh
+
+cleanup:
+	./bin/lbctl cleanup
+
+clean:
+	rm -rf $(OUT) build dist

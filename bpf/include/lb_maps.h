@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Every map lbctl's datapath uses, beside the types of lb_types.h. Maps are
+ * pinned by name under the agent's --bpf-root, so a restarted agent and
+ * `lbctl bpf lb list` find them; max_entries here are the defaults, and the
+ * loader may override them before load (bpf_map__set_max_entries).
+ */
+#ifndef __LB_MAPS_H
+#define __LB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "lb_types.h"
+
+/* Defaults: 64k services with 256k backends in all (slots = backends). */
+#define LB_SERVICES_MAX		(65536 + 262144)
+#define LB_BACKENDS_MAX		262144
+#define LB_REVNAT_MAX		65536
+#define LB_SOCK_REVNAT_MAX	262144
+
+/* frontend (+slot) -> master entry or backend id */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb4_key);
+	__type(value, struct lb_service);
+	__uint(max_entries, LB_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_key);
+	__type(value, struct lb_service);
+	__uint(max_entries, LB_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_services SEC(".maps");
+
+/* backend id -> backend address */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb4_backend);
+	__uint(max_entries, LB_BACKENDS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_backend);
+	__uint(max_entries, LB_BACKENDS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_backends SEC(".maps");
+
+/* rev-NAT id -> frontend address (reply translation at tc, listings) */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb4_reverse_nat);
+	__uint(max_entries, LB_REVNAT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_reverse_nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16);
+	__type(value, struct lb6_reverse_nat);
+	__uint(max_entries, LB_REVNAT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_reverse_nat SEC(".maps");
+
+/* (socket, backend) -> the service that socket asked for */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_sock_key);
+	__type(value, struct lb4_sock_revnat);
+	__uint(max_entries, LB_SOCK_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_sock_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_sock_key);
+	__type(value, struct lb6_sock_revnat);
+	__uint(max_entries, LB_SOCK_REVNAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb6_sock_revnat SEC(".maps");
+
+/* enum lb_metric -> per-CPU packet/socket counter */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, LB_MTR_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_metrics SEC(".maps");
+
+#endif /* __LB_MAPS_H */

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs what lbctl needs to build, test and demo, and only what is missing.
+# Idempotent: a second run on a ready machine installs nothing and touches no
+# network. Debian packages first, then `npm ci` when node_modules is stale.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# command-or-file  debian-package
+need=(
+  "clang:clang"
+  "llc:llvm"
+  "llvm-strip:llvm"
+  "/usr/include/bpf/libbpf.h:libbpf-dev"
+  "/usr/include/libelf.h:libelf-dev"
+  "/usr/include/zlib.h:zlib1g-dev"
+  "bpftool:bpftool"
+  "ip:iproute2"
+  "tc:iproute2"
+  "curl:curl"
+  "dig:dnsutils"
+  "dnsmasq:dnsmasq-base"
+  "socat:socat"
+  "python3:python3"
+  "make:make"
+  "g++:g++"
+  "pkg-config:pkg-config"
+)
+
+missing=()
+for pair in "${need[@]}"; do
+  what=${pair%%:*} pkg=${pair#*:}
+  if [[ $what == /* ]]; then
+    [[ -e $what ]] && continue
+  else
+    # bpftool lives in /usr/sbin, which a non-login root shell may not have on PATH
+    command -v "$what" >/dev/null 2>&1 || [[ -x /usr/sbin/$what ]] && continue
+  fi
+  [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
+done
+
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "bootstrap: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm ci only when package-lock.json changed since the last install.
+if [[ -f package-lock.json ]]; then
+  stamp=node_modules/.lbctl-lock-hash
+  want=$(sha256sum package-lock.json | cut -d' ' -f1)
+  if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+    echo "bootstrap: npm ci"
+    npm ci --no-audit --no-fund --ignore-scripts
+    echo "$want" >"$stamp"
+  fi
+fi
