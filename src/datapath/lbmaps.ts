@@ -1,0 +1,64 @@
+// The datapath as the reconciler sees it: typed operations on lbctl's maps,
+// addresses as text. Byte layouts stay in abi.gen.ts; the implementation over
+// pinned kernel maps is in maps.ts, a fake for tests in test/helpers.
+import type { Backend, Family, Protocol, ServiceType } from '../model/types.js';
+
+/** A service map key without its slot. Wildcards: port 0, protocol 'ANY'. */
+export interface ServiceAddr {
+  readonly address: string;
+  readonly family: Family;
+  readonly port: number;
+  readonly protocol: Protocol | 'ANY';
+}
+
+export type MasterType = ServiceType | 'Wildcard';
+
+/** Slot 0 of a frontend. */
+export interface MasterEntry {
+  /** Selectable backends, in slots 1..count. */
+  readonly count: number;
+  /** Non-selectable (terminating) backends, in slots count+1..count+qcount. */
+  readonly qcount: number;
+  readonly revNatId: number;
+  readonly type: MasterType;
+  readonly flags: number;
+  readonly affinityTimeout: number;
+}
+
+export interface RevNatEntry {
+  readonly address: string;
+  readonly port: number;
+}
+
+export interface ServiceEntry {
+  readonly fe: ServiceAddr;
+  readonly slot: number;
+  /** Slot 0 only. */
+  readonly master?: MasterEntry;
+  /** Slots > 0 only. */
+  readonly backendId?: number;
+}
+
+export interface MapsDump {
+  readonly services: readonly ServiceEntry[];
+  readonly backends: ReadonlyArray<{ readonly id: number; readonly backend: Backend }>;
+  readonly revNat: ReadonlyArray<{ readonly id: number; readonly family: Family } & RevNatEntry>;
+}
+
+/** Every write the reconciler makes. Each call is one map syscall. */
+export interface LbMaps {
+  putBackend(id: number, backend: Backend): void;
+  deleteBackend(id: number, family: Family): void;
+  putMaster(fe: ServiceAddr, master: MasterEntry): void;
+  deleteMaster(fe: ServiceAddr): void;
+  putSlot(fe: ServiceAddr, slot: number, backendId: number): void;
+  deleteSlot(fe: ServiceAddr, slot: number): void;
+  putRevNat(id: number, family: Family, entry: RevNatEntry): void;
+  deleteRevNat(id: number, family: Family): void;
+  dump(): MapsDump;
+}
+
+export function serviceAddrKey(fe: ServiceAddr): string {
+  const host = fe.family === 6 ? `[${fe.address}]` : fe.address;
+  return `${host}:${fe.port}/${fe.protocol}`;
+}

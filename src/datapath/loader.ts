@@ -1,0 +1,207 @@
+// Loads the datapath object, adopts pinned maps, attaches its programs to a
+// cgroup through pinned links, and takes it all down on request. Attach is
+// idempotent: a second load finds the pinned links and switches them to the
+// new programs atomically (BPF_LINK_UPDATE), so a restarted or upgraded
+// agent never leaves sockets unbalanced.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ConfigError } from '../errors.js';
+import { BpfObject, isErrno, openPinnedMap, unpin, type BpfMap } from '../native/bpf.js';
+import { mapSpecs, type MapName } from './abi.gen.js';
+import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+export const DEFAULT_OBJECT = path.join(ROOT, 'bpf/.output/sock.bpf.o');
+export const DEFAULT_BPF_ROOT = '/sys/fs/bpf/lbctl';
+
+export interface MapSizes {
+  /** Frontends (service address, port, protocol) per family. */
+  readonly services: number;
+  /** Backends per family; also the number of backend slots. */
+  readonly backends: number;
+  /** Open sockets whose reverse translation is remembered, per family. */
+  readonly sockRevNat: number;
+}
+
+export const DEFAULT_SIZES: MapSizes = {
+  services: 65536,
+  backends: 262144,
+  sockRevNat: mapSpecs.lb4_sock_revnat.maxEntries,
+};
+
+export interface DatapathOptions {
+  readonly bpfRoot: string;
+  readonly cgroup: string;
+  readonly object?: string;
+  readonly sizes?: Partial<MapSizes>;
+}
+
+export interface AttachedProgram {
+  readonly name: string;
+  readonly linkId: number;
+  /** True when an existing pinned link was switched to this program. */
+  readonly updated: boolean;
+}
+
+export interface Datapath {
+  readonly maps: KernelLbMaps;
+  readonly programs: readonly AttachedProgram[];
+  readonly object: BpfObject;
+  close(): void;
+}
+
+export const mapsDir = (bpfRoot: string): string => path.join(bpfRoot, 'maps');
+export const linksDir = (bpfRoot: string): string => path.join(bpfRoot, 'links');
+
+/** Where cgroup v2 is mounted (not always /sys/fs/cgroup), from /proc/mounts. */
+export function cgroup2Root(mounts = readFileSync('/proc/mounts', 'utf8')): string {
+  for (const line of mounts.split('\n')) {
+    const [, mountPoint, type] = line.split(' ');
+    if (type === 'cgroup2' && mountPoint) return mountPoint.replace(/\\040/g, ' ');
+  }
+  throw new ConfigError('no cgroup v2 filesystem is mounted (looked in /proc/mounts); lbctl attaches to a cgroup v2 path');
+}
+
+/** Mounts bpffs at /sys/fs/bpf when bpfRoot lives there and it is not mounted yet. */
+export function ensureBpffs(bpfRoot: string, mounts = readFileSync('/proc/mounts', 'utf8')): void {
+  const bpfMounts = mounts
+    .split('\n')
+    .map((l) => l.split(' '))
+    .filter(([, , type]) => type === 'bpf')
+    .map(([, mp]) => mp!);
+  const abs = path.resolve(bpfRoot);
+  if (bpfMounts.some((mp) => abs === mp || abs.startsWith(mp.endsWith('/') ? mp : `${mp}/`))) return;
+  if (abs.startsWith('/sys/fs/bpf/')) {
+    mkdirSync('/sys/fs/bpf', { recursive: true });
+    execFileSync('mount', ['-t', 'bpf', 'bpf', '/sys/fs/bpf']);
+    return;
+  }
+  throw new ConfigError(`--bpf-root ${bpfRoot} is not on a bpf filesystem (mount one with: mount -t bpf bpf <dir>)`);
+}
+
+function maxEntries(sizes: MapSizes): Record<string, number> {
+  for (const [k, v] of Object.entries(sizes)) {
+    if (!Number.isInteger(v) || v < 1 || v > 1 << 26) throw new ConfigError(`map size ${k}=${v} is not an integer in 1..${1 << 26}`);
+  }
+  const slots = sizes.services + sizes.backends;
+  return {
+    lb4_services: slots,
+    lb6_services: slots,
+    lb4_backends: sizes.backends,
+    lb6_backends: sizes.backends,
+    lb4_reverse_nat: Math.min(sizes.services, 65536),
+    lb6_reverse_nat: Math.min(sizes.services, 65536),
+    lb4_sock_revnat: sizes.sockRevNat,
+    lb6_sock_revnat: sizes.sockRevNat,
+  };
+}
+
+/** Pinned maps whose size differs from what this load asks for: named, so the error can say so. */
+function sizeMismatches(bpfRoot: string, wanted: Record<string, number>): string[] {
+  const out: string[] = [];
+  for (const [name, n] of Object.entries(wanted)) {
+    const p = path.join(mapsDir(bpfRoot), name);
+    if (!existsSync(p)) continue;
+    const m = openPinnedMap(p);
+    try {
+      if (m.maxEntries !== n) out.push(`${name} holds ${m.maxEntries} entries, ${n} requested`);
+    } finally {
+      m.close();
+    }
+  }
+  return out;
+}
+
+export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
+  const sizes = { ...DEFAULT_SIZES, ...opts.sizes };
+  const objectPath = opts.object ?? DEFAULT_OBJECT;
+  if (!existsSync(objectPath)) throw new ConfigError(`BPF object ${objectPath} is missing: run \`make build\``);
+  if (!statSync(opts.cgroup, { throwIfNoEntry: false })?.isDirectory()) {
+    throw new ConfigError(`--cgroup ${opts.cgroup} is not a directory of the cgroup v2 hierarchy`);
+  }
+  ensureBpffs(opts.bpfRoot);
+  mkdirSync(mapsDir(opts.bpfRoot), { recursive: true });
+  mkdirSync(linksDir(opts.bpfRoot), { recursive: true });
+
+  const wanted = maxEntries(sizes);
+  const mismatches = sizeMismatches(opts.bpfRoot, wanted);
+  if (mismatches.length > 0) {
+    throw new ConfigError(
+      `pinned maps under ${mapsDir(opts.bpfRoot)} have other sizes than requested (${mismatches.join('; ')}). ` +
+        'Start with the sizes they were made with, or remove the datapath with `lbctl cleanup` first.',
+    );
+  }
+
+  const object = BpfObject.open(objectPath, { pinRoot: mapsDir(opts.bpfRoot), maxEntries: wanted });
+  try {
+    await object.load();
+    const set = {} as LbMapSet;
+    for (const name of LB_MAP_NAMES) set[name] = object.map(name);
+    for (const name of Object.keys(mapSpecs) as MapName[]) verifyMapLayout(object.map(name), mapSpecs[name]);
+    const maps = new KernelLbMaps(set);
+
+    const programs: AttachedProgram[] = [];
+    for (const name of object.programNames()) {
+      const r = object.attachCgroup(name, opts.cgroup, path.join(linksDir(opts.bpfRoot), name));
+      programs.push({ name, linkId: r.linkId, updated: r.updated });
+    }
+    return { maps, programs, object, close: () => object.close() };
+  } catch (err) {
+    object.close();
+    throw err;
+  }
+}
+
+export interface PinnedMaps {
+  readonly maps: LbMapSet;
+  get(name: MapName): BpfMap;
+  close(): void;
+}
+
+/** Opens the pinned maps for reading (works with the agent down). */
+export function openPinnedMaps(bpfRoot: string): PinnedMaps {
+  const dir = mapsDir(bpfRoot);
+  if (!existsSync(dir)) throw new ConfigError(`no lbctl datapath is pinned under ${bpfRoot} (is the agent running with this --bpf-root?)`);
+  const opened = new Map<MapName, BpfMap>();
+  const get = (name: MapName): BpfMap => {
+    let m = opened.get(name);
+    if (!m) {
+      try {
+        m = openPinnedMap(path.join(dir, name));
+      } catch (err) {
+        if (isErrno(err, 'ENOENT')) throw new ConfigError(`map ${name} is not pinned under ${dir}`);
+        throw err;
+      }
+      verifyMapLayout(m, mapSpecs[name]);
+      opened.set(name, m);
+    }
+    return m;
+  };
+  const maps = {} as LbMapSet;
+  for (const name of LB_MAP_NAMES) maps[name] = get(name);
+  return { maps, get, close: () => opened.forEach((m) => m.close()) };
+}
+
+/** Detaches every program (by unpinning its link) and removes every pinned map. */
+export function cleanupDatapath(bpfRoot: string): { links: string[]; maps: string[] } {
+  const removed = { links: [] as string[], maps: [] as string[] };
+  for (const [dir, into] of [
+    [linksDir(bpfRoot), removed.links],
+    [mapsDir(bpfRoot), removed.maps],
+  ] as const) {
+    if (!existsSync(dir)) continue;
+    for (const name of readdirSync(dir)) {
+      try {
+        unpin(path.join(dir, name));
+        into.push(name);
+      } catch (err) {
+        if (!isErrno(err, 'ENOENT')) throw err;
+      }
+    }
+    rmdirSync(dir);
+  }
+  if (existsSync(bpfRoot)) rmdirSync(bpfRoot);
+  return removed;
+}

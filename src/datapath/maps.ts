@@ -1,0 +1,231 @@
+// LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
+// moves bytes through the native addon. Nothing here knows a byte offset.
+import { ConfigError } from '../errors.js';
+import { ipFromBytes, ipv4ToUint, parseIp, uintToIpv4 } from '../model/addr.js';
+import type { Backend, BackendState, Family, Protocol } from '../model/types.js';
+import {
+  LbBackendState,
+  LbSvcType,
+  lb4_backend,
+  lb4_key,
+  lb4_reverse_nat,
+  lb6_backend,
+  lb6_key,
+  lb6_reverse_nat,
+  lb_service,
+  mapSpecs,
+  u16,
+  u32,
+  type LbService,
+  type MapName,
+  type MapSpec,
+} from './abi.gen.js';
+import type { LbMaps, MapsDump, MasterEntry, MasterType, RevNatEntry, ServiceAddr, ServiceEntry } from './lbmaps.js';
+
+/** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
+export interface ByteMap {
+  readonly name: string;
+  readonly keySize: number;
+  readonly valueSize: number;
+  readonly maxEntries: number;
+  lookup(key: Buffer): Buffer | null;
+  update(key: Buffer, value: Buffer, flags?: number): void;
+  delete(key: Buffer): boolean;
+  entries(): Array<[Buffer, Buffer]>;
+}
+
+/** The maps LbMaps writes; lb_metrics and the socket rev-NAT maps are read elsewhere. */
+export const LB_MAP_NAMES = [
+  'lb4_services',
+  'lb6_services',
+  'lb4_backends',
+  'lb6_backends',
+  'lb4_reverse_nat',
+  'lb6_reverse_nat',
+] as const satisfies readonly MapName[];
+
+export type LbMapSet = Record<(typeof LB_MAP_NAMES)[number], ByteMap>;
+
+const PROTO_NUM: Record<Protocol | 'ANY', number> = { ANY: 0, TCP: 6, UDP: 17 };
+const PROTO_NAME = new Map<number, Protocol | 'ANY'>([
+  [0, 'ANY'],
+  [6, 'TCP'],
+  [17, 'UDP'],
+]);
+
+const TYPE_NUM: Record<MasterType, number> = {
+  ClusterIP: LbSvcType.LB_SVC_CLUSTER_IP,
+  NodePort: LbSvcType.LB_SVC_NODE_PORT,
+  ExternalIP: LbSvcType.LB_SVC_EXTERNAL_IP,
+  LoadBalancer: LbSvcType.LB_SVC_LOAD_BALANCER,
+  Wildcard: LbSvcType.LB_SVC_WILDCARD,
+};
+const TYPE_NAME = new Map<number, MasterType>(Object.entries(TYPE_NUM).map(([k, v]) => [v, k as MasterType]));
+
+const STATE_NUM: Record<BackendState, number> = {
+  active: LbBackendState.LB_BACKEND_ACTIVE,
+  terminating: LbBackendState.LB_BACKEND_TERMINATING,
+  quarantined: LbBackendState.LB_BACKEND_QUARANTINED,
+};
+const STATE_NAME = new Map<number, BackendState>(Object.entries(STATE_NUM).map(([k, v]) => [v, k as BackendState]));
+
+/**
+ * Checks that a kernel map has the layout lbctl's codecs expect. A mismatch
+ * means the object or the pinned maps come from another build: stop, with a
+ * message that says which map and what to do.
+ */
+export function verifyMapLayout(map: ByteMap, spec: MapSpec<unknown, unknown>): void {
+  const problems: string[] = [];
+  if (map.keySize !== spec.key.size) problems.push(`key is ${map.keySize} bytes, lbctl expects ${spec.key.size} (${spec.key.name})`);
+  if (map.valueSize !== spec.value.size) problems.push(`value is ${map.valueSize} bytes, lbctl expects ${spec.value.size} (${spec.value.name})`);
+  if (problems.length > 0) {
+    throw new ConfigError(
+      `map ${spec.name}: ${problems.join('; ')}. The BPF object or the pinned maps come from a different lbctl build: ` +
+        'rebuild (make build), or remove the old datapath with `lbctl cleanup`.',
+    );
+  }
+}
+
+function v6bytes(address: string): Buffer {
+  const ip = parseIp(address);
+  if (!ip || ip.family !== 6) throw new RangeError(`${address} is not an IPv6 address`);
+  return ip.bytes;
+}
+
+function serviceKey(fe: ServiceAddr, slot: number): Buffer {
+  const proto = PROTO_NUM[fe.protocol];
+  return fe.family === 4
+    ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto })
+    : lb6_key.encode({ address: v6bytes(fe.address), dport: fe.port, backendSlot: slot, proto });
+}
+
+function masterValue(m: MasterEntry): Buffer {
+  return lb_service.encode({
+    backendId: 0,
+    count: m.count,
+    qcount: m.qcount,
+    revNatIndex: m.revNatId,
+    type: TYPE_NUM[m.type],
+    flags: m.flags,
+    affinityTimeout: m.affinityTimeout,
+  });
+}
+
+function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntry {
+  if (slot > 0) return { fe, slot, backendId: v.backendId };
+  return {
+    fe,
+    slot,
+    master: {
+      count: v.count,
+      qcount: v.qcount,
+      revNatId: v.revNatIndex,
+      type: TYPE_NAME.get(v.type) ?? 'ClusterIP',
+      flags: v.flags,
+      affinityTimeout: v.affinityTimeout,
+    },
+  };
+}
+
+export class KernelLbMaps implements LbMaps {
+  constructor(private readonly m: LbMapSet) {
+    for (const name of LB_MAP_NAMES) verifyMapLayout(m[name], mapSpecs[name]);
+  }
+
+  putBackend(id: number, b: Backend): void {
+    const proto = PROTO_NUM[b.protocol];
+    const state = STATE_NUM[b.state];
+    if (b.family === 4) {
+      this.m.lb4_backends.update(u32.encode(id), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state }));
+    } else {
+      this.m.lb6_backends.update(u32.encode(id), lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto, state }));
+    }
+  }
+
+  deleteBackend(id: number, family: Family): void {
+    (family === 4 ? this.m.lb4_backends : this.m.lb6_backends).delete(u32.encode(id));
+  }
+
+  putMaster(fe: ServiceAddr, master: MasterEntry): void {
+    this.services(fe.family).update(serviceKey(fe, 0), masterValue(master));
+  }
+
+  deleteMaster(fe: ServiceAddr): void {
+    this.services(fe.family).delete(serviceKey(fe, 0));
+  }
+
+  putSlot(fe: ServiceAddr, slot: number, backendId: number): void {
+    const v = lb_service.encode({ backendId, count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 });
+    this.services(fe.family).update(serviceKey(fe, slot), v);
+  }
+
+  deleteSlot(fe: ServiceAddr, slot: number): void {
+    this.services(fe.family).delete(serviceKey(fe, slot));
+  }
+
+  putRevNat(id: number, family: Family, e: RevNatEntry): void {
+    if (family === 4) {
+      this.m.lb4_reverse_nat.update(u16.encode(id), lb4_reverse_nat.encode({ address: ipv4ToUint(e.address), port: e.port }));
+    } else {
+      this.m.lb6_reverse_nat.update(u16.encode(id), lb6_reverse_nat.encode({ address: v6bytes(e.address), port: e.port }));
+    }
+  }
+
+  deleteRevNat(id: number, family: Family): void {
+    (family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat).delete(u16.encode(id));
+  }
+
+  dump(): MapsDump {
+    return dumpMaps(this.m);
+  }
+
+  private services(family: Family): ByteMap {
+    return family === 4 ? this.m.lb4_services : this.m.lb6_services;
+  }
+}
+
+/** Reads every entry of the service, backend and rev-NAT maps. Entries lbctl cannot decode are skipped. */
+export function dumpMaps(m: LbMapSet): MapsDump {
+  const services: ServiceEntry[] = [];
+  for (const [k, v] of m.lb4_services.entries()) {
+    const key = lb4_key.decode(k);
+    const protocol = PROTO_NAME.get(key.proto);
+    if (!protocol) continue;
+    const fe: ServiceAddr = { address: uintToIpv4(key.address), family: 4, port: key.dport, protocol };
+    services.push(decodeService(fe, key.backendSlot, lb_service.decode(v)));
+  }
+  for (const [k, v] of m.lb6_services.entries()) {
+    const key = lb6_key.decode(k);
+    const protocol = PROTO_NAME.get(key.proto);
+    if (!protocol) continue;
+    const fe: ServiceAddr = { address: ipFromBytes(key.address), family: 6, port: key.dport, protocol };
+    services.push(decodeService(fe, key.backendSlot, lb_service.decode(v)));
+  }
+
+  const backends: Array<{ id: number; backend: Backend }> = [];
+  for (const [k, v] of m.lb4_backends.entries()) {
+    const b = lb4_backend.decode(v);
+    const protocol = PROTO_NAME.get(b.proto);
+    if (protocol === undefined || protocol === 'ANY') continue;
+    const state = STATE_NAME.get(b.state) ?? 'quarantined';
+    backends.push({ id: u32.decode(k), backend: { address: uintToIpv4(b.address), family: 4, port: b.port, protocol, state } });
+  }
+  for (const [k, v] of m.lb6_backends.entries()) {
+    const b = lb6_backend.decode(v);
+    const protocol = PROTO_NAME.get(b.proto);
+    if (protocol === undefined || protocol === 'ANY') continue;
+    const state = STATE_NAME.get(b.state) ?? 'quarantined';
+    backends.push({ id: u32.decode(k), backend: { address: ipFromBytes(b.address), family: 6, port: b.port, protocol, state } });
+  }
+
+  const revNat: Array<{ id: number; family: Family } & RevNatEntry> = [];
+  for (const [k, v] of m.lb4_reverse_nat.entries()) {
+    const e = lb4_reverse_nat.decode(v);
+    revNat.push({ id: u16.decode(k), family: 4, address: uintToIpv4(e.address), port: e.port });
+  }
+  for (const [k, v] of m.lb6_reverse_nat.entries()) {
+    const e = lb6_reverse_nat.decode(v);
+    revNat.push({ id: u16.decode(k), family: 6, address: ipFromBytes(e.address), port: e.port });
+  }
+  return { services, backends, revNat };
+}

@@ -1,0 +1,245 @@
+// The Kubernetes objects lbctl reads (Service, discovery.k8s.io/v1
+// EndpointSlice), as they arrive in JSON or YAML, and their validation into
+// normalized forms. Pure: no I/O. Field names follow the API, so objects
+// from @kubernetes/client-node and from manifests fit alike.
+import { parseIp, type ParsedIp } from './addr.js';
+import type { Family, Protocol } from './types.js';
+
+export interface ObjectMeta {
+  name?: string;
+  namespace?: string;
+  labels?: Record<string, string>;
+}
+
+export interface RawService {
+  apiVersion?: string;
+  kind?: string;
+  metadata?: ObjectMeta;
+  spec?: {
+    type?: string;
+    clusterIP?: string;
+    clusterIPs?: string[];
+    ports?: Array<{ name?: string; port?: number; protocol?: string; targetPort?: number | string }>;
+    externalName?: string;
+  };
+}
+
+export interface RawEndpointSlice {
+  apiVersion?: string;
+  kind?: string;
+  metadata?: ObjectMeta;
+  addressType?: string;
+  endpoints?: Array<{
+    addresses?: string[];
+    conditions?: { ready?: boolean | null; serving?: boolean | null; terminating?: boolean | null };
+    nodeName?: string;
+    zone?: string;
+  }> | null;
+  ports?: Array<{ name?: string; port?: number; protocol?: string }> | null;
+}
+
+export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
+/** More ports than this in one Service is refused as absurd (the API sets no limit). */
+export const MAX_SERVICE_PORTS = 1024;
+/** The EndpointSlice API allows at most 1000 endpoints and 100 ports per slice. */
+export const MAX_SLICE_ENDPOINTS = 1000;
+export const MAX_SLICE_PORTS = 100;
+
+export interface ServicePort {
+  readonly name: string;
+  readonly port: number;
+  readonly protocol: Protocol;
+}
+
+export interface Service {
+  readonly namespace: string;
+  readonly name: string;
+  readonly type: 'ClusterIP' | 'NodePort' | 'LoadBalancer' | 'ExternalName';
+  /** Empty for headless and ExternalName services. */
+  readonly clusterIPs: readonly ParsedIp[];
+  readonly ports: readonly ServicePort[];
+  /** Ports dropped because lbctl does not balance their protocol (SCTP). */
+  readonly unsupportedPorts: readonly string[];
+}
+
+export interface Endpoint {
+  readonly addresses: readonly ParsedIp[];
+  readonly ready: boolean;
+  readonly serving: boolean;
+  readonly terminating: boolean;
+  readonly nodeName?: string;
+  readonly zone?: string;
+}
+
+export interface EndpointSlice {
+  readonly namespace: string;
+  readonly name: string;
+  readonly serviceName: string;
+  readonly family: Family;
+  readonly ports: readonly ServicePort[];
+  readonly endpoints: readonly Endpoint[];
+}
+
+export type Validated<T> = { ok: true; value: T } | { ok: false; reason: string };
+
+const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
+
+function fail<T>(reason: string): Validated<T> {
+  return { ok: false, reason };
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function checkMeta(meta: unknown, what: string): Validated<{ namespace: string; name: string }> {
+  if (!isObject(meta)) return fail(`${what}: metadata is missing`);
+  const { name, namespace = 'default' } = meta as ObjectMeta;
+  if (typeof name !== 'string' || name.length === 0) return fail(`${what}: metadata.name is missing`);
+  if (name.length > 253 || !DNS_SUBDOMAIN.test(name)) return fail(`${what}: metadata.name ${JSON.stringify(name)} is not a valid name`);
+  if (typeof namespace !== 'string' || namespace.length > 63 || !DNS_LABEL.test(namespace)) {
+    return fail(`${what}: metadata.namespace ${JSON.stringify(namespace)} is not a valid namespace`);
+  }
+  return { ok: true, value: { namespace, name } };
+}
+
+function checkPort(v: unknown): v is number {
+  return typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= 65535;
+}
+
+function checkProtocol(v: unknown): 'TCP' | 'UDP' | 'SCTP' | undefined {
+  if (v === undefined || v === null) return 'TCP';
+  return v === 'TCP' || v === 'UDP' || v === 'SCTP' ? v : undefined;
+}
+
+/** Service → normalized form, or the first reason it cannot be used. */
+export function validateService(obj: unknown): Validated<Service> {
+  if (!isObject(obj)) return fail('Service: not an object');
+  const raw = obj as RawService;
+  const meta = checkMeta(raw.metadata, 'Service');
+  if (!meta.ok) return meta;
+  const id = `Service ${meta.value.namespace}/${meta.value.name}`;
+  const spec = raw.spec;
+  if (!isObject(spec)) return fail(`${id}: spec is missing`);
+
+  const type = spec.type ?? 'ClusterIP';
+  if (type !== 'ClusterIP' && type !== 'NodePort' && type !== 'LoadBalancer' && type !== 'ExternalName') {
+    return fail(`${id}: spec.type ${JSON.stringify(type)} is not a Service type`);
+  }
+
+  const ports: ServicePort[] = [];
+  const unsupportedPorts: string[] = [];
+  const rawPorts = spec.ports ?? [];
+  if (!Array.isArray(rawPorts)) return fail(`${id}: spec.ports is not a list`);
+  if (rawPorts.length > MAX_SERVICE_PORTS) {
+    return fail(`${id}: spec.ports has ${rawPorts.length} entries, more than the ${MAX_SERVICE_PORTS} lbctl accepts`);
+  }
+  const seen = new Set<string>();
+  for (const [i, p] of rawPorts.entries()) {
+    if (!isObject(p)) return fail(`${id}: spec.ports[${i}] is not an object`);
+    const name = p.name ?? '';
+    if (typeof name !== 'string') return fail(`${id}: spec.ports[${i}].name is not a string`);
+    if (!checkPort(p.port)) return fail(`${id}: spec.ports[${i}].port ${JSON.stringify(p.port)} is not a port (1-65535)`);
+    const protocol = checkProtocol(p.protocol);
+    if (!protocol) return fail(`${id}: spec.ports[${i}].protocol ${JSON.stringify(p.protocol)} is not TCP, UDP or SCTP`);
+    const dup = `${p.port}/${protocol}`;
+    if (seen.has(dup)) return fail(`${id}: spec.ports[${i}] repeats port ${dup}`);
+    seen.add(dup);
+    if (protocol === 'SCTP') {
+      unsupportedPorts.push(`${p.port}/SCTP`);
+      continue;
+    }
+    ports.push({ name, port: p.port, protocol });
+  }
+
+  const clusterIPs: ParsedIp[] = [];
+  if (type !== 'ExternalName') {
+    const ips = spec.clusterIPs ?? (spec.clusterIP !== undefined ? [spec.clusterIP] : []);
+    if (!Array.isArray(ips)) return fail(`${id}: spec.clusterIPs is not a list`);
+    if (ips.length > 2) return fail(`${id}: spec.clusterIPs has ${ips.length} entries (at most one per family)`);
+    const headless = ips.length === 0 || ips[0] === 'None' || ips[0] === '';
+    if (!headless) {
+      for (const [i, text] of ips.entries()) {
+        const ip = parseIp(text);
+        if (!ip) return fail(`${id}: spec.clusterIPs[${i}] ${JSON.stringify(text)} is not an IP address`);
+        if (clusterIPs.some((c) => c.family === ip.family)) return fail(`${id}: spec.clusterIPs has two IPv${ip.family} addresses`);
+        clusterIPs.push(ip);
+      }
+      if (spec.clusterIP !== undefined && spec.clusterIPs !== undefined) {
+        const first = parseIp(spec.clusterIP);
+        if (!first || first.address !== clusterIPs[0]?.address) {
+          return fail(`${id}: spec.clusterIP ${JSON.stringify(spec.clusterIP)} differs from spec.clusterIPs[0]`);
+        }
+      }
+    }
+  }
+
+  return { ok: true, value: { ...meta.value, type, clusterIPs, ports, unsupportedPorts } };
+}
+
+/** EndpointSlice → normalized form. FQDN slices are valid but carry no family: reported as unusable. */
+export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
+  if (!isObject(obj)) return fail('EndpointSlice: not an object');
+  const raw = obj as RawEndpointSlice;
+  const meta = checkMeta(raw.metadata, 'EndpointSlice');
+  if (!meta.ok) return meta;
+  const id = `EndpointSlice ${meta.value.namespace}/${meta.value.name}`;
+  const serviceName = raw.metadata?.labels?.[SERVICE_NAME_LABEL];
+  if (typeof serviceName !== 'string' || serviceName.length === 0) {
+    return fail(`${id}: label ${SERVICE_NAME_LABEL} is missing`);
+  }
+  const family = raw.addressType === 'IPv4' ? 4 : raw.addressType === 'IPv6' ? 6 : undefined;
+  if (!family) return fail(`${id}: addressType ${JSON.stringify(raw.addressType)} is not IPv4 or IPv6`);
+
+  const rawPorts = raw.ports ?? [];
+  if (!Array.isArray(rawPorts)) return fail(`${id}: ports is not a list`);
+  if (rawPorts.length > MAX_SLICE_PORTS) return fail(`${id}: ${rawPorts.length} ports, more than the API's ${MAX_SLICE_PORTS}`);
+  const ports: ServicePort[] = [];
+  for (const [i, p] of rawPorts.entries()) {
+    if (!isObject(p)) return fail(`${id}: ports[${i}] is not an object`);
+    const name = p.name ?? '';
+    if (typeof name !== 'string') return fail(`${id}: ports[${i}].name is not a string`);
+    // A nil port means "all ports" in the API; kube-proxy ignores such entries.
+    if (p.port === undefined || p.port === null) continue;
+    if (!checkPort(p.port)) return fail(`${id}: ports[${i}].port ${JSON.stringify(p.port)} is not a port (1-65535)`);
+    const protocol = checkProtocol(p.protocol);
+    if (!protocol) return fail(`${id}: ports[${i}].protocol ${JSON.stringify(p.protocol)} is not TCP, UDP or SCTP`);
+    if (protocol === 'SCTP') continue;
+    ports.push({ name, port: p.port, protocol });
+  }
+
+  const rawEndpoints = raw.endpoints ?? [];
+  if (!Array.isArray(rawEndpoints)) return fail(`${id}: endpoints is not a list`);
+  if (rawEndpoints.length > MAX_SLICE_ENDPOINTS) {
+    return fail(`${id}: ${rawEndpoints.length} endpoints, more than the API's ${MAX_SLICE_ENDPOINTS}`);
+  }
+  const endpoints: Endpoint[] = [];
+  for (const [i, e] of rawEndpoints.entries()) {
+    if (!isObject(e)) return fail(`${id}: endpoints[${i}] is not an object`);
+    if (!Array.isArray(e.addresses) || e.addresses.length === 0 || e.addresses.length > 100) {
+      return fail(`${id}: endpoints[${i}].addresses must list 1 to 100 addresses`);
+    }
+    const addresses: ParsedIp[] = [];
+    for (const [j, text] of e.addresses.entries()) {
+      const ip = parseIp(text);
+      if (!ip) return fail(`${id}: endpoints[${i}].addresses[${j}] ${JSON.stringify(text)} is not an IP address`);
+      if (ip.family !== family) return fail(`${id}: endpoints[${i}].addresses[${j}] ${text} is not ${raw.addressType}`);
+      addresses.push(ip);
+    }
+    const c = isObject(e.conditions) ? e.conditions : {};
+    // API semantics: a nil `ready` means ready; nil serving follows ready.
+    const ready = c.ready !== false;
+    const serving = c.serving ?? ready;
+    const terminating = c.terminating === true;
+    endpoints.push({
+      addresses,
+      ready,
+      serving: serving !== false,
+      terminating,
+      ...(typeof e.nodeName === 'string' ? { nodeName: e.nodeName } : {}),
+      ...(typeof e.zone === 'string' ? { zone: e.zone } : {}),
+    });
+  }
+  return { ok: true, value: { ...meta.value, serviceName, family, ports, endpoints } };
+}

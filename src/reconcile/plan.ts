@@ -1,0 +1,161 @@
+// desired vs realized → the ordered writes that turn one into the other.
+// Pure: no I/O, no id allocation (ids are assigned before planning).
+//
+// Invariant (make before break): at every point between two writes, a
+// connecting socket sees either the old service or the new one, never a
+// half-written one, and never a slot pointing at a missing backend:
+//   1. backends are written before any slot names them;
+//   2. a frontend's rev-NAT entry and slots are written before its master
+//      entry, whose count makes them selectable; slots beyond a shrunk count
+//      are deleted only after the master stops counting them;
+//   3. wildcard (address-only) entries follow their frontends;
+//   4. removals run in reverse: master first (no new selection), then its
+//      slots and rev-NAT entry, then unused wildcards, then unused backends.
+// Only differences are written, so a plan over unchanged state is empty.
+import type { Backend, DesiredState, Family, Frontend } from '../model/types.js';
+import { backendKey } from '../model/types.js';
+import { serviceAddrKey, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
+import { revNatKey, type RealizedState } from './realized.js';
+
+export type MapOp =
+  | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
+  | { readonly kind: 'delete-backend'; readonly id: number; readonly family: Family }
+  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
+  | { readonly kind: 'delete-revnat'; readonly id: number; readonly family: Family }
+  | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
+  | { readonly kind: 'delete-slot'; readonly fe: ServiceAddr; readonly slot: number }
+  | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry }
+  | { readonly kind: 'delete-master'; readonly fe: ServiceAddr };
+
+export interface IdAssignment {
+  backendId(b: Backend): number;
+  revNatId(fe: Frontend): number;
+}
+
+export function wildcardOf(address: string, family: Family): ServiceAddr {
+  return { address, family, port: 0, protocol: 'ANY' };
+}
+
+export const WILDCARD_MASTER: MasterEntry = {
+  count: 0,
+  qcount: 0,
+  revNatId: 0,
+  type: 'Wildcard',
+  flags: 0,
+  affinityTimeout: 0,
+};
+
+function sameBackend(a: Backend, b: Backend): boolean {
+  return a.address === b.address && a.port === b.port && a.protocol === b.protocol && a.state === b.state && a.family === b.family;
+}
+
+function sameMaster(a: MasterEntry, b: MasterEntry): boolean {
+  return (
+    a.count === b.count &&
+    a.qcount === b.qcount &&
+    a.revNatId === b.revNatId &&
+    a.type === b.type &&
+    a.flags === b.flags &&
+    a.affinityTimeout === b.affinityTimeout
+  );
+}
+
+/** Slot layout of a frontend: selectable backends, then terminating ones. */
+export function slotLayout(fe: Frontend): { active: readonly Backend[]; terminating: readonly Backend[] } {
+  return {
+    active: fe.backends.filter((b) => b.state === 'active'),
+    terminating: fe.backends.filter((b) => b.state === 'terminating'),
+  };
+}
+
+export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment): MapOp[] {
+  const ops: MapOp[] = [];
+  const tail: MapOp[] = [];
+
+  // 1. Backends every desired frontend needs.
+  const neededBackends = new Map<number, Backend>();
+  for (const fe of desired.values()) {
+    for (const b of fe.backends) {
+      if (b.state === 'quarantined') continue;
+      neededBackends.set(ids.backendId(b), b);
+    }
+  }
+  for (const [id, b] of neededBackends) {
+    const have = realized.backends.get(id);
+    if (!have || !sameBackend(have, b)) ops.push({ kind: 'put-backend', id, backend: b });
+  }
+
+  // 2. Frontends, each: rev-NAT, slots, master, then slots beyond the count.
+  const neededRevNat = new Set<string>();
+  const neededFrontends = new Set<string>();
+  const addresses = new Map<string, ServiceAddr>();
+  for (const fe of desired.values()) {
+    const addr: ServiceAddr = { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
+    const key = serviceAddrKey(addr);
+    neededFrontends.add(key);
+    const wild = wildcardOf(fe.address, fe.family);
+    addresses.set(serviceAddrKey(wild), wild);
+
+    const have = realized.frontends.get(key);
+    const revNatId = ids.revNatId(fe);
+    const rnKey = revNatKey(fe.family, revNatId);
+    neededRevNat.add(rnKey);
+    const rn = realized.revNat.get(rnKey);
+    if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
+      ops.push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
+    }
+
+    const { active, terminating } = slotLayout(fe);
+    const slots = [...active, ...terminating].map((b) => ids.backendId(b));
+    slots.forEach((backendId, i) => {
+      if (have?.slots.get(i + 1) !== backendId) ops.push({ kind: 'put-slot', fe: addr, slot: i + 1, backendId });
+    });
+    const master: MasterEntry = {
+      count: active.length,
+      qcount: terminating.length,
+      revNatId,
+      type: fe.type,
+      flags: 0,
+      affinityTimeout: 0,
+    };
+    if (!have?.master || !sameMaster(have.master, master)) ops.push({ kind: 'put-master', fe: addr, master });
+    if (have) {
+      for (const slot of [...have.slots.keys()].sort((a, b) => a - b)) {
+        if (slot > slots.length) ops.push({ kind: 'delete-slot', fe: addr, slot });
+      }
+    }
+  }
+
+  // 3. Wildcards of every address in use.
+  for (const [key, wild] of addresses) {
+    const have = realized.frontends.get(key);
+    if (!have?.master || !sameMaster(have.master, WILDCARD_MASTER)) {
+      ops.push({ kind: 'put-master', fe: wild, master: WILDCARD_MASTER });
+    }
+  }
+
+  // 4. Removals, in reverse order of creation.
+  const wildcardRemovals: MapOp[] = [];
+  for (const [key, have] of realized.frontends) {
+    if (neededFrontends.has(key)) continue;
+    if (have.fe.protocol === 'ANY' && have.fe.port === 0) {
+      if (addresses.has(key)) continue;
+      if (have.master) wildcardRemovals.push({ kind: 'delete-master', fe: have.fe });
+      for (const slot of have.slots.keys()) wildcardRemovals.push({ kind: 'delete-slot', fe: have.fe, slot });
+      continue;
+    }
+    if (have.master) ops.push({ kind: 'delete-master', fe: have.fe });
+    for (const slot of [...have.slots.keys()].sort((a, b) => a - b)) ops.push({ kind: 'delete-slot', fe: have.fe, slot });
+  }
+  for (const [key, rn] of realized.revNat) {
+    if (!neededRevNat.has(key)) tail.push({ kind: 'delete-revnat', id: rn.id, family: rn.family });
+  }
+  ops.push(...tail, ...wildcardRemovals);
+  for (const [id, b] of realized.backends) {
+    if (!neededBackends.has(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+  }
+  return ops;
+}
+
+/** The identity under which a backend keeps its id. */
+export const backendIdKey = backendKey;

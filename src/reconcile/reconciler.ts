@@ -1,0 +1,198 @@
+// Applies plans to the maps. Realized state changes only after a write
+// succeeds, so a failed sync leaves an exact record of what the kernel
+// holds, and the next sync (a full re-plan) finishes the job. Writes are
+// idempotent: re-running any prefix of a plan is harmless.
+import { LbError } from '../errors.js';
+import type { LbMaps, ServiceAddr } from '../datapath/lbmaps.js';
+import { serviceAddrKey } from '../datapath/lbmaps.js';
+import { backendKey, type BackendKey, type DesiredState, type Family, type FrontendKey } from '../model/types.js';
+import { IdAllocator } from './ids.js';
+import { plan, type MapOp } from './plan.js';
+import { emptyRealized, realizedFrom, revNatKey, type RealizedFrontend, type RealizedState } from './realized.js';
+
+export interface SyncOptions {
+  /**
+   * Remove what the desired state no longer holds. False while the source
+   * is incomplete (e.g. a manifest could not be parsed at all): then a sync
+   * only adds and updates, and nothing already programmed is lost.
+   */
+  readonly prune: boolean;
+}
+
+export interface SyncResult {
+  readonly planned: number;
+  readonly applied: number;
+  readonly byKind: Readonly<Record<string, number>>;
+}
+
+export class SyncError extends LbError {
+  constructor(
+    message: string,
+    readonly op: MapOp,
+    readonly applied: number,
+    options?: ErrorOptions,
+  ) {
+    super(message, 'ESYNC', options);
+  }
+}
+
+export function describeOp(op: MapOp): string {
+  switch (op.kind) {
+    case 'put-backend':
+      return `put backend ${op.id} (${backendKey(op.backend)})`;
+    case 'delete-backend':
+      return `delete backend ${op.id}`;
+    case 'put-revnat':
+      return `put rev-NAT ${op.id} (IPv${op.family})`;
+    case 'delete-revnat':
+      return `delete rev-NAT ${op.id} (IPv${op.family})`;
+    case 'put-slot':
+      return `put ${serviceAddrKey(op.fe)} slot ${op.slot} → backend ${op.backendId}`;
+    case 'delete-slot':
+      return `delete ${serviceAddrKey(op.fe)} slot ${op.slot}`;
+    case 'put-master':
+      return `put ${serviceAddrKey(op.fe)} master (count ${op.master.count})`;
+    case 'delete-master':
+      return `delete ${serviceAddrKey(op.fe)} master`;
+  }
+}
+
+export class Reconciler {
+  private realizedState: RealizedState = emptyRealized();
+  readonly backendIds = new IdAllocator<BackendKey>('backend', 1, 0xffffffff);
+  readonly revNatIds: Record<Family, IdAllocator<FrontendKey>> = {
+    4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, 0xffff),
+    6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, 0xffff),
+  };
+
+  constructor(private readonly maps: LbMaps) {}
+
+  get realized(): RealizedState {
+    return this.realizedState;
+  }
+
+  /** Reads the maps back and adopts their ids, so unchanged state is not rewritten. */
+  restore(): { frontends: number; backends: number } {
+    this.realizedState = realizedFrom(this.maps.dump());
+    let frontends = 0;
+    for (const [key, fe] of this.realizedState.frontends) {
+      if (fe.fe.protocol === 'ANY' || !fe.master) continue;
+      frontends++;
+      this.revNatIds[fe.fe.family].adopt(key as FrontendKey, fe.master.revNatId);
+    }
+    for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendKey(b), id);
+    return { frontends, backends: this.realizedState.backends.size };
+  }
+
+  /** Plans desired vs realized and applies the plan in order; throws SyncError at the first failed write. */
+  sync(desired: DesiredState, options: SyncOptions): SyncResult {
+    for (const fe of desired.values()) {
+      this.revNatIds[fe.family].acquire(fe.key);
+      for (const b of fe.backends) this.backendIds.acquire(backendKey(b));
+    }
+    let ops = plan(this.realizedState, desired, {
+      backendId: (b) => this.backendIds.get(backendKey(b))!,
+      revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
+    });
+    if (!options.prune) ops = ops.filter((op) => !isPrune(op, desired));
+
+    const byKind: Record<string, number> = {};
+    let applied = 0;
+    try {
+      for (const op of ops) {
+        try {
+          this.apply(op);
+        } catch (err) {
+          throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied, { cause: err });
+        }
+        applied++;
+        byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
+      }
+    } finally {
+      this.releaseUnused(desired);
+    }
+    return { planned: ops.length, applied, byKind };
+  }
+
+  private apply(op: MapOp): void {
+    const r = this.realizedState;
+    switch (op.kind) {
+      case 'put-backend':
+        this.maps.putBackend(op.id, op.backend);
+        r.backends.set(op.id, op.backend);
+        break;
+      case 'delete-backend':
+        this.maps.deleteBackend(op.id, op.family);
+        r.backends.delete(op.id);
+        break;
+      case 'put-revnat':
+        this.maps.putRevNat(op.id, op.family, op.entry);
+        r.revNat.set(revNatKey(op.family, op.id), { ...op.entry, id: op.id, family: op.family });
+        break;
+      case 'delete-revnat':
+        this.maps.deleteRevNat(op.id, op.family);
+        r.revNat.delete(revNatKey(op.family, op.id));
+        break;
+      case 'put-slot': {
+        this.maps.putSlot(op.fe, op.slot, op.backendId);
+        this.frontend(op.fe).slots.set(op.slot, op.backendId);
+        break;
+      }
+      case 'delete-slot': {
+        this.maps.deleteSlot(op.fe, op.slot);
+        const fe = this.frontend(op.fe);
+        fe.slots.delete(op.slot);
+        if (!fe.master && fe.slots.size === 0) r.frontends.delete(serviceAddrKey(op.fe));
+        break;
+      }
+      case 'put-master':
+        this.maps.putMaster(op.fe, op.master);
+        this.frontend(op.fe).master = op.master;
+        break;
+      case 'delete-master': {
+        this.maps.deleteMaster(op.fe);
+        const fe = this.frontend(op.fe);
+        delete fe.master;
+        if (fe.slots.size === 0) r.frontends.delete(serviceAddrKey(op.fe));
+        break;
+      }
+    }
+  }
+
+  private frontend(addr: ServiceAddr): RealizedFrontend {
+    const key = serviceAddrKey(addr);
+    let fe = this.realizedState.frontends.get(key);
+    if (!fe) this.realizedState.frontends.set(key, (fe = { fe: addr, slots: new Map() }));
+    return fe;
+  }
+
+  /** Frees ids that neither the desired state nor the maps use any more. */
+  private releaseUnused(desired: DesiredState): void {
+    const r = this.realizedState;
+    for (const family of [4, 6] as const) {
+      const alloc = this.revNatIds[family];
+      for (const [key, id] of [...alloc.entries()]) {
+        if (!desired.has(key) && !r.revNat.has(revNatKey(family, id)) && !r.frontends.get(key)?.master) alloc.release(key);
+      }
+    }
+    const needed = new Set<string>();
+    for (const fe of desired.values()) for (const b of fe.backends) needed.add(backendKey(b));
+    for (const [key, id] of [...this.backendIds.entries()]) {
+      if (!needed.has(key) && !r.backends.has(id)) this.backendIds.release(key);
+    }
+  }
+}
+
+/** Deletions of things the desired state does not name (kept when not pruning). */
+function isPrune(op: MapOp, desired: DesiredState): boolean {
+  switch (op.kind) {
+    case 'delete-slot':
+      return !desired.has(serviceAddrKey(op.fe) as FrontendKey);
+    case 'delete-master':
+    case 'delete-revnat':
+    case 'delete-backend':
+      return true;
+    default:
+      return false;
+  }
+}
