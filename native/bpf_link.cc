@@ -1,0 +1,225 @@
+#include "bpf_link.h"
+
+#include <bpf/bpf.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common.h"
+#include "errors.h"
+
+namespace lbn {
+
+namespace {
+
+// Owns a struct bpf_link*. By default destroying it detaches the link (for
+// fd-based links that is: close the fd). After keep(), it is released instead:
+// disconnected so libbpf does not detach it, and our fd closed by hand —
+// libbpf's bpf_link__destroy only closes the fd in ->detach, which it skips
+// for a disconnected link, so without the close() the fd would leak.
+class LinkHolder {
+ public:
+  explicit LinkHolder(struct bpf_link* l) : link_(l) {}
+  ~LinkHolder() {
+    if (link_ == nullptr) return;
+    if (keep_) {
+      int fd = bpf_link__fd(link_);
+      bpf_link__disconnect(link_);
+      bpf_link__destroy(link_);
+      if (fd >= 0) ::close(fd);
+    } else {
+      bpf_link__destroy(link_);
+    }
+  }
+  LinkHolder(const LinkHolder&) = delete;
+  LinkHolder& operator=(const LinkHolder&) = delete;
+  struct bpf_link* get() const { return link_; }
+  void keep() { keep_ = true; }
+
+ private:
+  struct bpf_link* link_;
+  bool keep_ = false;
+};
+
+int linkInfoByFd(int fd, struct bpf_link_info* li) {
+  std::memset(li, 0, sizeof *li);
+  __u32 len = sizeof *li;
+  int r = bpf_obj_get_info_by_fd(fd, li, &len);
+  return r != 0 ? errFromRet(r) : 0;
+}
+
+// Open a pinned object and insist it is a BPF link.
+UniqueFd openPinnedLink(Napi::Env env, const std::string& path) {
+  int r = bpf_obj_get(path.c_str());
+  ErrCtx c;
+  c.path = path;
+  if (r < 0) throwBpfError(env, "bpf_obj_get", errFromRet(r), c);
+  UniqueFd fd(r);
+  std::string kind = bpfFdKind(fd.get());
+  if (kind != "bpf-link") {
+    c.reason = "pinned object is " + (kind.empty() ? std::string("unknown") : kind) + ", not a BPF link";
+    throwBpfError(env, "bpf_obj_get", EINVAL, c);
+  }
+  return fd;
+}
+
+Napi::Object linkInfoObject(Napi::Env env, const struct bpf_link_info& li) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("id", Napi::Number::New(env, li.id));
+  o.Set("progId", Napi::Number::New(env, li.prog_id));
+  o.Set("type", Napi::Number::New(env, li.type));
+  if (li.type == BPF_LINK_TYPE_CGROUP) {
+    o.Set("attachType", Napi::Number::New(env, li.cgroup.attach_type));
+    o.Set("cgroupId", Napi::Number::New(env, static_cast<double>(li.cgroup.cgroup_id)));
+  }
+  return o;
+}
+
+Napi::Value PinnedLinkInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = argString(info, 0, "path");
+  UniqueFd fd = openPinnedLink(env, path);
+  struct bpf_link_info li;
+  if (int e = linkInfoByFd(fd.get(), &li)) {
+    ErrCtx c;
+    c.path = path;
+    throwBpfError(env, "bpf_obj_get_info_by_fd", e, c);
+  }
+  return linkInfoObject(env, li);
+}
+
+Napi::Value PinnedLinkUpdate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = argString(info, 0, "path");
+  int progFd = argI32(info, 1, "progFd");
+  UniqueFd fd = openPinnedLink(env, path);
+  int r = bpf_link_update(fd.get(), progFd, nullptr);
+  if (r != 0) {
+    ErrCtx c;
+    c.path = path;
+    throwBpfError(env, "bpf_link_update", errFromRet(r), c);
+  }
+  return env.Undefined();
+}
+
+Napi::Value Unpin(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = argString(info, 0, "path");
+  if (::unlink(path.c_str()) != 0) {
+    ErrCtx c;
+    c.path = path;
+    throwBpfError(env, "unlink", errFromErrno(), c);
+  }
+  return env.Undefined();
+}
+
+}  // namespace
+
+Napi::Object attachCgroupLink(Napi::Env env, struct bpf_program* prog, const std::string& cgroupPath,
+                              const std::string& linkPinPath) {
+  const std::string progName = bpf_program__name(prog);
+  ErrCtx c;
+  c.prog = progName;
+  c.path = linkPinPath;
+
+  size_t slash = linkPinPath.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    std::string parent = linkPinPath.substr(0, slash);
+    if (int e = mkdirAll(parent)) {
+      ErrCtx pc;
+      pc.path = parent;
+      throwBpfError(env, "mkdir", e, pc);
+    }
+  }
+
+  UniqueFd cg(::open(cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cg.valid()) {
+    ErrCtx cc;
+    cc.path = cgroupPath;
+    throwBpfError(env, "open", errFromErrno(), cc);
+  }
+  struct stat cst;
+  if (::fstat(cg.get(), &cst) != 0) {
+    ErrCtx cc;
+    cc.path = cgroupPath;
+    throwBpfError(env, "fstat", errFromErrno(), cc);
+  }
+  const uint64_t cgroupId = cst.st_ino;  // cgroup v2: the kernfs id is the inode number
+
+  LogCapture cap;
+  Napi::Object out = Napi::Object::New(env);
+  struct bpf_link_info li;
+
+  errno = 0;
+  struct bpf_link* existing = bpf_link__open(linkPinPath.c_str());
+  if (existing != nullptr) {
+    LinkHolder h(existing);
+    h.keep();  // never detach a pinned link we merely opened
+    std::string kind = bpfFdKind(bpf_link__fd(existing));
+    if (kind != "bpf-link") {
+      c.reason = "pinned object is " + (kind.empty() ? std::string("unknown") : kind) + ", not a BPF link";
+      throwBpfError(env, "bpf_link__open", EEXIST, c);
+    }
+    if (int e = linkInfoByFd(bpf_link__fd(existing), &li)) throwBpfError(env, "bpf_obj_get_info_by_fd", e, c);
+    if (li.type != BPF_LINK_TYPE_CGROUP) {
+      c.reason = "pinned link is of type " + std::to_string(li.type) + ", not a cgroup link";
+      throwBpfError(env, "attachCgroup", EEXIST, c);
+    }
+    if (li.cgroup.cgroup_id != cgroupId) {
+      c.reason = "pinned link is attached to cgroup id " + std::to_string(li.cgroup.cgroup_id) + ", not " +
+                 cgroupPath + " (id " + std::to_string(cgroupId) + "); unpin it first";
+      throwBpfError(env, "attachCgroup", EEXIST, c);
+    }
+    const uint32_t want = bpf_program__expected_attach_type(prog);
+    if (li.cgroup.attach_type != want) {
+      c.reason = "pinned link has attach type " + std::to_string(li.cgroup.attach_type) + ", program expects " +
+                 std::to_string(want);
+      throwBpfError(env, "attachCgroup", EINVAL, c);
+    }
+    int r = bpf_link__update_program(existing, prog);
+    if (r != 0) {
+      c.log = cap.tail();
+      throwBpfError(env, "bpf_link__update_program", errFromRet(r), c);
+    }
+    out.Set("linkId", Napi::Number::New(env, li.id));
+    out.Set("updated", Napi::Boolean::New(env, true));
+    return out;
+  }
+  int openErr = errFromErrno();
+  if (openErr != ENOENT) {
+    c.log = cap.tail();
+    throwBpfError(env, "bpf_link__open", openErr, c);
+  }
+
+  errno = 0;
+  struct bpf_link* link = bpf_program__attach_cgroup(prog, cg.get());
+  if (link == nullptr) {
+    ErrCtx ac;
+    ac.prog = progName;
+    ac.path = cgroupPath;
+    ac.log = cap.tail();
+    throwBpfError(env, "bpf_program__attach_cgroup", errFromErrno(), ac);
+  }
+  LinkHolder h(link);  // until pinned, going out of scope detaches it
+  int r = bpf_link__pin(link, linkPinPath.c_str());
+  if (r != 0) {
+    c.log = cap.tail();
+    throwBpfError(env, "bpf_link__pin", errFromRet(r), c);
+  }
+  h.keep();
+  if (int e = linkInfoByFd(bpf_link__fd(link), &li)) throwBpfError(env, "bpf_obj_get_info_by_fd", e, c);
+  out.Set("linkId", Napi::Number::New(env, li.id));
+  out.Set("updated", Napi::Boolean::New(env, false));
+  return out;
+}
+
+void InitLink(Napi::Env env, Napi::Object exports) {
+  exports.Set("pinnedLinkInfo", Napi::Function::New(env, PinnedLinkInfo, "pinnedLinkInfo"));
+  exports.Set("pinnedLinkUpdate", Napi::Function::New(env, PinnedLinkUpdate, "pinnedLinkUpdate"));
+  exports.Set("unpin", Napi::Function::New(env, Unpin, "unpin"));
+}
+
+}  // namespace lbn

@@ -1,0 +1,221 @@
+/**
+ * Thin typed layer over the lb_native addon. Generic: moves bytes to and from
+ * BPF objects, maps and links. Every failure is a BpfError whose `code` is the
+ * errno name ('ENOENT', 'EEXIST', ...) and whose message names the operation
+ * and the map/program/path involved.
+ */
+import { LbError } from '../errors.js';
+import { loadBinding } from './binding.js';
+import type { NativeBinding, OpenOptions, RawBpfMap, RawBpfObject } from './native.js';
+
+export type { OpenOptions } from './native.js';
+
+/** bpf_map_update_elem flags. */
+export const BPF_ANY = 0;
+export const BPF_NOEXIST = 1;
+export const BPF_EXIST = 2;
+
+export type ProgInfo = ReturnType<RawBpfObject['progInfo']>;
+export type AttachResult = ReturnType<RawBpfObject['attachCgroup']>;
+export type PinnedLinkInfo = ReturnType<NativeBinding['pinnedLinkInfo']>;
+export type TestRunOptions = Parameters<NativeBinding['progTestRun']>[1];
+export type TestRunResult = ReturnType<NativeBinding['progTestRun']>;
+
+export interface BpfErrorFields {
+  code: string;
+  errno: number;
+  op: string;
+  map?: string;
+  prog?: string;
+  path?: string;
+  /** libbpf log tail (verifier output) for load failures */
+  log?: string;
+  /** batchUpdate: how many elements were written before the failure */
+  count?: number;
+}
+
+/** A failed libbpf/bpf(2) operation. */
+export class BpfError extends LbError {
+  readonly errno: number;
+  readonly op: string;
+  readonly map?: string;
+  readonly prog?: string;
+  readonly path?: string;
+  readonly log?: string;
+  readonly count?: number;
+
+  constructor(message: string, fields: BpfErrorFields, options?: ErrorOptions) {
+    super(message, fields.code, options);
+    this.errno = fields.errno;
+    this.op = fields.op;
+    if (fields.map !== undefined) this.map = fields.map;
+    if (fields.prog !== undefined) this.prog = fields.prog;
+    if (fields.path !== undefined) this.path = fields.path;
+    if (fields.log !== undefined) this.log = fields.log;
+    if (fields.count !== undefined) this.count = fields.count;
+  }
+}
+
+/** True when err carries errno name `code` (or any of `more`). */
+export function isErrno(err: unknown, code: string, ...more: string[]): boolean {
+  if (typeof err !== 'object' || err === null) return false;
+  const c = (err as { code?: unknown }).code;
+  return typeof c === 'string' && (c === code || more.includes(c));
+}
+
+interface RawError extends Error {
+  code: string;
+  errno: number;
+  op: string;
+  map?: unknown;
+  prog?: unknown;
+  path?: unknown;
+  log?: unknown;
+  count?: unknown;
+}
+
+function isRawError(e: unknown): e is RawError {
+  if (!(e instanceof Error)) return false;
+  const r = e as Partial<RawError>;
+  return typeof r.code === 'string' && typeof r.errno === 'number' && typeof r.op === 'string';
+}
+
+const str = (v: unknown): string | undefined => (typeof v === 'string' ? v : undefined);
+
+/**
+ * Convert an addon error into a BpfError (other values pass through). The
+ * stack is the caller's: `caller` for async calls (an Error made before the
+ * call), otherwise captured here above `above`.
+ */
+export function toBpfError(err: unknown, caller?: Error, above?: (...args: never[]) => unknown): unknown {
+  if (err instanceof BpfError || !isRawError(err)) return err;
+  const fields: BpfErrorFields = { code: err.code, errno: err.errno, op: err.op };
+  const map = str(err.map), prog = str(err.prog), path = str(err.path), log = str(err.log);
+  if (map !== undefined) fields.map = map;
+  if (prog !== undefined) fields.prog = prog;
+  if (path !== undefined) fields.path = path;
+  if (log !== undefined) fields.log = log;
+  if (typeof err.count === 'number') fields.count = err.count;
+  const be = new BpfError(err.message, fields);
+  if (caller?.stack) {
+    const frames = caller.stack.split('\n').slice(1).join('\n');
+    be.stack = `${be.name}: ${be.message}\n${frames}`;
+  } else if (above) {
+    Error.captureStackTrace(be, above);
+  }
+  return be;
+}
+
+/** Run a synchronous addon call; raw errors become BpfError with the caller's stack. */
+function guard<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (err) {
+    throw toBpfError(err, undefined, guard);
+  }
+}
+
+const native = (): NativeBinding => loadBinding();
+
+/** A BPF map: the object's (borrowed fd) or one opened by pin path (owned fd). */
+export class BpfMap {
+  /** @internal use BpfObject.map() or openPinnedMap() */
+  constructor(
+    private readonly raw: RawBpfMap,
+    /** The object this map belongs to; held so it is not collected while the map is in use. */
+    readonly owner?: BpfObject,
+  ) {}
+
+  get name(): string { return this.raw.name; }
+  get type(): number { return this.raw.type; }
+  get keySize(): number { return this.raw.keySize; }
+  get valueSize(): number { return this.raw.valueSize; }
+  get maxEntries(): number { return this.raw.maxEntries; }
+  get flags(): number { return this.raw.flags; }
+  get id(): number { return this.raw.id; }
+  get fd(): number { return this.raw.fd; }
+  get perCpu(): boolean { return this.raw.perCpu; }
+  /** Bytes of a value buffer: valueSize, or roundup(valueSize, 8) * possible CPUs for per-CPU maps. */
+  get valueBufSize(): number { return this.raw.valueBufSize; }
+
+  /** The value, or null when the key is absent. */
+  lookup(key: Buffer): Buffer | null { return guard(() => this.raw.lookup(key)); }
+  update(key: Buffer, value: Buffer, flags: number = BPF_ANY): void {
+    guard(() => this.raw.update(key, value, flags));
+  }
+  /** False when the key was absent. */
+  delete(key: Buffer): boolean { return guard(() => this.raw.delete(key)); }
+  keys(): Buffer[] { return guard(() => this.raw.keys()); }
+  entries(): Array<[Buffer, Buffer]> { return guard(() => this.raw.entries()); }
+  /** Write `count` concatenated keys/values; returns how many were written (error.count on failure). */
+  batchUpdate(keys: Buffer, values: Buffer, count: number, flags: number = BPF_ANY): number {
+    return guard(() => this.raw.batchUpdate(keys, values, count, flags));
+  }
+  /** Closes the fd if this map owns it (opened by path); idempotent. */
+  close(): void { guard(() => this.raw.close()); }
+}
+
+/** A BPF ELF object: open, load, then use its maps and programs. */
+export class BpfObject {
+  private constructor(private readonly raw: RawBpfObject) {}
+
+  /** bpf_object__open_file; maxEntries overrides are applied before load. */
+  static open(path: string, opts?: OpenOptions): BpfObject {
+    return new BpfObject(guard(() => native().openObject(path, opts)));
+  }
+
+  get path(): string { return this.raw.path; }
+
+  /** Load into the kernel (verifier runs here); pinned maps are reused from pinRoot. */
+  async load(): Promise<void> {
+    const caller = new Error();
+    try {
+      await this.raw.load();
+    } catch (err) {
+      throw toBpfError(err, caller);
+    }
+  }
+
+  mapNames(): string[] { return guard(() => this.raw.mapNames()); }
+  programNames(): string[] { return guard(() => this.raw.programNames()); }
+  map(name: string): BpfMap { return new BpfMap(guard(() => this.raw.map(name)), this); }
+  progFd(name: string): number { return guard(() => this.raw.progFd(name)); }
+  progInfo(name: string): ProgInfo { return guard(() => this.raw.progInfo(name)); }
+
+  /**
+   * Attach a cgroup program through a link pinned at linkPinPath, idempotently:
+   * an existing pinned link is atomically switched to this program (updated=true).
+   */
+  attachCgroup(progName: string, cgroupPath: string, linkPinPath: string): AttachResult {
+    return guard(() => this.raw.attachCgroup(progName, cgroupPath, linkPinPath));
+  }
+
+  /** Release the object (maps obtained from it stop working); idempotent. */
+  close(): void { guard(() => this.raw.close()); }
+}
+
+export function libbpfVersion(): string { return guard(() => native().libbpfVersion()); }
+export function numPossibleCpus(): number { return guard(() => native().numPossibleCpus()); }
+
+/** Open a map pinned in bpffs; the returned map owns its fd (close() it). */
+export function openPinnedMap(path: string): BpfMap {
+  return new BpfMap(guard(() => native().openPinnedMap(path)));
+}
+
+export function pinnedLinkInfo(path: string): PinnedLinkInfo {
+  return guard(() => native().pinnedLinkInfo(path));
+}
+
+/** Atomically replace the program of a pinned link. */
+export function pinnedLinkUpdate(path: string, progFd: number): void {
+  guard(() => native().pinnedLinkUpdate(path, progFd));
+}
+
+/** Remove a bpffs pin (a pinned link with no other holder detaches). Throws ENOENT if absent. */
+export function unpin(path: string): void {
+  guard(() => native().unpin(path));
+}
+
+export function progTestRun(progFd: number, opts: TestRunOptions = {}): TestRunResult {
+  return guard(() => native().progTestRun(progFd, opts));
+}

@@ -1,0 +1,66 @@
+/**
+ * The raw surface of build/Release/lb_native.node: a generic libbpf binding
+ * that moves bytes and knows nothing of lbctl's maps or struct layouts.
+ * Failures throw (or reject with) an Error carrying `code` (errno name),
+ * `errno`, `op`, and optionally `map`, `prog`, `path`, `log`, `count`.
+ * Use it through ./bpf.js, which converts those errors to BpfError.
+ */
+
+export interface OpenOptions { pinRoot?: string; maxEntries?: Record<string, number>; }
+
+export interface RawBpfObject {
+  readonly path: string;
+  /** bpf_object__load on the thread pool; LIBBPF_PIN_BY_NAME maps are reused from pinRoot or created and pinned there. */
+  load(): Promise<void>;
+  mapNames(): string[];
+  programNames(): string[];
+  /** A map of this (loaded) object; ENOENT-coded error if unknown. Owned by the object. */
+  map(name: string): RawBpfMap;
+  progFd(name: string): number;
+  progInfo(name: string): { id: number; tag: string; type: number };
+  /**
+   * Idempotent cgroup attach through a bpf_link pinned at linkPinPath (parent dir created):
+   * an existing pinned link is updated to this program (updated=true), else the program is
+   * attached and the link pinned (updated=false). The link outlives the process.
+   */
+  attachCgroup(progName: string, cgroupPath: string, linkPinPath: string): { linkId: number; updated: boolean };
+  /** bpf_object__close; idempotent. */
+  close(): void;
+}
+
+export interface RawBpfMap {
+  readonly name: string; readonly type: number; readonly keySize: number; readonly valueSize: number;
+  readonly maxEntries: number; readonly flags: number; readonly id: number; readonly fd: number;
+  /** PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH */
+  readonly perCpu: boolean;
+  /** valueSize, or roundup(valueSize, 8) * libbpf_num_possible_cpus() for per-CPU maps */
+  readonly valueBufSize: number;
+  /** null on ENOENT */
+  lookup(key: Buffer): Buffer | null;
+  /** flags: BPF_ANY=0, BPF_NOEXIST=1, BPF_EXIST=2 */
+  update(key: Buffer, value: Buffer, flags?: number): void;
+  /** false on ENOENT */
+  delete(key: Buffer): boolean;
+  keys(): Buffer[];
+  entries(): Array<[Buffer, Buffer]>;
+  /** keys/values concatenated; returns count written; errors carry `count` (how many were written). */
+  batchUpdate(keys: Buffer, values: Buffer, count: number, flags?: number): number;
+  /** Closes only an fd this wrapper owns (maps opened by path). */
+  close(): void;
+}
+
+export interface NativeBinding {
+  libbpfVersion(): string;
+  numPossibleCpus(): number;
+  openObject(path: string, opts?: OpenOptions): RawBpfObject;
+  openPinnedMap(path: string): RawBpfMap;
+  pinnedLinkInfo(path: string): { id: number; progId: number; type: number; attachType?: number; cgroupId?: number };
+  /** bpf_link_update on a pinned link (atomic program replacement) */
+  pinnedLinkUpdate(path: string, progFd: number): void;
+  /** unlink a pinned object; throws on any error (including ENOENT) */
+  unpin(path: string): void;
+  progTestRun(
+    progFd: number,
+    opts: { data?: Buffer; ctx?: Buffer; repeat?: number; dataSizeOut?: number },
+  ): { retval: number; duration: number; data: Buffer; ctx?: Buffer };
+}

@@ -1,0 +1,30 @@
+import t from 'tap';
+import { lb4_key, lb6_sock_key, lb_service, mapSpecs, u32 } from '../../src/datapath/abi.gen.js';
+
+t.test('lb4_key encodes network-order address and port, host-order slot', async (t) => {
+  const b = lb4_key.encode({ address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17 });
+  t.equal(b.length, 12);
+  t.same([...b], [10, 96, 0, 10, 0, 53, 2, 0, 17, 0, 0, 0]);
+  t.same(lb4_key.decode(b), { address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17 });
+});
+
+t.test('lb_service round-trips every field', async (t) => {
+  const v = { backendId: 0xdeadbeef, count: 3, qcount: 1, revNatIndex: 65535, type: 1, flags: 4, affinityTimeout: 10800 };
+  t.same(lb_service.decode(lb_service.encode(v)), v);
+});
+
+t.test('arrays are raw bytes and refuse a wrong length', async (t) => {
+  const addr = Buffer.from('fd000000000000000000000000000010', 'hex');
+  const k = { cookie: 123n, address: addr, port: 443 };
+  const b = lb6_sock_key.encode(k);
+  t.equal(b.length, 32);
+  t.same(lb6_sock_key.decode(b), k);
+  t.throws(() => lb6_sock_key.encode({ ...k, address: Buffer.alloc(4) }), /expected 16 bytes/);
+});
+
+t.test('map specs name their codecs and the compiled defaults', async (t) => {
+  t.equal(mapSpecs.lb4_services.key, lb4_key);
+  t.equal(mapSpecs.lb4_backends.key, u32);
+  t.equal(mapSpecs.lb4_services.maxEntries, 65536 + 262144);
+  t.equal(mapSpecs.lb4_sock_revnat.type, 9, 'LRU hash');
+});
