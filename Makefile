@@ -21,7 +21,7 @@ NATIVE    := build/Release/lb_native.node
 TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 
-.PHONY: all build bootstrap bpf native ts gen check-gen test test-unit test-bpf test-e2e demo clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen typecheck test test-unit test-bpf test-e2e demo clean cleanup
 
 all: build
 
@@ -63,7 +63,11 @@ check-gen: $(BPF_OBJS)
 	  || { echo "src/datapath/abi.gen.ts is stale: run 'make gen' and commit it" >&2; \
 	       node scripts/gen-abi.mjs --bpftool $(BPFTOOL) $(BPF_OBJS) | diff -u src/datapath/abi.gen.ts - | head -40 >&2; exit 1; }
 
-test: build
+# Type-checks the tests too (tap runs them transpile-only).
+typecheck: $(STAMP)
+	npx --no-install tsc -p tsconfig.test.json
+
+test: build typecheck
 	npx --no-install tap test/unit test/native test/bpf test/e2e
 
 test-unit: build

@@ -1,0 +1,123 @@
+// The datapath object on the real kernel: load (verifier), pinned maps,
+// links into a child cgroup, the reconciler writing real maps, restore.
+import { mkdirSync, readFileSync, rmdirSync } from 'node:fs';
+import path from 'node:path';
+import t from 'tap';
+import { cgroup2Root, cleanupDatapath, loadDatapath, openPinnedMaps } from '../../src/datapath/loader.js';
+import { dumpMaps, verifyMapLayout, type ByteMap } from '../../src/datapath/maps.js';
+import { mapSpecs } from '../../src/datapath/abi.gen.js';
+import { desiredState } from '../../src/model/from-k8s.js';
+import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
+import { Reconciler } from '../../src/reconcile/reconciler.js';
+import { lbList } from '../../src/cli/commands/lb-list.js';
+import { pinnedLinkInfo } from '../../src/native/bpf.js';
+import { service, slice } from '../fakes/objects.js';
+
+if (process.getuid?.() !== 0) {
+  t.skip('needs root (CAP_BPF, CAP_NET_ADMIN)');
+  process.exit(0);
+}
+
+const run = `lbctl-test-bpf-${process.pid}`;
+const bpfRoot = `/sys/fs/bpf/${run}`;
+const cgroup = path.join(cgroup2Root(), run);
+mkdirSync(cgroup, { recursive: true });
+t.teardown(() => {
+  try {
+    cleanupDatapath(bpfRoot);
+  } finally {
+    rmdirSync(cgroup);
+  }
+});
+
+function model(n: number, backendsPer = 2) {
+  const services = [];
+  const slices = [];
+  for (let i = 0; i < n; i++) {
+    const s = validateService(service(`s${i}`, [`10.96.${i >> 8}.${i & 255}`, `fd00:96::${i.toString(16)}`], [{ name: 'p', port: 80 }]));
+    if (!s.ok) throw new Error(s.reason);
+    services.push(s.value);
+    for (const [fam, mk] of [['IPv4', (j: number) => `10.244.0.${j + 1}`], ['IPv6', (j: number) => `fd00:244::${j + 1}`]] as const) {
+      const e = validateEndpointSlice(slice(`s${i}-${fam.toLowerCase()}`, `s${i}`, fam, [{ name: 'p', port: 8080 }], Array.from({ length: backendsPer }, (_, j) => ({ addresses: [mk(j)] }))));
+      if (!e.ok) throw new Error(e.reason);
+      slices.push(e.value);
+    }
+  }
+  return desiredState({ services, slices }).frontends;
+}
+
+t.test('load, attach to a child cgroup, program, list, restore', async (t) => {
+  const dp = await loadDatapath({ bpfRoot, cgroup });
+  t.equal(dp.programs.length, 9, 'every program passed the verifier and is attached');
+  t.ok(dp.programs.every((p) => !p.updated), 'fresh links');
+  const info = pinnedLinkInfo(path.join(bpfRoot, 'links', 'lb_connect4'));
+  t.ok(info.progId > 0);
+
+  const r = new Reconciler(dp.maps);
+  const d = model(3);
+  const res = r.sync(d, { prune: true });
+  t.equal(res.applied, res.planned);
+  t.equal(r.sync(d, { prune: true }).planned, 0);
+
+  const pinned = openPinnedMaps(bpfRoot);
+  const list = lbList(dumpMaps(pinned.maps));
+  pinned.close();
+  t.equal(list.length, 6, '3 services × 2 families');
+  t.match(list[0], { frontend: '10.96.0.0:80/TCP', type: 'ClusterIP', backends: [{ address: '10.244.0.1:8080', slot: 1, state: 'active' }, { slot: 2 }] });
+  t.match(list[3], { frontend: '[fd00:96::]:80/TCP' });
+  dp.close();
+
+  // A second agent: links are switched in place, ids and state adopted.
+  const again = await loadDatapath({ bpfRoot, cgroup });
+  t.ok(again.programs.every((p) => p.updated), 'existing pinned links updated, not re-created');
+  t.equal(pinnedLinkInfo(path.join(bpfRoot, 'links', 'lb_connect4')).id, info.id, 'same link');
+  const r2 = new Reconciler(again.maps);
+  t.same(r2.restore(), { frontends: 6, backends: 4 });
+  t.equal(r2.sync(d, { prune: true }).planned, 0, 'a restarted agent rewrites nothing');
+  r2.sync(model(1), { prune: true });
+  const after = openPinnedMaps(bpfRoot);
+  t.equal(lbList(dumpMaps(after.maps)).length, 2);
+  after.close();
+  again.close();
+});
+
+t.test('map sizes are set at load, and a pinned map of another size is refused by name', async (t) => {
+  const root = `${bpfRoot}-sizes`;
+  t.teardown(() => cleanupDatapath(root));
+  const dp = await loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 4, backends: 4, sockRevNat: 1024 } });
+  t.equal(dp.object.map('lb4_services').maxEntries, 8);
+  t.equal(dp.object.map('lb6_backends').maxEntries, 4);
+  t.equal(dp.object.map('lb4_sock_revnat').maxEntries, 1024);
+
+  // A full map: the sync fails naming the write, and what was there stays.
+  const r = new Reconciler(dp.maps);
+  r.sync(model(1, 1), { prune: true });
+  const before = JSON.stringify(dumpMaps(openPinnedMaps(root).maps));
+  t.throws(() => r.sync(model(4, 1), { prune: true }), { code: 'ESYNC', message: /E2BIG|ENOSPC|too long|No space/ });
+  const pinned = openPinnedMaps(root);
+  const list = lbList(dumpMaps(pinned.maps));
+  pinned.close();
+  t.ok(list.some((e) => e.frontend === '10.96.0.0:80/TCP' && e.backends.length === 1), 'the first service still served');
+  t.ok(JSON.parse(before).services.length > 0);
+  dp.close();
+
+  await t.rejects(loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 8, backends: 4, sockRevNat: 1024 } }), {
+    code: 'ECONFIG',
+    message: /lb4_services holds 8 entries, 12 requested/,
+  });
+});
+
+t.test('a map whose layout differs from the codecs stops with a clear message', async (t) => {
+  const fake = { name: 'lb4_services', keySize: 16, valueSize: 16, maxEntries: 1 } as ByteMap;
+  t.throws(() => verifyMapLayout(fake, mapSpecs.lb4_services), {
+    code: 'ECONFIG',
+    message: /map lb4_services: key is 16 bytes, lbctl expects 12 \(lb4_key\).*lbctl cleanup/,
+  });
+});
+
+t.test('the object carries no map lbctl has no codec for', async (t) => {
+  const dp = await loadDatapath({ bpfRoot, cgroup });
+  t.same(dp.object.mapNames().filter((n) => !(n in mapSpecs)).sort(), []);
+  dp.close();
+  t.ok(readFileSync('/proc/mounts', 'utf8').includes(' bpf '));
+});

@@ -1,0 +1,91 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import t from 'tap';
+import { FileSource } from '../../src/sources/file.js';
+import type { Problem } from '../../src/sources/source.js';
+
+const SVC = (name: string, ip: string, port = 80) => `apiVersion: v1
+kind: Service
+metadata: {name: ${name}, namespace: default}
+spec:
+  clusterIP: ${ip}
+  ports: [{name: http, port: ${port}, protocol: TCP}]
+`;
+const SLICE = (name: string, svc: string, addr: string) => `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ${name}, namespace: default, labels: {kubernetes.io/service-name: ${svc}}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [${addr}]}]
+`;
+
+function setup(t: { teardown(fn: () => void): void }) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'lbctl-file-source-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  const problems: Problem[] = [];
+  const src = new FileSource({ dir, debounceMs: 10, onProblem: (p) => problems.push(p) });
+  t.teardown(() => src.stop());
+  return { dir, src, problems, write: (f: string, s: string) => writeFileSync(path.join(dir, f), s) };
+}
+
+t.test('several documents per file, several files, List objects, other kinds ignored', async (t) => {
+  const { src, write, problems } = setup(t);
+  write('a.yaml', `${SVC('web', '10.96.0.10')}---\n${SLICE('web-1', 'web', '10.0.0.2')}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n`);
+  write('b.json', JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [{ apiVersion: 'v1', kind: 'Service', metadata: { name: 'dns' }, spec: { clusterIP: '10.96.0.53', ports: [{ port: 53, protocol: 'UDP' }] } }] }));
+  write('notes.txt', 'ignored');
+  await src.start(() => {});
+  const snap = src.snapshot();
+  t.same(snap.services.map((s) => s.name).sort(), ['dns', 'web']);
+  t.same(snap.slices.map((s) => s.name), ['web-1']);
+  t.ok(snap.complete);
+  t.same(problems, []);
+});
+
+t.test('a malformed document is reported with file, index and reason; the rest is served', async (t) => {
+  const { dir, src, write, problems } = setup(t);
+  write('a.yaml', `${SVC('web', '10.96.0.10')}---\n${SVC('bad', '10.96.0.11', 70000)}---\nkind: Service\nmetadata: {name: x\n`);
+  write('b.yaml', SVC('other', '10.96.0.12'));
+  await src.start(() => {});
+  t.same(src.snapshot().services.map((s) => s.name).sort(), ['other', 'web']);
+  t.match(problems, [
+    { where: `${path.join(dir, 'a.yaml')}: document 1`, reason: /spec\.ports\[0\]\.port 70000 is not a port/ },
+    { where: `${path.join(dir, 'a.yaml')}: document 2`, reason: /YAML error/ },
+  ]);
+  t.notOk(src.snapshot().complete, 'a document that is not YAML makes the snapshot incomplete');
+});
+
+t.test('a file that turns bad keeps its last good objects; an object that turns invalid keeps its last valid version', async (t) => {
+  const { src, write, problems } = setup(t);
+  write('a.yaml', SVC('web', '10.96.0.10'));
+  write('b.yaml', SVC('dns', '10.96.0.53'));
+  await src.start(() => {});
+  write('a.yaml', 'kind: Service\nmetadata: [unclosed\n');
+  write('b.yaml', SVC('dns', 'not-an-ip'));
+  await src.reload();
+  const snap = src.snapshot();
+  t.same(snap.services.map((s) => `${s.name} ${s.clusterIPs[0]?.address}`).sort(), ['dns 10.96.0.53', 'web 10.96.0.10']);
+  t.ok(snap.complete, 'the bad file had a good read before');
+  t.match(problems.map((p) => p.reason), [/YAML error/, /not an IP address \(keeping its last valid version\)/]);
+});
+
+t.test('changes are noticed and reported through onChange', async (t) => {
+  const { src, write } = setup(t);
+  write('a.yaml', SVC('web', '10.96.0.10'));
+  let changed!: () => void;
+  const seen = new Promise<void>((resolve) => (changed = resolve));
+  await src.start(() => changed());
+  write('a.yaml', `${SVC('web', '10.96.0.10')}---\n${SVC('web2', '10.96.0.20')}`);
+  await seen;
+  t.same(src.snapshot().services.map((s) => s.name).sort(), ['web', 'web2']);
+});
+
+t.test('a deleted file takes its objects with it', async (t) => {
+  const { dir, src, write } = setup(t);
+  write('a.yaml', SVC('web', '10.96.0.10'));
+  write('b.yaml', SVC('dns', '10.96.0.53'));
+  await src.start(() => {});
+  rmSync(path.join(dir, 'b.yaml'));
+  await src.reload();
+  t.same(src.snapshot().services.map((s) => s.name), ['web']);
+});
