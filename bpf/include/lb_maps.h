@@ -18,6 +18,11 @@
 #define LB_REVNAT_MAX		65536
 #define LB_SOCK_REVNAT_MAX	262144
 
+/* BPF unit tests (bpf/tests) include the programs with their maps unpinned. */
+#ifndef LB_MAP_PINNING
+#define LB_MAP_PINNING		LIBBPF_PIN_BY_NAME
+#endif
+
 /* frontend (+slot) -> master entry or backend id */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -25,7 +30,7 @@ struct {
 	__type(value, struct lb_service);
 	__uint(max_entries, LB_SERVICES_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb4_services SEC(".maps");
 
 struct {
@@ -34,7 +39,7 @@ struct {
 	__type(value, struct lb_service);
 	__uint(max_entries, LB_SERVICES_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb6_services SEC(".maps");
 
 /* backend id -> backend address */
@@ -44,7 +49,7 @@ struct {
 	__type(value, struct lb4_backend);
 	__uint(max_entries, LB_BACKENDS_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb4_backends SEC(".maps");
 
 struct {
@@ -53,7 +58,7 @@ struct {
 	__type(value, struct lb6_backend);
 	__uint(max_entries, LB_BACKENDS_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb6_backends SEC(".maps");
 
 /* rev-NAT id -> frontend address (reply translation at tc, listings) */
@@ -63,7 +68,7 @@ struct {
 	__type(value, struct lb4_reverse_nat);
 	__uint(max_entries, LB_REVNAT_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb4_reverse_nat SEC(".maps");
 
 struct {
@@ -72,7 +77,7 @@ struct {
 	__type(value, struct lb6_reverse_nat);
 	__uint(max_entries, LB_REVNAT_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb6_reverse_nat SEC(".maps");
 
 /* (socket, backend) -> the service that socket asked for */
@@ -81,7 +86,7 @@ struct {
 	__type(key, struct lb4_sock_key);
 	__type(value, struct lb4_sock_revnat);
 	__uint(max_entries, LB_SOCK_REVNAT_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb4_sock_revnat SEC(".maps");
 
 struct {
@@ -89,7 +94,7 @@ struct {
 	__type(key, struct lb6_sock_key);
 	__type(value, struct lb6_sock_revnat);
 	__uint(max_entries, LB_SOCK_REVNAT_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb6_sock_revnat SEC(".maps");
 
 /* enum lb_metric -> per-CPU packet/socket counter */
@@ -98,7 +103,7 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 	__uint(max_entries, LB_MTR_MAX);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__uint(pinning, LB_MAP_PINNING);
 } lb_metrics SEC(".maps");
 
 #endif /* __LB_MAPS_H */

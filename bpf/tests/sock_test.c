@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Unit tests of the socket datapath's helpers, run through BPF_PROG_TEST_RUN.
+ * cgroup sock_addr programs cannot be test-run, so this object includes
+ * sock.c (maps unpinned) and drives __sock{4,6}_xlate_{fwd,rev} from tc
+ * programs. Each test returns 0, or the line of the first failed check
+ * (test/bpf/sock-unit.ts runs every `test_*` program).
+ */
+#define LB_MAP_PINNING LIBBPF_PIN_NONE
+#include "../sock.c"
+
+#define CHECK(cond)                     \
+	do {                            \
+		if (!(cond))            \
+			return __LINE__; \
+	} while (0)
+
+#define SVC_IP		bpf_htonl(0x0a60000a)	/* 10.96.0.10 */
+#define SVC_PORT	bpf_htons(80)
+#define BE1_IP		bpf_htonl(0x0af40102)	/* 10.244.1.2 */
+#define BE2_IP		bpf_htonl(0x0af40103)	/* 10.244.1.3 */
+#define BE_PORT		bpf_htons(8080)
+#define REVNAT		7
+
+static __always_inline void put_master4(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type)
+{
+	struct lb4_key key = { .address = addr, .dport = port, .proto = proto };
+	struct lb_service svc = { .count = count, .rev_nat_index = REVNAT, .type = type };
+
+	bpf_map_update_elem(&lb4_services, &key, &svc, BPF_ANY);
+}
+
+static __always_inline void put_backend4(__u16 slot, __u32 id, __be32 addr)
+{
+	struct lb4_key key = { .address = SVC_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP, .backend_slot = slot };
+	struct lb_service svc = { .backend_id = id };
+	struct lb4_backend be = { .address = addr, .port = BE_PORT, .proto = IPPROTO_TCP };
+
+	bpf_map_update_elem(&lb4_backends, &id, &be, BPF_ANY);
+	bpf_map_update_elem(&lb4_services, &key, &svc, BPF_ANY);
+}
+
+static __always_inline void clear4(void)
+{
+	struct lb4_key key = { .address = SVC_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP };
+	struct lb4_key wild = { .address = SVC_IP };
+	__u32 id1 = 1, id2 = 2;
+
+	bpf_map_delete_elem(&lb4_services, &key);
+	key.backend_slot = 1;
+	bpf_map_delete_elem(&lb4_services, &key);
+	key.backend_slot = 2;
+	bpf_map_delete_elem(&lb4_services, &key);
+	bpf_map_delete_elem(&lb4_services, &wild);
+	bpf_map_delete_elem(&lb4_backends, &id1);
+	bpf_map_delete_elem(&lb4_backends, &id2);
+}
+
+SEC("tc")
+int test_fwd_not_a_service(struct __sk_buff *skb)
+{
+	__be32 addr = bpf_htonl(0x01020304);
+	__be16 port = SVC_PORT;
+
+	clear4();
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == -LB_NOT_SERVICE);
+	CHECK(addr == bpf_htonl(0x01020304) && port == SVC_PORT);
+	return 0;
+}
+
+SEC("tc")
+int test_fwd_translates_and_records_revnat(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat *rev;
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
+	CHECK(addr == BE1_IP && port == BE_PORT);
+
+	skey.cookie = bpf_get_socket_cookie(skb);
+	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(rev && rev->address == SVC_IP && rev->port == SVC_PORT && rev->rev_nat_index == REVNAT);
+
+	/* and back: the reply's source becomes the service */
+	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == 0);
+	CHECK(addr == SVC_IP && port == SVC_PORT);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_fwd_wrong_protocol_is_not_the_service(struct __sk_buff *skb)
+{
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_UDP, &addr, &port) == -LB_NOT_SERVICE);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_ICMP, &addr, &port) == -LB_NOT_SERVICE);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_fwd_refuses_without_backends(struct __sk_buff *skb)
+{
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 0, LB_SVC_CLUSTER_IP);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == -ECONNREFUSED);
+	CHECK(addr == SVC_IP);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_fwd_refuses_unknown_port_of_a_service_address(struct __sk_buff *skb)
+{
+	__be32 addr = SVC_IP;
+	__be16 port = bpf_htons(81);
+
+	clear4();
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == -LB_NOT_SERVICE);
+	put_master4(SVC_IP, 0, LB_PROTO_ANY, 0, LB_SVC_WILDCARD);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == -ECONNREFUSED);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_UDP, &addr, &port) == -ECONNREFUSED);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_fwd_refuses_when_slot_names_missing_backend(struct __sk_buff *skb)
+{
+	struct lb4_key key = { .address = SVC_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP, .backend_slot = 1 };
+	struct lb_service slot = { .backend_id = 99 };
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	bpf_map_update_elem(&lb4_services, &key, &slot, BPF_ANY);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == -ECONNREFUSED);
+	clear4();
+	return 0;
+}
+
+/*
+ * One random pick among two active backends: returns 1 or 2 for the backend
+ * chosen (not a test_ program: the harness runs it many times and checks
+ * that both are chosen).
+ */
+SEC("tc")
+int pick_one_of_two(struct __sk_buff *skb)
+{
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	put_backend4(1, 1, BE1_IP);
+	put_backend4(2, 2, BE2_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 2, LB_SVC_CLUSTER_IP);
+	if (__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port))
+		return 1000 + __LINE__;
+	return addr == BE1_IP ? 1 : addr == BE2_IP ? 2 : 2000 + __LINE__;
+}
+
+SEC("tc")
+int test_rev_removes_stale_entry(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .address = BE1_IP, .port = BE_PORT };
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
+	clear4(); /* the service goes away */
+	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == -ENOENT);
+	CHECK(addr == BE1_IP && port == BE_PORT);
+	skey.cookie = bpf_get_socket_cookie(skb);
+	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
+	return 0;
+}
+
+SEC("tc")
+int test_fwd6_translates(struct __sk_buff *skb)
+{
+	struct lb6_key key = { .dport = SVC_PORT, .proto = IPPROTO_UDP };
+	struct lb_service master = { .count = 1, .rev_nat_index = REVNAT, .type = LB_SVC_CLUSTER_IP };
+	struct lb_service slot = { .backend_id = 3 };
+	struct lb6_backend be = { .port = BE_PORT, .proto = IPPROTO_UDP };
+	__be32 addr[4] = { bpf_htonl(0xfd000096), 0, 0, bpf_htonl(0x10) };
+	__be16 port = SVC_PORT;
+	__u32 id = 3;
+
+	be.address[0] = bpf_htonl(0xfd000244);
+	be.address[3] = bpf_htonl(2);
+	ip6_copy(key.address, addr);
+	bpf_map_update_elem(&lb6_backends, &id, &be, BPF_ANY);
+	key.backend_slot = 1;
+	bpf_map_update_elem(&lb6_services, &key, &slot, BPF_ANY);
+	key.backend_slot = 0;
+	bpf_map_update_elem(&lb6_services, &key, &master, BPF_ANY);
+
+	CHECK(__sock6_xlate_fwd(skb, IPPROTO_UDP, addr, &port) == 0);
+	CHECK(addr[0] == bpf_htonl(0xfd000244) && addr[3] == bpf_htonl(2) && port == BE_PORT);
+	CHECK(__sock6_xlate_rev(skb, IPPROTO_UDP, addr, &port) == 0);
+	CHECK(addr[0] == bpf_htonl(0xfd000096) && addr[3] == bpf_htonl(0x10) && port == SVC_PORT);
+
+	bpf_map_delete_elem(&lb6_services, &key);
+	key.backend_slot = 1;
+	bpf_map_delete_elem(&lb6_services, &key);
+	bpf_map_delete_elem(&lb6_backends, &id);
+	return 0;
+}
