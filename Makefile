@@ -10,7 +10,7 @@ BPFTOOL   ?= $(shell command -v bpftool || echo /usr/sbin/bpftool)
 ARCH_INC  := /usr/include/$(shell gcc -dumpmachine)
 OUT       := bpf/.output
 BPF_SRCS  := bpf/sock.c bpf/abi.c
-BPF_OBJS  := $(patsubst bpf/%.c,$(OUT)/%.bpf.o,$(BPF_SRCS))
+BPF_OBJS  := $(patsubst bpf/%.c,$(OUT)/%.bpf.o,$(BPF_SRCS)) $(OUT)/sock_compat.bpf.o
 BPF_HDRS  := $(wildcard bpf/include/*.h bpf/lib/*.h)
 BPF_TEST_SRCS := $(wildcard bpf/tests/*.c)
 BPF_TEST_OBJS := $(patsubst bpf/tests/%.c,$(OUT)/tests/%.bpf.o,$(BPF_TEST_SRCS))
@@ -34,6 +34,10 @@ bpf: $(BPF_OBJS) $(BPF_TEST_OBJS)
 
 $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+# Kernels before 5.18 lack bpf_set_retval: same programs, refusals are EPERM.
+$(OUT)/sock_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -DLB_HAVE_SET_RETVAL=0 -c $< -o $@
 
 $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	@mkdir -p $(OUT)/tests

@@ -50,12 +50,20 @@ static __always_inline __be16 ctx_dst_port(const struct bpf_sock_addr *ctx)
 }
 
 /*
- * Refuse the syscall with ECONNREFUSED, as kube-proxy's REJECT rule does.
- * bpf_set_retval exists from 5.18; older kernels report EPERM instead.
+ * bpf_set_retval exists from 5.18 on. The compat build (sock_compat.bpf.o,
+ * LB_HAVE_SET_RETVAL=0) leaves it out, and the loader falls back to it on
+ * kernels that reject the helper: refusals there are EPERM.
  */
+#ifndef LB_HAVE_SET_RETVAL
+#define LB_HAVE_SET_RETVAL 1
+#endif
+
+/* Refuse the syscall with ECONNREFUSED, as kube-proxy's REJECT rule does. */
 static __always_inline int sys_refuse(void)
 {
+#if LB_HAVE_SET_RETVAL
 	bpf_set_retval(-ECONNREFUSED);
+#endif
 	return SYS_REJECT;
 }
 

@@ -37,6 +37,9 @@ export class Agent {
   async start(): Promise<void> {
     const { log } = this.opts;
     this.datapath = await loadDatapath(this.opts.datapath);
+    if (this.datapath.variant === 'compat') {
+      log.warn('this kernel has no bpf_set_retval (before 5.18): refused connections fail with EPERM instead of ECONNREFUSED');
+    }
     for (const p of this.datapath.programs) {
       log.info({ program: p.name, linkId: p.linkId, updated: p.updated }, p.updated ? 'program replaced on pinned link' : 'program attached');
     }

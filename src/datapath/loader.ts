@@ -14,6 +14,8 @@ import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './ma
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const DEFAULT_OBJECT = path.join(ROOT, 'bpf/.output/sock.bpf.o');
+/** The same programs without bpf_set_retval (kernels before 5.18): refusals are EPERM. */
+export const COMPAT_OBJECT = path.join(ROOT, 'bpf/.output/sock_compat.bpf.o');
 export const DEFAULT_BPF_ROOT = '/sys/fs/bpf/lbctl';
 
 export interface MapSizes {
@@ -47,6 +49,8 @@ export interface AttachedProgram {
 
 export interface Datapath {
   readonly maps: KernelLbMaps;
+  /** Which object is loaded: the standard one, or the compat one (refusals are EPERM). */
+  readonly variant: 'standard' | 'compat' | 'custom';
   readonly programs: readonly AttachedProgram[];
   readonly object: BpfObject;
   close(): void;
@@ -134,9 +138,17 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
     );
   }
 
-  const object = BpfObject.open(objectPath, { pinRoot: mapsDir(opts.bpfRoot), maxEntries: wanted });
+  const pinRoot = mapsDir(opts.bpfRoot);
+  let variant: Datapath['variant'] = opts.object ? 'custom' : 'standard';
+  let object: BpfObject;
   try {
-    await object.load();
+    object = await openAndLoad(objectPath, pinRoot, wanted);
+  } catch (err) {
+    if (opts.object || !lacksSetRetval(err)) throw err;
+    object = await openAndLoad(COMPAT_OBJECT, pinRoot, wanted);
+    variant = 'compat';
+  }
+  try {
     const set = {} as LbMapSet;
     for (const name of LB_MAP_NAMES) set[name] = object.map(name);
     for (const name of Object.keys(mapSpecs) as MapName[]) verifyMapLayout(object.map(name), mapSpecs[name]);
@@ -147,11 +159,29 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
       const r = object.attachCgroup(name, opts.cgroup, path.join(linksDir(opts.bpfRoot), name));
       programs.push({ name, linkId: r.linkId, updated: r.updated });
     }
-    return { maps, programs, object, close: () => object.close() };
+    const loaded = object;
+    return { maps, variant, programs, object, close: () => loaded.close() };
   } catch (err) {
     object.close();
     throw err;
   }
+}
+
+async function openAndLoad(objectPath: string, pinRoot: string, maxEntries: Record<string, number>): Promise<BpfObject> {
+  const object = BpfObject.open(objectPath, { pinRoot, maxEntries });
+  try {
+    await object.load();
+    return object;
+  } catch (err) {
+    object.close();
+    throw err;
+  }
+}
+
+/** The verifier's words for a kernel without bpf_set_retval (helper #187, 5.18). */
+export function lacksSetRetval(err: unknown): boolean {
+  const text = `${(err as { log?: unknown })?.log ?? ''} ${(err as Error)?.message ?? ''}`;
+  return /unknown func bpf_set_retval|invalid func unknown#187|unknown func #187|cannot use helper bpf_set_retval/.test(text);
 }
 
 export interface PinnedMaps {

@@ -3,7 +3,7 @@
 import { mkdirSync, readFileSync, rmdirSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
-import { cgroup2Root, cleanupDatapath, loadDatapath, openPinnedMaps } from '../../src/datapath/loader.js';
+import { COMPAT_OBJECT, cgroup2Root, cleanupDatapath, lacksSetRetval, loadDatapath, openPinnedMaps } from '../../src/datapath/loader.js';
 import { dumpMaps, verifyMapLayout, type ByteMap } from '../../src/datapath/maps.js';
 import { mapSpecs } from '../../src/datapath/abi.gen.js';
 import { desiredState } from '../../src/model/from-k8s.js';
@@ -120,4 +120,15 @@ t.test('the object carries no map lbctl has no codec for', async (t) => {
   t.same(dp.object.mapNames().filter((n) => !(n in mapSpecs)).sort(), []);
   dp.close();
   t.ok(readFileSync('/proc/mounts', 'utf8').includes(' bpf '));
+});
+
+t.test('the compat object (no bpf_set_retval, for kernels before 5.18) passes the verifier and shares the maps', async (t) => {
+  const root = `${bpfRoot}-compat`;
+  t.teardown(() => cleanupDatapath(root));
+  const dp = await loadDatapath({ bpfRoot: root, cgroup, object: COMPAT_OBJECT });
+  t.equal(dp.programs.length, 9);
+  t.equal(dp.variant, 'custom');
+  dp.close();
+  t.ok(lacksSetRetval({ log: 'call unknown#187\ninvalid func unknown#187' }), 'old kernels are recognised');
+  t.notOk(lacksSetRetval({ log: 'R1 invalid mem access' }));
 });
