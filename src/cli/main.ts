@@ -36,22 +36,16 @@ export function buildProgram(): Command {
     .action(async (opts) => agentCommand(opts));
 
   const bpf = program.command('bpf').description('inspect the datapath maps directly');
-  bpf
-    .command('lb')
-    .description('load-balancing maps')
-    .command('list')
-    .description('list frontends and their backends')
-    .option('--bpf-root <path>', 'bpffs directory of the pinned maps', DEFAULT_BPF_ROOT)
-    .option('-o, --output <format>', 'text or json', output, 'text')
-    .action((opts) => lbListCommand(opts));
-  bpf
-    .command('metrics')
-    .description('datapath counters')
-    .command('list')
-    .description('list the per-CPU counters, summed')
-    .option('--bpf-root <path>', 'bpffs directory of the pinned maps', DEFAULT_BPF_ROOT)
-    .option('-o, --output <format>', 'text or json', output, 'text')
-    .action((opts) => metricsListCommand(opts));
+  const listCommand = (parent: Command, what: string, description: string): Command =>
+    parent
+      .command(what)
+      .description(`${what} maps`)
+      .command('list')
+      .description(description)
+      .option('--bpf-root <path>', 'bpffs directory of the pinned maps', DEFAULT_BPF_ROOT)
+      .option('-o, --output <format>', 'text or json', output, 'text');
+  listCommand(bpf, 'lb', 'list frontends and their backends').action((opts) => lbListCommand(opts));
+  listCommand(bpf, 'metrics', 'list the per-CPU datapath counters, summed').action((opts) => metricsListCommand(opts));
 
   program
     .command('cleanup')

@@ -13,7 +13,6 @@
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
 // Only differences are written, so a plan over unchanged state is empty.
 import type { Backend, DesiredState, Family, Frontend } from '../model/types.js';
-import { backendKey } from '../model/types.js';
 import { serviceAddrKey, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
 import { revNatKey, type RealizedState } from './realized.js';
 
@@ -157,5 +156,3 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
   return ops;
 }
 
-/** The identity under which a backend keeps its id. */
-export const backendIdKey = backendKey;
