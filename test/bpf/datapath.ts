@@ -13,10 +13,8 @@ import { lbList } from '../../src/cli/commands/lb-list.js';
 import { pinnedLinkInfo } from '../../src/native/bpf.js';
 import { service, slice } from '../fakes/objects.js';
 
-if (process.getuid?.() !== 0) {
-  t.skip('needs root (CAP_BPF, CAP_NET_ADMIN)');
-  process.exit(0);
-}
+// Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
+if (process.getuid?.() !== 0) t.bailout('the BPF suites need root (CAP_BPF, CAP_NET_ADMIN): run `make test` as root');
 
 const run = `lbctl-test-bpf-${process.pid}`;
 const bpfRoot = `/sys/fs/bpf/${run}`;

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Backend servers for the lbctl sandbox: each answers with the address it
+was reached on, so a client can tell which backend served it.
+
+  backend.py --http 10.244.1.1:8080 --http [fd00:244::1:1]:8080 --udp 10.244.1.1:9000
+
+HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address).
+UDP:  every datagram is answered with "ADDR:PORT|<payload>" from that address.
+Prints "ready" on stdout once every socket is bound; runs until killed.
+"""
+import argparse
+import http.server
+import os
+import socket
+import stat
+import sys
+import threading
+
+
+def split_hostport(text):
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return family, host, int(port)
+
+
+def format_addr(sockname):
+    host, port = sockname[0], sockname[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (format_addr(self.connection.getsockname()) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def http_server(spec):
+    family, host, port = split_hostport(spec)
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = family
+        allow_reuse_address = True
+        daemon_threads = True
+        request_queue_size = 256
+
+    return Server((host, port), Handler)
+
+
+def udp_socket(spec):
+    family, host, port = split_hostport(spec)
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    s.bind((host, port))
+    return s
+
+
+def udp_echo(s):
+    me = format_addr(s.getsockname()).encode()
+    while True:
+        data, peer = s.recvfrom(65535)
+        s.sendto(me + b"|" + data, peer)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--http", action="append", default=[])
+    p.add_argument("--udp", action="append", default=[])
+    p.add_argument("--tag", help="ignored; names the run in ps output")
+    args = p.parse_args()
+    servers = [http_server(spec) for spec in args.http]
+    sockets = [udp_socket(spec) for spec in args.udp]
+    threads = [threading.Thread(target=srv.serve_forever, daemon=True) for srv in servers]
+    threads += [threading.Thread(target=udp_echo, args=(s,), daemon=True) for s in sockets]
+    for th in threads:
+        th.start()
+    print("ready", flush=True)
+    # With a pipe on stdin (a test harness), exit when the parent goes away;
+    # otherwise run until killed.
+    try:
+        mode = os.fstat(0).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            sys.stdin.read()
+        else:
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
