@@ -21,7 +21,7 @@ NATIVE    := build/Release/lb_native.node
 TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 
-.PHONY: all build bootstrap bpf native ts gen check-gen typecheck test test-unit test-bpf test-e2e demo clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen typecheck vmtest test test-unit test-bpf test-e2e demo clean cleanup
 
 all: build
 
@@ -82,6 +82,10 @@ test-bpf: build
 
 test-e2e: build
 	npx --no-install tap test/e2e
+
+# The suites on every kernel of scripts/vmtest/kernels (qemu for non-host ones).
+vmtest: build typecheck
+	bash scripts/vmtest/vmtest.sh
 
 demo: build
 	bash scripts/demo.sh

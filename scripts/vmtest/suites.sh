@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs lbctl's kernel-facing suites against the running kernel, in a guest
+# (scripts/vmtest/init) or on the host. Writes to OUT:
+#   verifier.log   every object through the verifier (and which fallbacks ran)
+#   tap.log        node-tap: native, BPF_PROG_TEST_RUN, datapath and e2e suites
+#   summary        "passed failed" counts, one line
+# Usage: suites.sh REPO OUT
+set -uo pipefail
+repo=$1 out=$2
+cd "$repo" || exit 1
+mkdir -p "$out"
+
+echo "kernel: $(uname -r) ($(uname -v))"
+node scripts/vmtest/verify-objects.mjs >"$out/verifier.log" 2>&1
+cat "$out/verifier.log"
+v_pass=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$out/verifier.log")
+v_fail=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$out/verifier.log")
+: "${v_pass:=0}" "${v_fail:=1}"
+
+# The suites were type-checked on the host; only transpile here.
+suites=${LBCTL_VMTEST_SUITES:-test/native test/bpf test/e2e}
+TS_NODE_TRANSPILE_ONLY=1 timeout "${LBCTL_VMTEST_TAP_TIMEOUT:-3000}" \
+  node node_modules/.bin/tap -R tap --timeout 600 $suites >"$out/tap.log" 2>&1
+tap_rc=$?
+summary=$(grep -E '^# \{ total: [0-9]+' "$out/tap.log" | tail -1)
+total=$(sed -n 's/.*total: \([0-9]*\).*/\1/p' <<<"$summary")
+pass=$(sed -n 's/.*pass: \([0-9]*\).*/\1/p' <<<"$summary")
+if [[ -z $total ]]; then
+  echo "tap: no summary (rc $tap_rc); see tap.log"
+  total=1 pass=0
+fi
+grep -E '^not ok' "$out/tap.log" | sed 's/^/tap: /'
+echo "tap: rc $tap_rc, $pass of $total passed"
+echo "$((v_pass + pass)) $((v_fail + total - pass))" >"$out/summary"

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# make vmtest: lbctl's kernel-facing suites on every kernel of the matrix
+# (scripts/vmtest/kernels). The host's kernel runs them directly; every other
+# kernel is booted in qemu from its Debian package (unpacked, not installed),
+# with the host's root shared read-only over 9p and a tmpfs overlay on top.
+# One boot per kernel; one "NAME: N passed, N failed" line per kernel; exit 1
+# if any kernel fails. Everything downloaded or built is cached under
+# ${XDG_CACHE_HOME:-~/.cache}/lbctl/vmtest, so a warm run downloads nothing.
+#
+# Environment:
+#   VMTEST_KERNELS   names from the matrix to run (default: all), e.g. "bookworm-6.1"
+#   VMTEST_SUITES    tap paths to run (default: test/native test/bpf test/e2e)
+#   VMTEST_TIMEOUT   seconds one guest may run (default 3600)
+#   VMTEST_REFRESH=1 resolve Debian kernels again (a newer package may exist)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+here=$repo/scripts/vmtest
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/lbctl/vmtest
+mkdir -p "$cache"/{debs,trees,initramfs,resolved,logs}
+suites=${VMTEST_SUITES:-test/native test/bpf test/e2e}
+timeout_s=${VMTEST_TIMEOUT:-3600}
+
+log() { printf 'vmtest: %s\n' "$*" >&2; }
+
+need_tools() {
+  local missing=()
+  command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx cpio || missing+=(busybox-static)
+  command -v depmod >/dev/null || [[ -x /usr/sbin/depmod ]] || missing+=(kmod)
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# debian:PKG (a metapackage such as linux-image-amd64) -> the versioned image package, cached.
+resolve_debian() {
+  local meta=$1 name=$2 file=$cache/resolved/$2
+  if [[ -s $file && ${VMTEST_REFRESH:-0} != 1 ]]; then cat "$file"; return; fi
+  if ! apt-cache show "$meta" >/dev/null 2>&1; then apt-get update -qq; fi
+  local pkg
+  pkg=$(apt-cache depends "$meta" | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
+  [[ -n $pkg ]] || { log "cannot resolve $meta to a kernel package"; return 1; }
+  echo "$pkg" >"$file"
+  echo "$pkg"
+}
+
+# PKG -> unpacked tree with a module index; prints the tree path. Downloads only when not cached.
+prepare_tree() {
+  local pkg=$1 kver=${1#linux-image-}
+  local tree=$cache/trees/$kver
+  if [[ ! -f $tree/.ready ]]; then
+    local deb
+    deb=$(ls "$cache"/debs/"${pkg}"_*.deb 2>/dev/null | head -1 || true)
+    if [[ -z $deb ]]; then
+      log "downloading $pkg"
+      (cd "$cache/debs" && apt-get download -qq -o APT::Sandbox::User=root "$pkg")
+      deb=$(ls "$cache"/debs/"${pkg}"_*.deb | head -1)
+    fi
+    rm -rf "$tree"
+    dpkg-deb -x "$deb" "$tree"
+    depmod -b "$tree" "$kver"
+    touch "$tree/.ready"
+  fi
+  echo "$tree"
+}
+
+# TREE KVER -> initramfs path, keyed by the kernel and a hash of every input.
+prepare_initramfs() {
+  local tree=$1 kver=$2
+  local mods="virtio_pci 9pnet_virtio 9p overlay"
+  local key
+  key=$( (cat "$here/init" "$here/modprobe.in" /bin/busybox; echo "$mods $tree") | sha256sum | cut -c1-16)
+  local out=$cache/initramfs/$kver-$key.gz
+  if [[ ! -f $out ]]; then
+    local work
+    work=$(mktemp -d)
+    mkdir -p "$work"/{bin,sbin,proc,sys,dev,modules}
+    cp /bin/busybox "$work/bin/busybox"
+    install -m 755 "$here/init" "$work/init"
+    sed "s|@TREE@|$tree|" "$here/modprobe.in" >"$work/sbin/modprobe"
+    chmod 755 "$work/sbin/modprobe"
+    : >"$work/modules.order"
+    for m in $mods; do
+      modprobe -d "$tree" -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+    done | awk '!seen[$0]++' | while read -r ko; do
+      cp "$ko" "$work/modules/"
+      basename "$ko" .ko >>"$work/modules.order"
+    done
+    (cd "$work" && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) >"$out.tmp"
+    mv "$out.tmp" "$out"
+    rm -rf "$work"
+  fi
+  echo "$out"
+}
+
+accel() {
+  if [[ -e /dev/kvm && ( -d /sys/module/kvm_intel || -d /sys/module/kvm_amd ) ]]; then
+    echo kvm
+  else
+    echo tcg
+  fi
+}
+
+# NAME OUTDIR -> runs the suites on the host's kernel.
+run_host() {
+  local out=$2
+  bash "$here/suites.sh" "$repo" "$out" >"$out/guest.log" 2>&1 || true
+}
+
+# NAME OUTDIR PKG -> boots the kernel in qemu and runs the suites inside.
+run_guest() {
+  local name=$1 out=$2 pkg=$3
+  local kver=${pkg#linux-image-} tree initrd mode
+  tree=$(prepare_tree "$pkg")
+  initrd=$(prepare_initramfs "$tree" "$kver")
+  mode=$(accel)
+  local cpu=(-accel tcg -cpu max)
+  [[ $mode == kvm ]] && cpu=(-accel kvm -cpu host)
+  log "$name: booting $kver under $mode (console: $out/console.log)"
+  local rc=0
+  timeout "$timeout_s" qemu-system-x86_64 "${cpu[@]}" -smp 2 -m 4G \
+    -kernel "$tree/boot/vmlinuz-$kver" -initrd "$initrd" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=4 lbctl.repo=$repo lbctl.suites=${suites// /,}" \
+    -nographic -serial "file:$out/console.log" -monitor none -no-reboot -nic none \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$out,mount_tag=share,security_model=none,multidevs=remap" || rc=$?
+  [[ $rc -eq 124 ]] && log "$name: timed out after ${timeout_s}s"
+  echo "$mode" >"$out/accel"
+}
+
+main() {
+  make -C "$repo" --no-print-directory build typecheck >&2
+  need_tools
+  local failed_kernels=0 name source
+  local stamp
+  stamp=$(date +%Y%m%d-%H%M%S)
+  while read -r name source _; do
+    [[ -z $name || $name == \#* ]] && continue
+    if [[ -n ${VMTEST_KERNELS:-} && " $VMTEST_KERNELS " != *" $name "* ]]; then continue; fi
+    local out=$cache/logs/$stamp-$name
+    mkdir -p "$out"
+    local t0=$SECONDS label
+    case $source in
+      host)
+        label="$(uname -r), host"
+        run_host "$name" "$out"
+        echo 0 >"$out/done"
+        ;;
+      debian:*)
+        local pkg
+        pkg=$(resolve_debian "${source#debian:}" "$name")
+        run_guest "$name" "$out" "$pkg"
+        label="${pkg#linux-image-}, $(cat "$out/accel")"
+        ;;
+      *)
+        log "$name: unknown source $source"
+        failed_kernels=$((failed_kernels + 1))
+        continue
+        ;;
+    esac
+
+    local passed=0 failed=1
+    if [[ -f $out/done && -f $out/summary ]]; then
+      read -r passed failed <"$out/summary"
+    else
+      log "$name: the guest left no result (panic, hang or init failure); console log kept"
+      [[ -f $out/init-error ]] && log "$name: $(cat "$out/init-error")"
+      tail -n 20 "$out/console.log" 2>/dev/null | sed 's/^/    /' >&2 || true
+    fi
+    grep -E '^(kernel|fallbacks|verifier: (FAIL|fallback))|^tap: (not ok|rc)' "$out/guest.log" 2>/dev/null | sed "s/^/  $name | /" || true
+    printf '%s: %d passed, %d failed\n' "$name" "$passed" "$failed"
+    log "$name ($label) took $((SECONDS - t0))s; logs in $out"
+    if ((failed > 0)); then
+      failed_kernels=$((failed_kernels + 1))
+    elif [[ $source != host ]]; then
+      rm -f "$out/console.log" # kept only for failed runs
+    fi
+  done <"$here/kernels"
+  return $((failed_kernels > 0))
+}
+
+main "$@"
