@@ -11,6 +11,15 @@ cd "$repo" || exit 1
 mkdir -p "$out"
 
 echo "kernel: $(uname -r) ($(uname -v))"
+
+# Module autoload works (the e2e suites need veth, clsact, cls_bpf).
+probe=lbctl-vmt$$
+if ip link add "${probe}a" type veth peer name "${probe}b" 2>"$out/modules.log"; then
+  ip link del "${probe}a"
+  echo "modules: veth ok"
+else
+  echo "modules: veth FAILED: $(cat "$out/modules.log") (modprobe: $(cat /proc/sys/kernel/modprobe))"
+fi
 node scripts/vmtest/verify-objects.mjs >"$out/verifier.log" 2>&1
 cat "$out/verifier.log"
 v_pass=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$out/verifier.log")
