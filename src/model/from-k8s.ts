@@ -1,6 +1,9 @@
 // Kubernetes objects → desired frontends. Pure and deterministic: the same
-// objects give the same state, in any order.
-import type { EndpointSlice, Service } from './k8s.js';
+// objects give the same state, in any order. Endpoint selection follows
+// kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go): ready endpoints,
+// filtered by topology hints or internalTrafficPolicy Local, falling back to
+// serving-and-terminating ones when none is left.
+import type { Endpoint, EndpointSlice, Node, Service } from './k8s.js';
 import {
   backendKey,
   frontendKey,
@@ -14,12 +17,14 @@ import {
 export interface ModelInput {
   readonly services: Iterable<Service>;
   readonly slices: Iterable<EndpointSlice>;
+  /** This node: for internalTrafficPolicy Local and topology hints. */
+  readonly node?: Node;
 }
 
 /** A service lbctl deliberately does not program, and why. */
 export interface Skipped {
   readonly service: string;
-  readonly reason: 'headless' | 'external-name' | 'no-ports' | 'unsupported-protocol' | 'conflict';
+  readonly reason: 'headless' | 'external-name' | 'no-ports' | 'unsupported-protocol' | 'conflict' | 'other-proxy';
   readonly detail?: string;
 }
 
@@ -39,32 +44,88 @@ function sliceIndex(slices: Iterable<EndpointSlice>): Map<string, EndpointSlice[
   return bySvc;
 }
 
+interface Candidate {
+  readonly backend: Omit<Backend, 'state'>;
+  readonly ep: Endpoint;
+}
+
+const byKey = (a: Candidate, b: Candidate): number => {
+  const ka = backendKey({ ...a.backend });
+  const kb = backendKey({ ...b.backend });
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+};
+
 /**
- * The backends of one service port in one family, merged over every slice of
- * the service. A slice port matches by name and protocol: that is how the
- * EndpointSlice controller resolves named targetPorts (per pod) into numbers.
- * Ready endpoints are selectable.
+ * Every endpoint address of one service port in one family, merged over the
+ * service's slices. A slice port matches by name and protocol: that is how
+ * the EndpointSlice controller resolves named targetPorts (per pod) into
+ * numbers. An address listed twice (slices overlap while they are being
+ * rebalanced) keeps its most usable entry.
  */
-function backendsFor(
-  slices: readonly EndpointSlice[],
-  family: 4 | 6,
-  portName: string,
-  protocol: 'TCP' | 'UDP',
-): Backend[] {
-  const byKey = new Map<BackendKey, Backend>();
+function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: string, protocol: 'TCP' | 'UDP'): Candidate[] {
+  const rank = (e: Endpoint): number => (e.ready ? 2 : e.serving ? 1 : 0);
+  const seen = new Map<BackendKey, Candidate>();
   for (const slice of slices) {
     if (slice.family !== family) continue;
     const port = slice.ports.find((p) => p.name === portName && p.protocol === protocol);
     if (!port) continue;
     for (const ep of slice.endpoints) {
-      if (!ep.ready) continue;
       for (const ip of ep.addresses) {
-        const b: Backend = { address: ip.address, family, port: port.port, protocol, state: 'active' };
-        byKey.set(backendKey(b), b);
+        const backend = { address: ip.address, family, port: port.port, protocol };
+        const k = backendKey(backend);
+        const have = seen.get(k);
+        if (!have || rank(ep) > rank(have.ep)) seen.set(k, { backend, ep });
       }
     }
   }
-  return [...byKey.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([, b]) => b);
+  return [...seen.values()].sort(byKey);
+}
+
+/**
+ * kube-proxy's topologyModeFromHints: use zone hints only when this node has
+ * a zone, every ready endpoint carries hints, and some endpoint is hinted
+ * for this zone. Otherwise (incomplete hints) route cluster-wide.
+ */
+export function useZoneHints(eps: readonly Candidate[], zone: string | undefined): boolean {
+  if (!zone) return false;
+  let forZone = false;
+  for (const { ep } of eps) {
+    if (!ep.ready) continue;
+    if (!ep.zoneHints || ep.zoneHints.length === 0) return false;
+    if (ep.zoneHints.includes(zone)) forZone = true;
+  }
+  return forZone;
+}
+
+function pick(eps: readonly Candidate[], usable: (c: Candidate) => boolean): Candidate[] {
+  const ready = eps.filter((c) => c.ep.ready && usable(c));
+  if (ready.length > 0) return ready;
+  return eps.filter((c) => c.ep.serving && c.ep.terminating && usable(c));
+}
+
+function asBackend(c: Candidate): Backend {
+  return { ...c.backend, state: c.ep.terminating ? 'terminating' : 'active' };
+}
+
+/** Selectable and non-selectable (terminating) backends of one frontend. */
+export function selectBackends(
+  eps: readonly Candidate[],
+  svc: Pick<Service, 'internalTrafficPolicy'>,
+  node: Node | undefined,
+): { backends: Backend[]; terminating: Backend[] } {
+  let chosen: Candidate[];
+  if (svc.internalTrafficPolicy === 'Local') {
+    chosen = node ? pick(eps, (c) => c.ep.nodeName === node.name) : [];
+  } else {
+    const zone = node?.zone;
+    const hints = useZoneHints(eps, zone);
+    chosen = pick(eps, (c) => !hints || (c.ep.zoneHints ?? []).includes(zone!));
+  }
+  const selected = new Set(chosen);
+  return {
+    backends: chosen.map(asBackend),
+    terminating: eps.filter((c) => c.ep.terminating && !selected.has(c)).map(asBackend),
+  };
 }
 
 export function desiredState(input: ModelInput): ModelOutput {
@@ -77,6 +138,10 @@ export function desiredState(input: ModelInput): ModelOutput {
   );
   for (const svc of services) {
     const id = `${svc.namespace}/${svc.name}`;
+    if (svc.proxyName !== undefined) {
+      skipped.push({ service: id, reason: 'other-proxy', detail: svc.proxyName });
+      continue;
+    }
     if (svc.type === 'ExternalName') {
       skipped.push({ service: id, reason: 'external-name' });
       continue;
@@ -97,12 +162,16 @@ export function desiredState(input: ModelInput): ModelOutput {
       for (const p of svc.ports) {
         const addr = { address: ip.address, family: ip.family, port: p.port, protocol: p.protocol };
         const key = frontendKey(addr);
+        const { backends, terminating } = selectBackends(candidates(svcSlices, ip.family, p.name, p.protocol), svc, input.node);
         const fe: Frontend = {
           ...addr,
           key,
           type: 'ClusterIP',
           service: { namespace: svc.namespace, name: svc.name, portName: p.name },
-          backends: backendsFor(svcSlices, ip.family, p.name, p.protocol),
+          backends,
+          terminating,
+          affinityTimeout: svc.affinityTimeout ?? 0,
+          localOnly: svc.internalTrafficPolicy === 'Local',
         };
         // Two services claiming one address:port/proto: the API server
         // prevents it; from files, the first (by namespace/name) wins.

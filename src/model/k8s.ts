@@ -21,7 +21,16 @@ export interface RawService {
     clusterIPs?: string[];
     ports?: Array<{ name?: string; port?: number; protocol?: string; targetPort?: number | string }>;
     externalName?: string;
+    sessionAffinity?: string;
+    sessionAffinityConfig?: { clientIP?: { timeoutSeconds?: number } };
+    internalTrafficPolicy?: string;
   };
+}
+
+export interface RawNode {
+  apiVersion?: string;
+  kind?: string;
+  metadata?: ObjectMeta & { deletionTimestamp?: string };
 }
 
 export interface RawEndpointSlice {
@@ -34,11 +43,18 @@ export interface RawEndpointSlice {
     conditions?: { ready?: boolean | null; serving?: boolean | null; terminating?: boolean | null };
     nodeName?: string;
     zone?: string;
+    hints?: { forZones?: Array<{ name?: string }> | null } | null;
   }> | null;
   ports?: Array<{ name?: string; port?: number; protocol?: string }> | null;
 }
 
 export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
+/** A Service with this label belongs to another proxy; kube-proxy skips it too. */
+export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
+export const ZONE_LABEL = 'topology.kubernetes.io/zone';
+/** sessionAffinityConfig.clientIP.timeoutSeconds: the API's default and bounds. */
+export const AFFINITY_TIMEOUT_DEFAULT = 10800;
+export const AFFINITY_TIMEOUT_MAX = 86400;
 /** More ports than this in one Service is refused as absurd (the API sets no limit). */
 export const MAX_SERVICE_PORTS = 1024;
 /** The EndpointSlice API allows at most 1000 endpoints and 100 ports per slice. */
@@ -60,6 +76,18 @@ export interface Service {
   readonly ports: readonly ServicePort[];
   /** Ports dropped because lbctl does not balance their protocol (SCTP). */
   readonly unsupportedPorts: readonly string[];
+  /** sessionAffinity ClientIP: its timeout in seconds; undefined for None. */
+  readonly affinityTimeout?: number;
+  readonly internalTrafficPolicy: 'Cluster' | 'Local';
+  /** Value of the service-proxy-name label, when another proxy owns the service. */
+  readonly proxyName?: string;
+}
+
+export interface Node {
+  readonly name: string;
+  readonly zone?: string;
+  /** deletionTimestamp is set: the node is going away. */
+  readonly deleting: boolean;
 }
 
 export interface Endpoint {
@@ -69,6 +97,8 @@ export interface Endpoint {
   readonly terminating: boolean;
   readonly nodeName?: string;
   readonly zone?: string;
+  /** hints.forZones; undefined when the endpoint carries no hints. */
+  readonly zoneHints?: readonly string[];
 }
 
 export interface EndpointSlice {
@@ -175,7 +205,34 @@ export function validateService(obj: unknown): Validated<Service> {
     }
   }
 
-  return { ok: true, value: { ...meta.value, type, clusterIPs, ports, unsupportedPorts } };
+  let affinityTimeout: number | undefined;
+  const affinity = spec.sessionAffinity ?? 'None';
+  if (affinity === 'ClientIP') {
+    const timeout = spec.sessionAffinityConfig?.clientIP?.timeoutSeconds ?? AFFINITY_TIMEOUT_DEFAULT;
+    if (!Number.isInteger(timeout) || timeout < 1 || timeout > AFFINITY_TIMEOUT_MAX) {
+      return fail(`${id}: sessionAffinityConfig.clientIP.timeoutSeconds ${JSON.stringify(timeout)} is not in 1..${AFFINITY_TIMEOUT_MAX}`);
+    }
+    affinityTimeout = timeout;
+  } else if (affinity !== 'None') {
+    return fail(`${id}: spec.sessionAffinity ${JSON.stringify(affinity)} is not None or ClientIP`);
+  }
+  const itp = spec.internalTrafficPolicy ?? 'Cluster';
+  if (itp !== 'Cluster' && itp !== 'Local') return fail(`${id}: spec.internalTrafficPolicy ${JSON.stringify(itp)} is not Cluster or Local`);
+  const proxyName = raw.metadata?.labels?.[SERVICE_PROXY_NAME_LABEL];
+
+  return {
+    ok: true,
+    value: {
+      ...meta.value,
+      type,
+      clusterIPs,
+      ports,
+      unsupportedPorts,
+      internalTrafficPolicy: itp,
+      ...(affinityTimeout !== undefined ? { affinityTimeout } : {}),
+      ...(typeof proxyName === 'string' ? { proxyName } : {}),
+    },
+  };
 }
 
 /** EndpointSlice → normalized form. FQDN slices are valid but carry no family: reported as unusable. */
@@ -228,18 +285,36 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
       addresses.push(ip);
     }
     const c = isObject(e.conditions) ? e.conditions : {};
-    // API semantics: a nil `ready` means ready; nil serving follows ready.
+    // As kube-proxy reads them: nil ready and nil serving mean true, nil terminating false.
     const ready = c.ready !== false;
-    const serving = c.serving ?? ready;
+    const serving = c.serving !== false;
     const terminating = c.terminating === true;
+    let zoneHints: string[] | undefined;
+    if (isObject(e.hints) && Array.isArray(e.hints.forZones)) {
+      zoneHints = e.hints.forZones.map((z) => (isObject(z) && typeof z.name === 'string' ? z.name : '')).filter((z) => z !== '');
+    }
     endpoints.push({
       addresses,
       ready,
-      serving: serving !== false,
+      serving,
       terminating,
       ...(typeof e.nodeName === 'string' ? { nodeName: e.nodeName } : {}),
       ...(typeof e.zone === 'string' ? { zone: e.zone } : {}),
+      ...(zoneHints && zoneHints.length > 0 ? { zoneHints } : {}),
     });
   }
   return { ok: true, value: { ...meta.value, serviceName, family, ports, endpoints } };
+}
+
+/** Node → the facts lbctl uses: its name, zone and whether it is being deleted. */
+export function validateNode(obj: unknown): Validated<Node> {
+  if (!isObject(obj)) return fail('Node: not an object');
+  const raw = obj as RawNode;
+  const name = raw.metadata?.name;
+  if (typeof name !== 'string' || name.length === 0) return fail('Node: metadata.name is missing');
+  const zone = raw.metadata?.labels?.[ZONE_LABEL];
+  return {
+    ok: true,
+    value: { name, ...(typeof zone === 'string' && zone !== '' ? { zone } : {}), deleting: typeof raw.metadata?.deletionTimestamp === 'string' },
+  };
 }

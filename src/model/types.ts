@@ -34,8 +34,17 @@ export interface Frontend extends L3n4Addr {
   readonly key: FrontendKey;
   readonly type: ServiceType;
   readonly service: ServiceRef;
-  /** Selectable backends first, then terminating ones; deduplicated, sorted. */
+  /** Selectable backends (slots 1..count), deduplicated and sorted. */
   readonly backends: readonly Backend[];
+  /**
+   * Terminating backends that new connections must not pick (slots after
+   * count), kept so established flows keep their backend.
+   */
+  readonly terminating: readonly Backend[];
+  /** sessionAffinity ClientIP timeout in seconds; 0 without affinity. */
+  readonly affinityTimeout: number;
+  /** internalTrafficPolicy Local: only this node's endpoints. */
+  readonly localOnly: boolean;
 }
 
 export type DesiredState = ReadonlyMap<FrontendKey, Frontend>;

@@ -13,6 +13,7 @@
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
 // Only differences are written, so a plan over unchanged state is empty.
 import type { Backend, DesiredState, Family, Frontend } from '../model/types.js';
+import { LbSvcFlags } from '../datapath/abi.gen.js';
 import { serviceAddrKey, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
 import { revNatKey, type RealizedState } from './realized.js';
 
@@ -61,10 +62,11 @@ function sameMaster(a: MasterEntry, b: MasterEntry): boolean {
 
 /** Slot layout of a frontend: selectable backends, then terminating ones. */
 export function slotLayout(fe: Frontend): { active: readonly Backend[]; terminating: readonly Backend[] } {
-  return {
-    active: fe.backends.filter((b) => b.state === 'active'),
-    terminating: fe.backends.filter((b) => b.state === 'terminating'),
-  };
+  return { active: fe.backends, terminating: fe.terminating };
+}
+
+export function masterFlags(fe: Frontend): number {
+  return (fe.affinityTimeout > 0 ? LbSvcFlags.LB_SVC_F_AFFINITY : 0) | (fe.localOnly ? LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL : 0);
 }
 
 export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment): MapOp[] {
@@ -74,10 +76,7 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
   // 1. Backends every desired frontend needs.
   const neededBackends = new Map<number, Backend>();
   for (const fe of desired.values()) {
-    for (const b of fe.backends) {
-      if (b.state === 'quarantined') continue;
-      neededBackends.set(ids.backendId(b), b);
-    }
+    for (const b of [...fe.backends, ...fe.terminating]) neededBackends.set(ids.backendId(b), b);
   }
   for (const [id, b] of neededBackends) {
     const have = realized.backends.get(id);
@@ -114,8 +113,8 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
       qcount: terminating.length,
       revNatId,
       type: fe.type,
-      flags: 0,
-      affinityTimeout: 0,
+      flags: masterFlags(fe),
+      affinityTimeout: fe.affinityTimeout,
     };
     if (!have?.master || !sameMaster(have.master, master)) ops.push({ kind: 'put-master', fe: addr, master });
     if (have) {

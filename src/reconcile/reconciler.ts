@@ -84,11 +84,20 @@ export class Reconciler {
     return { frontends, backends: this.realizedState.backends.size };
   }
 
+  /**
+   * Re-reads the maps as the realized state, keeping the ids in use: the
+   * next plan then repairs whatever changed behind the agent's back (drift).
+   */
+  resync(): void {
+    this.realizedState = realizedFrom(this.maps.dump());
+    for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendKey(b), id);
+  }
+
   /** Plans desired vs realized and applies the plan in order; throws SyncError at the first failed write. */
   sync(desired: DesiredState, options: SyncOptions): SyncResult {
     for (const fe of desired.values()) {
       this.revNatIds[fe.family].acquire(fe.key);
-      for (const b of fe.backends) this.backendIds.acquire(backendKey(b));
+      for (const b of [...fe.backends, ...fe.terminating]) this.backendIds.acquire(backendKey(b));
     }
     let ops = plan(this.realizedState, desired, {
       backendId: (b) => this.backendIds.get(backendKey(b))!,
@@ -176,7 +185,7 @@ export class Reconciler {
       }
     }
     const needed = new Set<string>();
-    for (const fe of desired.values()) for (const b of fe.backends) needed.add(backendKey(b));
+    for (const fe of desired.values()) for (const b of [...fe.backends, ...fe.terminating]) needed.add(backendKey(b));
     for (const [key, id] of [...this.backendIds.entries()]) {
       if (!needed.has(key) && !r.backends.has(id)) this.backendIds.release(key);
     }
