@@ -29,6 +29,14 @@
 /* Not a service address: leave the socket alone. */
 #define LB_NOT_SERVICE	ENXIO
 
+/* The socket's identity; BPF unit tests (tc vehicles) define their own. */
+#ifndef lb_sock_cookie
+#define lb_sock_cookie(ctx)	bpf_get_socket_cookie(ctx)
+#endif
+#ifndef lb_netns_cookie
+#define lb_netns_cookie(ctx)	bpf_get_netns_cookie(ctx)
+#endif
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 static __always_inline bool proto_is_balanced(__u32 proto)
@@ -117,7 +125,7 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 		lb_count(LB_MTR_NO_BACKEND);
 		return -ECONNREFUSED;
 	}
-	backend = lb4_select_backend(&key, svc, &backend_id);
+	backend = lb4_select_backend(&key, svc, lb_netns_cookie(ctx), &backend_id);
 	if (!backend) {
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return -ECONNREFUSED;
@@ -128,7 +136,7 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 	 * from this entry. Without it a UDP client would drop every reply, so
 	 * UDP refuses rather than proceed; TCP only loses getpeername.
 	 */
-	if (sock4_record_revnat(bpf_get_socket_cookie(ctx), backend, &key,
+	if (sock4_record_revnat(lb_sock_cookie(ctx), backend, &key,
 				svc->rev_nat_index) < 0) {
 		lb_count(LB_MTR_REVNAT_UPDATE_FAIL);
 		if (proto == IPPROTO_UDP)
@@ -149,7 +157,7 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 static __always_inline int __sock4_xlate_rev(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
 {
 	struct lb4_sock_key key = {
-		.cookie = bpf_get_socket_cookie(ctx),
+		.cookie = lb_sock_cookie(ctx),
 		.address = *addr,
 		.port = *port,
 	};
@@ -230,12 +238,12 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 		lb_count(LB_MTR_NO_BACKEND);
 		return -ECONNREFUSED;
 	}
-	backend = lb6_select_backend(&key, svc, &backend_id);
+	backend = lb6_select_backend(&key, svc, lb_netns_cookie(ctx), &backend_id);
 	if (!backend) {
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return -ECONNREFUSED;
 	}
-	if (sock6_record_revnat(bpf_get_socket_cookie(ctx), backend, &key,
+	if (sock6_record_revnat(lb_sock_cookie(ctx), backend, &key,
 				svc->rev_nat_index) < 0) {
 		lb_count(LB_MTR_REVNAT_UPDATE_FAIL);
 		if (proto == IPPROTO_UDP)
@@ -251,7 +259,7 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 static __always_inline int __sock6_xlate_rev(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
 {
 	struct lb6_sock_key key = {
-		.cookie = bpf_get_socket_cookie(ctx),
+		.cookie = lb_sock_cookie(ctx),
 		.port = *port,
 	};
 	struct lb6_sock_revnat *val;

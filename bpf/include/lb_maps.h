@@ -17,6 +17,7 @@
 #define LB_BACKENDS_MAX		262144
 #define LB_REVNAT_MAX		65536
 #define LB_SOCK_REVNAT_MAX	262144
+#define LB_AFFINITY_MAX		65536
 
 /* BPF unit tests (bpf/tests) include the programs with their maps unpinned. */
 #ifndef LB_MAP_PINNING
@@ -96,6 +97,15 @@ struct {
 	__uint(max_entries, LB_SOCK_REVNAT_MAX);
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_sock_revnat SEC(".maps");
+
+/* (client netns, frontend) -> the backend it sticks to */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, LB_AFFINITY_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_affinity SEC(".maps");
 
 /* enum lb_metric -> per-CPU packet/socket counter */
 struct {

@@ -48,7 +48,8 @@ enum lb_metric {
 	LB_MTR_REVNAT_STALE = 5,	/* stale socket rev-NAT entry removed */
 	LB_MTR_REVNAT_UPDATE_FAIL = 6,	/* socket rev-NAT entry could not be written */
 	LB_MTR_SOCK_RELEASE = 7,	/* socket rev-NAT entry removed at close */
-	LB_MTR_MAX = 8,
+	LB_MTR_AFFINITY_HIT = 8,	/* session affinity kept a client's backend */
+	LB_MTR_MAX = 9,
 };
 
 #define LB_PROTO_ANY 0
@@ -143,7 +144,28 @@ struct lb6_sock_revnat {
 	__u16 rev_nat_index;	/* rev-NAT id of the service when recorded */
 };
 
+/*
+ * Session affinity (sessionAffinity ClientIP). At the socket layer the
+ * client is its network namespace: every socket of a pod shares one, and
+ * so does every host process (the node's own address).
+ */
+struct lb_affinity_key {
+	__u64 netns_cookie;	/* bpf_get_netns_cookie() of the client */
+	__u16 rev_nat_index;	/* the frontend */
+	__u8 family;		/* 4 or 6: rev-NAT ids are per family */
+	__u8 pad[5];
+};
+
+struct lb_affinity_val {
+	__u64 last_used;	/* bpf_ktime_get_ns() / 1e9 at the last use */
+	__u32 backend_id;	/* the backend the client sticks to */
+	__u16 slot;		/* its slot then; a moved backend means re-pick */
+	__u8 pad[2];
+};
+
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
+_Static_assert(sizeof(struct lb_affinity_key) == 16, "lb_affinity_key size");
+_Static_assert(sizeof(struct lb_affinity_val) == 16, "lb_affinity_val size");
 _Static_assert(sizeof(struct lb6_key) == 24, "lb6_key size");
 _Static_assert(sizeof(struct lb_service) == 16, "lb_service size");
 _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");

@@ -27,10 +27,44 @@ static __always_inline bool lb_svc_has_backends(const struct lb_service *svc)
 	return svc->count > 0;
 }
 
+static __always_inline bool lb_svc_has_affinity(const struct lb_service *svc)
+{
+	return svc->flags & LB_SVC_F_AFFINITY;
+}
+
 /* Selectable slot in 1..count; count must be > 0. */
 static __always_inline __u16 lb_select_slot(const struct lb_service *svc)
 {
 	return (bpf_get_prandom_u32() % svc->count) + 1;
+}
+
+static __always_inline __u64 lb_now_sec(void)
+{
+	return bpf_ktime_get_ns() / 1000000000ULL;
+}
+
+/*
+ * The slot a client stuck to, if its entry is fresh and the slot is still
+ * selectable; the caller still checks the slot names the same backend.
+ */
+static __always_inline struct lb_affinity_val *
+lb_affinity_get(const struct lb_affinity_key *akey, const struct lb_service *svc, __u64 now)
+{
+	struct lb_affinity_val *aval = bpf_map_lookup_elem(&lb_affinity, akey);
+
+	if (!aval || now - aval->last_used > svc->affinity_timeout)
+		return NULL;
+	if (aval->slot < 1 || aval->slot > svc->count)
+		return NULL;
+	return aval;
+}
+
+static __always_inline void lb_affinity_put(const struct lb_affinity_key *akey, __u32 backend_id,
+					    __u16 slot, __u64 now)
+{
+	struct lb_affinity_val aval = { .last_used = now, .backend_id = backend_id, .slot = slot };
+
+	bpf_map_update_elem(&lb_affinity, akey, &aval, BPF_ANY);
 }
 
 static __always_inline struct lb_service *lb4_lookup_service(struct lb4_key *key)
@@ -50,18 +84,51 @@ static __always_inline struct lb_service *lb4_lookup_wildcard(const struct lb4_k
 	return bpf_map_lookup_elem(&lb4_services, &wild);
 }
 
-static __always_inline struct lb4_backend *
-lb4_select_backend(struct lb4_key *key, const struct lb_service *svc, __u32 *backend_id)
+/* The backend in `slot` of the frontend `key`; *backend_id is set from the slot. */
+static __always_inline struct lb4_backend *lb4_slot_backend(struct lb4_key *key, __u16 slot, __u32 *backend_id)
 {
-	struct lb_service *slot;
+	struct lb_service *entry;
 
-	key->backend_slot = lb_select_slot(svc);
-	slot = bpf_map_lookup_elem(&lb4_services, key);
+	key->backend_slot = slot;
+	entry = bpf_map_lookup_elem(&lb4_services, key);
 	key->backend_slot = 0;
-	if (!slot)
+	if (!entry)
 		return NULL;
-	*backend_id = slot->backend_id;
+	*backend_id = entry->backend_id;
 	return bpf_map_lookup_elem(&lb4_backends, backend_id);
+}
+
+/*
+ * A backend for a new socket: the one this client (network namespace)
+ * stuck to when the service has session affinity and the entry is valid,
+ * else a random selectable one (remembered, under affinity).
+ */
+static __always_inline struct lb4_backend *
+lb4_select_backend(struct lb4_key *key, const struct lb_service *svc, __u64 netns, __u32 *backend_id)
+{
+	struct lb_affinity_key akey = { .netns_cookie = netns, .rev_nat_index = svc->rev_nat_index, .family = 4 };
+	struct lb_affinity_val *aval;
+	struct lb4_backend *backend;
+	__u64 now = 0;
+	__u16 slot;
+
+	if (lb_svc_has_affinity(svc)) {
+		now = lb_now_sec();
+		aval = lb_affinity_get(&akey, svc, now);
+		if (aval) {
+			backend = lb4_slot_backend(key, aval->slot, backend_id);
+			if (backend && *backend_id == aval->backend_id) {
+				aval->last_used = now;
+				lb_count(LB_MTR_AFFINITY_HIT);
+				return backend;
+			}
+		}
+	}
+	slot = lb_select_slot(svc);
+	backend = lb4_slot_backend(key, slot, backend_id);
+	if (backend && lb_svc_has_affinity(svc))
+		lb_affinity_put(&akey, *backend_id, slot, now);
+	return backend;
 }
 
 static __always_inline struct lb_service *lb6_lookup_service(struct lb6_key *key)
@@ -78,18 +145,45 @@ static __always_inline struct lb_service *lb6_lookup_wildcard(const struct lb6_k
 	return bpf_map_lookup_elem(&lb6_services, &wild);
 }
 
-static __always_inline struct lb6_backend *
-lb6_select_backend(struct lb6_key *key, const struct lb_service *svc, __u32 *backend_id)
+static __always_inline struct lb6_backend *lb6_slot_backend(struct lb6_key *key, __u16 slot, __u32 *backend_id)
 {
-	struct lb_service *slot;
+	struct lb_service *entry;
 
-	key->backend_slot = lb_select_slot(svc);
-	slot = bpf_map_lookup_elem(&lb6_services, key);
+	key->backend_slot = slot;
+	entry = bpf_map_lookup_elem(&lb6_services, key);
 	key->backend_slot = 0;
-	if (!slot)
+	if (!entry)
 		return NULL;
-	*backend_id = slot->backend_id;
+	*backend_id = entry->backend_id;
 	return bpf_map_lookup_elem(&lb6_backends, backend_id);
+}
+
+static __always_inline struct lb6_backend *
+lb6_select_backend(struct lb6_key *key, const struct lb_service *svc, __u64 netns, __u32 *backend_id)
+{
+	struct lb_affinity_key akey = { .netns_cookie = netns, .rev_nat_index = svc->rev_nat_index, .family = 6 };
+	struct lb_affinity_val *aval;
+	struct lb6_backend *backend;
+	__u64 now = 0;
+	__u16 slot;
+
+	if (lb_svc_has_affinity(svc)) {
+		now = lb_now_sec();
+		aval = lb_affinity_get(&akey, svc, now);
+		if (aval) {
+			backend = lb6_slot_backend(key, aval->slot, backend_id);
+			if (backend && *backend_id == aval->backend_id) {
+				aval->last_used = now;
+				lb_count(LB_MTR_AFFINITY_HIT);
+				return backend;
+			}
+		}
+	}
+	slot = lb_select_slot(svc);
+	backend = lb6_slot_backend(key, slot, backend_id);
+	if (backend && lb_svc_has_affinity(svc))
+		lb_affinity_put(&akey, *backend_id, slot, now);
+	return backend;
 }
 
 #endif /* __LB_LIB_H */

@@ -6,7 +6,11 @@
  * programs. Each test returns 0, or the line of the first failed check
  * (test/bpf/sock-unit.ts runs every `test_*` program).
  */
+#include <linux/types.h>
 #define LB_MAP_PINNING LIBBPF_PIN_NONE
+/* The client's network namespace, as the tests choose it. */
+volatile __u64 test_netns_cookie = 1;
+#define lb_netns_cookie(ctx) test_netns_cookie
 #include "../sock.c"
 
 #define CHECK(cond)                     \
@@ -22,12 +26,19 @@
 #define BE_PORT		bpf_htons(8080)
 #define REVNAT		7
 
-static __always_inline void put_master4(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type)
+static __always_inline void put_master4_flags(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type,
+					      __u8 flags, __u32 affinity_timeout)
 {
 	struct lb4_key key = { .address = addr, .dport = port, .proto = proto };
-	struct lb_service svc = { .count = count, .rev_nat_index = REVNAT, .type = type };
+	struct lb_service svc = { .count = count, .rev_nat_index = REVNAT, .type = type,
+				  .flags = flags, .affinity_timeout = affinity_timeout };
 
 	bpf_map_update_elem(&lb4_services, &key, &svc, BPF_ANY);
+}
+
+static __always_inline void put_master4(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type)
+{
+	put_master4_flags(addr, port, proto, count, type, 0, 0);
 }
 
 static __always_inline void put_backend4(__u16 slot, __u32 id, __be32 addr)
@@ -220,5 +231,80 @@ int test_fwd6_translates(struct __sk_buff *skb)
 	key.backend_slot = 1;
 	bpf_map_delete_elem(&lb6_services, &key);
 	bpf_map_delete_elem(&lb6_backends, &id);
+	return 0;
+}
+
+/* Session affinity: one pick per client, kept while fresh and still in place. */
+static __always_inline int fwd_once(struct __sk_buff *skb, __be32 *addr)
+{
+	__be16 port = SVC_PORT;
+
+	*addr = SVC_IP;
+	return __sock4_xlate_fwd(skb, IPPROTO_TCP, addr, &port);
+}
+
+SEC("tc")
+int test_affinity_keeps_a_client_on_its_backend(struct __sk_buff *skb)
+{
+	struct lb_affinity_key akey = { .netns_cookie = 41, .rev_nat_index = REVNAT, .family = 4 };
+	struct lb_affinity_val *aval;
+	__be32 first, again;
+
+	clear4();
+	bpf_map_delete_elem(&lb_affinity, &akey);
+	put_backend4(1, 1, BE1_IP);
+	put_backend4(2, 2, BE2_IP);
+	put_master4_flags(SVC_IP, SVC_PORT, IPPROTO_TCP, 2, LB_SVC_CLUSTER_IP, LB_SVC_F_AFFINITY, 100);
+	test_netns_cookie = 41;
+	CHECK(fwd_once(skb, &first) == 0);
+	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
+	CHECK(aval && aval->backend_id == (first == BE1_IP ? 1 : 2) && aval->slot == aval->backend_id);
+	CHECK(fwd_once(skb, &again) == 0 && again == first);
+	CHECK(fwd_once(skb, &again) == 0 && again == first);
+	CHECK(fwd_once(skb, &again) == 0 && again == first);
+	CHECK(fwd_once(skb, &again) == 0 && again == first);
+	CHECK(fwd_once(skb, &again) == 0 && again == first);
+
+	/* an expired entry is replaced by a fresh pick */
+	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
+	CHECK(aval);
+	aval->last_used = 0;
+	CHECK(fwd_once(skb, &again) == 0);
+	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
+	CHECK(aval && aval->last_used > 0);
+
+	/* its backend moved out of the slot: re-pick, and remember the new one */
+	put_backend4(aval->slot, 7, bpf_htonl(0x0af40109));
+	CHECK(fwd_once(skb, &again) == 0);
+	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
+	CHECK(aval);
+	{
+		struct lb4_key k = { .address = SVC_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP,
+				     .backend_slot = aval->slot };
+		struct lb_service *slot = bpf_map_lookup_elem(&lb4_services, &k);
+
+		CHECK(slot && slot->backend_id == aval->backend_id);
+	}
+	test_netns_cookie = 1;
+	bpf_map_delete_elem(&lb_affinity, &akey);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_no_affinity_entry_without_the_flag(struct __sk_buff *skb)
+{
+	struct lb_affinity_key akey = { .netns_cookie = 42, .rev_nat_index = REVNAT, .family = 4 };
+	__be32 addr;
+
+	clear4();
+	bpf_map_delete_elem(&lb_affinity, &akey);
+	put_backend4(1, 1, BE1_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	test_netns_cookie = 42;
+	CHECK(fwd_once(skb, &addr) == 0 && addr == BE1_IP);
+	CHECK(!bpf_map_lookup_elem(&lb_affinity, &akey));
+	test_netns_cookie = 1;
+	clear4();
 	return 0;
 }

@@ -51,6 +51,58 @@ export const u64: Codec<bigint> = {
   decode(b, o = 0) { return b.readBigUInt64LE(o); },
 };
 
+/** struct lb_affinity_key (16 bytes) */
+export interface LbAffinityKey {
+  netnsCookie: bigint;
+  revNatIndex: number;
+  family: number;
+}
+
+export const lb_affinity_key: Codec<LbAffinityKey> = {
+  name: 'lb_affinity_key',
+  size: 16,
+  encode(v, b = Buffer.alloc(16), o = 0) {
+    b.fill(0, o, o + 16);
+    b.writeBigUInt64LE(v.netnsCookie, o + 0);
+    b.writeUInt16LE(v.revNatIndex, o + 8);
+    b.writeUInt8(v.family, o + 10);
+    return b;
+  },
+  decode(b, o = 0) {
+    return {
+      netnsCookie: b.readBigUInt64LE(o + 0),
+      revNatIndex: b.readUInt16LE(o + 8),
+      family: b.readUInt8(o + 10),
+    };
+  },
+};
+
+/** struct lb_affinity_val (16 bytes) */
+export interface LbAffinityVal {
+  lastUsed: bigint;
+  backendId: number;
+  slot: number;
+}
+
+export const lb_affinity_val: Codec<LbAffinityVal> = {
+  name: 'lb_affinity_val',
+  size: 16,
+  encode(v, b = Buffer.alloc(16), o = 0) {
+    b.fill(0, o, o + 16);
+    b.writeBigUInt64LE(v.lastUsed, o + 0);
+    b.writeUInt32LE(v.backendId, o + 8);
+    b.writeUInt16LE(v.slot, o + 12);
+    return b;
+  },
+  decode(b, o = 0) {
+    return {
+      lastUsed: b.readBigUInt64LE(o + 0),
+      backendId: b.readUInt32LE(o + 8),
+      slot: b.readUInt16LE(o + 12),
+    };
+  },
+};
+
 /** struct lb_service (16 bytes) */
 export interface LbService {
   backendId: number;
@@ -372,7 +424,8 @@ export const LbMetric = {
   LB_MTR_REVNAT_STALE: 5,
   LB_MTR_REVNAT_UPDATE_FAIL: 6,
   LB_MTR_SOCK_RELEASE: 7,
-  LB_MTR_MAX: 8,
+  LB_MTR_AFFINITY_HIT: 8,
+  LB_MTR_MAX: 9,
 } as const;
 
 /** enum lb_svc_flags */
@@ -418,11 +471,20 @@ export interface MapSpec<K, V> {
 
 /** Every map of the datapath, with the defaults compiled into the object. */
 export const mapSpecs = {
+  lb_affinity: {
+    name: 'lb_affinity',
+    type: MapType.LRU_HASH,
+    flags: 0,
+    maxEntries: 65536,
+    key: lb_affinity_key,
+    value: lb_affinity_val,
+    object: 'sock.bpf.o',
+  } as MapSpec<LbAffinityKey, LbAffinityVal>,
   lb_metrics: {
     name: 'lb_metrics',
     type: MapType.PERCPU_ARRAY,
     flags: 0,
-    maxEntries: 8,
+    maxEntries: 9,
     key: u32,
     value: u64,
     object: 'sock.bpf.o',
