@@ -4,11 +4,11 @@
 // new programs atomically (BPF_LINK_UPDATE), so a restarted or upgraded
 // agent never leaves sockets unbalanced.
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
-import { BpfObject, isErrno, openPinnedMap, unpin, type BpfMap } from '../native/bpf.js';
+import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, unpin, type BpfMap } from '../native/bpf.js';
 import { mapSpecs, type MapName } from './abi.gen.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
 
@@ -16,7 +16,7 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 export const DEFAULT_OBJECT = path.join(ROOT, 'bpf/.output/sock.bpf.o');
 /** The same programs without bpf_set_retval (kernels before 5.18): refusals are EPERM. */
 export const COMPAT_OBJECT = path.join(ROOT, 'bpf/.output/sock_compat.bpf.o');
-export const DEFAULT_BPF_ROOT = '/sys/fs/bpf/lbctl';
+export { DEFAULT_BPF_ROOT } from '../defaults.js';
 
 export interface MapSizes {
   /** Frontends (service address, port, protocol) per family. */
@@ -49,6 +49,8 @@ export interface AttachedProgram {
 
 export interface Datapath {
   readonly maps: KernelLbMaps;
+  /** Maps resized at this load, with the entries carried over. */
+  readonly migrated: readonly MapMigration[];
   /** Which object is loaded: the standard one, or the compat one (refusals are EPERM). */
   readonly variant: 'standard' | 'compat' | 'custom';
   readonly programs: readonly AttachedProgram[];
@@ -58,6 +60,9 @@ export interface Datapath {
 
 export const mapsDir = (bpfRoot: string): string => path.join(bpfRoot, 'maps');
 export const linksDir = (bpfRoot: string): string => path.join(bpfRoot, 'links');
+/** Where resized maps are made before they replace the pinned ones. */
+// bpffs refuses names with a dot (EPERM), hence no "maps.next".
+const stagingDir = (bpfRoot: string): string => path.join(bpfRoot, 'maps-next');
 
 /** Where cgroup v2 is mounted (not always /sys/fs/cgroup), from /proc/mounts. */
 export function cgroup2Root(mounts = readFileSync('/proc/mounts', 'utf8')): string {
@@ -130,15 +135,16 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   mkdirSync(linksDir(opts.bpfRoot), { recursive: true });
 
   const wanted = maxEntries(sizes);
+  // A map size changed (a flag): load into fresh maps beside the pinned ones,
+  // copy every entry, switch the links, then move the new pins into place.
   const mismatches = sizeMismatches(opts.bpfRoot, wanted);
-  if (mismatches.length > 0) {
-    throw new ConfigError(
-      `pinned maps under ${mapsDir(opts.bpfRoot)} have other sizes than requested (${mismatches.join('; ')}). ` +
-        'Start with the sizes they were made with, or remove the datapath with `lbctl cleanup` first.',
-    );
+  const migrating = mismatches.length > 0;
+  const pinRoot = migrating ? stagingDir(opts.bpfRoot) : mapsDir(opts.bpfRoot);
+  if (migrating) {
+    rmSync(pinRoot, { recursive: true, force: true });
+    mkdirSync(pinRoot, { recursive: true });
   }
 
-  const pinRoot = mapsDir(opts.bpfRoot);
   let variant: Datapath['variant'] = opts.object ? 'custom' : 'standard';
   let object: BpfObject;
   try {
@@ -147,6 +153,16 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
     if (opts.object || !lacksSetRetval(err)) throw err;
     object = await openAndLoad(COMPAT_OBJECT, pinRoot, wanted);
     variant = 'compat';
+  }
+  let migrated: MapMigration[] = [];
+  if (migrating) {
+    try {
+      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot));
+    } catch (err) {
+      object.close();
+      rmSync(pinRoot, { recursive: true, force: true });
+      throw err;
+    }
   }
   try {
     const set = {} as LbMapSet;
@@ -159,12 +175,61 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
       const r = object.attachCgroup(name, opts.cgroup, path.join(linksDir(opts.bpfRoot), name));
       programs.push({ name, linkId: r.linkId, updated: r.updated });
     }
+    if (migrating) {
+      // Sockets connected between the copy and the switch recorded their
+      // reverse translation in the old maps: carry those over too.
+      copyPinnedInto(object, mapsDir(opts.bpfRoot), ['lb4_sock_revnat', 'lb6_sock_revnat', 'lb_affinity']);
+      for (const name of readdirSync(pinRoot)) renameSync(path.join(pinRoot, name), path.join(mapsDir(opts.bpfRoot), name));
+      rmdirSync(pinRoot);
+    }
     const loaded = object;
-    return { maps, variant, programs, object, close: () => loaded.close() };
+    return { maps, variant, programs, object, migrated, close: () => loaded.close() };
   } catch (err) {
     object.close();
     throw err;
   }
+}
+
+export interface MapMigration {
+  readonly map: string;
+  readonly from: number;
+  readonly to: number;
+  readonly entries: number;
+}
+
+/**
+ * Copies every entry of the maps pinned in `dir` into the object's maps of
+ * the same name (only `only`, when given; entries already present are kept).
+ * An entry that does not fit (a shrunk map) fails the whole migration.
+ */
+function copyPinnedInto(object: BpfObject, dir: string, only?: readonly string[]): MapMigration[] {
+  const out: MapMigration[] = [];
+  for (const name of object.mapNames()) {
+    if (!(name in mapSpecs) || (only && !only.includes(name))) continue;
+    const file = path.join(dir, name);
+    if (!existsSync(file)) continue;
+    const from = openPinnedMap(file);
+    const to = object.map(name);
+    try {
+      if (from.keySize !== to.keySize || from.valueBufSize !== to.valueBufSize) {
+        throw new ConfigError(`map ${name}: the pinned map's layout differs from the new one; migration needs lbctl cleanup`);
+      }
+      let entries = 0;
+      for (const [k, v] of from.entries()) {
+        try {
+          to.update(k, v, only ? BPF_NOEXIST : BPF_ANY);
+          entries++;
+        } catch (err) {
+          if (only && isErrno(err, 'EEXIST')) continue;
+          throw new ConfigError(`map ${name}: cannot carry ${from.maxEntries}-entry contents into ${to.maxEntries} entries: ${(err as Error).message}`, { cause: err });
+        }
+      }
+      out.push({ map: name, from: from.maxEntries, to: to.maxEntries, entries });
+    } finally {
+      from.close();
+    }
+  }
+  return out;
 }
 
 async function openAndLoad(objectPath: string, pinRoot: string, maxEntries: Record<string, number>): Promise<BpfObject> {
@@ -220,6 +285,7 @@ export function cleanupDatapath(bpfRoot: string): { links: string[]; maps: strin
   for (const [dir, into] of [
     [linksDir(bpfRoot), removed.links],
     [mapsDir(bpfRoot), removed.maps],
+    [stagingDir(bpfRoot), removed.maps],
   ] as const) {
     if (!existsSync(dir)) continue;
     for (const name of readdirSync(dir)) {

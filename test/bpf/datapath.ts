@@ -97,12 +97,36 @@ t.test('map sizes are set at load, and a pinned map of another size is refused b
   pinned.close();
   t.ok(list.some((e) => e.frontend === '10.96.0.0:80/TCP' && e.backends.length === 1), 'the first service still served');
   t.ok(JSON.parse(before).services.length > 0);
+  r.sync(model(1, 1), { prune: true }); // back to what fits
   dp.close();
+  const fits = openPinnedMaps(root);
+  const listNow = lbList(dumpMaps(fits.maps));
+  fits.close();
+  t.equal(listNow.length, 2);
 
-  await t.rejects(loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 8, backends: 4, sockRevNat: 1024 } }), {
+  // Bigger maps asked for: every entry migrates, ids and all, and the links switch.
+  const bigger = await loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 8, backends: 4, sockRevNat: 1024 } });
+  t.match(bigger.migrated.find((m) => m.map === 'lb4_services'), { from: 8, to: 12 }, 'lb4_services resized');
+  t.equal(bigger.object.map('lb4_services').maxEntries, 12);
+  t.ok(bigger.programs.every((p) => p.updated), 'the pinned links were switched to programs using the new maps');
+  const afterMigration = openPinnedMaps(root);
+  t.equal(afterMigration.maps.lb4_services.maxEntries, 12, 'the new maps are pinned in place');
+  t.same(lbList(dumpMaps(afterMigration.maps)), listNow, 'every entry carried over');
+  afterMigration.close();
+  const r2 = new Reconciler(bigger.maps);
+  r2.restore();
+  t.equal(r2.sync(model(1, 1), { prune: true }).planned, 0, 'ids and state kept: nothing to rewrite');
+  bigger.close();
+
+  // Smaller than the contents: refused by name, and nothing changes.
+  await t.rejects(loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 1, backends: 1, sockRevNat: 1024 } }), {
     code: 'ECONFIG',
-    message: /lb4_services holds 8 entries, 12 requested/,
+    message: /cannot carry/,
   });
+  const still = openPinnedMaps(root);
+  t.equal(still.maps.lb4_services.maxEntries, 12, 'the old maps stay pinned');
+  t.same(lbList(dumpMaps(still.maps)), listNow);
+  still.close();
 });
 
 t.test('a map whose layout differs from the codecs stops with a clear message', async (t) => {
