@@ -1,34 +1,59 @@
 // The agent's lifecycle: load or adopt the datapath, restore ids and state
-// from the pinned maps, read the source, and apply each change as one sync:
-// snapshot → model → plan → ordered map writes. Stopping leaves the datapath
-// running from its pinned links and maps; only `lbctl cleanup` removes it.
+// from the pinned maps, read the source, and apply changes as syncs:
+// snapshot → model → plan → ordered map writes, batched by a
+// bounded-frequency runner. Stopping leaves the datapath running from its
+// pinned links and maps; only `lbctl cleanup` removes it.
+//
+// The agent is also the AgentView its health checks, metrics and local API
+// read (view.ts).
+import path from 'node:path';
 import type { Logger } from 'pino';
-import { loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
-import { desiredState } from '../model/from-k8s.js';
+import { lb4_reverse_nat, u16 } from '../datapath/abi.gen.js';
+import { sumCounters } from '../datapath/counters.js';
+import { lbList } from '../datapath/listing.js';
+import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
+import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
+import { desiredState, type Skipped } from '../model/from-k8s.js';
+import { formatAddr, type DesiredState } from '../model/types.js';
 import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
-import type { Source } from '../sources/source.js';
-import { CoalescingRunner } from './runner.js';
+import type { Source, SourceEvent } from '../sources/source.js';
+import type { AgentMetrics } from './metrics.js';
+import { BoundedFrequencyRunner, type RunReason } from './runner.js';
+import type { AgentView, CheckOutcome, FrontendStatus, SyncStats } from './view.js';
 
 export interface AgentOptions {
   readonly source: Source;
   readonly datapath: DatapathOptions;
   readonly log: Logger;
+  readonly metrics?: AgentMetrics;
+  /** kube-proxy's minSyncPeriod: bursts within it coalesce (default 0: every change at once). */
+  readonly minSyncPeriodMs?: number;
+  /** kube-proxy's syncPeriod: a full resync at least this often repairs drift (default 30 s). */
+  readonly syncPeriodMs?: number;
 }
 
 export interface SyncReport extends SyncResult {
+  readonly reason: RunReason;
   readonly frontends: number;
   readonly pruned: boolean;
   readonly durationMs: number;
 }
 
-export class Agent {
+export class Agent implements AgentView {
+  readonly startedAt = Date.now();
   private datapath: Datapath | undefined;
   private reconciler: Reconciler | undefined;
-  private readonly runner: CoalescingRunner;
-  private syncs = 0;
+  private readonly runner: BoundedFrequencyRunner;
+  private desired: DesiredState = new Map();
+  private skippedBefore = new Set<string>();
+  private stats: { -readonly [K in keyof SyncStats]: SyncStats[K] } = { count: 0, inProgress: false };
+  private synced = false;
+  private nodeGoing = false;
 
   constructor(private readonly opts: AgentOptions) {
-    this.runner = new CoalescingRunner(() => this.syncOnce(), {
+    this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
+      minIntervalMs: opts.minSyncPeriodMs ?? 0,
+      maxIntervalMs: opts.syncPeriodMs ?? 30_000,
       onError: (err, retryInMs) =>
         opts.log.error({ err: err instanceof SyncError ? err.message : err, retryInMs }, 'sync failed; the maps keep their last good state'),
     });
@@ -40,6 +65,9 @@ export class Agent {
     if (this.datapath.variant === 'compat') {
       log.warn('this kernel has no bpf_set_retval (before 5.18): refused connections fail with EPERM instead of ECONNREFUSED');
     }
+    for (const m of this.datapath.migrated) {
+      if (m.from !== m.to) log.info(m, 'map resized: entries carried over, links switched');
+    }
     for (const p of this.datapath.programs) {
       log.info({ program: p.name, linkId: p.linkId, updated: p.updated }, p.updated ? 'program replaced on pinned link' : 'program attached');
     }
@@ -47,7 +75,7 @@ export class Agent {
     const restored = this.reconciler.restore();
     log.info({ ...restored, bpfRoot: this.opts.datapath.bpfRoot, cgroup: this.opts.datapath.cgroup }, 'datapath ready; state restored from pinned maps');
 
-    await this.opts.source.start(() => this.runner.run());
+    await this.opts.source.start((e) => this.changed(e));
     this.runner.run();
     await this.runner.idle();
   }
@@ -65,22 +93,186 @@ export class Agent {
     this.opts.log.info('agent stopped; the datapath stays attached (lbctl cleanup removes it)');
   }
 
-  private syncOnce(): void {
-    const t0 = performance.now();
+  private changed(e?: SourceEvent): void {
+    const now = Date.now();
+    if (e) this.opts.metrics?.event(e.kind, e.type);
+    this.opts.metrics?.queued(now);
+    this.stats.oldestPending ??= now;
+    this.runner.run();
+  }
+
+  private syncOnce(reason: RunReason): void {
     const snap = this.opts.source.snapshot();
-    const model = desiredState(snap);
-    for (const s of model.skipped) {
-      if (this.syncs === 0 || s.reason === 'conflict') this.opts.log.info({ service: s.service, reason: s.reason, detail: s.detail }, 'service skipped');
+    if (snap.node) this.nodeGoing = snap.node.deleting;
+    if (!snap.synced) {
+      // Like kube-proxy before its informers sync: write nothing, keep serving what the maps hold.
+      this.opts.log.debug('source not synced yet: sync deferred');
+      return;
     }
-    const result = this.reconciler!.sync(model.frontends, { prune: snap.complete });
-    this.syncs++;
-    const report: SyncReport = {
-      ...result,
-      frontends: model.frontends.size,
-      pruned: snap.complete,
-      durationMs: Math.round((performance.now() - t0) * 100) / 100,
-    };
-    if (!snap.complete) this.opts.log.warn('some manifests could not be read: nothing is removed until they parse');
-    this.opts.log.info(report, 'sync done');
+    const t0 = performance.now();
+    const started = Date.now();
+    const pendingSince = this.stats.oldestPending;
+    this.stats.oldestPending = undefined;
+    this.stats.inProgress = true;
+    this.stats.lastAttempt = started;
+    let ok = false;
+    try {
+      // Periodic and retry runs re-read the maps first, repairing drift.
+      if (reason !== 'change') this.reconciler!.resync();
+      const model = desiredState(snap);
+      this.reportSkipped(model.skipped);
+      const result = this.reconciler!.sync(model.frontends, { prune: snap.complete });
+      this.desired = model.frontends;
+      ok = true;
+      this.synced = true;
+      this.stats.lastSuccess = Date.now();
+      this.stats.lastError = undefined;
+      if (pendingSince !== undefined) this.opts.metrics?.networkProgramming((Date.now() - pendingSince) / 1000);
+      this.opts.metrics?.setCounts(this.counts());
+      const report: SyncReport = {
+        ...result,
+        reason,
+        frontends: model.frontends.size,
+        pruned: snap.complete,
+        durationMs: Math.round((performance.now() - t0) * 100) / 100,
+      };
+      if (!snap.complete) this.opts.log.warn('some input could not be read: nothing is removed until it can');
+      // A periodic resync that found nothing to repair is routine: debug only.
+      if (reason === 'periodic' && result.planned === 0) this.opts.log.debug(report, 'sync done');
+      else this.opts.log.info(report, 'sync done');
+    } catch (err) {
+      this.stats.lastError = (err as Error).message;
+      this.stats.oldestPending ??= pendingSince ?? started;
+      const map = err instanceof SyncError && err.cause instanceof BpfError ? err.cause.map : undefined;
+      if (map) this.opts.metrics?.mapError(map);
+      throw err;
+    } finally {
+      this.stats.count++;
+      this.stats.inProgress = false;
+      this.opts.metrics?.observeSync((performance.now() - t0) / 1000, { full: reason !== 'change', ok });
+    }
+  }
+
+  /** Logs and counts a skip once, when it first appears. */
+  private reportSkipped(skipped: readonly Skipped[]): void {
+    const now = new Set<string>();
+    for (const s of skipped) {
+      const key = `${s.service}|${s.reason}|${s.detail ?? ''}`;
+      now.add(key);
+      if (this.skippedBefore.has(key)) continue;
+      this.opts.metrics?.skipped('Service', s.reason);
+      this.opts.log.info({ service: s.service, reason: s.reason, detail: s.detail }, 'service skipped');
+    }
+    this.skippedBefore = now;
+  }
+
+  // ---------------------------------------------------------------- AgentView
+
+  sourceSynced(): boolean {
+    return this.opts.source.snapshot().synced;
+  }
+
+  desiredApplied(): boolean {
+    return this.synced && this.stats.lastError === undefined && this.stats.oldestPending === undefined && !this.stats.inProgress;
+  }
+
+  datapathAttached(): CheckOutcome {
+    if (!this.datapath) return { ok: false, message: 'datapath not loaded yet' };
+    const missing: string[] = [];
+    for (const p of this.datapath.programs) {
+      try {
+        const link = pinnedLinkInfo(path.join(linksDir(this.opts.datapath.bpfRoot), p.name));
+        if (link.progId !== this.datapath.object.progInfo(p.name).id) missing.push(`${p.name} (link runs another program)`);
+      } catch (err) {
+        missing.push(`${p.name} (${(err as Error).message})`);
+      }
+    }
+    return missing.length === 0 ? { ok: true, message: `${this.datapath.programs.length} programs attached` } : { ok: false, message: missing.join('; ') };
+  }
+
+  canaryWrite(): CheckOutcome {
+    if (!this.datapath) return { ok: false, message: 'datapath not loaded yet' };
+    // Rev-NAT id 0 is never allocated: write it and take it back.
+    const map = this.datapath.object.map('lb4_reverse_nat');
+    const key = u16.encode(0);
+    try {
+      map.update(key, lb4_reverse_nat.encode({ address: 0, port: 0 }));
+      map.delete(key);
+      return { ok: true };
+    } catch (err) {
+      return { ok: false, message: (err as Error).message };
+    }
+  }
+
+  sync(): SyncStats {
+    return { ...this.stats };
+  }
+
+  nodeDeleting(): boolean {
+    return this.nodeGoing;
+  }
+
+  frontends(): FrontendStatus[] {
+    if (!this.datapath) return [];
+    const realized = new Map(lbList(this.datapath.maps.dump()).map((e) => [e.frontend, e]));
+    const out: FrontendStatus[] = [];
+    for (const fe of this.desired.values()) {
+      const want = {
+        backends: fe.backends.map((b) => formatAddr(b.address, b.family, b.port)),
+        terminating: fe.terminating.map((b) => formatAddr(b.address, b.family, b.port)),
+        revNatId: this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0,
+      };
+      const have = realized.get(fe.key);
+      realized.delete(fe.key);
+      const got = have && {
+        backends: have.backends.filter((b) => b.slot <= want.backends.length).map((b) => b.address),
+        terminating: have.backends.filter((b) => b.slot > want.backends.length).map((b) => b.address),
+        revNatId: have.revNatId,
+      };
+      const details: string[] = [];
+      if (!got) details.push('missing from the maps');
+      else {
+        if (got.revNatId !== want.revNatId) details.push(`rev-NAT id ${got.revNatId}, intended ${want.revNatId}`);
+        if (have.backends.length !== want.backends.length + want.terminating.length) {
+          details.push(`${have.backends.length} slots, intended ${want.backends.length + want.terminating.length}`);
+        }
+        const slots = [...want.backends, ...want.terminating];
+        have.backends.forEach((b, i) => {
+          if (slots[i] !== undefined && b.address !== slots[i]) details.push(`slot ${b.slot} is ${b.address}, intended ${slots[i]}`);
+          if (b.state === 'missing' || b.address === '<missing>') details.push(`slot ${b.slot} names missing backend ${b.id}`);
+        });
+      }
+      out.push({
+        frontend: fe.key,
+        service: `${fe.service.namespace}/${fe.service.name}:${fe.service.portName}`,
+        desired: want,
+        ...(got ? { realized: got } : {}),
+        drift: details.length > 0,
+        details,
+      });
+    }
+    for (const [frontend, have] of realized) {
+      out.push({
+        frontend,
+        realized: { backends: have.backends.map((b) => b.address), terminating: [], revNatId: have.revNatId },
+        drift: true,
+        details: ['in the maps but not intended'],
+      });
+    }
+    return out.sort((a, b) => (a.frontend < b.frontend ? -1 : 1));
+  }
+
+  datapathCounters(): Record<string, bigint> {
+    return this.datapath ? sumCounters(this.datapath.object.map('lb_metrics')) : {};
+  }
+
+  counts(): { services: number; frontends: number; backends: number } {
+    const services = new Set<string>();
+    const backends = new Set<string>();
+    for (const fe of this.desired.values()) {
+      services.add(`${fe.service.namespace}/${fe.service.name}`);
+      for (const b of [...fe.backends, ...fe.terminating]) backends.add(`${b.address}|${b.port}|${b.protocol}`);
+    }
+    return { services: services.size, frontends: this.desired.size, backends: backends.size };
   }
 }

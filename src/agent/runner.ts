@@ -1,87 +1,146 @@
-// Runs one function at a time, coalescing requests: run() while a run is in
-// progress schedules exactly one more. A failed run is retried with
-// exponential backoff until one succeeds. Timers are injectable for tests.
-export interface RunnerTimers {
+// kube-proxy's BoundedFrequencyRunner, for one sync function:
+// - run() asks for a run. A lone request runs at once; requests arriving
+//   within minInterval of the last run coalesce into one run when the
+//   interval has passed (bursts cost one sync, not one per event).
+// - At least every maxInterval a periodic run happens, flagged `full`, so
+//   the sync can re-read the maps and repair drift.
+// - A run that throws is retried with exponential backoff, also `full`.
+// - Never two runs at once. The clock is injectable for tests.
+
+export interface Clock {
+  now(): number;
   setTimeout(fn: () => void, ms: number): unknown;
   clearTimeout(handle: unknown): void;
 }
 
+export const systemClock: Clock = {
+  now: () => performance.now(),
+  setTimeout: (f, ms) => {
+    const h = setTimeout(f, ms);
+    h.unref?.();
+    return h;
+  },
+  clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
+};
+
+export type RunReason = 'change' | 'periodic' | 'retry';
+
 export interface RunnerOptions {
+  /** Minimum time between the starts of two runs (kube-proxy's minSyncPeriod). */
+  readonly minIntervalMs?: number;
+  /** Maximum time between runs; 0 disables periodic runs (kube-proxy's syncPeriod). */
+  readonly maxIntervalMs?: number;
   readonly retryMinMs?: number;
   readonly retryMaxMs?: number;
-  readonly timers?: RunnerTimers;
+  readonly clock?: Clock;
   readonly onError?: (err: unknown, retryInMs: number) => void;
 }
 
-export class CoalescingRunner {
+export class BoundedFrequencyRunner {
+  private readonly clock: Clock;
+  private readonly minInterval: number;
+  private readonly maxInterval: number;
   private running = false;
-  private pending = false;
   private stopped = false;
+  /** A run was asked for; the reason that will be passed (the strongest wins). */
+  private pending: RunReason | undefined;
+  private lastStart = Number.NEGATIVE_INFINITY;
   private retryMs = 0;
-  private retryHandle: unknown;
+  private timer: { handle: unknown; at: number } | undefined;
+  private periodic: unknown;
   private idleWaiters: Array<() => void> = [];
-  private readonly timers: RunnerTimers;
 
   constructor(
-    private readonly fn: () => Promise<void> | void,
+    private readonly fn: (reason: RunReason) => Promise<void> | void,
     private readonly opts: RunnerOptions = {},
   ) {
-    this.timers = opts.timers ?? {
-      setTimeout: (f, ms) => setTimeout(f, ms),
-      clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
-    };
+    this.clock = opts.clock ?? systemClock;
+    this.minInterval = opts.minIntervalMs ?? 0;
+    this.maxInterval = opts.maxIntervalMs ?? 0;
   }
 
-  /** Requests a run; never blocks, never runs two at once. */
-  run(): void {
+  /** Requests a run; never blocks. */
+  run(reason: RunReason = 'change'): void {
     if (this.stopped) return;
-    if (this.running) {
-      this.pending = true;
-      return;
+    this.pending = strongest(this.pending, reason);
+    if (this.running) return;
+    const wait = this.lastStart + this.minInterval - this.clock.now();
+    if (wait <= 0) {
+      this.cancelTimer();
+      void this.loop();
+    } else {
+      this.schedule(wait);
     }
-    if (this.retryHandle !== undefined) {
-      this.timers.clearTimeout(this.retryHandle);
-      this.retryHandle = undefined;
-    }
-    void this.loop();
   }
 
-  /** Resolves when no run is in progress or pending (retries still count as pending). */
+  /** Resolves when nothing is running or waiting to run (periodic runs excluded). */
   idle(): Promise<void> {
-    if (!this.running && !this.pending && this.retryHandle === undefined) return Promise.resolve();
+    if (this.isIdle()) return Promise.resolve();
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
   stop(): void {
     this.stopped = true;
-    if (this.retryHandle !== undefined) this.timers.clearTimeout(this.retryHandle);
-    this.retryHandle = undefined;
-    this.pending = false;
+    this.pending = undefined;
+    this.cancelTimer();
+    if (this.periodic !== undefined) this.clock.clearTimeout(this.periodic);
+    this.periodic = undefined;
     if (!this.running) this.wake();
+  }
+
+  private isIdle(): boolean {
+    return !this.running && this.pending === undefined && this.timer === undefined;
+  }
+
+  private schedule(ms: number): void {
+    const at = this.clock.now() + ms;
+    if (this.timer && this.timer.at <= at) return;
+    this.cancelTimer();
+    const handle = this.clock.setTimeout(() => {
+      this.timer = undefined;
+      if (this.pending !== undefined) this.run(this.pending);
+      else this.wake();
+    }, ms);
+    this.timer = { handle, at };
+  }
+
+  private cancelTimer(): void {
+    if (this.timer) this.clock.clearTimeout(this.timer.handle);
+    this.timer = undefined;
   }
 
   private async loop(): Promise<void> {
     this.running = true;
-    do {
-      this.pending = false;
-      try {
-        await this.fn();
-        this.retryMs = 0;
-      } catch (err) {
-        const min = this.opts.retryMinMs ?? 500;
-        const max = this.opts.retryMaxMs ?? 30_000;
-        this.retryMs = Math.min(max, this.retryMs === 0 ? min : this.retryMs * 2);
-        this.opts.onError?.(err, this.retryMs);
-        if (!this.pending && !this.stopped) {
-          this.retryHandle = this.timers.setTimeout(() => {
-            this.retryHandle = undefined;
-            this.run();
-          }, this.retryMs);
-        }
+    const reason = this.pending ?? 'change';
+    this.pending = undefined;
+    this.lastStart = this.clock.now();
+    try {
+      await this.fn(reason);
+      this.retryMs = 0;
+    } catch (err) {
+      const min = this.opts.retryMinMs ?? 500;
+      const max = this.opts.retryMaxMs ?? 30_000;
+      this.retryMs = Math.min(max, this.retryMs === 0 ? min : this.retryMs * 2);
+      this.opts.onError?.(err, this.retryMs);
+      if (!this.stopped) {
+        this.pending = strongest(this.pending, 'retry');
+        this.schedule(Math.max(this.retryMs, this.minInterval));
       }
-    } while (this.pending && !this.stopped);
+    }
     this.running = false;
-    if (this.retryHandle === undefined) this.wake();
+    if (this.stopped) return this.wake();
+    this.armPeriodic();
+    if (this.pending !== undefined && this.timer === undefined) this.run(this.pending);
+    else if (this.isIdle()) this.wake();
+  }
+
+  private armPeriodic(): void {
+    if (this.maxInterval <= 0) return;
+    if (this.periodic !== undefined) this.clock.clearTimeout(this.periodic);
+    this.periodic = this.clock.setTimeout(() => {
+      this.periodic = undefined;
+      this.run('periodic');
+    }, this.maxInterval);
   }
 
   private wake(): void {
@@ -89,4 +148,10 @@ export class CoalescingRunner {
     this.idleWaiters = [];
     w.forEach((f) => f());
   }
+}
+
+/** periodic and retry runs are full syncs; they win over a plain change. */
+function strongest(a: RunReason | undefined, b: RunReason): RunReason {
+  if (a === undefined) return b;
+  return a === 'change' ? b : a;
 }

@@ -1,15 +1,32 @@
 // lbctl's command line: a dispatcher only; each command lives in commands/.
 import { Command, InvalidArgumentError } from 'commander';
 import { LbError } from '../errors.js';
-import { DEFAULT_BPF_ROOT, cleanupDatapath } from '../datapath/loader.js';
-import { libbpfVersion } from '../native/bpf.js';
-import { agentCommand } from './commands/agent.js';
-import { lbListCommand } from './commands/lb-list.js';
-import { metricsListCommand } from './commands/metrics-list.js';
+// Commands load their modules when they run: `lbctl bpf lb list` should not
+// pay for the Kubernetes client or prom-client.
+import {
+  DEFAULT_API_SOCKET,
+  DEFAULT_BPF_ROOT,
+  DEFAULT_HEALTH_PORT,
+  DEFAULT_METRICS_HOST,
+  DEFAULT_METRICS_PORT,
+  VERSION,
+} from '../defaults.js';
 
 function positiveInt(v: string): number {
   const n = Number(v);
   if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('expected a positive integer');
+  return n;
+}
+
+function nonNegativeInt(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected an integer ≥ 0');
+  return n;
+}
+
+function port(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError('expected a port (0-65535)');
   return n;
 }
 
@@ -25,15 +42,24 @@ export function buildProgram(): Command {
 
   program
     .command('agent')
-    .description('program the datapath from a source of Services and EndpointSlices')
-    .requiredOption('--source <spec>', 'where Services and EndpointSlices come from: file:DIR')
+    .description('program the datapath from Services and EndpointSlices (a directory of manifests, or the cluster)')
+    .option('--source <spec>', 'file:DIR, a directory of Kubernetes manifests (standalone mode)')
+    .option('--kubeconfig <file>', 'watch the cluster this kubeconfig names (default in a pod: in-cluster config)')
+    .option('--node-name <name>', 'this node, for internalTrafficPolicy Local and topology hints (default: $NODE_NAME or the hostname)')
     .option('--cgroup <path>', 'cgroup v2 path to attach to (default: the cgroup v2 root, from /proc/mounts)')
     .option('--bpf-root <path>', 'bpffs directory for pinned maps and links', DEFAULT_BPF_ROOT)
     .option('--max-services <n>', 'frontends per address family (map size)', positiveInt)
     .option('--max-backends <n>', 'backends per address family (map size)', positiveInt)
     .option('--max-sock-revnat <n>', 'sockets remembered for reverse translation (map size)', positiveInt)
+    .option('--min-sync-period <ms>', 'changes within this interval coalesce into one sync (kube-proxy minSyncPeriod)', nonNegativeInt, 0)
+    .option('--sync-period <ms>', 'full resync (repairs drift) at least this often (kube-proxy syncPeriod)', positiveInt, 30_000)
+    .option('--health-port <port>', 'port of /livez, /readyz, /healthz (0: any free port)', port, DEFAULT_HEALTH_PORT)
+    .option('--health-bind-address <addr>', 'address the health server listens on', '0.0.0.0')
+    .option('--metrics-port <port>', 'port of /metrics (0: any free port)', port, DEFAULT_METRICS_PORT)
+    .option('--metrics-bind-address <addr>', 'address the metrics server listens on', DEFAULT_METRICS_HOST)
+    .option('--api-socket <path>', 'unix socket of the local API (lbctl status, lbctl service list)', DEFAULT_API_SOCKET)
     .option('--log-level <level>', 'trace, debug, info, warn or error', 'info')
-    .action(async (opts) => agentCommand(opts));
+    .action(async (opts) => (await import('./commands/agent.js')).agentCommand(opts));
 
   const bpf = program.command('bpf').description('inspect the datapath maps directly');
   const listCommand = (parent: Command, what: string, description: string): Command =>
@@ -44,23 +70,41 @@ export function buildProgram(): Command {
       .description(description)
       .option('--bpf-root <path>', 'bpffs directory of the pinned maps', DEFAULT_BPF_ROOT)
       .option('-o, --output <format>', 'text or json', output, 'text');
-  listCommand(bpf, 'lb', 'list frontends and their backends').action((opts) => lbListCommand(opts));
-  listCommand(bpf, 'metrics', 'list the per-CPU datapath counters, summed').action((opts) => metricsListCommand(opts));
+  listCommand(bpf, 'lb', 'list frontends and their backends').action(async (opts) => (await import('./commands/lb-list.js')).lbListCommand(opts));
+  listCommand(bpf, 'metrics', 'list the per-CPU datapath counters, summed').action(async (opts) => (await import('./commands/metrics-list.js')).metricsListCommand(opts));
 
   program
     .command('cleanup')
     .description('detach every lbctl program and remove every pinned map')
     .option('--bpf-root <path>', 'bpffs directory of the pinned objects', DEFAULT_BPF_ROOT)
-    .action((opts: { bpfRoot: string }) => {
+    .action(async (opts: { bpfRoot: string }) => {
+      const { cleanupDatapath } = await import('../datapath/loader.js');
       const r = cleanupDatapath(opts.bpfRoot);
       process.stdout.write(`removed ${r.links.length} links and ${r.maps.length} maps from ${opts.bpfRoot}\n`);
     });
 
   program
+    .command('status')
+    .description("the agent's health: liveness and readiness checks, syncs, counts")
+    .option('--brief', 'print OK or the failing checks, one per line')
+    .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
+    .action(async (opts: { brief?: boolean; apiSocket: string }) => (await import('./commands/status.js')).statusCommand(opts));
+
+  program
+    .command('service')
+    .description('services as the agent sees them')
+    .command('list')
+    .description('desired versus realized backends per frontend; flags drift')
+    .option('-o, --output <format>', 'text or json', output, 'text')
+    .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
+    .action(async (opts: { output: string; apiSocket: string }) => (await import('./commands/service-list.js')).serviceListCommand(opts));
+
+  program
     .command('version')
     .description('print versions')
-    .action(() => {
-      process.stdout.write(`lbctl 0.1.0 (libbpf ${libbpfVersion()}, node ${process.version})\n`);
+    .action(async () => {
+      const { libbpfVersion } = await import('../native/bpf.js');
+      process.stdout.write(`lbctl ${VERSION} (libbpf ${libbpfVersion()}, node ${process.version})\n`);
     });
   return program;
 }

@@ -83,7 +83,7 @@ export class FileSource implements Source {
         else slices.set(id, o.value);
       }
     }
-    return { services: [...services.values()], slices: [...slices.values()], complete };
+    return { services: [...services.values()], slices: [...slices.values()], synced: true, complete };
   }
 
   /** Re-reads the directory now; resolves once the new state is in place. */

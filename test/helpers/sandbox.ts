@@ -408,12 +408,35 @@ export class Sandbox {
 
   // ------------------------------------------------------------- agent
 
+  /** The agent's local API socket (lbctl status --api-socket ...). */
+  get apiSocket(): string {
+    return path.join(this.runDir, 'agent.sock');
+  }
+
   /** Starts the agent on the manifest directory and waits for its first sync. */
   async startAgent(extraArgs: string[] = []): Promise<SyncReport> {
     if (this.agent?.running) throw new Error('the agent is already running');
     const proc = spawn(
       LBCTL,
-      ['agent', '--source', `file:${this.manifestDir}`, '--cgroup', this.cgroup, '--bpf-root', this.bpfRoot, ...extraArgs],
+      [
+        'agent',
+        '--source',
+        `file:${this.manifestDir}`,
+        '--cgroup',
+        this.cgroup,
+        '--bpf-root',
+        this.bpfRoot,
+        // Any free ports, and a socket of this run's own: runs never collide with each other or a real agent.
+        '--health-port',
+        '0',
+        '--health-bind-address',
+        '127.0.0.1',
+        '--metrics-port',
+        '0',
+        '--api-socket',
+        this.apiSocket,
+        ...extraArgs,
+      ],
       { stdio: ['ignore', 'pipe', 'pipe'] },
     );
     this.recordPid(proc.pid);

@@ -1,29 +1,59 @@
 // `lbctl agent`: runs until SIGTERM/SIGINT; the datapath outlives it.
+import os from 'node:os';
 import path from 'node:path';
 import { pino } from 'pino';
 import { Agent } from '../../agent/agent.js';
+import { startApiServer } from '../../agent/api.js';
+import { Health, startHealthServer } from '../../agent/health.js';
+import { AgentMetrics, startMetricsServer } from '../../agent/metrics.js';
 import { ConfigError } from '../../errors.js';
 import { cgroup2Root } from '../../datapath/loader.js';
 import { FileSource } from '../../sources/file.js';
 import type { Source } from '../../sources/source.js';
 
+import { VERSION } from '../../defaults.js';
+
 export interface AgentCommandOptions {
-  source: string;
+  source?: string;
+  kubeconfig?: string;
+  nodeName?: string;
   cgroup?: string;
   bpfRoot: string;
   maxServices?: number;
   maxBackends?: number;
   maxSockRevnat?: number;
+  minSyncPeriod: number;
+  syncPeriod: number;
+  healthPort: number;
+  healthBindAddress: string;
+  metricsPort: number;
+  metricsBindAddress: string;
+  apiSocket: string;
   logLevel: string;
 }
 
-function makeSource(spec: string, log: pino.Logger): Source {
-  const m = /^file:(.+)$/.exec(spec);
-  if (m) {
-    const dir = path.resolve(m[1]!);
-    return new FileSource({ dir, onProblem: (p) => log.warn({ where: p.where, reason: p.reason }, 'bad input skipped') });
+async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
+  const onProblem = (p: { where: string; reason: string; kind?: string }): void => {
+    metrics.skipped(p.kind ?? 'File', p.reason.replace(/^.*?: /, '').split(' ')[0] ?? 'invalid');
+    log.warn({ where: p.where, reason: p.reason }, 'bad input skipped');
+  };
+  const file = opts.source ? /^file:(.+)$/.exec(opts.source) : null;
+  if (opts.source && !file) throw new ConfigError(`--source ${opts.source}: expected file:DIR (or use --kubeconfig)`);
+  if (file) {
+    if (opts.kubeconfig) throw new ConfigError('--source file:DIR and --kubeconfig exclude each other');
+    return new FileSource({ dir: path.resolve(file[1]!), onProblem });
   }
-  throw new ConfigError(`--source ${spec}: expected file:DIR`);
+  if (!opts.kubeconfig && !process.env.KUBERNETES_SERVICE_HOST) {
+    throw new ConfigError('no source: give --source file:DIR, --kubeconfig FILE, or run in a pod (in-cluster config)');
+  }
+  // Loaded only for this source: the client is large.
+  const { KubernetesSource } = await import('../../sources/kubernetes.js');
+  return new KubernetesSource({
+    ...(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}),
+    nodeName: opts.nodeName ?? process.env.NODE_NAME ?? os.hostname(),
+    onProblem,
+    onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'watch ended; relisting after backoff'),
+  });
 }
 
 export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
@@ -33,19 +63,34 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     ...(opts.maxBackends !== undefined ? { backends: opts.maxBackends } : {}),
     ...(opts.maxSockRevnat !== undefined ? { sockRevNat: opts.maxSockRevnat } : {}),
   };
-  const agent = new Agent({
-    source: makeSource(opts.source, log),
+  // The metrics read the datapath's counters through the agent, which reports into the metrics.
+  let agent: Agent | undefined;
+  const metrics = new AgentMetrics({ view: { datapathCounters: () => agent?.datapathCounters() ?? {} } });
+  agent = new Agent({
+    source: await makeSource(opts, log, metrics),
     datapath: { bpfRoot: opts.bpfRoot, cgroup: opts.cgroup ?? cgroup2Root(), sizes },
     log,
+    metrics,
+    minSyncPeriodMs: opts.minSyncPeriod,
+    syncPeriodMs: opts.syncPeriod,
+  });
+  const health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
+  // Servers first: /livez answers and /readyz says "not yet" while the agent starts.
+  const healthServer = await startHealthServer({ health, metrics, port: opts.healthPort, host: opts.healthBindAddress });
+  const metricsServer = await startMetricsServer({ metrics, port: opts.metricsPort, host: opts.metricsBindAddress });
+  const apiServer = await startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION });
+  const servers = [healthServer, metricsServer, apiServer];
+  log.info({ health: healthServer.port, metrics: metricsServer.port, api: opts.apiSocket }, 'serving health, metrics and the local API');
+
+  const stopped = new Promise<string>((resolve) => {
+    process.once('SIGTERM', () => resolve('SIGTERM'));
+    process.once('SIGINT', () => resolve('SIGINT'));
   });
   await agent.start();
-  await new Promise<void>((resolve) => {
-    const done = (signal: string): void => {
-      log.info({ signal }, 'stopping');
-      resolve();
-    };
-    process.once('SIGTERM', () => done('SIGTERM'));
-    process.once('SIGINT', () => done('SIGINT'));
-  });
+  const signal = await stopped;
+  log.info({ signal }, 'stopping');
   await agent.stop();
+  for (const s of servers) await s.close();
+  health.close();
 }
+

@@ -1,23 +1,11 @@
 // `lbctl bpf metrics list`: the datapath's per-CPU counters, summed.
-import { LbMetric } from '../../datapath/abi.gen.js';
+import { sumCounters } from '../../datapath/counters.js';
 import { openPinnedMaps } from '../../datapath/loader.js';
 
 export function readMetrics(bpfRoot: string): Record<string, bigint> {
   const pinned = openPinnedMaps(bpfRoot);
   try {
-    const m = pinned.get('lb_metrics');
-    const stride = Math.ceil(m.valueSize / 8) * 8; // per-CPU values are 8-byte aligned
-    const out: Record<string, bigint> = {};
-    for (const [name, index] of Object.entries(LbMetric)) {
-      if (name === 'LB_MTR_MAX') continue;
-      const key = Buffer.alloc(4);
-      key.writeUInt32LE(index);
-      const v = m.lookup(key);
-      let sum = 0n;
-      if (v) for (let o = 0; o + 8 <= v.length; o += stride) sum += v.readBigUInt64LE(o);
-      out[name.replace(/^LB_MTR_/, '').toLowerCase()] = sum;
-    }
-    return out;
+    return sumCounters(pinned.get('lb_metrics'));
   } finally {
     pinned.close();
   }

@@ -1,0 +1,359 @@
+// Health checks and the health port, after Kubernetes and etcd. /livez proves
+// the process works (the event loop runs, the programs are attached, a map
+// takes a write); /readyz that what the agent knows is in the maps; /healthz
+// answers as kube-proxy's does. Every check is synchronous and fast: none asks
+// the API server or anything else outside this node.
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { AgentMetrics } from './metrics.js';
+import type { AgentView, CheckOutcome } from './view.js';
+
+export type CheckGroup = 'livez' | 'readyz';
+
+export interface Check {
+  readonly name: string;
+  run(): CheckOutcome;
+}
+
+export interface CheckResult {
+  readonly name: string;
+  readonly ok: boolean;
+  readonly message?: string;
+  /** Skipped with ?exclude=: counted as passing, as Kubernetes does. */
+  readonly excluded?: boolean;
+}
+
+export interface GroupResult {
+  readonly ok: boolean;
+  readonly checks: readonly CheckResult[];
+  /** ?exclude= names that match no check. */
+  readonly unknownExcludes: readonly string[];
+}
+
+/** kube-proxy's /healthz, plus the reason it is not healthy (for the local API). */
+export interface HealthzReport {
+  readonly healthy: boolean;
+  readonly lastUpdated: string;
+  readonly currentTime: string;
+  readonly nodeEligible: boolean;
+  readonly reason?: string;
+}
+
+/** Go's zero time, which kube-proxy reports when it has never synced. */
+const ZERO_TIME = '0001-01-01T00:00:00Z';
+
+import { DEFAULT_HEALTH_PORT } from '../defaults.js';
+export { DEFAULT_HEALTH_PORT };
+export const DEFAULT_EVENT_LOOP_THRESHOLD_MS = 5_000;
+/** kube-proxy's: 2 × its default syncPeriod of 30 s. */
+export const DEFAULT_HEALTH_TIMEOUT_MS = 60_000;
+
+const rfc3339 = (epochMs: number): string => new Date(epochMs).toISOString();
+
+export function formatDuration(ms: number): string {
+  if (ms < 1000) return `${Math.max(0, Math.round(ms))}ms`;
+  const s = Math.floor(ms / 1000);
+  if (s < 60) return `${Math.round(ms / 100) / 10}s`;
+  const d = Math.floor(s / 86_400), h = Math.floor((s % 86_400) / 3600), m = Math.floor((s % 3600) / 60);
+  if (d > 0) return `${d}d${h}h`;
+  if (h > 0) return `${h}h${m}m`;
+  return `${m}m${s % 60}s`;
+}
+
+export interface EventLoopMonitorOptions {
+  readonly thresholdMs: number;
+  /** How long a stall stays reported, so that a probe after it sees it (default 15 s). */
+  readonly windowMs?: number;
+  /** Tick period (default threshold / 5, between 10 ms and 1 s). */
+  readonly intervalMs?: number;
+}
+
+/**
+ * Measures how late a repeating timer fires. A stall shows up both while it
+ * lasts (the tick is overdue) and for `windowMs` after it ends.
+ */
+export class EventLoopMonitor {
+  private readonly intervalMs: number;
+  private readonly windowMs: number;
+  private readonly timer: NodeJS.Timeout;
+  private lastTick = performance.now();
+  private lastStall: { lagMs: number; at: number } | undefined;
+
+  constructor(private readonly opts: EventLoopMonitorOptions) {
+    this.intervalMs = opts.intervalMs ?? Math.min(1000, Math.max(10, opts.thresholdMs / 5));
+    this.windowMs = opts.windowMs ?? 15_000;
+    this.timer = setInterval(() => this.tick(), this.intervalMs);
+    this.timer.unref();
+  }
+
+  private tick(): void {
+    const now = performance.now();
+    const lag = now - this.lastTick - this.intervalMs;
+    this.lastTick = now;
+    if (lag > this.opts.thresholdMs) this.lastStall = { lagMs: lag, at: now };
+  }
+
+  check(): CheckOutcome {
+    const now = performance.now();
+    const overdue = now - this.lastTick - this.intervalMs;
+    if (overdue > this.opts.thresholdMs) {
+      return { ok: false, message: `event loop blocked for ${formatDuration(overdue)} (threshold ${formatDuration(this.opts.thresholdMs)})` };
+    }
+    const s = this.lastStall;
+    if (s && now - s.at <= this.windowMs) {
+      return {
+        ok: false,
+        message: `event loop was blocked for ${formatDuration(s.lagMs)} ${formatDuration(now - s.at)} ago (threshold ${formatDuration(this.opts.thresholdMs)})`,
+      };
+    }
+    return { ok: true };
+  }
+
+  stop(): void {
+    clearInterval(this.timer);
+  }
+}
+
+export interface HealthOptions {
+  readonly view: AgentView;
+  /** /livez fails when the event loop was blocked longer than this (default 5 s). */
+  readonly eventLoopThresholdMs?: number;
+  readonly eventLoopWindowMs?: number;
+  /** /healthz fails when a change has waited longer than this for the maps (default 60 s: kube-proxy's 2 × syncPeriod). */
+  readonly healthTimeoutMs?: number;
+  /** Epoch ms; injected by tests. */
+  readonly now?: () => number;
+}
+
+/** A throwing view method is a failed check, never a failed request. */
+function guarded(run: () => CheckOutcome): () => CheckOutcome {
+  return () => {
+    try {
+      return run();
+    } catch (err) {
+      return { ok: false, message: err instanceof Error ? err.message : String(err) };
+    }
+  };
+}
+
+/** The checks, their groups and /healthz's verdict; shared by the health port and the local API. */
+export class Health {
+  readonly livez: readonly Check[];
+  readonly readyz: readonly Check[];
+  readonly healthTimeoutMs: number;
+  private readonly monitor: EventLoopMonitor;
+  private readonly now: () => number;
+
+  constructor(private readonly opts: HealthOptions) {
+    const { view } = opts;
+    this.now = opts.now ?? Date.now;
+    this.healthTimeoutMs = opts.healthTimeoutMs ?? DEFAULT_HEALTH_TIMEOUT_MS;
+    this.monitor = new EventLoopMonitor({
+      thresholdMs: opts.eventLoopThresholdMs ?? DEFAULT_EVENT_LOOP_THRESHOLD_MS,
+      ...(opts.eventLoopWindowMs !== undefined ? { windowMs: opts.eventLoopWindowMs } : {}),
+    });
+    const check = (name: string, run: () => CheckOutcome): Check => ({ name, run: guarded(run) });
+    const ping = check('ping', () => ({ ok: true }));
+    const datapath = check('datapath', () => view.datapathAttached());
+    this.livez = [ping, check('eventloop', () => this.monitor.check()), datapath, check('canary', () => view.canaryWrite())];
+    this.readyz = [
+      ping,
+      datapath,
+      check('source-synced', () => (view.sourceSynced() ? { ok: true } : { ok: false, message: 'the source has not delivered its initial state yet' })),
+      check('synced', () => this.synced()),
+    ];
+  }
+
+  /**
+   * Ready once the maps hold what the agent intends. A change that arrived a
+   * moment ago, after a successful sync, does not count against it until it
+   * has waited longer than healthTimeoutMs (otherwise every event would flap
+   * readiness).
+   */
+  private synced(): CheckOutcome {
+    const { view } = this.opts;
+    if (view.desiredApplied()) return { ok: true };
+    const s = view.sync();
+    if (s.lastError !== undefined) return { ok: false, message: `the last sync failed: ${s.lastError}` };
+    if (s.lastSuccess === undefined) return { ok: false, message: 'no sync has succeeded yet' };
+    if (s.oldestPending !== undefined) {
+      const age = this.now() - s.oldestPending;
+      if (age >= this.healthTimeoutMs) return { ok: false, message: `a change has waited ${formatDuration(age)} for the maps (timeout ${formatDuration(this.healthTimeoutMs)})` };
+      return { ok: true, message: `a change is being applied (${formatDuration(age)})` };
+    }
+    return { ok: false, message: 'the desired state is not in the maps' };
+  }
+
+  checks(group: CheckGroup): readonly Check[] {
+    return group === 'livez' ? this.livez : this.readyz;
+  }
+
+  run(group: CheckGroup, exclude: Iterable<string> = []): GroupResult {
+    const excluded = new Set(exclude);
+    const checks: CheckResult[] = [];
+    for (const c of this.checks(group)) {
+      if (excluded.delete(c.name)) {
+        checks.push({ name: c.name, ok: true, excluded: true });
+        continue;
+      }
+      const r = c.run();
+      checks.push({ name: c.name, ok: r.ok, ...(r.message !== undefined ? { message: r.message } : {}) });
+    }
+    return { ok: checks.every((c) => c.ok), checks, unknownExcludes: [...excluded] };
+  }
+
+  runOne(group: CheckGroup, name: string): CheckResult | undefined {
+    const c = this.checks(group).find((x) => x.name === name);
+    if (!c) return undefined;
+    const r = c.run();
+    return { name, ok: r.ok, ...(r.message !== undefined ? { message: r.message } : {}) };
+  }
+
+  /**
+   * kube-proxy's rule: unhealthy when a change has been waiting for the maps
+   * longer than healthTimeoutMs, or when this node is being deleted. Like
+   * kube-proxy, lastUpdated is the current time while healthy and the last
+   * successful sync otherwise.
+   */
+  healthz(): HealthzReport {
+    const { view } = this.opts;
+    const now = this.now();
+    let nodeEligible = true;
+    let reason: string | undefined;
+    try {
+      nodeEligible = !view.nodeDeleting();
+    } catch {
+      // An unknown node state never makes the node ineligible.
+    }
+    const s = view.sync();
+    if (s.oldestPending !== undefined && now - s.oldestPending >= this.healthTimeoutMs) {
+      reason = `a change has waited ${formatDuration(now - s.oldestPending)} for the maps (timeout ${formatDuration(this.healthTimeoutMs)})`;
+      if (s.lastError !== undefined) reason += `; the last sync failed: ${s.lastError}`;
+    }
+    if (!nodeEligible) reason = reason ? `${reason}; the node is being deleted` : 'the node is being deleted';
+    const healthy = reason === undefined;
+    return {
+      healthy,
+      lastUpdated: healthy ? rfc3339(now) : s.lastSuccess !== undefined ? rfc3339(s.lastSuccess) : ZERO_TIME,
+      currentTime: rfc3339(now),
+      nodeEligible,
+      ...(reason !== undefined ? { reason } : {}),
+    };
+  }
+
+  close(): void {
+    this.monitor.stop();
+  }
+}
+
+const oneLine = (s: string): string => s.replace(/\s*\n\s*/g, ' ');
+
+/** Kubernetes' healthz text: `ok`, or with ?verbose or on failure one `[+]`/`[-]` line per check. */
+export function formatGroup(group: CheckGroup, r: GroupResult, verbose: boolean): { status: number; body: string } {
+  if (r.ok && !verbose) return { status: 200, body: 'ok' };
+  let body = '';
+  for (const c of r.checks) {
+    if (c.excluded) body += `[+]${c.name} excluded: ok\n`;
+    else if (c.ok) body += `[+]${c.name} ok\n`;
+    else body += `[-]${c.name} failed: ${oneLine(c.message ?? 'no reason given')}\n`;
+  }
+  if (r.unknownExcludes.length > 0) {
+    body += `warn: some health checks cannot be excluded: no matches for ${r.unknownExcludes.map((n) => JSON.stringify(n)).join(',')}\n`;
+  }
+  body += `${group} check ${r.ok ? 'passed' : 'failed'}\n`;
+  return { status: r.ok ? 200 : 500, body };
+}
+
+export interface HealthServerOptions extends Partial<HealthOptions> {
+  /** Checks shared with the local API; without it the server builds (and closes) its own from `view`. */
+  readonly health?: Health;
+  readonly port?: number;
+  readonly host?: string;
+  /** Counts answers in kubeproxy_proxy_healthz_total / kubeproxy_proxy_livez_total. */
+  readonly metrics?: AgentMetrics;
+}
+
+export interface RunningServer {
+  readonly port: number;
+  close(): Promise<void>;
+}
+
+export async function listen(server: http.Server, port: number, host: string): Promise<number> {
+  await new Promise<void>((resolve, reject) => {
+    const onError = (err: Error): void => reject(err);
+    server.once('error', onError);
+    server.listen(port, host, () => {
+      server.off('error', onError);
+      resolve();
+    });
+  });
+  return (server.address() as AddressInfo).port;
+}
+
+export function closeServer(server: http.Server): Promise<void> {
+  return new Promise((resolve) => {
+    server.close(() => resolve());
+    server.closeAllConnections();
+  });
+}
+
+function send(res: http.ServerResponse, status: number, body: string, type = 'text/plain; charset=utf-8'): void {
+  res.writeHead(status, { 'Content-Type': type, 'X-Content-Type-Options': 'nosniff', 'Cache-Control': 'no-store' });
+  res.end(body);
+}
+
+/** The health port: /livez, /readyz (and /<group>/<check>), /healthz. */
+export function healthHandler(health: Health, metrics?: AgentMetrics): http.RequestListener {
+  return (req, res) => {
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.setHeader('Allow', 'GET, HEAD');
+      return send(res, 405, 'method not allowed\n');
+    }
+    const url = new URL(req.url ?? '/', 'http://localhost');
+    const parts = url.pathname.split('/').filter((p) => p !== '');
+    const [group, name, ...rest] = parts;
+
+    if (group === 'healthz' && parts.length === 1) {
+      const h = health.healthz();
+      const status = h.healthy ? 200 : 503;
+      metrics?.healthzResponse(status);
+      return send(res, status, JSON.stringify({ lastUpdated: h.lastUpdated, currentTime: h.currentTime, nodeEligible: h.nodeEligible }), 'application/json');
+    }
+    if ((group === 'livez' || group === 'readyz') && rest.length === 0) {
+      if (name === undefined) {
+        const exclude = url.searchParams.getAll('exclude').flatMap((v) => v.split(',')).filter((v) => v !== '');
+        const { status, body } = formatGroup(group, health.run(group, exclude), url.searchParams.has('verbose'));
+        if (group === 'livez') metrics?.livezResponse(status);
+        return send(res, status, body);
+      }
+      const r = health.runOne(group, name);
+      if (!r) return send(res, 404, `no ${group} check named ${JSON.stringify(name)}\n`);
+      return r.ok ? send(res, 200, 'ok') : send(res, 500, `internal server error: ${oneLine(r.message ?? 'no reason given')}\n`);
+    }
+    send(res, 404, 'not found: try /livez, /readyz or /healthz\n');
+  };
+}
+
+export async function startHealthServer(opts: HealthServerOptions): Promise<RunningServer> {
+  let owned: Health | undefined;
+  const health =
+    opts.health ??
+    (owned = (() => {
+      if (!opts.view) throw new TypeError('startHealthServer needs a view or a health');
+      return new Health({ ...opts, view: opts.view });
+    })());
+  const server = http.createServer(healthHandler(health, opts.metrics));
+  try {
+    const port = await listen(server, opts.port ?? DEFAULT_HEALTH_PORT, opts.host ?? '0.0.0.0');
+    return {
+      port,
+      close: async () => {
+        await closeServer(server);
+        owned?.close();
+      },
+    };
+  } catch (err) {
+    owned?.close();
+    throw err;
+  }
+}

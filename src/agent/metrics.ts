@@ -1,0 +1,173 @@
+// Prometheus metrics. Where kube-proxy has a metric for the same thing we use
+// its name, help text and buckets (pkg/proxy/metrics/metrics.go), so its
+// dashboards and alerts keep working; the rest are lbctl_*. One Registry per
+// AgentMetrics, never prom-client's global one.
+import http from 'node:http';
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, exponentialBuckets, linearBuckets } from 'prom-client';
+import { closeServer, listen, type RunningServer } from './health.js';
+import type { AgentView } from './view.js';
+
+import { DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT } from '../defaults.js';
+export { DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT };
+/** kube-proxy's default --metrics-bind-address is 127.0.0.1:10249. */
+
+/** kube-proxy's sync buckets: 1 ms doubling 15 times (to about 16 s). */
+const SYNC_BUCKETS = exponentialBuckets(0.001, 2, 15);
+/** kube-proxy's network programming buckets (component-base MergeBuckets starts with a 0 bucket). */
+const PROGRAMMING_BUCKETS = [0, ...linearBuckets(0.25, 0.25, 2), ...linearBuckets(1, 1, 59), ...linearBuckets(60, 5, 12), ...linearBuckets(120, 30, 7)];
+
+export interface AgentMetricsOptions {
+  /** Read at scrape time for lbctl_datapath_events_total. */
+  readonly view?: Pick<AgentView, 'datapathCounters'>;
+  /** prom-client's process_* and nodejs_* metrics (default true). */
+  readonly defaultMetrics?: boolean;
+  /** Epoch ms; injected by tests. */
+  readonly now?: () => number;
+}
+
+export class AgentMetrics {
+  readonly registry = new Registry();
+  private readonly now: () => number;
+
+  private readonly syncDuration: Histogram;
+  private readonly syncFullDuration: Histogram;
+  private readonly syncPartialDuration: Histogram;
+  private readonly syncLast: Gauge;
+  private readonly syncLastQueued: Gauge;
+  private readonly programming: Histogram;
+  private readonly serviceChanges: Counter;
+  private readonly endpointChanges: Counter;
+  private readonly healthz: Counter<'code'>;
+  private readonly livez: Counter<'code'>;
+
+  private readonly syncs: Counter<'type' | 'result'>;
+  private readonly services: Gauge;
+  private readonly frontends: Gauge;
+  private readonly backends: Gauge;
+  private readonly mapErrors: Counter<'map'>;
+  private readonly events: Counter<'kind' | 'type'>;
+  private readonly skippedObjects: Counter<'kind' | 'reason'>;
+
+  constructor(opts: AgentMetricsOptions = {}) {
+    this.now = opts.now ?? Date.now;
+    const registers = [this.registry];
+    // kube-proxy's
+    this.syncDuration = new Histogram({ name: 'kubeproxy_sync_proxy_rules_duration_seconds', help: 'SyncProxyRules latency in seconds', buckets: SYNC_BUCKETS, registers });
+    this.syncFullDuration = new Histogram({ name: 'kubeproxy_sync_full_proxy_rules_duration_seconds', help: 'SyncProxyRules latency in seconds for full resyncs', buckets: SYNC_BUCKETS, registers });
+    this.syncPartialDuration = new Histogram({ name: 'kubeproxy_sync_partial_proxy_rules_duration_seconds', help: 'SyncProxyRules latency in seconds for partial resyncs', buckets: SYNC_BUCKETS, registers });
+    this.syncLast = new Gauge({ name: 'kubeproxy_sync_proxy_rules_last_timestamp_seconds', help: 'The last time proxy rules were successfully synced', registers });
+    this.syncLastQueued = new Gauge({ name: 'kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds', help: 'The last time a sync of proxy rules was queued', registers });
+    this.programming = new Histogram({ name: 'kubeproxy_network_programming_duration_seconds', help: 'In Cluster Network Programming Latency in seconds', buckets: PROGRAMMING_BUCKETS, registers });
+    this.serviceChanges = new Counter({ name: 'kubeproxy_sync_proxy_rules_service_changes_total', help: 'Cumulative proxy rules Service changes', registers });
+    this.endpointChanges = new Counter({ name: 'kubeproxy_sync_proxy_rules_endpoint_changes_total', help: 'Cumulative proxy rules Endpoint changes', registers });
+    this.healthz = new Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers });
+    this.livez = new Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers });
+    // lbctl's
+    this.syncs = new Counter({ name: 'lbctl_syncs_total', help: 'Syncs of the desired state into the maps, by type (full or partial) and result (success or error)', labelNames: ['type', 'result'], registers });
+    this.services = new Gauge({ name: 'lbctl_services', help: 'Services programmed in the maps', registers });
+    this.frontends = new Gauge({ name: 'lbctl_frontends', help: 'Frontends (address:port/protocol) programmed in the maps', registers });
+    this.backends = new Gauge({ name: 'lbctl_backends', help: 'Backends programmed in the maps', registers });
+    this.mapErrors = new Counter({ name: 'lbctl_map_operation_errors_total', help: 'Failed BPF map operations, by map', labelNames: ['map'], registers });
+    this.events = new Counter({ name: 'lbctl_source_events_total', help: 'Objects added, updated or deleted in the source, by kind and type', labelNames: ['kind', 'type'], registers });
+    this.skippedObjects = new Counter({ name: 'lbctl_skipped_objects_total', help: 'Objects left out of the desired state, by kind and reason', labelNames: ['kind', 'reason'], registers });
+    const view = opts.view;
+    const datapath: Counter<'reason'> = new Counter({
+      name: 'lbctl_datapath_events_total',
+      help: "The datapath's counters (lb_metrics, summed over CPUs), by reason",
+      labelNames: ['reason'],
+      registers,
+      collect() {
+        if (!view) return;
+        let counters: Record<string, bigint>;
+        try {
+          counters = view.datapathCounters();
+        } catch {
+          return; // unreadable maps: keep the last values rather than fail the scrape
+        }
+        datapath.reset();
+        for (const [reason, v] of Object.entries(counters)) datapath.inc({ reason }, Number(v));
+      },
+    });
+    if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** After every sync, successful or not (kube-proxy observes both). */
+  observeSync(seconds: number, o: { full: boolean; ok: boolean }): void {
+    this.syncDuration.observe(seconds);
+    (o.full ? this.syncFullDuration : this.syncPartialDuration).observe(seconds);
+    this.syncs.inc({ type: o.full ? 'full' : 'partial', result: o.ok ? 'success' : 'error' });
+    if (o.ok) this.syncLast.set(this.now() / 1000);
+  }
+
+  /** Once per changed object in a successful sync: seconds from its change to the maps being written. */
+  networkProgramming(seconds: number): void {
+    if (Number.isFinite(seconds) && seconds >= 0) this.programming.observe(seconds);
+  }
+
+  /** When a sync is requested (a change arrived). */
+  queued(epochMs: number = this.now()): void {
+    this.syncLastQueued.set(epochMs / 1000);
+  }
+
+  setCounts(c: { services: number; frontends: number; backends: number }): void {
+    this.services.set(c.services);
+    this.frontends.set(c.frontends);
+    this.backends.set(c.backends);
+  }
+
+  mapError(map: string): void {
+    this.mapErrors.inc({ map });
+  }
+
+  /** kind: Service or EndpointSlice; type: add, update or delete. Also counts kube-proxy's *_changes_total. */
+  event(kind: string, type: string): void {
+    this.events.inc({ kind, type });
+    if (kind === 'Service') this.serviceChanges.inc();
+    else if (kind === 'EndpointSlice' || kind === 'Endpoints') this.endpointChanges.inc();
+  }
+
+  skipped(kind: string, reason: string): void {
+    this.skippedObjects.inc({ kind, reason });
+  }
+
+  /** Called by the health server. */
+  healthzResponse(code: number): void {
+    this.healthz.inc({ code: String(code) });
+  }
+
+  livezResponse(code: number): void {
+    this.livez.inc({ code: String(code) });
+  }
+}
+
+export interface MetricsServerOptions {
+  readonly metrics: AgentMetrics;
+  readonly port?: number;
+  readonly host?: string;
+}
+
+/** The metrics port: /metrics, and /healthz as a plain `ok` like kube-proxy's metrics server. */
+export async function startMetricsServer(opts: MetricsServerOptions): Promise<RunningServer> {
+  const { registry } = opts.metrics;
+  const server = http.createServer((req, res) => {
+    const path = new URL(req.url ?? '/', 'http://localhost').pathname;
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, { Allow: 'GET, HEAD', 'Content-Type': 'text/plain; charset=utf-8' }).end('method not allowed\n');
+      return;
+    }
+    if (path === '/metrics') {
+      registry.metrics().then(
+        (text) => res.writeHead(200, { 'Content-Type': registry.contentType }).end(text),
+        (err: unknown) => res.writeHead(500, { 'Content-Type': 'text/plain; charset=utf-8' }).end(`collecting metrics failed: ${err instanceof Error ? err.message : String(err)}\n`),
+      );
+      return;
+    }
+    if (path === '/healthz') {
+      res.writeHead(200, { 'Content-Type': 'text/plain; charset=utf-8' }).end('ok');
+      return;
+    }
+    res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end('not found: try /metrics\n');
+  });
+  const port = await listen(server, opts.port ?? DEFAULT_METRICS_PORT, opts.host ?? DEFAULT_METRICS_HOST);
+  return { port, close: () => closeServer(server) };
+}

@@ -1,0 +1,58 @@
+// What the agent shows of itself to its health checks, metrics and local
+// API (health.ts, metrics.ts, api.ts). The agent implements it; the servers
+// only read it, so each can be tested against a fake.
+
+export interface SyncStats {
+  /** Syncs completed (successful or not). */
+  readonly count: number;
+  /** Epoch ms of the last sync start / successful end; undefined before the first. */
+  readonly lastAttempt?: number;
+  readonly lastSuccess?: number;
+  /** The last failure's message, cleared by a success. */
+  readonly lastError?: string;
+  /** Epoch ms of the oldest change not yet in the maps; undefined when none waits. */
+  readonly oldestPending?: number;
+  readonly inProgress: boolean;
+}
+
+/** One frontend: what the agent intends versus what the maps hold. */
+export interface FrontendStatus {
+  /** "10.96.0.10:53/UDP" */
+  readonly frontend: string;
+  /** "namespace/name:portName" of the owning service; undefined for entries the agent does not intend. */
+  readonly service?: string;
+  readonly desired?: { readonly backends: readonly string[]; readonly terminating: readonly string[]; readonly revNatId: number };
+  readonly realized?: { readonly backends: readonly string[]; readonly terminating: readonly string[]; readonly revNatId: number };
+  /** True when the maps disagree with the intent (missing, extra, or different). */
+  readonly drift: boolean;
+  /** What differs, in words; empty when in sync. */
+  readonly details: readonly string[];
+}
+
+export interface CheckOutcome {
+  readonly ok: boolean;
+  /** Why it failed (or a short fact when it passed). */
+  readonly message?: string;
+}
+
+export interface AgentView {
+  /** Epoch ms the agent started. */
+  readonly startedAt: number;
+  /** The source has delivered a complete initial state (informers synced / files read). */
+  sourceSynced(): boolean;
+  /** Every change seen so far is in the maps and the last sync succeeded. */
+  desiredApplied(): boolean;
+  /** Every program is attached through its pinned link. */
+  datapathAttached(): CheckOutcome;
+  /** Writes and deletes a canary entry in a pinned map. */
+  canaryWrite(): CheckOutcome;
+  sync(): SyncStats;
+  /** This node's Node object has a deletionTimestamp. */
+  nodeDeleting(): boolean;
+  /** Desired versus realized, per frontend (reads the maps: not for hot paths). */
+  frontends(): FrontendStatus[];
+  /** The datapath's per-CPU counters, summed (lb_metrics). */
+  datapathCounters(): Record<string, bigint>;
+  /** Counts of what is programmed now. */
+  counts(): { readonly services: number; readonly frontends: number; readonly backends: number };
+}

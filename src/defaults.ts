@@ -1,0 +1,10 @@
+// Defaults shared by the CLI's option parsing and the modules that use them;
+// dependency-free, so `lbctl --help` loads nothing else.
+export const VERSION = '0.1.0';
+export const DEFAULT_BPF_ROOT = '/sys/fs/bpf/lbctl';
+/** kube-proxy's healthz port. */
+export const DEFAULT_HEALTH_PORT = 10256;
+/** kube-proxy's metrics port and bind address. */
+export const DEFAULT_METRICS_PORT = 10249;
+export const DEFAULT_METRICS_HOST = '127.0.0.1';
+export const DEFAULT_API_SOCKET = '/run/lbctl/agent.sock';

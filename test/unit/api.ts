@@ -1,0 +1,235 @@
+import t from 'tap';
+import { spawnSync } from 'node:child_process';
+import net from 'node:net';
+import { mkdtempSync, rmSync, statSync, writeFileSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { AgentUnreachableError, apiGet, startApiServer, type AgentStatus } from '../../src/agent/api.js';
+import type { FrontendStatus } from '../../src/agent/view.js';
+import { failingChecks, formatBrief, formatStatus, statusCommand } from '../../src/cli/commands/status.js';
+import { driftCount, formatServiceList, serviceListCommand } from '../../src/cli/commands/service-list.js';
+import { FakeView } from '../fakes/fake-view.js';
+
+type T = { teardown(fn: () => unknown): void };
+
+function tempDir(t: T): string {
+  const dir = mkdtempSync(path.join(tmpdir(), 'lbctl-api-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+async function serve(t: T, view: FakeView) {
+  // A directory that does not exist yet: the server creates it.
+  const socketPath = path.join(tempDir(t), 'run', 'agent.sock');
+  const srv = await startApiServer({ view, socketPath, version: '0.1.0-test' });
+  t.teardown(() => srv.close());
+  return socketPath;
+}
+
+const FES: FrontendStatus[] = [
+  {
+    frontend: '10.96.0.10:53/UDP',
+    service: 'kube-system/kube-dns:dns',
+    desired: { backends: ['10.244.1.5:53', '10.244.2.7:53'], terminating: [], revNatId: 7 },
+    realized: { backends: ['10.244.2.7:53', '10.244.1.5:53'], terminating: [], revNatId: 7 },
+    drift: false,
+    details: [],
+  },
+  {
+    frontend: '10.96.0.20:80/TCP',
+    service: 'default/web:http',
+    desired: { backends: ['10.244.1.9:8080'], terminating: ['10.244.1.8:8080'], revNatId: 8 },
+    realized: { backends: ['10.244.1.8:8080'], terminating: [], revNatId: 8 },
+    drift: true,
+    details: ['backend 10.244.1.9:8080 missing', '10.244.1.8:8080 active in the maps, terminating in the intent'],
+  },
+  {
+    frontend: '10.96.0.99:443/TCP',
+    realized: { backends: [], terminating: [], revNatId: 12 },
+    drift: true,
+    details: ['not intended: left over in the maps'],
+  },
+];
+
+t.test('GET /v1/status: every check, syncs, counts, uptime, version', async (t) => {
+  const view = new FakeView();
+  view.startedAt = Date.now() - 90_500;
+  view.stats = { count: 12, lastAttempt: Date.parse('2024-05-01T10:00:00Z'), lastSuccess: Date.parse('2024-05-01T10:00:00Z'), inProgress: false };
+  view.programmed = { services: 2, frontends: 3, backends: 4 };
+  const sock = await serve(t, view);
+  const s = await apiGet<AgentStatus>(sock, '/v1/status');
+  t.equal(s.version, '0.1.0-test');
+  t.ok(s.uptimeSeconds >= 90 && s.uptimeSeconds < 100, `uptime ${s.uptimeSeconds}`);
+  t.equal(s.startedAt, new Date(view.startedAt).toISOString());
+  t.same(s.livez, { ok: true, checks: [{ name: 'ping', ok: true }, { name: 'eventloop', ok: true }, { name: 'datapath', ok: true }, { name: 'canary', ok: true }] });
+  t.same(s.readyz.checks.map((c) => c.name), ['ping', 'datapath', 'source-synced', 'synced']);
+  t.equal(s.readyz.ok, true);
+  t.same(s.healthz, { healthy: true, nodeEligible: true, lastUpdated: s.time });
+  t.same(s.sync, { count: 12, inProgress: false, lastAttempt: '2024-05-01T10:00:00.000Z', lastSuccess: '2024-05-01T10:00:00.000Z' });
+  t.same(s.counts, { services: 2, frontends: 3, backends: 4 });
+});
+
+t.test('GET /v1/services, and errors as JSON', async (t) => {
+  const view = new FakeView();
+  view.fes = FES;
+  const sock = await serve(t, view);
+  t.same(await apiGet(sock, '/v1/services'), FES);
+  await t.rejects(apiGet(sock, '/v1/nope'), { code: 'EAPI', message: /HTTP 404: no such endpoint: \/v1\/nope/ });
+  view.throws = new Error('lb4_services: EPERM');
+  await t.rejects(apiGet(sock, '/v1/services'), { code: 'EAPI', message: /HTTP 500: lb4_services: EPERM/ });
+});
+
+t.test('the socket: mode 0600, a live one or a file refused, removed on close', async (t) => {
+  const dir = tempDir(t);
+  const socketPath = path.join(dir, 'agent.sock');
+  const view = new FakeView();
+  const a = await startApiServer({ view, socketPath, version: 'a' });
+  t.equal(statSync(socketPath).mode & 0o777, 0o600);
+  await t.rejects(startApiServer({ view, socketPath, version: 'b' }), { code: 'EADDRINUSE' }, 'a live agent keeps its socket');
+  t.equal((await apiGet<AgentStatus>(socketPath, '/v1/status')).version, 'a');
+  await a.close();
+  t.notOk(existsSync(socketPath), 'removed on close');
+
+  writeFileSync(socketPath, 'not a socket');
+  await t.rejects(startApiServer({ view, socketPath, version: 'c' }), { code: 'EEXIST' });
+});
+
+t.test('a stale socket file (nobody listening) is replaced', async (t) => {
+  const dir = tempDir(t);
+  const socketPath = path.join(dir, 'agent.sock');
+  // An agent killed with SIGKILL leaves its socket file behind, with nobody listening.
+  const child = spawnSync(process.execPath, ['-e', `require('net').createServer().listen(process.argv[1], () => process.kill(process.pid, 'SIGKILL'))`, socketPath]);
+  t.equal(child.signal, 'SIGKILL');
+  t.ok(statSync(socketPath).isSocket());
+  await t.rejects(apiGet(socketPath, '/v1/status'), { code: 'EUNREACHABLE', message: /nothing is listening on .*stale/ });
+  const srv = await startApiServer({ view: new FakeView(), socketPath, version: 'new' });
+  t.teardown(() => srv.close());
+  t.equal((await apiGet<AgentStatus>(socketPath, '/v1/status')).version, 'new');
+});
+
+t.test('apiGet says clearly when the agent is not there', async (t) => {
+  const missing = path.join(tempDir(t), 'none.sock');
+  const err = await apiGet(missing, '/v1/status').catch((e: unknown) => e);
+  t.type(err, AgentUnreachableError);
+  t.match(err, { code: 'EUNREACHABLE', message: `cannot reach the agent: no API socket at ${missing}: is the agent running (lbctl agent)?` });
+  const lines: string[] = [];
+  await t.rejects(statusCommand({ apiSocket: missing, brief: true }, (s) => lines.push(s)), { code: 'EUNREACHABLE' });
+  await t.rejects(serviceListCommand({ apiSocket: missing }, (s) => lines.push(s)), { code: 'EUNREACHABLE' });
+  t.same(lines, [], 'nothing on stdout');
+});
+
+t.test('apiGet times out on an agent that does not answer', async (t) => {
+  const socketPath = path.join(tempDir(t), 'mute.sock');
+  const mute = net.createServer(() => undefined);
+  await new Promise<void>((r) => mute.listen(socketPath, r));
+  t.teardown(() => new Promise<void>((r) => { mute.close(() => r()); }));
+  const conns: net.Socket[] = [];
+  mute.on('connection', (c) => conns.push(c));
+  t.teardown(() => conns.forEach((c) => c.destroy()));
+  await t.rejects(apiGet(socketPath, '/v1/status', { timeoutMs: 100 }), { code: 'EUNREACHABLE', message: /did not answer .* within 0.1 s/ });
+});
+
+const status = (over: Partial<AgentStatus> = {}): AgentStatus => ({
+  version: '0.1.0',
+  time: '2024-05-01T10:00:10.000Z',
+  startedAt: '2024-05-01T08:00:00.000Z',
+  uptimeSeconds: 7210,
+  livez: { ok: true, checks: [{ name: 'ping', ok: true }, { name: 'eventloop', ok: true }, { name: 'datapath', ok: true }, { name: 'canary', ok: true }] },
+  readyz: { ok: true, checks: [{ name: 'ping', ok: true }, { name: 'datapath', ok: true }, { name: 'source-synced', ok: true }, { name: 'synced', ok: true }] },
+  healthz: { healthy: true, nodeEligible: true, lastUpdated: '2024-05-01T10:00:10.000Z' },
+  sync: { count: 42, inProgress: false, lastAttempt: '2024-05-01T10:00:08.000Z', lastSuccess: '2024-05-01T10:00:08.000Z' },
+  counts: { services: 1, frontends: 3, backends: 9 },
+  ...over,
+});
+
+t.test('status --brief: OK, or the failing checks one per line, and the exit code', async (t) => {
+  t.same(formatBrief(status()), { text: 'OK\n', exitCode: 0 });
+  const bad = status({
+    livez: { ok: false, checks: [{ name: 'ping', ok: true }, { name: 'datapath', ok: false, message: 'link sock4_connect missing' }] },
+    readyz: { ok: false, checks: [{ name: 'datapath', ok: false, message: 'link sock4_connect missing' }, { name: 'synced', ok: false, message: 'the last sync failed: E2BIG' }] },
+    healthz: { healthy: false, nodeEligible: false, lastUpdated: '2024-05-01T09:00:00.000Z', reason: 'the node is being deleted' },
+  });
+  t.same(failingChecks(bad), ['datapath: link sock4_connect missing', 'synced: the last sync failed: E2BIG', 'healthz: the node is being deleted']);
+  t.same(formatBrief(bad), { text: 'datapath: link sock4_connect missing\nsynced: the last sync failed: E2BIG\nhealthz: the node is being deleted\n', exitCode: 1 });
+});
+
+t.test('status: the readable summary', async (t) => {
+  const ok = formatStatus(status());
+  t.equal(ok.exitCode, 0);
+  t.equal(
+    ok.text,
+    [
+      'Agent:       lbctl 0.1.0, up 2h0m (since 2024-05-01T08:00:00.000Z)',
+      'Liveness:    ok',
+      '  [+]ping ok',
+      '  [+]eventloop ok',
+      '  [+]datapath ok',
+      '  [+]canary ok',
+      'Readiness:   ok',
+      '  [+]ping ok',
+      '  [+]datapath ok',
+      '  [+]source-synced ok',
+      '  [+]synced ok',
+      'Healthz:     ok (node eligible)',
+      'Syncs:       42, last success 2s ago, last attempt 2s ago',
+      'Pending:     none',
+      'Programmed:  1 service, 3 frontends, 9 backends',
+      '',
+    ].join('\n'),
+  );
+  const bad = formatStatus(
+    status({
+      readyz: { ok: false, checks: [{ name: 'ping', ok: true }, { name: 'synced', ok: false, message: 'the last sync failed: E2BIG' }] },
+      sync: { count: 43, inProgress: true, lastAttempt: '2024-05-01T10:00:09.500Z', lastSuccess: '2024-05-01T10:00:08.000Z', lastError: 'E2BIG', oldestPending: '2024-05-01T10:00:05.000Z' },
+    }),
+  );
+  t.equal(bad.exitCode, 1);
+  t.match(bad.text, 'Readiness:   FAILED\n  [+]ping ok\n  [-]synced failed: the last sync failed: E2BIG\n');
+  t.match(bad.text, 'Syncs:       43, last success 2s ago, last attempt 500ms ago, one in progress\n');
+  t.match(bad.text, 'Pending:     a change has waited 5s\n');
+  t.match(bad.text, 'Last error:  E2BIG\n');
+});
+
+t.test('status through the socket: exit codes', async (t) => {
+  const view = new FakeView();
+  const sock = await serve(t, view);
+  const out: string[] = [];
+  await statusCommand({ apiSocket: sock, brief: true }, (s) => out.push(s));
+  t.same(out, ['OK\n']);
+  view.canary = { ok: false, message: 'update lb4_services: EPERM' };
+  out.length = 0;
+  await t.rejects(statusCommand({ apiSocket: sock, brief: true }, (s) => out.push(s)), { code: 'EUNHEALTHY', message: 'the agent is unhealthy: 1 check failing' });
+  t.same(out, ['canary: update lb4_services: EPERM\n']);
+  out.length = 0;
+  await t.rejects(statusCommand({ apiSocket: sock }, (s) => out.push(s)), { code: 'EUNHEALTHY' });
+  t.match(out.join(''), 'Liveness:    FAILED\n');
+});
+
+t.test('service list: desired versus realized, drift flagged', async (t) => {
+  t.equal(
+    formatServiceList(FES),
+    [
+      'FRONTEND            SERVICE                   BACKENDS (desired)                              REALIZED         STATUS',
+      '10.96.0.10:53/UDP   kube-system/kube-dns:dns  10.244.1.5:53, 10.244.2.7:53                    (same)           ok',
+      '10.96.0.20:80/TCP   default/web:http          10.244.1.9:8080, 10.244.1.8:8080 [terminating]  10.244.1.8:8080  DRIFT: backend 10.244.1.9:8080 missing; 10.244.1.8:8080 active in the maps, terminating in the intent',
+      '10.96.0.99:443/TCP  -                         -                                               (none)           DRIFT: not intended: left over in the maps',
+      '',
+    ].join('\n'),
+  );
+  t.equal(driftCount(FES), 2);
+  t.equal(formatServiceList([]), 'FRONTEND  SERVICE  BACKENDS (desired)  REALIZED  STATUS\n');
+});
+
+t.test('service list through the socket: text, JSON, exit 1 on drift', async (t) => {
+  const view = new FakeView();
+  view.fes = [FES[0]!];
+  const sock = await serve(t, view);
+  const out: string[] = [];
+  await serviceListCommand({ apiSocket: sock, output: 'json' }, (s) => out.push(s));
+  t.same(JSON.parse(out.join('')), [FES[0]]);
+  view.fes = FES;
+  out.length = 0;
+  await t.rejects(serviceListCommand({ apiSocket: sock }, (s) => out.push(s)), { code: 'EDRIFT', message: '2 frontends drift from the desired state' });
+  t.match(out.join(''), /^FRONTEND/);
+  t.match(out.join(''), 'DRIFT: not intended');
+});

@@ -1,0 +1,231 @@
+import t from 'tap';
+import { EventLoopMonitor, Health, formatDuration, startHealthServer } from '../../src/agent/health.js';
+import { AgentMetrics } from '../../src/agent/metrics.js';
+import { FakeView } from '../fakes/fake-view.js';
+
+type T = { teardown(fn: () => unknown): void };
+
+async function serve(t: T, view: FakeView, extra: Parameters<typeof startHealthServer>[0] = {}) {
+  const srv = await startHealthServer({ view, host: '127.0.0.1', port: 0, ...extra });
+  t.teardown(() => srv.close());
+  const get = async (path: string) => {
+    const res = await fetch(`http://127.0.0.1:${srv.port}${path}`);
+    return { status: res.status, type: res.headers.get('content-type'), body: await res.text() };
+  };
+  return { srv, get };
+}
+
+const busy = (ms: number): void => {
+  const end = performance.now() + ms;
+  while (performance.now() < end);
+};
+
+t.test('/livez: ok, and verbose lists every check', async (t) => {
+  const { get } = await serve(t, new FakeView());
+  t.same(await get('/livez'), { status: 200, type: 'text/plain; charset=utf-8', body: 'ok' });
+  t.equal((await get('/livez?verbose')).body, '[+]ping ok\n[+]eventloop ok\n[+]datapath ok\n[+]canary ok\nlivez check passed\n');
+  t.equal((await get('/livez/')).body, 'ok', 'a trailing slash is the root');
+});
+
+t.test('/livez: a failing check answers 500 with every line, like kube-apiserver', async (t) => {
+  const view = new FakeView();
+  view.attached = { ok: false, message: 'link sock4_connect is not pinned' };
+  const { get } = await serve(t, view);
+  const r = await get('/livez');
+  t.equal(r.status, 500);
+  t.equal(r.body, '[+]ping ok\n[+]eventloop ok\n[-]datapath failed: link sock4_connect is not pinned\n[+]canary ok\nlivez check failed\n');
+});
+
+t.test('per-check endpoints', async (t) => {
+  const view = new FakeView();
+  view.canary = { ok: false, message: 'update lb4_services: E2BIG' };
+  const { get } = await serve(t, view);
+  t.same(await get('/livez/ping'), { status: 200, type: 'text/plain; charset=utf-8', body: 'ok' });
+  t.same(await get('/livez/datapath'), { status: 200, type: 'text/plain; charset=utf-8', body: 'ok' });
+  const c = await get('/livez/canary');
+  t.equal(c.status, 500);
+  t.equal(c.body, 'internal server error: update lb4_services: E2BIG\n');
+  t.equal((await get('/readyz/synced')).status, 200);
+  t.equal((await get('/livez/synced')).status, 404, 'synced is a readiness check only');
+  t.equal((await get('/livez/nope')).status, 404);
+  t.equal((await get('/livez/ping/extra')).status, 404);
+  t.equal((await get('/nope')).status, 404);
+});
+
+t.test('?exclude skips checks (repeatable, comma lists too) and warns about unknown names', async (t) => {
+  const view = new FakeView();
+  view.attached = { ok: false, message: 'detached' };
+  view.canary = { ok: false, message: 'EPERM' };
+  const { get } = await serve(t, view);
+  t.equal((await get('/livez?exclude=datapath')).status, 500);
+  t.same(await get('/livez?exclude=datapath&exclude=canary'), { status: 200, type: 'text/plain; charset=utf-8', body: 'ok' });
+  t.equal((await get('/livez?exclude=datapath,canary')).status, 200);
+  const v = await get('/livez?exclude=datapath&exclude=canary&exclude=bogus&verbose');
+  t.equal(v.status, 200);
+  t.equal(
+    v.body,
+    '[+]ping ok\n[+]eventloop ok\n[+]datapath excluded: ok\n[+]canary excluded: ok\nwarn: some health checks cannot be excluded: no matches for "bogus"\nlivez check passed\n',
+  );
+});
+
+t.test('a view that throws fails the check, not the request', async (t) => {
+  const view = new FakeView();
+  const { get } = await serve(t, view);
+  view.throws = new Error('bpf_obj_get(/sys/fs/bpf/lbctl/maps/lb4_services): ENOENT');
+  const r = await get('/livez');
+  t.equal(r.status, 500);
+  t.match(r.body, '[-]datapath failed: bpf_obj_get(/sys/fs/bpf/lbctl/maps/lb4_services): ENOENT\n');
+  t.match(r.body, '[-]canary failed:');
+});
+
+t.test('/readyz: before and after the source synced', async (t) => {
+  const view = new FakeView();
+  view.synced = false;
+  view.applied = false;
+  view.stats = { count: 0, inProgress: false };
+  const { get } = await serve(t, view);
+  let r = await get('/readyz');
+  t.equal(r.status, 500);
+  t.equal(
+    r.body,
+    '[+]ping ok\n[+]datapath ok\n[-]source-synced failed: the source has not delivered its initial state yet\n[-]synced failed: no sync has succeeded yet\nreadyz check failed\n',
+  );
+  view.synced = true;
+  view.applied = true;
+  view.stats = { count: 1, lastAttempt: Date.now(), lastSuccess: Date.now(), inProgress: false };
+  r = await get('/readyz');
+  t.same(r, { status: 200, type: 'text/plain; charset=utf-8', body: 'ok' });
+  t.equal((await get('/readyz?verbose')).body, '[+]ping ok\n[+]datapath ok\n[+]source-synced ok\n[+]synced ok\nreadyz check passed\n');
+});
+
+t.test('/readyz synced: a fresh change in flight is fine, a late one or a failed sync is not', async (t) => {
+  let now = 1_000_000;
+  const view = new FakeView();
+  const health = new Health({ view, healthTimeoutMs: 60_000, now: () => now });
+  t.teardown(() => health.close());
+  view.applied = false;
+  view.stats = { count: 3, lastSuccess: now - 5000, oldestPending: now - 200, inProgress: true };
+  t.same(health.runOne('readyz', 'synced'), { name: 'synced', ok: true, message: 'a change is being applied (200ms)' });
+  now += 60_000;
+  t.same(health.runOne('readyz', 'synced'), { name: 'synced', ok: false, message: 'a change has waited 1m0s for the maps (timeout 1m0s)' });
+  view.stats = { count: 4, lastSuccess: now - 5000, oldestPending: now - 200, lastError: 'update lb4_backends: E2BIG', inProgress: false };
+  t.same(health.runOne('readyz', 'synced'), { name: 'synced', ok: false, message: 'the last sync failed: update lb4_backends: E2BIG' });
+});
+
+t.test('/healthz: kube-proxy JSON, 200 while syncs keep up', async (t) => {
+  const view = new FakeView();
+  const { get } = await serve(t, view, { healthTimeoutMs: 60_000 });
+  const r = await get('/healthz');
+  t.equal(r.status, 200);
+  t.equal(r.type, 'application/json');
+  const j = JSON.parse(r.body) as Record<string, unknown>;
+  t.same(Object.keys(j), ['lastUpdated', 'currentTime', 'nodeEligible']);
+  t.equal(j.nodeEligible, true);
+  t.match(j.currentTime, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$/);
+  t.equal(j.lastUpdated, j.currentTime, 'healthy: lastUpdated is now, as kube-proxy reports it');
+
+  view.stats = { count: 2, lastSuccess: Date.now() - 10_000, oldestPending: Date.now() - 30_000, inProgress: false };
+  t.equal((await get('/healthz')).status, 200, 'a change pending for less than the timeout is not a stall');
+});
+
+t.test('/healthz: 503 when a change has waited longer than the timeout', async (t) => {
+  const view = new FakeView();
+  const lastSuccess = Date.parse('2024-05-01T10:00:00.000Z');
+  view.stats = { count: 9, lastSuccess, oldestPending: Date.now() - 61_000, lastError: 'E2BIG', inProgress: false };
+  const metrics = new AgentMetrics({ defaultMetrics: false });
+  const { get } = await serve(t, view, { healthTimeoutMs: 60_000, metrics });
+  const r = await get('/healthz');
+  t.equal(r.status, 503);
+  const j = JSON.parse(r.body) as Record<string, unknown>;
+  t.equal(j.lastUpdated, '2024-05-01T10:00:00.000Z', 'unhealthy: lastUpdated is the last successful sync');
+  t.equal(j.nodeEligible, true);
+
+  view.stats = { count: 0, oldestPending: Date.now() - 61_000, inProgress: false };
+  t.equal(JSON.parse((await get('/healthz')).body).lastUpdated, '0001-01-01T00:00:00Z', 'never synced: Go zero time');
+  await get('/livez');
+  const text = await metrics.registry.metrics();
+  t.match(text, 'kubeproxy_proxy_healthz_total{code="503"} 2');
+  t.match(text, 'kubeproxy_proxy_livez_total{code="200"} 1');
+});
+
+t.test('/healthz: 503 and nodeEligible false while the node is being deleted', async (t) => {
+  const view = new FakeView();
+  view.deleting = true;
+  const { get } = await serve(t, view);
+  const r = await get('/healthz');
+  t.equal(r.status, 503);
+  t.equal(JSON.parse(r.body).nodeEligible, false);
+  t.equal((await get('/livez')).status, 200, 'a node being deleted is still alive');
+});
+
+t.test('healthz reasons for the local API', async (t) => {
+  const now = 5_000_000;
+  const view = new FakeView();
+  view.deleting = true;
+  view.stats = { count: 2, lastSuccess: now - 100_000, oldestPending: now - 90_000, inProgress: false };
+  const health = new Health({ view, healthTimeoutMs: 60_000, now: () => now });
+  t.teardown(() => health.close());
+  t.same(health.healthz(), {
+    healthy: false,
+    lastUpdated: new Date(now - 100_000).toISOString(),
+    currentTime: new Date(now).toISOString(),
+    nodeEligible: false,
+    reason: 'a change has waited 1m30s for the maps (timeout 1m0s); the node is being deleted',
+  });
+});
+
+t.test('eventloop fails after the loop was blocked past the threshold, then recovers', async (t) => {
+  const view = new FakeView();
+  const { get } = await serve(t, view, { eventLoopThresholdMs: 50, eventLoopWindowMs: 300 });
+  t.equal((await get('/livez/eventloop')).status, 200);
+  busy(200);
+  const r = await get('/livez/eventloop');
+  t.equal(r.status, 500);
+  t.match(r.body, /^internal server error: event loop (was )?blocked for \d+(\.\d)?(ms|s)/);
+  const all = await get('/livez');
+  t.equal(all.status, 500);
+  t.match(all.body, '[-]eventloop failed: event loop');
+  t.equal((await get('/readyz')).status, 200, 'the event loop is a liveness matter only');
+  // Reported only for the window after the stall (polled: a loaded machine may stall the loop again).
+  let recovered = false;
+  for (const end = Date.now() + 5000; !recovered && Date.now() < end; ) {
+    await new Promise((r) => setTimeout(r, 100));
+    recovered = (await get('/livez/eventloop')).status === 200;
+  }
+  t.ok(recovered, 'passes again once the window has gone by');
+});
+
+t.test('EventLoopMonitor sees a stall still in progress', async (t) => {
+  const m = new EventLoopMonitor({ thresholdMs: 30, intervalMs: 10 });
+  t.teardown(() => m.stop());
+  t.equal(m.check().ok, true);
+  busy(100);
+  // No timer has fired yet: the tick itself is overdue.
+  const c = m.check();
+  t.equal(c.ok, false);
+  t.match(c.message, /^event loop blocked for/);
+});
+
+t.test('unsupported methods', async (t) => {
+  const { srv } = await serve(t, new FakeView());
+  const res = await fetch(`http://127.0.0.1:${srv.port}/livez`, { method: 'POST' });
+  t.equal(res.status, 405);
+  t.equal(res.headers.get('allow'), 'GET, HEAD');
+  await res.text();
+  const head = await fetch(`http://127.0.0.1:${srv.port}/healthz`, { method: 'HEAD' });
+  t.equal(head.status, 200);
+});
+
+t.test('a port in use is an error, not a hang', async (t) => {
+  const { srv } = await serve(t, new FakeView());
+  await t.rejects(startHealthServer({ view: new FakeView(), host: '127.0.0.1', port: srv.port }), { code: 'EADDRINUSE' });
+});
+
+t.test('formatDuration', async (t) => {
+  t.equal(formatDuration(0), '0ms');
+  t.equal(formatDuration(250), '250ms');
+  t.equal(formatDuration(1500), '1.5s');
+  t.equal(formatDuration(65_000), '1m5s');
+  t.equal(formatDuration(2 * 3600_000 + 3 * 60_000), '2h3m');
+  t.equal(formatDuration(26 * 3600_000), '1d2h');
+});
