@@ -25,7 +25,8 @@ log() { printf 'vmtest: %s\n' "$*" >&2; }
 need_tools() {
   local missing=()
   command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
-  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx cpio || missing+=(busybox-static)
+  # (grep without -q: under pipefail an early exit would fail busybox with SIGPIPE)
+  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -x cpio >/dev/null || missing+=(busybox-static)
   command -v depmod >/dev/null || [[ -x /usr/sbin/depmod ]] || missing+=(kmod)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"

@@ -106,7 +106,8 @@ export class FakeApiServer {
       stringify({
         apiVersion: 'v1',
         kind: 'Config',
-        clusters: [{ name: 'fake', cluster: { server: `http://127.0.0.1:${this.port}` } }],
+        // client-node refuses plain HTTP unless TLS verification is off (there is no TLS to verify).
+        clusters: [{ name: 'fake', cluster: { server: `http://127.0.0.1:${this.port}`, 'insecure-skip-tls-verify': true } }],
         users: [{ name: 'lbctl', user: { token: 'fake-token' } }],
         contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'lbctl' } }],
         'current-context': 'fake',
@@ -225,8 +226,12 @@ export class FakeApiServer {
     res.end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code }));
   }
 
+  /** While unavailable, every request gets 503, as from an API server that is down. */
+  available = true;
+
   private handle(req: IncomingMessage, res: ServerResponse): void {
     this.requests.push({ method: req.method ?? 'GET', url: req.url ?? '' });
+    if (!this.available) return this.status(res, 503, 'ServiceUnavailable', 'the fake API server is down');
     const url = new URL(req.url ?? '/', 'http://fake');
     if (req.headers.authorization !== 'Bearer fake-token') return this.status(res, 401, 'Unauthorized', 'Unauthorized');
     const route = this.route(url.pathname);

@@ -408,6 +408,9 @@ export class Sandbox {
 
   // ------------------------------------------------------------- agent
 
+  /** How the agent gets its Services: the manifest directory, unless a test points it at an API server. */
+  sourceArgs: string[] = ['--source', `file:${this.manifestDir}`];
+
   /** The agent's local API socket (lbctl status --api-socket ...). */
   get apiSocket(): string {
     return path.join(this.runDir, 'agent.sock');
@@ -420,8 +423,7 @@ export class Sandbox {
       LBCTL,
       [
         'agent',
-        '--source',
-        `file:${this.manifestDir}`,
+        ...this.sourceArgs,
         '--cgroup',
         this.cgroup,
         '--bpf-root',
