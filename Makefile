@@ -21,7 +21,7 @@ NATIVE    := build/Release/lb_native.node
 TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 
-.PHONY: all build bootstrap bpf native ts gen check-gen typecheck vmtest test test-unit test-bpf test-e2e demo clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen typecheck vmtest test test-host test-unit test-bpf test-e2e demo clean cleanup
 
 all: build
 
@@ -71,7 +71,13 @@ check-gen: $(BPF_OBJS)
 typecheck: $(STAMP)
 	npx --no-install tsc -p tsconfig.test.json
 
-test: build typecheck
+# Every suite on this kernel, then the kernel-facing suites on every other
+# kernel of scripts/vmtest/kernels (qemu; ~20 min under TCG). `test-host`
+# is the quick loop: this kernel only.
+test: test-host
+	VMTEST_SKIP_HOST=1 bash scripts/vmtest/vmtest.sh
+
+test-host: build typecheck
 	npx --no-install tap test/unit test/native test/bpf test/e2e
 
 test-unit: build

@@ -9,6 +9,7 @@
 #
 # Environment:
 #   VMTEST_KERNELS   names from the matrix to run (default: all), e.g. "bookworm-6.1"
+#   VMTEST_SKIP_HOST=1  leave out the host row (make test: its suites just ran)
 #   VMTEST_SUITES    tap paths to run (default: test/native test/bpf test/e2e)
 #   VMTEST_TIMEOUT   seconds one guest may run (default 3600)
 #   VMTEST_REFRESH=1 resolve Debian kernels again (a newer package may exist)
@@ -140,6 +141,7 @@ main() {
   while read -r name source _; do
     [[ -z $name || $name == \#* ]] && continue
     if [[ -n ${VMTEST_KERNELS:-} && " $VMTEST_KERNELS " != *" $name "* ]]; then continue; fi
+    if [[ ${VMTEST_SKIP_HOST:-0} == 1 && $source == host ]]; then continue; fi
     local out=$cache/logs/$stamp-$name
     mkdir -p "$out"
     local t0=$SECONDS label
