@@ -11,6 +11,10 @@ ARCH_INC  := /usr/include/$(shell gcc -dumpmachine)
 OUT       := bpf/.output
 BPF_SRCS  := bpf/sock.c bpf/abi.c
 BPF_OBJS  := $(patsubst bpf/%.c,$(OUT)/%.bpf.o,$(BPF_SRCS)) $(OUT)/sock_compat.bpf.o
+# Loaded only where the kernel has bpf_sock_destroy (6.5+), and not an input
+# of the ABI generator: its maps are the agent's private scratch space (keyed
+# by ABI structs that sock.bpf.o already exports), not datapath maps.
+SOCK_DESTROY_OBJ := $(OUT)/sock_destroy.bpf.o
 BPF_HDRS  := $(wildcard bpf/include/*.h bpf/lib/*.h)
 BPF_TEST_SRCS := $(wildcard bpf/tests/*.c)
 BPF_TEST_OBJS := $(patsubst bpf/tests/%.c,$(OUT)/tests/%.bpf.o,$(BPF_TEST_SRCS))
@@ -30,7 +34,7 @@ bootstrap $(STAMP):
 
 build: bootstrap bpf native ts check-gen
 
-bpf: $(BPF_OBJS) $(BPF_TEST_OBJS)
+bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(BPF_TEST_OBJS)
 
 $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
@@ -42,6 +46,8 @@ $(OUT)/sock_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
 $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	@mkdir -p $(OUT)/tests
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+$(OUT)/tests/sock_destroy_test.bpf.o: bpf/sock_destroy.c
 
 $(OUT):
 	@mkdir -p $@

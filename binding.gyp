@@ -7,7 +7,9 @@
         "native/bpf_object.cc",
         "native/bpf_map.cc",
         "native/bpf_link.cc",
-        "native/errors.cc"
+        "native/errors.cc",
+        "native/netns.cc",
+        "native/sock_diag.cc"
       ],
       "include_dirs": [
         "<!@(node -p \"require('node-addon-api').include\")"

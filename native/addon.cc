@@ -103,6 +103,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   lbn::InitMap(env, exports);
   lbn::InitObject(env, exports);
   lbn::InitLink(env, exports);
+  lbn::InitSockDiag(env, exports);
   return exports;
 }
 

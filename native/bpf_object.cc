@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "bpf_map.h"
 #include "common.h"
 #include "errors.h"
+#include "netns.h"
 
 namespace lbn {
 
@@ -109,17 +111,20 @@ Napi::Function BpfObject::Define(Napi::Env env) {
                          InstanceMethod<&BpfObject::ProgFd>("progFd"),
                          InstanceMethod<&BpfObject::ProgInfo>("progInfo"),
                          InstanceMethod<&BpfObject::AttachCgroup>("attachCgroup"),
+                         InstanceMethod<&BpfObject::RunIter>("runIter"),
                          InstanceMethod<&BpfObject::Close>("close"),
                      });
 }
 
-// new RawBpfObject(path, { pinRoot?, maxEntries? }): bpf_object__open_file,
-// then bpf_map__set_max_entries for each override.
+// new RawBpfObject(path, { pinRoot?, maxEntries?, reuseMaps? }): bpf_object__open_file,
+// then bpf_map__set_max_entries for each override and bpf_map__reuse_fd for
+// each map to be shared with another object (the fd is duplicated).
 BpfObject::BpfObject(const Napi::CallbackInfo& info)
     : Napi::ObjectWrap<BpfObject>(info), st_(std::make_shared<ObjState>()) {
   Napi::Env env = info.Env();
   st_->path = argString(info, 0, "path");
   std::vector<std::pair<std::string, uint32_t>> maxEntries;
+  std::vector<std::pair<std::string, int>> reuseMaps;
   if (info.Length() > 1 && !info[1].IsUndefined() && !info[1].IsNull()) {
     if (!info[1].IsObject()) throwArgError(env, "options must be an object");
     Napi::Object o = info[1].As<Napi::Object>();
@@ -141,6 +146,21 @@ BpfObject::BpfObject(const Napi::CallbackInfo& info)
           throwArgError(env, "options.maxEntries." + name + " must be an integer in [1, 2^32)");
         }
         maxEntries.emplace_back(name, static_cast<uint32_t>(d));
+      }
+    }
+    Napi::Value rm = o.Get("reuseMaps");
+    if (!rm.IsUndefined()) {
+      if (!rm.IsObject()) throwArgError(env, "options.reuseMaps must be an object");
+      Napi::Object ro = rm.As<Napi::Object>();
+      Napi::Array names = ro.GetPropertyNames();
+      for (uint32_t i = 0; i < names.Length(); i++) {
+        std::string name = names.Get(i).ToString().Utf8Value();
+        Napi::Value v = ro.Get(name);
+        double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+        if (!(d >= 0 && d <= 2147483647.0) || static_cast<double>(static_cast<int>(d)) != d) {
+          throwArgError(env, "options.reuseMaps." + name + " must be a file descriptor");
+        }
+        reuseMaps.emplace_back(name, static_cast<int>(d));
       }
     }
   }
@@ -171,6 +191,23 @@ BpfObject::BpfObject(const Napi::CallbackInfo& info)
       c.log = cap.tail();
       st_->close();
       throwBpfError(env, "bpf_map__set_max_entries", errFromRet(r), c);
+    }
+  }
+  for (const auto& [name, fd] : reuseMaps) {
+    struct bpf_map* m = bpf_object__find_map_by_name(st_->obj, name.c_str());
+    ErrCtx c;
+    c.map = name;
+    c.path = st_->path;
+    if (m == nullptr) {
+      c.reason = "no map named '" + name + "' in " + st_->path;
+      st_->close();
+      throwBpfError(env, "bpf_map__reuse_fd", ENOENT, c);
+    }
+    int r = bpf_map__reuse_fd(m, fd);
+    if (r != 0) {
+      c.log = cap.tail();
+      st_->close();
+      throwBpfError(env, "bpf_map__reuse_fd", errFromRet(r), c);
     }
   }
 }
@@ -315,6 +352,53 @@ Napi::Value BpfObject::AttachCgroup(const Napi::CallbackInfo& info) {
   struct bpf_program* p = findProg("attachCgroup", progName, true);
   progFdOrThrow(info.Env(), p, st_->path);
   return attachCgroupLink(info.Env(), p, cgroupPath, linkPinPath);
+}
+
+// runIter(progName, netnsFd?): attach an iterator program (bpf_link), create
+// one iterator (inside network namespace netnsFd when given: socket
+// iterators walk the namespace they were created in), read it to EOF, and
+// release both. Returns what the program wrote (bpf_seq_write/printf).
+Napi::Value BpfObject::RunIter(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string progName = argString(info, 0, "progName");
+  int nsFd = -1;
+  if (info.Length() > 1 && !info[1].IsUndefined()) nsFd = argI32(info, 1, "netnsFd");
+  struct bpf_program* p = findProg("runIter", progName, true);
+  progFdOrThrow(env, p, st_->path);
+  ErrCtx c;
+  c.prog = progName;
+  if (nsFd >= 0) c.detail = "netns fd " + std::to_string(nsFd);
+
+  LogCapture cap;
+  errno = 0;
+  struct bpf_link* link = bpf_program__attach_iter(p, nullptr);
+  if (link == nullptr) {
+    c.log = cap.tail();
+    throwBpfError(env, "bpf_program__attach_iter", errFromErrno(), c);
+  }
+  std::unique_ptr<struct bpf_link, int (*)(struct bpf_link*)> linkGuard(link, bpf_link__destroy);
+  const int linkFd = bpf_link__fd(link);
+  NetnsResult made = runInNetns(nsFd, [linkFd] {
+    int fd = bpf_iter_create(linkFd);
+    return fd >= 0 ? fd : -errFromRet(fd);
+  });
+  if (made.setnsErr != 0) throwBpfError(env, "setns", made.setnsErr, c);
+  if (made.value < 0) throwBpfError(env, "bpf_iter_create", -made.value, c);
+  UniqueFd iter(made.value);
+
+  std::vector<uint8_t> out;
+  uint8_t buf[4096];
+  for (;;) {
+    ssize_t n = ::read(iter.get(), buf, sizeof buf);
+    if (n > 0) {
+      out.insert(out.end(), buf, buf + n);
+      continue;
+    }
+    if (n == 0) break;
+    if (errno == EINTR) continue;
+    throwBpfError(env, "read", errFromErrno(), c);
+  }
+  return Napi::Buffer<uint8_t>::Copy(env, out.data(), out.size());
 }
 
 Napi::Value BpfObject::Close(const Napi::CallbackInfo& info) {

@@ -49,6 +49,7 @@ class BpfObject : public Napi::ObjectWrap<BpfObject> {
   Napi::Value ProgFd(const Napi::CallbackInfo& info);
   Napi::Value ProgInfo(const Napi::CallbackInfo& info);
   Napi::Value AttachCgroup(const Napi::CallbackInfo& info);
+  Napi::Value RunIter(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
 
   std::shared_ptr<ObjState> st_;

@@ -66,5 +66,6 @@ std::string bpfFdKind(int fd);
 void InitObject(Napi::Env env, Napi::Object exports);
 void InitMap(Napi::Env env, Napi::Object exports);
 void InitLink(Napi::Env env, Napi::Object exports);
+void InitSockDiag(Napi::Env env, Napi::Object exports);
 
 }  // namespace lbn

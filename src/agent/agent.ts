@@ -12,6 +12,7 @@ import { lb4_reverse_nat, u16 } from '../datapath/abi.gen.js';
 import { sumCounters } from '../datapath/counters.js';
 import { lbList } from '../datapath/listing.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
+import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { desiredState, type Skipped } from '../model/from-k8s.js';
 import { formatAddr, type DesiredState } from '../model/types.js';
@@ -43,6 +44,7 @@ export class Agent implements AgentView {
   readonly startedAt = Date.now();
   private datapath: Datapath | undefined;
   private reconciler: Reconciler | undefined;
+  private terminator: UdpTerminator | undefined;
   private readonly runner: BoundedFrequencyRunner;
   private desired: DesiredState = new Map();
   private skippedBefore = new Set<string>();
@@ -74,6 +76,9 @@ export class Agent implements AgentView {
     this.reconciler = new Reconciler(this.datapath.maps);
     const restored = this.reconciler.restore();
     log.info({ ...restored, bpfRoot: this.opts.datapath.bpfRoot, cgroup: this.opts.datapath.cgroup }, 'datapath ready; state restored from pinned maps');
+    const revNat = { 4: this.datapath.object.map('lb4_sock_revnat'), 6: this.datapath.object.map('lb6_sock_revnat') };
+    this.terminator = await UdpTerminator.open({ revNat, cgroup: this.opts.datapath.cgroup });
+    log.info(this.terminator.detection, `stale connected UDP sockets of removed backends: ${this.terminator.mechanism}`);
 
     await this.opts.source.start((e) => this.changed(e));
     this.runner.run();
@@ -89,6 +94,7 @@ export class Agent implements AgentView {
     this.runner.stop();
     await this.opts.source.stop();
     await this.runner.idle();
+    this.terminator?.close();
     this.datapath?.close();
     this.opts.log.info('agent stopped; the datapath stays attached (lbctl cleanup removes it)');
   }
@@ -121,7 +127,10 @@ export class Agent implements AgentView {
       if (reason !== 'change') this.reconciler!.resync();
       const model = desiredState(snap);
       this.reportSkipped(model.skipped);
+      const before = [...this.reconciler!.realized.backends.values()];
       const result = this.reconciler!.sync(model.frontends, { prune: snap.complete });
+      const closed = this.terminator?.destroyRemoved(before, this.reconciler!.realized.backends.values());
+      if (closed) this.opts.log[closed.errors.length ? 'warn' : 'info'](closed, 'connected UDP sockets of removed backends destroyed');
       this.desired = model.frontends;
       ok = true;
       this.synced = true;

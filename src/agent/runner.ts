@@ -45,6 +45,8 @@ export class BoundedFrequencyRunner {
   /** A run was asked for; the reason that will be passed (the strongest wins). */
   private pending: RunReason | undefined;
   private lastStart = Number.NEGATIVE_INFINITY;
+  /** Start of the last full (periodic or retry) run; the first run counts as one. */
+  private lastFull = Number.NaN;
   private retryMs = 0;
   private timer: { handle: unknown; at: number } | undefined;
   private periodic: unknown;
@@ -111,9 +113,13 @@ export class BoundedFrequencyRunner {
 
   private async loop(): Promise<void> {
     this.running = true;
-    const reason = this.pending ?? 'change';
+    let reason = this.pending ?? 'change';
     this.pending = undefined;
     this.lastStart = this.clock.now();
+    // A steady stream of changes must not postpone the full resync forever.
+    if (Number.isNaN(this.lastFull)) this.lastFull = this.lastStart;
+    else if (reason === 'change' && this.maxInterval > 0 && this.lastStart - this.lastFull >= this.maxInterval) reason = 'periodic';
+    if (reason !== 'change') this.lastFull = this.lastStart;
     try {
       await this.fn(reason);
       this.retryMs = 0;
@@ -134,13 +140,15 @@ export class BoundedFrequencyRunner {
     else if (this.isIdle()) this.wake();
   }
 
+  /** The next full resync falls due maxInterval after the last full one, whatever ran since. */
   private armPeriodic(): void {
     if (this.maxInterval <= 0) return;
     if (this.periodic !== undefined) this.clock.clearTimeout(this.periodic);
+    const due = Math.max(0, this.lastFull + this.maxInterval - this.clock.now());
     this.periodic = this.clock.setTimeout(() => {
       this.periodic = undefined;
       this.run('periodic');
-    }, this.maxInterval);
+    }, due);
   }
 
   private wake(): void {

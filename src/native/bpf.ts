@@ -6,9 +6,9 @@
  */
 import { LbError } from '../errors.js';
 import { loadBinding } from './binding.js';
-import type { NativeBinding, OpenOptions, RawBpfMap, RawBpfObject } from './native.js';
+import type { InetDiagSocket, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject } from './native.js';
 
-export type { OpenOptions } from './native.js';
+export type { InetDiagSocket, OpenOptions } from './native.js';
 
 /** bpf_map_update_elem flags. */
 export const BPF_ANY = 0;
@@ -190,6 +190,15 @@ export class BpfObject {
     return guard(() => this.raw.attachCgroup(progName, cgroupPath, linkPinPath));
   }
 
+  /**
+   * Run an iterator program once: attach it, create an iterator (inside the
+   * network namespace `netnsFd` when given; socket iterators only walk the
+   * namespace they were created in), read to EOF. Returns what it wrote.
+   */
+  runIter(progName: string, netnsFd?: number): Buffer {
+    return guard(() => this.raw.runIter(progName, netnsFd));
+  }
+
   /** Release the object (maps obtained from it stop working); idempotent. */
   close(): void { guard(() => this.raw.close()); }
 }
@@ -214,6 +223,16 @@ export function pinnedLinkUpdate(path: string, progFd: number): void {
 /** Remove a bpffs pin (a pinned link with no other holder detaches). Throws ENOENT if absent. */
 export function unpin(path: string): void {
   guard(() => native().unpin(path));
+}
+
+/** inet_diag: the sockets of one family and protocol in `states` (1 << TCP_* bits), in netnsFd's namespace when given. */
+export function inetDiagDump(family: number, protocol: number, states: number, netnsFd?: number): InetDiagSocket[] {
+  return guard(() => native().inetDiagDump(family, protocol, states, netnsFd));
+}
+
+/** SOCK_DESTROY over inet_diag of exactly the socket `id` names (ENOENT if it is gone or its cookie differs). */
+export function inetDiagDestroy(family: number, protocol: number, id: Buffer, netnsFd?: number): void {
+  guard(() => native().inetDiagDestroy(family, protocol, id, netnsFd));
 }
 
 export function progTestRun(progFd: number, opts: TestRunOptions = {}): TestRunResult {

@@ -6,7 +6,12 @@
  * Use it through ./bpf.js, which converts those errors to BpfError.
  */
 
-export interface OpenOptions { pinRoot?: string; maxEntries?: Record<string, number>; }
+export interface OpenOptions {
+  pinRoot?: string;
+  maxEntries?: Record<string, number>;
+  /** map name -> fd of an existing map of the same layout, used instead of creating one (bpf_map__reuse_fd; the fd is duplicated). */
+  reuseMaps?: Record<string, number>;
+}
 
 export interface RawBpfObject {
   readonly path: string;
@@ -24,6 +29,12 @@ export interface RawBpfObject {
    * attached and the link pinned (updated=false). The link outlives the process.
    */
   attachCgroup(progName: string, cgroupPath: string, linkPinPath: string): { linkId: number; updated: boolean };
+  /**
+   * Attaches an iterator program, creates one iterator (inside the network namespace
+   * netnsFd when given, from a short-lived thread), reads it to EOF, releases both:
+   * what the program wrote.
+   */
+  runIter(progName: string, netnsFd?: number): Buffer;
   /** bpf_object__close; idempotent. */
   close(): void;
 }
@@ -49,6 +60,23 @@ export interface RawBpfMap {
   close(): void;
 }
 
+/** One socket of an inet_diag dump (struct inet_diag_msg). */
+export interface InetDiagSocket {
+  family: number;
+  state: number;
+  sport: number;
+  dport: number;
+  /** 16 bytes, network order; IPv4 in the first 4. */
+  src: Buffer;
+  dst: Buffer;
+  ifindex: number;
+  cookie: bigint;
+  uid: number;
+  inode: number;
+  /** The raw struct inet_diag_sockid (cookie included), for inetDiagDestroy. */
+  id: Buffer;
+}
+
 export interface NativeBinding {
   libbpfVersion(): string;
   numPossibleCpus(): number;
@@ -59,6 +87,10 @@ export interface NativeBinding {
   pinnedLinkUpdate(path: string, progFd: number): void;
   /** unlink a pinned object; throws on any error (including ENOENT) */
   unpin(path: string): void;
+  /** NETLINK_SOCK_DIAG dump of one family and protocol, sockets in `states` (a 1 << TCP_* mask); in netnsFd's namespace when given. */
+  inetDiagDump(family: number, protocol: number, states: number, netnsFd?: number): InetDiagSocket[];
+  /** SOCK_DESTROY of exactly the socket `id` names (cookie checked by the kernel); EOPNOTSUPP without CONFIG_INET_DIAG_DESTROY. */
+  inetDiagDestroy(family: number, protocol: number, id: Buffer, netnsFd?: number): void;
   progTestRun(
     progFd: number,
     opts: { data?: Buffer; ctx?: Buffer; repeat?: number; dataSizeOut?: number },

@@ -8,6 +8,21 @@ application saw (peer addresses, reply sources, errno names).
   client.py refused HOST PORT --proto tcp|udp
   client.py http-many FILE                 one HOST:PORT a line; GET / from each
   client.py dns HOST PORT NAME [--count N] A query per unconnected sendto/recvfrom
+  client.py load --tcp HOST:PORT[@RATE] --udp HOST:PORT[@RATE] [--rate R]
+                 [--seconds MAX] [--stop-file F] [--progress F]
+                                           steady load: per target, RATE (default R)
+                                           fresh sockets a second (TCP: connect, GET /,
+                                           read to EOF, close; UDP: unconnected sendto,
+                                           recvfrom); every failure with errno, phase and
+                                           epoch ms; runs until F exists, SIGTERM/SIGINT,
+                                           or MAX seconds
+  client.py udp-long HOST PORT [--interval S] [--seconds MAX] [--stop-file F] [--progress F]
+                                           one long-lived connected UDP socket, as a resolver
+                                           keeps one: a datagram every S seconds; when the
+                                           socket is destroyed (recv: ECONNABORTED; send:
+                                           EDESTADDRREQ, with ECONNABORTED in SO_ERROR), a fresh
+                                           one is connected (balanced again); every reply and
+                                           error with its socket number and epoch ms
 
 A host containing ':' is dialled on an AF_INET6 socket (so ::ffff:a.b.c.d
 exercises the IPv4-mapped path).
@@ -185,6 +200,215 @@ def cmd_http_many(a):
                       "bodies": bodies, "peersWrong": peers_wrong[:20]}))
 
 
+def split_target(text, default_rate):
+    """HOST:PORT[@RATE] ([v6]:PORT too) -> (host, port, rate)."""
+    spec, _, rate = text.partition("@")
+    host, _, port = spec.rpartition(":")
+    return host.strip("[]"), int(port), float(rate) if rate else default_rate
+
+
+def load_tcp(host, port):
+    """One connection through the service: None, or (phase, errno name)."""
+    s = socket.socket(family_of(host), socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    phase = "socket"
+    try:
+        phase = "connect"
+        s.connect((host, port))
+        phase = "getpeername"
+        peer = s.getpeername()
+        if peer[0] != host or peer[1] != port:
+            return phase, "EPEER:" + fmt(peer)
+        phase = "send"
+        s.sendall(b"GET / HTTP/1.0\r\nHost: lbctl-test\r\n\r\n")
+        phase = "recv"
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+        raw = b"".join(chunks).decode(errors="replace")
+        head, _, body = raw.partition("\r\n\r\n")
+        if not head.startswith("HTTP/1.0 200") or not body.strip():
+            return phase, "EBADREPLY"
+        return None, body.strip()
+    except OSError as e:
+        return phase, errname(e)
+    finally:
+        s.close()
+
+
+def load_udp(host, port):
+    s = socket.socket(family_of(host), socket.SOCK_DGRAM)
+    s.settimeout(TIMEOUT)
+    phase = "sendto"
+    try:
+        msg = b"load-%d" % time.monotonic_ns()
+        s.sendto(msg, (host, port))
+        phase = "recvfrom"
+        data, src = s.recvfrom(65535)
+        if src[0] != host or src[1] != port:
+            return phase, "ESOURCE:" + fmt(src)
+        server, _, echoed = data.decode(errors="replace").partition("|")
+        if echoed.encode() != msg:
+            return phase, "EBADREPLY"
+        return None, server
+    except OSError as e:
+        return phase, errname(e)
+    finally:
+        s.close()
+
+
+def cmd_load(a):
+    import os
+    import queue
+    import signal
+    import threading
+
+    targets = [("tcp",) + split_target(t, a.rate) for t in a.tcp] + [("udp",) + split_target(u, a.rate) for u in a.udp]
+    if not targets:
+        raise SystemExit("load: give at least one --tcp or --udp target")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    lock = threading.Lock()
+    stats = {f"{proto}:{host}:{port}": {"attempted": 0, "ok": 0, "failed": 0, "backends": {}} for proto, host, port, _ in targets}
+    failures = []
+    ok_buckets = {}  # epoch ms // 100 -> successful attempts finished then
+    latency = {"max": 0.0}
+    work = queue.Queue()
+
+    def worker():
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            proto, host, port, due = item
+            t0 = time.monotonic()
+            phase, result = (load_tcp if proto == "tcp" else load_udp)(host, port)
+            ms = (time.monotonic() - t0) * 1000
+            now = time.time()
+            key = f"{proto}:{host}:{port}"
+            with lock:
+                st = stats[key]
+                st["attempted"] += 1
+                latency["max"] = max(latency["max"], ms)
+                if phase is None:
+                    st["ok"] += 1
+                    st["backends"][result] = st["backends"].get(result, 0) + 1
+                    b = int(now * 10)
+                    ok_buckets[b] = ok_buckets.get(b, 0) + 1
+                else:
+                    st["failed"] += 1
+                    failures.append({"target": key, "phase": phase, "error": result, "at": round(now * 1000), "ms": round(ms, 1)})
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(a.workers)]
+    for th in threads:
+        th.start()
+
+    started = time.time()
+    t_start = time.monotonic()
+    next_due = [t_start] * len(targets)
+    issued = 0
+    max_backlog = 0
+    last_progress = 0.0
+
+    def progress():
+        if not a.progress:
+            return
+        with lock:
+            snap = {"attempted": sum(s["attempted"] for s in stats.values()), "ok": sum(s["ok"] for s in stats.values()),
+                    "failed": len(failures), "at": round(time.time() * 1000)}
+        tmp = a.progress + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(snap, f)
+        os.replace(tmp, a.progress)
+
+    while not stop.is_set():
+        now = time.monotonic()
+        if now - t_start >= a.seconds or (a.stop_file and os.path.exists(a.stop_file)):
+            break
+        for i, (proto, host, port, rate) in enumerate(targets):
+            while next_due[i] <= now:
+                work.put((proto, host, port, next_due[i]))
+                issued += 1
+                next_due[i] += 1.0 / rate
+        max_backlog = max(max_backlog, work.qsize())
+        if now - last_progress >= 0.2:
+            progress()
+            last_progress = now
+        time.sleep(max(0.0, min(min(next_due) - time.monotonic(), 0.01)))
+    elapsed = time.monotonic() - t_start
+    for _ in threads:
+        work.put(None)
+    for th in threads:
+        th.join(TIMEOUT * 3)
+    progress()
+    with lock:
+        attempted = sum(s["attempted"] for s in stats.values())
+        print(json.dumps({
+            "started": round(started * 1000), "seconds": round(elapsed, 3), "issued": issued, "attempted": attempted,
+            "ok": sum(s["ok"] for s in stats.values()), "failed": len(failures), "failures": failures[:200],
+            "targets": stats, "maxLatencyMs": round(latency["max"], 1), "maxBacklog": max_backlog,
+            "okPer100ms": {str(k * 100): v for k, v in sorted(ok_buckets.items())},
+        }))
+
+
+def cmd_udp_long(a):
+    import os
+    import signal
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    events = []
+    sockets = []  # {"n", "peer", "cookie"}
+    s = None
+    t_end = time.monotonic() + a.seconds
+
+    def progress():
+        if not a.progress:
+            return
+        tmp = a.progress + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"sockets": sockets, "events": len(events), "last": events[-1] if events else None}, f)
+        os.replace(tmp, a.progress)
+
+    i = 0
+    while not stop and time.monotonic() < t_end and not (a.stop_file and os.path.exists(a.stop_file)):
+        phase = "connect"
+        try:
+            if s is None:
+                s = socket.socket(family_of(a.host), socket.SOCK_DGRAM)
+                s.settimeout(a.interval * 2 + 0.5)
+                s.connect((a.host, a.port))
+                cookie = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 57, 8), "little")  # SO_COOKIE
+                sockets.append({"n": len(sockets) + 1, "peer": fmt(s.getpeername()), "cookie": str(cookie)})
+            i += 1
+            phase = "send"
+            s.send(f"ping-{i}".encode())
+            phase = "recv"
+            data = s.recv(65535)
+            server, _, _ = data.decode(errors="replace").partition("|")
+            events.append({"socket": len(sockets), "server": server, "at": round(time.time() * 1000)})
+        except OSError as e:
+            ev = {"socket": len(sockets), "phase": phase, "error": errname(e), "at": round(time.time() * 1000)}
+            # A destroyed socket is disconnected: recv() fails with ECONNABORTED,
+            # send() with EDESTADDRREQ (ECONNABORTED stays pending in SO_ERROR).
+            if s is not None and e.errno in (errno.ECONNABORTED, errno.EDESTADDRREQ, errno.ENOTCONN):
+                pending = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if pending:
+                    ev["soError"] = errno.errorcode.get(pending, str(pending))
+                s.close()
+                s = None
+            events.append(ev)
+        progress()
+        time.sleep(a.interval)
+    if s is not None:
+        s.close()
+    print(json.dumps({"sockets": sockets, "events": events}))
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -213,6 +437,23 @@ def main():
     m = sub.add_parser("http-many")
     m.add_argument("file")
     m.set_defaults(fn=cmd_http_many)
+    ld = sub.add_parser("load")
+    ld.add_argument("--tcp", action="append", default=[], help="HOST:PORT[@RATE]")
+    ld.add_argument("--udp", action="append", default=[], help="HOST:PORT[@RATE]")
+    ld.add_argument("--rate", type=float, default=300.0, help="attempts a second per target")
+    ld.add_argument("--seconds", type=float, default=60.0, help="stop after this long at the latest")
+    ld.add_argument("--stop-file", help="stop once this file exists")
+    ld.add_argument("--progress", help="keep {attempted, ok, failed, at} in this file")
+    ld.add_argument("--workers", type=int, default=16)
+    ld.set_defaults(fn=cmd_load)
+    ul = sub.add_parser("udp-long")
+    ul.add_argument("host")
+    ul.add_argument("port", type=int)
+    ul.add_argument("--interval", type=float, default=0.1, help="seconds between datagrams")
+    ul.add_argument("--seconds", type=float, default=60.0, help="stop after this long at the latest")
+    ul.add_argument("--stop-file", help="stop once this file exists")
+    ul.add_argument("--progress", help="keep {sockets, events, last} in this file")
+    ul.set_defaults(fn=cmd_udp_long)
     a = p.parse_args()
     a.fn(a)
     sys.stdout.flush()

@@ -28,6 +28,7 @@ const BACKEND_PY = path.join(HERE, 'backend.py');
 const PREFIX = 'lbctl-test-';
 const BPFFS = '/sys/fs/bpf';
 const NETNS_DIR = '/run/netns';
+const BPFTOOL = existsSync('/usr/sbin/bpftool') ? '/usr/sbin/bpftool' : 'bpftool';
 
 export const HTTP_PORT = 8080;
 export const UDP_PORT = 9000;
@@ -75,6 +76,69 @@ export interface SyncReport extends LogLine {
   planned: number;
   applied: number;
   frontends: number;
+}
+
+export interface PinnedLink {
+  readonly linkId: number;
+  readonly progId: number;
+  /** bpftool's tag: a hash of the program's instructions. */
+  readonly progTag: string;
+}
+
+export interface LoadOptions {
+  /** HOST:PORT[@RATE] */
+  readonly tcp?: readonly string[];
+  readonly udp?: readonly string[];
+  /** Attempts a second per target (default 300). */
+  readonly rate?: number;
+  /** The client stops by itself after this long (default 90). */
+  readonly maxSeconds?: number;
+}
+
+export interface LoadProgress {
+  attempted: number;
+  ok: number;
+  failed: number;
+  /** Epoch ms of this snapshot. */
+  at: number;
+}
+
+export interface LoadFailure {
+  target: string;
+  phase: string;
+  error: string;
+  /** Epoch ms. */
+  at: number;
+  ms: number;
+}
+
+export interface LoadResult {
+  /** Epoch ms. */
+  started: number;
+  seconds: number;
+  issued: number;
+  attempted: number;
+  ok: number;
+  failed: number;
+  failures: LoadFailure[];
+  targets: Record<string, { attempted: number; ok: number; failed: number; backends: Record<string, number> }>;
+  maxLatencyMs: number;
+  maxBacklog: number;
+  /** Successful attempts by the 100 ms (epoch ms, floored) in which they ended. */
+  okPer100ms: Record<string, number>;
+}
+
+export interface LoadRun {
+  progress(): LoadProgress | undefined;
+  waitFor(check: (p: LoadProgress) => boolean, what: string, timeoutMs?: number): Promise<LoadProgress>;
+  /** Stops the client and returns what it saw. */
+  stop(): Promise<LoadResult>;
+}
+
+export interface FreshSync {
+  readonly sync: SyncReport;
+  readonly list: LbListEntry[];
+  readonly maps: Record<string, unknown[]>;
 }
 
 interface TeardownHost {
@@ -230,6 +294,8 @@ export class AgentProcess {
   readonly exited: Promise<number | null>;
   private readonly waiters = new Set<() => void>();
   private exitCode: number | null | undefined;
+  /** The signal that ended the process, once it has exited (null: it exited by itself). */
+  exitSignal: NodeJS.Signals | null | undefined;
 
   constructor(readonly proc: ChildProcess) {
     const rl = createInterface({ input: proc.stderr! });
@@ -244,6 +310,7 @@ export class AgentProcess {
       this.waiters.forEach((w) => w());
     });
     proc.stdout!.resume();
+    proc.on('exit', (_code, signal) => (this.exitSignal = signal));
     this.exited = new Promise((resolve) => {
       proc.on('exit', (code) => {
         this.exitCode = code;
@@ -307,6 +374,8 @@ export class Sandbox {
   private readonly clients = new Set<number>();
   private syncMark = 0;
   private tornDown = false;
+  /** Extra things a test made (a second datapath, a load client), undone first at teardown. */
+  private readonly cleanups = new Set<() => void>();
 
   constructor(readonly opts: SandboxOptions = {}) {
     this.backends = Array.from({ length: opts.backends ?? 3 }, (_, i) => ({ v4: `10.244.1.${i + 1}`, v6: `fd00:244::1:${i + 1}` }));
@@ -531,11 +600,150 @@ export class Sandbox {
   }
 
   /** The entries of one pinned map, as bpftool dumps them (for maps lbctl does not print, e.g. lb4_sock_revnat). */
-  async mapEntries(name: string): Promise<unknown[]> {
-    const bpftool = existsSync('/usr/sbin/bpftool') ? '/usr/sbin/bpftool' : 'bpftool';
-    const r = await run(bpftool, ['-j', 'map', 'dump', 'pinned', path.join(this.bpfRoot, 'maps', name)], 30_000);
+  async mapEntries(name: string, bpfRoot = this.bpfRoot): Promise<unknown[]> {
+    const r = await run(BPFTOOL, ['-j', 'map', 'dump', 'pinned', path.join(bpfRoot, 'maps', name)], 30_000);
     if (r.code !== 0) throw new Error(`bpftool map dump ${name} failed: ${r.stderr}${r.stdout}`);
     return JSON.parse(r.stdout) as unknown[];
+  }
+
+  /** `bpftool -j ARGS…`, parsed. */
+  async bpftool<T = unknown>(args: readonly string[]): Promise<T> {
+    const r = await run(BPFTOOL, ['-j', ...args], 30_000);
+    if (r.code !== 0) throw new Error(`bpftool ${args.join(' ')} failed: ${r.stderr}${r.stdout}`);
+    return JSON.parse(r.stdout) as T;
+  }
+
+  /** Every pinned link under the bpf root: its id and the id and tag of the program it runs. */
+  async links(bpfRoot = this.bpfRoot): Promise<Record<string, PinnedLink>> {
+    const dir = path.join(bpfRoot, 'links');
+    const out: Record<string, PinnedLink> = {};
+    for (const name of readdirSync(dir).sort()) {
+      const link = await this.bpftool<{ id: number; prog_id: number }>(['link', 'show', 'pinned', path.join(dir, name)]);
+      const prog = await this.bpftool<{ tag: string }>(['prog', 'show', 'id', String(link.prog_id)]);
+      out[name] = { linkId: link.id, progId: link.prog_id, progTag: prog.tag };
+    }
+    return out;
+  }
+
+  /** max_entries of every pinned map. */
+  async mapSizes(bpfRoot = this.bpfRoot): Promise<Record<string, number>> {
+    const dir = path.join(bpfRoot, 'maps');
+    const out: Record<string, number> = {};
+    for (const name of readdirSync(dir).sort()) {
+      out[name] = (await this.bpftool<{ max_entries: number }>(['map', 'show', 'pinned', path.join(dir, name)])).max_entries;
+    }
+    return out;
+  }
+
+  /** The port the running agent serves health or metrics on (it logs them at start). */
+  agentPort(which: 'health' | 'metrics'): number {
+    const line = this.requireAgent().logs.find((l) => l.msg === 'serving health, metrics and the local API');
+    const port = Number(line?.[which]);
+    if (!Number.isInteger(port) || port <= 0) throw new Error(`the agent logged no ${which} port`);
+    return port;
+  }
+
+  /** SIGKILL (or another signal) to the agent, by pid: a crash. Resolves with how it ended. */
+  async killAgent(signal: NodeJS.Signals = 'SIGKILL'): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+    const agent = this.requireAgent();
+    if (!agent.running) throw new Error('the agent is not running');
+    killPid(agent.pid, signal);
+    const timer = setTimeout(() => killPid(agent.pid, 'SIGKILL'), 10_000);
+    const code = await agent.exited;
+    clearTimeout(timer);
+    return { code, signal: agent.exitSignal ?? null };
+  }
+
+  /**
+   * A steady load from the client's place (client.py load): fresh sockets
+   * at `rate` a second per target, every failure recorded, until stop().
+   * Killed at teardown if the test never stops it.
+   */
+  startLoad(opts: LoadOptions): LoadRun {
+    const id = Math.random().toString(16).slice(2, 8);
+    const stopFile = path.join(this.runDir, `load-${id}.stop`);
+    const progressFile = path.join(this.runDir, `load-${id}.progress`);
+    const args = ['load', '--rate', String(opts.rate ?? 300), '--seconds', String(opts.maxSeconds ?? 90), '--stop-file', stopFile, '--progress', progressFile];
+    for (const t of opts.tcp ?? []) args.push('--tcp', t);
+    for (const u of opts.udp ?? []) args.push('--udp', u);
+    const done = this.exec([this.python, CLIENT_PY, ...args], { timeoutMs: ((opts.maxSeconds ?? 90) + 30) * 1000 });
+    const progress = (): LoadProgress | undefined => {
+      try {
+        return JSON.parse(readFileSync(progressFile, 'utf8')) as LoadProgress;
+      } catch {
+        return undefined;
+      }
+    };
+    const cleanup = (): void => {
+      if (!existsSync(this.runDir)) return;
+      writeFileSync(stopFile, '');
+    };
+    this.cleanups.add(cleanup);
+    return {
+      progress,
+      waitFor: async (check, what, timeoutMs = 15_000) => {
+        const deadline = Date.now() + timeoutMs;
+        for (;;) {
+          const p = progress();
+          if (p && check(p)) return p;
+          if (Date.now() > deadline) throw new Error(`load: timed out after ${timeoutMs} ms waiting for ${what}; progress ${JSON.stringify(p)}`);
+          await sleep(50);
+        }
+      },
+      stop: async () => {
+        writeFileSync(stopFile, '');
+        const r = await done;
+        this.cleanups.delete(cleanup);
+        if (r.code !== 0) throw new Error(`client.py load failed (${r.code ?? r.signal}): ${r.stderr}`);
+        return JSON.parse(r.stdout) as LoadResult;
+      },
+    };
+  }
+
+  /**
+   * What a fresh agent makes of the same manifests: a second agent with its
+   * own bpf root and its own (empty) sibling cgroup, stopped after its first
+   * sync; its `lbctl bpf lb list` and the raw entries of `maps`. Everything it
+   * made is removed before this returns (and at teardown, should the test die).
+   */
+  async freshSync(opts: { args?: readonly string[]; maps?: readonly string[] } = {}): Promise<FreshSync> {
+    const name = `${this.runId}-fresh`;
+    const bpfRoot = path.join(BPFFS, name);
+    const cgroup = path.join(cgroup2Mount(), name);
+    let agent: AgentProcess | undefined;
+    const cleanup = (): void => {
+      if (agent?.running) killPid(agent.pid);
+      removeBpfRoot(bpfRoot);
+      removeCgroup(cgroup);
+    };
+    this.cleanups.add(cleanup);
+    try {
+      mkdirSync(cgroup);
+      const proc = spawn(
+        LBCTL,
+        [
+          'agent', '--source', `file:${this.manifestDir}`, '--cgroup', cgroup, '--bpf-root', bpfRoot,
+          '--health-port', '0', '--health-bind-address', '127.0.0.1', '--metrics-port', '0',
+          '--api-socket', path.join(this.runDir, 'fresh.sock'), ...(opts.args ?? []),
+        ],
+        { stdio: ['ignore', 'pipe', 'pipe'] },
+      );
+      this.recordPid(proc.pid);
+      agent = new AgentProcess(proc);
+      const sync = (await agent.waitForLog((l) => l.msg === 'sync done', 0, 30_000)) as SyncReport;
+      const r = await run(LBCTL, ['bpf', 'lb', 'list', '-o', 'json', '--bpf-root', bpfRoot], 30_000);
+      if (r.code !== 0) throw new Error(`lbctl bpf lb list (fresh) failed: ${r.stderr}`);
+      const maps: Record<string, unknown[]> = {};
+      for (const m of opts.maps ?? []) maps[m] = await this.mapEntries(m, bpfRoot);
+      killPid(agent.pid, 'SIGTERM');
+      const timer = setTimeout(() => killPid(agent?.pid, 'SIGKILL'), 10_000);
+      await agent.exited;
+      clearTimeout(timer);
+      return { sync, list: JSON.parse(r.stdout) as LbListEntry[], maps };
+    } finally {
+      this.cleanups.delete(cleanup);
+      cleanup();
+    }
   }
 
   // ---------------------------------------------------------- teardown
@@ -553,6 +761,8 @@ export class Sandbox {
         errors.push(`${what}: ${(err as Error).message}`);
       }
     };
+    for (const fn of this.cleanups) step('extra cleanup', fn);
+    this.cleanups.clear();
     step('kill clients', () => this.clients.forEach((pid) => killPid(pid)));
     step('kill agent', () => {
       if (this.agent?.running) killPid(this.agent.pid);

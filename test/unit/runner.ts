@@ -80,6 +80,19 @@ t.test('periodic full runs happen every maxInterval', async (t) => {
   r.stop();
 });
 
+t.test('a steady stream of changes does not postpone the full resync', async (t) => {
+  const { r, runs, clock } = setup({ min: 0, max: 3000 });
+  r.run();
+  for (let i = 0; i < 10; i++) {
+    await clock.advance(1000);
+    r.run();
+  }
+  await clock.advance(10);
+  const full = runs.filter((x) => x.reason === 'periodic').map((x) => x.at);
+  t.same(full, [3000, 6000, 9000], 'a full run every maxInterval even though changes came every second');
+  r.stop();
+});
+
 t.test('a failed run is retried with growing backoff as a full run, then succeeds', async (t) => {
   const { r, runs, errors, clock } = setup({ fail: (n) => n < 4 });
   r.run();

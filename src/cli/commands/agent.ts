@@ -19,6 +19,8 @@ export interface AgentCommandOptions {
   nodeName?: string;
   cgroup?: string;
   bpfRoot: string;
+  /** A datapath object other than the built one (an upgrade, a test). */
+  bpfObject?: string;
   maxServices?: number;
   maxBackends?: number;
   maxSockRevnat?: number;
@@ -34,7 +36,8 @@ export interface AgentCommandOptions {
 
 async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
   const onProblem = (p: { where: string; reason: string; kind?: string }): void => {
-    metrics.skipped(p.kind ?? 'File', p.reason.replace(/^.*?: /, '').split(' ')[0] ?? 'invalid');
+    // A fixed label value: the reason text goes to the log, not into metric cardinality.
+    metrics.skipped(p.kind ?? 'File', 'invalid');
     log.warn({ where: p.where, reason: p.reason }, 'bad input skipped');
   };
   const file = opts.source ? /^file:(.+)$/.exec(opts.source) : null;
@@ -68,7 +71,12 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   const metrics = new AgentMetrics({ view: { datapathCounters: () => agent?.datapathCounters() ?? {} } });
   agent = new Agent({
     source: await makeSource(opts, log, metrics),
-    datapath: { bpfRoot: opts.bpfRoot, cgroup: opts.cgroup ?? cgroup2Root(), sizes },
+    datapath: {
+      bpfRoot: opts.bpfRoot,
+      cgroup: opts.cgroup ?? cgroup2Root(),
+      sizes,
+      ...(opts.bpfObject !== undefined ? { object: path.resolve(opts.bpfObject) } : {}),
+    },
     log,
     metrics,
     minSyncPeriodMs: opts.minSyncPeriod,
@@ -86,11 +94,21 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     process.once('SIGTERM', () => resolve('SIGTERM'));
     process.once('SIGINT', () => resolve('SIGINT'));
   });
-  await agent.start();
+  const shutdown = async (): Promise<void> => {
+    for (const s of servers) await s.close();
+    health.close();
+  };
+  try {
+    await agent.start();
+  } catch (err) {
+    // Nothing may keep the process alive after a failed start: the caller reports the error and exits 1.
+    await agent.stop().catch(() => {});
+    await shutdown();
+    throw err;
+  }
   const signal = await stopped;
   log.info({ signal }, 'stopping');
   await agent.stop();
-  for (const s of servers) await s.close();
-  health.close();
+  await shutdown();
 }
 
