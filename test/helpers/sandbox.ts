@@ -145,6 +145,12 @@ interface TeardownHost {
   teardown(fn: () => unknown): void;
 }
 
+/**
+ * Waits scale by this factor where everything runs slower (the vmtest guest
+ * under TCG sets LBCTL_TEST_SLOW): a timeout there is not a behaviour failure.
+ */
+export const SLOW = Math.max(1, Number(process.env.LBCTL_TEST_SLOW ?? 1) || 1);
+
 const sleepSync = (ms: number): void => {
   Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
 };
@@ -334,6 +340,7 @@ export class AgentProcess {
 
   /** The first log line at index >= `from` that matches. */
   waitForLog(match: (l: LogLine) => boolean, from = 0, timeoutMs = 15_000): Promise<LogLine> {
+    timeoutMs *= SLOW;
     return new Promise((resolve, reject) => {
       const check = (): void => {
         for (let i = from; i < this.logs.length; i++) {
@@ -518,6 +525,7 @@ export class Sandbox {
 
   /** SIGTERM, as an operator would; the datapath stays attached. */
   async stopAgent(timeoutMs = 10_000): Promise<number | null> {
+    timeoutMs *= SLOW;
     const agent = this.agent;
     if (!agent?.running) return null;
     killPid(agent.pid, 'SIGTERM');
@@ -552,6 +560,7 @@ export class Sandbox {
 
   /** Polls `check` until it holds (for conditions no single sync line proves). */
   async waitUntil(check: () => Promise<boolean> | boolean, what: string, timeoutMs = 15_000): Promise<void> {
+    timeoutMs *= SLOW;
     const deadline = Date.now() + timeoutMs;
     while (!(await check())) {
       if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for: ${what}`);
