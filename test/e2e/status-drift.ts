@@ -6,13 +6,14 @@
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { serviceObject, serviceWithBackends, sliceObject, yamlDocs } from '../helpers/manifests.js';
-import { createSandbox, HTTP_PORT, LBCTL, run, UDP_PORT, type ExecResult, type LogLine, type Sandbox } from '../helpers/sandbox.js';
+import { createSandbox, HTTP_PORT, LBCTL, run, SLOW, UDP_PORT, type ExecResult, type LogLine, type Sandbox } from '../helpers/sandbox.js';
 
 const WEB = '10.96.0.10';
 const WEB6 = 'fd00:96::10';
 const ECHO = '10.96.0.20';
 const STRAY = '10.96.0.99';
-const SYNC_PERIOD_MS = 3000;
+// Long enough to look at drift before the resync repairs it; the emulated vmtest guest (SLOW) needs longer.
+const SYNC_PERIOD_MS = 3000 * SLOW;
 
 interface FrontendStatus {
   frontend: string;
