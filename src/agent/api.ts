@@ -45,7 +45,7 @@ export function agentStatus(view: AgentView, health: Health, version: string, no
     const r = health.run(g);
     return { ok: r.ok, checks: r.checks };
   };
-  const h = health.healthz();
+  const h = health.healthz(now); // one clock reading for the whole report
   const s = view.sync();
   const opt = <K extends string>(k: K, ms: number | undefined): { [P in K]?: string } => (ms === undefined ? {} : ({ [k]: rfc3339(ms) } as { [P in K]: string }));
   return {

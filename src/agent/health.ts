@@ -215,9 +215,8 @@ export class Health {
    * kube-proxy, lastUpdated is the current time while healthy and the last
    * successful sync otherwise.
    */
-  healthz(): HealthzReport {
+  healthz(now: number = this.now()): HealthzReport {
     const { view } = this.opts;
-    const now = this.now();
     let nodeEligible = true;
     let reason: string | undefined;
     try {
