@@ -11,6 +11,8 @@ cd "$repo" || exit 1
 mkdir -p "$out"
 
 echo "kernel: $(uname -r) ($(uname -v))"
+# A fresh guest's loopback is down: the API server fake, health and metrics servers need it.
+ip link set lo up
 
 # Module autoload works (the e2e suites need veth, clsact, cls_bpf).
 probe=lbctl-vmt$$
