@@ -17,11 +17,6 @@ static __always_inline void lb_count(__u32 metric)
 		*cnt += 1; /* per-CPU slot: no atomics needed */
 }
 
-static __always_inline bool lb_svc_is_wildcard(const struct lb_service *svc)
-{
-	return svc->type == LB_SVC_WILDCARD;
-}
-
 static __always_inline bool lb_svc_has_backends(const struct lb_service *svc)
 {
 	return svc->count > 0;

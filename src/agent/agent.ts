@@ -85,10 +85,6 @@ export class Agent implements AgentView {
     await this.runner.idle();
   }
 
-  /** Resolves once every change seen so far is in the maps (or has failed and awaits retry). */
-  settled(): Promise<void> {
-    return this.runner.idle();
-  }
 
   async stop(): Promise<void> {
     this.runner.stop();

@@ -30,9 +30,6 @@ export class IdAllocator<K> {
     return this.byKey.entries();
   }
 
-  keyOf(id: number): K | undefined {
-    return this.byId.get(id);
-  }
 
   /** Claims `id` for `key` (restore). False when either is already taken. */
   adopt(key: K, id: number): boolean {
@@ -65,8 +62,4 @@ export class IdAllocator<K> {
     this.byId.delete(id);
   }
 
-  releaseId(id: number): void {
-    const key = this.byId.get(id);
-    if (key !== undefined) this.release(key);
-  }
 }
