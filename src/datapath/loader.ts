@@ -107,7 +107,7 @@ function maxEntries(sizes: MapSizes): Record<string, number> {
   };
 }
 
-/** Pinned maps whose size differs from what this load asks for: named, so the error can say so. */
+/** Pinned maps whose size differs from what this load asks for. */
 function sizeMismatches(bpfRoot: string, wanted: Record<string, number>): string[] {
   const out: string[] = [];
   for (const [name, n] of Object.entries(wanted)) {
@@ -115,13 +115,31 @@ function sizeMismatches(bpfRoot: string, wanted: Record<string, number>): string
     if (!existsSync(p)) continue;
     const m = openPinnedMap(p);
     try {
-      if (m.maxEntries !== n) out.push(`${name} holds ${m.maxEntries} entries, ${n} requested`);
+      if (m.maxEntries !== n) out.push(name);
     } finally {
       m.close();
     }
   }
   return out;
 }
+
+/**
+ * The pinned maps a resize keeps as they are (every pinned map of ours that is
+ * not being resized): the new object shares them instead of copying them, so
+ * the programs on both sides of the link switch see the same entries.
+ */
+function openKept(bpfRoot: string, resized: readonly string[]): Map<string, BpfMap> {
+  const kept = new Map<string, BpfMap>();
+  for (const name of Object.keys(mapSpecs)) {
+    const p = path.join(mapsDir(bpfRoot), name);
+    if (resized.includes(name) || !existsSync(p)) continue;
+    kept.set(name, openPinnedMap(p));
+  }
+  return kept;
+}
+
+/** Maps whose entries record traffic (written by the programs themselves), not the agent's intent. */
+const TRAFFIC_MAPS = ['lb4_sock_revnat', 'lb6_sock_revnat', 'lb_affinity'];
 
 export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   const sizes = { ...DEFAULT_SIZES, ...opts.sizes };
@@ -135,29 +153,40 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   mkdirSync(linksDir(opts.bpfRoot), { recursive: true });
 
   const wanted = maxEntries(sizes);
-  // A map size changed (a flag): load into fresh maps beside the pinned ones,
-  // copy every entry, switch the links, then move the new pins into place.
-  const mismatches = sizeMismatches(opts.bpfRoot, wanted);
-  const migrating = mismatches.length > 0;
+  // A map size changed (a flag): load into fresh maps beside the pinned ones
+  // (sharing every map that keeps its size), copy the resized maps' entries,
+  // switch the links, then move the new pins into place.
+  const resized = sizeMismatches(opts.bpfRoot, wanted);
+  const migrating = resized.length > 0;
   const pinRoot = migrating ? stagingDir(opts.bpfRoot) : mapsDir(opts.bpfRoot);
+  const kept = migrating ? openKept(opts.bpfRoot, resized) : new Map<string, BpfMap>();
   if (migrating) {
     rmSync(pinRoot, { recursive: true, force: true });
     mkdirSync(pinRoot, { recursive: true });
   }
+  const reuseMaps = Object.fromEntries([...kept].map(([name, m]) => [name, m.fd]));
 
   let variant: Datapath['variant'] = opts.object ? 'custom' : 'standard';
   let object: BpfObject;
   try {
-    object = await openAndLoad(objectPath, pinRoot, wanted);
+    try {
+      object = await openAndLoad(objectPath, pinRoot, wanted, reuseMaps);
+    } catch (err) {
+      if (opts.object || !lacksSetRetval(err)) throw err;
+      object = await openAndLoad(COMPAT_OBJECT, pinRoot, wanted, reuseMaps);
+      variant = 'compat';
+    }
   } catch (err) {
-    if (opts.object || !lacksSetRetval(err)) throw err;
-    object = await openAndLoad(COMPAT_OBJECT, pinRoot, wanted);
-    variant = 'compat';
+    if (migrating) rmSync(pinRoot, { recursive: true, force: true });
+    throw err;
+  } finally {
+    // libbpf duplicated the fds it reuses.
+    for (const m of kept.values()) m.close();
   }
   let migrated: MapMigration[] = [];
   if (migrating) {
     try {
-      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot));
+      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot), resized);
     } catch (err) {
       object.close();
       rmSync(pinRoot, { recursive: true, force: true });
@@ -176,9 +205,11 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
       programs.push({ name, linkId: r.linkId, updated: r.updated });
     }
     if (migrating) {
-      // Sockets connected between the copy and the switch recorded their
-      // reverse translation in the old maps: carry those over too.
-      copyPinnedInto(object, mapsDir(opts.bpfRoot), ['lb4_sock_revnat', 'lb6_sock_revnat', 'lb_affinity']);
+      // A resized traffic map: sockets connected between the copy and the
+      // switch recorded their reverse translation in the old map; carry those
+      // over too. (Maps the agent writes are not written during a load.)
+      const again = TRAFFIC_MAPS.filter((n) => resized.includes(n));
+      if (again.length > 0) copyPinnedInto(object, mapsDir(opts.bpfRoot), again, true);
       for (const name of readdirSync(pinRoot)) renameSync(path.join(pinRoot, name), path.join(mapsDir(opts.bpfRoot), name));
       rmdirSync(pinRoot);
     }
@@ -198,14 +229,14 @@ export interface MapMigration {
 }
 
 /**
- * Copies every entry of the maps pinned in `dir` into the object's maps of
- * the same name (only `only`, when given; entries already present are kept).
+ * Copies every entry of the maps `names` pinned in `dir` into the object's
+ * maps of the same name (with `keepNewer`, entries already present win).
  * An entry that does not fit (a shrunk map) fails the whole migration.
  */
-function copyPinnedInto(object: BpfObject, dir: string, only?: readonly string[]): MapMigration[] {
+function copyPinnedInto(object: BpfObject, dir: string, names: readonly string[], keepNewer = false): MapMigration[] {
   const out: MapMigration[] = [];
   for (const name of object.mapNames()) {
-    if (!(name in mapSpecs) || (only && !only.includes(name))) continue;
+    if (!(name in mapSpecs) || !names.includes(name)) continue;
     const file = path.join(dir, name);
     if (!existsSync(file)) continue;
     const from = openPinnedMap(file);
@@ -217,10 +248,10 @@ function copyPinnedInto(object: BpfObject, dir: string, only?: readonly string[]
       let entries = 0;
       for (const [k, v] of from.entries()) {
         try {
-          to.update(k, v, only ? BPF_NOEXIST : BPF_ANY);
+          to.update(k, v, keepNewer ? BPF_NOEXIST : BPF_ANY);
           entries++;
         } catch (err) {
-          if (only && isErrno(err, 'EEXIST')) continue;
+          if (keepNewer && isErrno(err, 'EEXIST')) continue;
           throw new ConfigError(`map ${name}: cannot carry ${from.maxEntries}-entry contents into ${to.maxEntries} entries: ${(err as Error).message}`, { cause: err });
         }
       }
@@ -232,8 +263,13 @@ function copyPinnedInto(object: BpfObject, dir: string, only?: readonly string[]
   return out;
 }
 
-async function openAndLoad(objectPath: string, pinRoot: string, maxEntries: Record<string, number>): Promise<BpfObject> {
-  const object = BpfObject.open(objectPath, { pinRoot, maxEntries });
+async function openAndLoad(
+  objectPath: string,
+  pinRoot: string,
+  maxEntries: Record<string, number>,
+  reuseMaps: Record<string, number>,
+): Promise<BpfObject> {
+  const object = BpfObject.open(objectPath, { pinRoot, maxEntries, reuseMaps });
   try {
     await object.load();
     return object;
