@@ -78,7 +78,7 @@ static __always_inline int sys_refuse(void)
 /* ------------------------------------------------------------------ IPv4 */
 
 static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_backend *backend,
-					       const struct lb4_key *svc_key, __u16 rev_nat_index)
+					       const struct lb4_key *svc_key, __u32 rev_nat_index)
 {
 	struct lb4_sock_key key = {
 		.cookie = cookie,
@@ -196,7 +196,7 @@ static __always_inline void ip6_copy(__be32 *dst, const __be32 *src)
 }
 
 static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_backend *backend,
-					       const struct lb6_key *svc_key, __u16 rev_nat_index)
+					       const struct lb6_key *svc_key, __u32 rev_nat_index)
 {
 	struct lb6_sock_key key = {
 		.cookie = cookie,

@@ -12,8 +12,12 @@
 #include <bpf/bpf_helpers.h>
 #include "lb_types.h"
 
-/* Defaults: 64k services with 256k backends in all (slots = backends). */
-#define LB_SERVICES_MAX		(65536 + 262144)
+/*
+ * Defaults: 64k frontends with 256k backends in all. The services map holds
+ * a master entry per frontend, a wildcard entry per service address (at most
+ * one per frontend) and a slot per backend: 2 * frontends + backends.
+ */
+#define LB_SERVICES_MAX		(2 * 65536 + 262144)
 #define LB_BACKENDS_MAX		262144
 #define LB_REVNAT_MAX		65536
 #define LB_SOCK_REVNAT_MAX	262144
@@ -65,7 +69,7 @@ struct {
 /* rev-NAT id -> frontend address (reply translation at tc, listings) */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u16);
+	__type(key, __u32);
 	__type(value, struct lb4_reverse_nat);
 	__uint(max_entries, LB_REVNAT_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -74,7 +78,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, __u16);
+	__type(key, __u32);
 	__type(value, struct lb6_reverse_nat);
 	__uint(max_entries, LB_REVNAT_MAX);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

@@ -75,16 +75,18 @@ struct lb6_key {
 /*
  * Service value, shared by both families. In the master entry (slot 0)
  * backend_id is 0 and the rest describes the service; in a backend slot only
- * backend_id is meaningful.
+ * backend_id is meaningful. The __u32 fields come first and the narrow ones
+ * after them, so every field is naturally aligned and only the tail pads.
  */
 struct lb_service {
 	__u32 backend_id;	/* slot > 0: backend id */
+	__u32 rev_nat_index;	/* slot 0: rev-NAT id of this frontend */
+	__u32 affinity_timeout;	/* slot 0: session affinity timeout, seconds */
 	__u16 count;		/* slot 0: selectable slots, 1..count */
 	__u16 qcount;		/* slot 0: non-selectable (terminating) slots after count */
-	__u16 rev_nat_index;	/* slot 0: rev-NAT id of this frontend */
 	__u8 type;		/* slot 0: enum lb_svc_type */
 	__u8 flags;		/* slot 0: enum lb_svc_flags */
-	__u32 affinity_timeout;	/* slot 0: session affinity timeout, seconds */
+	__u8 pad[2];
 };
 
 /* Backend, IPv4. Keyed by a __u32 backend id (shared id space with IPv6). */
@@ -103,7 +105,7 @@ struct lb6_backend {
 	__u8 state;		/* enum lb_backend_state */
 };
 
-/* Rev-NAT value, keyed by a __u16 rev-NAT id: the frontend to report. */
+/* Rev-NAT value, keyed by a __u32 rev-NAT id: the frontend to report. */
 struct lb4_reverse_nat {
 	__be32 address;		/* service IPv4 address */
 	__be16 port;		/* service port */
@@ -135,13 +137,15 @@ struct lb6_sock_key {
 struct lb4_sock_revnat {
 	__be32 address;		/* service IPv4 address */
 	__be16 port;		/* service port */
-	__u16 rev_nat_index;	/* rev-NAT id of the service when recorded */
+	__u8 pad[2];
+	__u32 rev_nat_index;	/* rev-NAT id of the service when recorded */
 };
 
 struct lb6_sock_revnat {
 	__be32 address[4];	/* service IPv6 address */
 	__be16 port;		/* service port */
-	__u16 rev_nat_index;	/* rev-NAT id of the service when recorded */
+	__u8 pad[2];
+	__u32 rev_nat_index;	/* rev-NAT id of the service when recorded */
 };
 
 /*
@@ -151,9 +155,9 @@ struct lb6_sock_revnat {
  */
 struct lb_affinity_key {
 	__u64 netns_cookie;	/* bpf_get_netns_cookie() of the client */
-	__u16 rev_nat_index;	/* the frontend */
+	__u32 rev_nat_index;	/* the frontend */
 	__u8 family;		/* 4 or 6: rev-NAT ids are per family */
-	__u8 pad[5];
+	__u8 pad[3];
 };
 
 struct lb_affinity_val {
@@ -167,14 +171,14 @@ _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb_affinity_key) == 16, "lb_affinity_key size");
 _Static_assert(sizeof(struct lb_affinity_val) == 16, "lb_affinity_val size");
 _Static_assert(sizeof(struct lb6_key) == 24, "lb6_key size");
-_Static_assert(sizeof(struct lb_service) == 16, "lb_service size");
+_Static_assert(sizeof(struct lb_service) == 20, "lb_service size");
 _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
 _Static_assert(sizeof(struct lb6_backend) == 20, "lb6_backend size");
 _Static_assert(sizeof(struct lb4_reverse_nat) == 8, "lb4_reverse_nat size");
 _Static_assert(sizeof(struct lb6_reverse_nat) == 20, "lb6_reverse_nat size");
 _Static_assert(sizeof(struct lb4_sock_key) == 16, "lb4_sock_key size");
 _Static_assert(sizeof(struct lb6_sock_key) == 32, "lb6_sock_key size");
-_Static_assert(sizeof(struct lb4_sock_revnat) == 8, "lb4_sock_revnat size");
-_Static_assert(sizeof(struct lb6_sock_revnat) == 20, "lb6_sock_revnat size");
+_Static_assert(sizeof(struct lb4_sock_revnat) == 12, "lb4_sock_revnat size");
+_Static_assert(sizeof(struct lb6_sock_revnat) == 24, "lb6_sock_revnat size");
 
 #endif /* __LB_TYPES_H */

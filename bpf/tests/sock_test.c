@@ -25,15 +25,22 @@ volatile __u64 test_netns_cookie = 1;
 #define BE2_IP		bpf_htonl(0x0af40103)	/* 10.244.1.3 */
 #define BE_PORT		bpf_htons(8080)
 #define REVNAT		7
+#define WIDE_REVNAT	0x10007		/* above 16 bits; truncates to REVNAT */
+
+static __always_inline void put_master4_id(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type,
+					   __u8 flags, __u32 affinity_timeout, __u32 rev_nat_index)
+{
+	struct lb4_key key = { .address = addr, .dport = port, .proto = proto };
+	struct lb_service svc = { .count = count, .rev_nat_index = rev_nat_index, .type = type,
+				  .flags = flags, .affinity_timeout = affinity_timeout };
+
+	bpf_map_update_elem(&lb4_services, &key, &svc, BPF_ANY);
+}
 
 static __always_inline void put_master4_flags(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type,
 					      __u8 flags, __u32 affinity_timeout)
 {
-	struct lb4_key key = { .address = addr, .dport = port, .proto = proto };
-	struct lb_service svc = { .count = count, .rev_nat_index = REVNAT, .type = type,
-				  .flags = flags, .affinity_timeout = affinity_timeout };
-
-	bpf_map_update_elem(&lb4_services, &key, &svc, BPF_ANY);
+	put_master4_id(addr, port, proto, count, type, flags, affinity_timeout, REVNAT);
 }
 
 static __always_inline void put_master4(__be32 addr, __be16 port, __u8 proto, __u16 count, __u8 type)
@@ -202,6 +209,38 @@ int test_rev_removes_stale_entry(struct __sk_buff *skb)
 	return 0;
 }
 
+/*
+ * Rev-NAT ids are 32 bits: an id above 0xffff is recorded whole, and the
+ * service re-created under the id it would truncate to makes the entry stale.
+ */
+SEC("tc")
+int test_wide_revnat_id_is_recorded_whole(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat *rev;
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_master4_id(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP, 0, 0, WIDE_REVNAT);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
+	skey.cookie = bpf_get_socket_cookie(skb);
+	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(rev && rev->rev_nat_index == WIDE_REVNAT);
+	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == 0);
+	CHECK(addr == SVC_IP && port == SVC_PORT);
+
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP); /* now REVNAT */
+	addr = BE1_IP;
+	port = BE_PORT;
+	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == -ENOENT);
+	CHECK(addr == BE1_IP && port == BE_PORT);
+	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
+	clear4();
+	return 0;
+}
+
 SEC("tc")
 int test_fwd6_translates(struct __sk_buff *skb)
 {
@@ -305,6 +344,31 @@ int test_no_affinity_entry_without_the_flag(struct __sk_buff *skb)
 	CHECK(fwd_once(skb, &addr) == 0 && addr == BE1_IP);
 	CHECK(!bpf_map_lookup_elem(&lb_affinity, &akey));
 	test_netns_cookie = 1;
+	clear4();
+	return 0;
+}
+
+/* The affinity entry is keyed by the whole 32-bit rev-NAT id. */
+SEC("tc")
+int test_affinity_keyed_by_wide_revnat_id(struct __sk_buff *skb)
+{
+	struct lb_affinity_key wide = { .netns_cookie = 43, .rev_nat_index = WIDE_REVNAT, .family = 4 };
+	struct lb_affinity_key narrow = { .netns_cookie = 43, .rev_nat_index = REVNAT, .family = 4 };
+	struct lb_affinity_val *aval;
+	__be32 addr;
+
+	clear4();
+	bpf_map_delete_elem(&lb_affinity, &wide);
+	bpf_map_delete_elem(&lb_affinity, &narrow);
+	put_backend4(1, 1, BE1_IP);
+	put_master4_id(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP, LB_SVC_F_AFFINITY, 100, WIDE_REVNAT);
+	test_netns_cookie = 43;
+	CHECK(fwd_once(skb, &addr) == 0 && addr == BE1_IP);
+	aval = bpf_map_lookup_elem(&lb_affinity, &wide);
+	CHECK(aval && aval->backend_id == 1 && aval->slot == 1);
+	CHECK(!bpf_map_lookup_elem(&lb_affinity, &narrow));
+	test_netns_cookie = 1;
+	bpf_map_delete_elem(&lb_affinity, &wide);
 	clear4();
 	return 0;
 }

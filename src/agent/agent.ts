@@ -8,7 +8,7 @@
 // read (view.ts).
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { lb4_reverse_nat, u16 } from '../datapath/abi.gen.js';
+import { lb4_reverse_nat, u32 } from '../datapath/abi.gen.js';
 import { sumCounters } from '../datapath/counters.js';
 import { lbList } from '../datapath/listing.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
@@ -199,7 +199,7 @@ export class Agent implements AgentView {
     if (!this.datapath) return { ok: false, message: 'datapath not loaded yet' };
     // Rev-NAT id 0 is never allocated: write it and take it back.
     const map = this.datapath.object.map('lb4_reverse_nat');
-    const key = u16.encode(0);
+    const key = u32.encode(0);
     try {
       map.update(key, lb4_reverse_nat.encode({ address: 0, port: 0 }));
       map.delete(key);

@@ -64,15 +64,15 @@ export const lb_affinity_key: Codec<LbAffinityKey> = {
   encode(v, b = Buffer.alloc(16), o = 0) {
     b.fill(0, o, o + 16);
     b.writeBigUInt64LE(v.netnsCookie, o + 0);
-    b.writeUInt16LE(v.revNatIndex, o + 8);
-    b.writeUInt8(v.family, o + 10);
+    b.writeUInt32LE(v.revNatIndex, o + 8);
+    b.writeUInt8(v.family, o + 12);
     return b;
   },
   decode(b, o = 0) {
     return {
       netnsCookie: b.readBigUInt64LE(o + 0),
-      revNatIndex: b.readUInt16LE(o + 8),
-      family: b.readUInt8(o + 10),
+      revNatIndex: b.readUInt32LE(o + 8),
+      family: b.readUInt8(o + 12),
     };
   },
 };
@@ -103,40 +103,40 @@ export const lb_affinity_val: Codec<LbAffinityVal> = {
   },
 };
 
-/** struct lb_service (16 bytes) */
+/** struct lb_service (20 bytes) */
 export interface LbService {
   backendId: number;
+  revNatIndex: number;
+  affinityTimeout: number;
   count: number;
   qcount: number;
-  revNatIndex: number;
   type: number;
   flags: number;
-  affinityTimeout: number;
 }
 
 export const lb_service: Codec<LbService> = {
   name: 'lb_service',
-  size: 16,
-  encode(v, b = Buffer.alloc(16), o = 0) {
-    b.fill(0, o, o + 16);
+  size: 20,
+  encode(v, b = Buffer.alloc(20), o = 0) {
+    b.fill(0, o, o + 20);
     b.writeUInt32LE(v.backendId, o + 0);
-    b.writeUInt16LE(v.count, o + 4);
-    b.writeUInt16LE(v.qcount, o + 6);
-    b.writeUInt16LE(v.revNatIndex, o + 8);
-    b.writeUInt8(v.type, o + 10);
-    b.writeUInt8(v.flags, o + 11);
-    b.writeUInt32LE(v.affinityTimeout, o + 12);
+    b.writeUInt32LE(v.revNatIndex, o + 4);
+    b.writeUInt32LE(v.affinityTimeout, o + 8);
+    b.writeUInt16LE(v.count, o + 12);
+    b.writeUInt16LE(v.qcount, o + 14);
+    b.writeUInt8(v.type, o + 16);
+    b.writeUInt8(v.flags, o + 17);
     return b;
   },
   decode(b, o = 0) {
     return {
       backendId: b.readUInt32LE(o + 0),
-      count: b.readUInt16LE(o + 4),
-      qcount: b.readUInt16LE(o + 6),
-      revNatIndex: b.readUInt16LE(o + 8),
-      type: b.readUInt8(o + 10),
-      flags: b.readUInt8(o + 11),
-      affinityTimeout: b.readUInt32LE(o + 12),
+      revNatIndex: b.readUInt32LE(o + 4),
+      affinityTimeout: b.readUInt32LE(o + 8),
+      count: b.readUInt16LE(o + 12),
+      qcount: b.readUInt16LE(o + 14),
+      type: b.readUInt8(o + 16),
+      flags: b.readUInt8(o + 17),
     };
   },
 };
@@ -248,7 +248,7 @@ export const lb4_sock_key: Codec<Lb4SockKey> = {
   },
 };
 
-/** struct lb4_sock_revnat (8 bytes) */
+/** struct lb4_sock_revnat (12 bytes) */
 export interface Lb4SockRevnat {
   address: number; // network order in the map
   port: number; // network order in the map
@@ -257,19 +257,19 @@ export interface Lb4SockRevnat {
 
 export const lb4_sock_revnat: Codec<Lb4SockRevnat> = {
   name: 'lb4_sock_revnat',
-  size: 8,
-  encode(v, b = Buffer.alloc(8), o = 0) {
-    b.fill(0, o, o + 8);
+  size: 12,
+  encode(v, b = Buffer.alloc(12), o = 0) {
+    b.fill(0, o, o + 12);
     b.writeUInt32BE(v.address, o + 0);
     b.writeUInt16BE(v.port, o + 4);
-    b.writeUInt16LE(v.revNatIndex, o + 6);
+    b.writeUInt32LE(v.revNatIndex, o + 8);
     return b;
   },
   decode(b, o = 0) {
     return {
       address: b.readUInt32BE(o + 0),
       port: b.readUInt16BE(o + 4),
-      revNatIndex: b.readUInt16LE(o + 6),
+      revNatIndex: b.readUInt32LE(o + 8),
     };
   },
 };
@@ -381,7 +381,7 @@ export const lb6_sock_key: Codec<Lb6SockKey> = {
   },
 };
 
-/** struct lb6_sock_revnat (20 bytes) */
+/** struct lb6_sock_revnat (24 bytes) */
 export interface Lb6SockRevnat {
   address: Buffer;
   port: number; // network order in the map
@@ -390,19 +390,19 @@ export interface Lb6SockRevnat {
 
 export const lb6_sock_revnat: Codec<Lb6SockRevnat> = {
   name: 'lb6_sock_revnat',
-  size: 20,
-  encode(v, b = Buffer.alloc(20), o = 0) {
-    b.fill(0, o, o + 20);
+  size: 24,
+  encode(v, b = Buffer.alloc(24), o = 0) {
+    b.fill(0, o, o + 24);
     putBytes(b, o + 0, 16, v.address, 'address');
     b.writeUInt16BE(v.port, o + 16);
-    b.writeUInt16LE(v.revNatIndex, o + 18);
+    b.writeUInt32LE(v.revNatIndex, o + 20);
     return b;
   },
   decode(b, o = 0) {
     return {
       address: Buffer.from(b.subarray(o + 0, o + 16)),
       port: b.readUInt16BE(o + 16),
-      revNatIndex: b.readUInt16LE(o + 18),
+      revNatIndex: b.readUInt32LE(o + 20),
     };
   },
 };
@@ -503,7 +503,7 @@ export const mapSpecs = {
     type: MapType.HASH,
     flags: 1,
     maxEntries: 65536,
-    key: u16,
+    key: u32,
     value: lb4_reverse_nat,
     object: 'sock.bpf.o',
   } as MapSpec<number, Lb4ReverseNat>,
@@ -511,7 +511,7 @@ export const mapSpecs = {
     name: 'lb4_services',
     type: MapType.HASH,
     flags: 1,
-    maxEntries: 327680,
+    maxEntries: 393216,
     key: lb4_key,
     value: lb_service,
     object: 'sock.bpf.o',
@@ -539,7 +539,7 @@ export const mapSpecs = {
     type: MapType.HASH,
     flags: 1,
     maxEntries: 65536,
-    key: u16,
+    key: u32,
     value: lb6_reverse_nat,
     object: 'sock.bpf.o',
   } as MapSpec<number, Lb6ReverseNat>,
@@ -547,7 +547,7 @@ export const mapSpecs = {
     name: 'lb6_services',
     type: MapType.HASH,
     flags: 1,
-    maxEntries: 327680,
+    maxEntries: 393216,
     key: lb6_key,
     value: lb_service,
     object: 'sock.bpf.o',

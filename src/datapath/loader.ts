@@ -94,14 +94,25 @@ function maxEntries(sizes: MapSizes): Record<string, number> {
   for (const [k, v] of Object.entries(sizes)) {
     if (!Number.isInteger(v) || v < 1 || v > 1 << 26) throw new ConfigError(`map size ${k}=${v} is not an integer in 1..${1 << 26}`);
   }
-  const slots = sizes.services + sizes.backends;
+  // The services map holds, per family: a master entry (slot 0) for every
+  // frontend, a backend slot for every backend a frontend uses, and the
+  // wildcard entry (port 0, protocol ANY) of every service address, which
+  // refuses the address's unused ports. Addresses never outnumber frontends,
+  // so 2 * services + backends always fits.
+  const entries = 2 * sizes.services + sizes.backends;
+  // A hash map's bucket array is max_entries rounded up to a power of two,
+  // and the kernel refuses more than 2^27 buckets (E2BIG).
+  if (entries > 1 << 27) {
+    throw new ConfigError(`map size services=${sizes.services}, backends=${sizes.backends}: the services map would need 2 * services + backends = ${entries} entries, more than ${1 << 27}`);
+  }
   return {
-    lb4_services: slots,
-    lb6_services: slots,
+    lb4_services: entries,
+    lb6_services: entries,
     lb4_backends: sizes.backends,
     lb6_backends: sizes.backends,
-    lb4_reverse_nat: Math.min(sizes.services, 65536),
-    lb6_reverse_nat: Math.min(sizes.services, 65536),
+    // One rev-NAT id per frontend; ids are 32 bits, so no cap below services.
+    lb4_reverse_nat: sizes.services,
+    lb6_reverse_nat: sizes.services,
     lb4_sock_revnat: sizes.sockRevNat,
     lb6_sock_revnat: sizes.sockRevNat,
   };

@@ -14,7 +14,6 @@ import {
   lb6_reverse_nat,
   lb_service,
   mapSpecs,
-  u16,
   u32,
   type LbService,
   type MapName,
@@ -165,14 +164,14 @@ export class KernelLbMaps implements LbMaps {
 
   putRevNat(id: number, family: Family, e: RevNatEntry): void {
     if (family === 4) {
-      this.m.lb4_reverse_nat.update(u16.encode(id), lb4_reverse_nat.encode({ address: ipv4ToUint(e.address), port: e.port }));
+      this.m.lb4_reverse_nat.update(u32.encode(id), lb4_reverse_nat.encode({ address: ipv4ToUint(e.address), port: e.port }));
     } else {
-      this.m.lb6_reverse_nat.update(u16.encode(id), lb6_reverse_nat.encode({ address: v6bytes(e.address), port: e.port }));
+      this.m.lb6_reverse_nat.update(u32.encode(id), lb6_reverse_nat.encode({ address: v6bytes(e.address), port: e.port }));
     }
   }
 
   deleteRevNat(id: number, family: Family): void {
-    (family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat).delete(u16.encode(id));
+    (family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat).delete(u32.encode(id));
   }
 
   dump(): MapsDump {
@@ -221,11 +220,11 @@ export function dumpMaps(m: LbMapSet): MapsDump {
   const revNat: Array<{ id: number; family: Family } & RevNatEntry> = [];
   for (const [k, v] of m.lb4_reverse_nat.entries()) {
     const e = lb4_reverse_nat.decode(v);
-    revNat.push({ id: u16.decode(k), family: 4, address: uintToIpv4(e.address), port: e.port });
+    revNat.push({ id: u32.decode(k), family: 4, address: uintToIpv4(e.address), port: e.port });
   }
   for (const [k, v] of m.lb6_reverse_nat.entries()) {
     const e = lb6_reverse_nat.decode(v);
-    revNat.push({ id: u16.decode(k), family: 6, address: ipFromBytes(e.address), port: e.port });
+    revNat.push({ id: u32.decode(k), family: 6, address: ipFromBytes(e.address), port: e.port });
   }
   return { services, backends, revNat };
 }

@@ -61,8 +61,8 @@ export class Reconciler {
   private realizedState: RealizedState = emptyRealized();
   readonly backendIds = new IdAllocator<BackendKey>('backend', 1, 0xffffffff);
   readonly revNatIds: Record<Family, IdAllocator<FrontendKey>> = {
-    4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, 0xffff),
-    6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, 0xffff),
+    4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, 0xffffffff),
+    6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, 0xffffffff),
   };
 
   constructor(private readonly maps: LbMaps) {}

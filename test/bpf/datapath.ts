@@ -82,40 +82,44 @@ t.test('load, attach to a child cgroup, program, list, restore', async (t) => {
 t.test('map sizes are set at load, and a pinned map of another size is refused by name', async (t) => {
   const root = `${bpfRoot}-sizes`;
   t.teardown(() => cleanupDatapath(root));
+  // The services map: a master and a wildcard entry per frontend, a slot per backend.
   const dp = await loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 4, backends: 4, sockRevNat: 1024 } });
-  t.equal(dp.object.map('lb4_services').maxEntries, 8);
+  t.equal(dp.object.map('lb4_services').maxEntries, 12, '2 * services + backends');
   t.equal(dp.object.map('lb6_backends').maxEntries, 4);
+  t.equal(dp.object.map('lb4_reverse_nat').maxEntries, 4, 'one rev-NAT id per frontend');
   t.equal(dp.object.map('lb4_sock_revnat').maxEntries, 1024);
 
-  // A full map: the sync fails naming the write, and what was there stays.
+  // Full maps: the sync fails naming the write, and what was there stays.
   const r = new Reconciler(dp.maps);
-  r.sync(model(1, 1), { prune: true });
+  r.sync(model(4, 1), { prune: true });
+  t.equal(r.sync(model(4, 1), { prune: true }).planned, 0, 'as many frontends as --max-services fit, wildcards and all');
+  r.sync(model(2, 1), { prune: true });
   const before = JSON.stringify(dumpMaps(openPinnedMaps(root).maps));
-  t.throws(() => r.sync(model(4, 1), { prune: true }), { code: 'ESYNC', message: /E2BIG|ENOSPC|too long|No space/ });
+  t.throws(() => r.sync(model(5, 1), { prune: true }), { code: 'ESYNC', message: /E2BIG|ENOSPC|too long|No space/ });
   const pinned = openPinnedMaps(root);
   const list = lbList(dumpMaps(pinned.maps));
   pinned.close();
   t.ok(list.some((e) => e.frontend === '10.96.0.0:80/TCP' && e.backends.length === 1), 'the first service still served');
   t.ok(JSON.parse(before).services.length > 0);
-  r.sync(model(1, 1), { prune: true }); // back to what fits
+  r.sync(model(2, 1), { prune: true }); // back to what fits
   dp.close();
   const fits = openPinnedMaps(root);
   const listNow = lbList(dumpMaps(fits.maps));
   fits.close();
-  t.equal(listNow.length, 2);
+  t.equal(listNow.length, 4);
 
   // Bigger maps asked for: every entry migrates, ids and all, and the links switch.
   const bigger = await loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 8, backends: 4, sockRevNat: 1024 } });
-  t.match(bigger.migrated.find((m) => m.map === 'lb4_services'), { from: 8, to: 12 }, 'lb4_services resized');
-  t.equal(bigger.object.map('lb4_services').maxEntries, 12);
+  t.match(bigger.migrated.find((m) => m.map === 'lb4_services'), { from: 12, to: 20 }, 'lb4_services resized');
+  t.equal(bigger.object.map('lb4_services').maxEntries, 20);
   t.ok(bigger.programs.every((p) => p.updated), 'the pinned links were switched to programs using the new maps');
   const afterMigration = openPinnedMaps(root);
-  t.equal(afterMigration.maps.lb4_services.maxEntries, 12, 'the new maps are pinned in place');
+  t.equal(afterMigration.maps.lb4_services.maxEntries, 20, 'the new maps are pinned in place');
   t.same(lbList(dumpMaps(afterMigration.maps)), listNow, 'every entry carried over');
   afterMigration.close();
   const r2 = new Reconciler(bigger.maps);
   r2.restore();
-  t.equal(r2.sync(model(1, 1), { prune: true }).planned, 0, 'ids and state kept: nothing to rewrite');
+  t.equal(r2.sync(model(2, 1), { prune: true }).planned, 0, 'ids and state kept: nothing to rewrite');
   bigger.close();
 
   // Smaller than the contents: refused by name, and nothing changes.
@@ -124,9 +128,52 @@ t.test('map sizes are set at load, and a pinned map of another size is refused b
     message: /cannot carry/,
   });
   const still = openPinnedMaps(root);
-  t.equal(still.maps.lb4_services.maxEntries, 12, 'the old maps stay pinned');
+  t.equal(still.maps.lb4_services.maxEntries, 20, 'the old maps stay pinned');
   t.same(lbList(dumpMaps(still.maps)), listNow);
   still.close();
+
+  // Sizes each in range whose services map the kernel would refuse (E2BIG).
+  await t.rejects(loadDatapath({ bpfRoot: root, cgroup, sizes: { services: 1 << 26, backends: 1 << 26, sockRevNat: 1024 } }), {
+    code: 'ECONFIG',
+    message: /2 \* services \+ backends = 201326592 entries, more than 134217728/,
+  });
+});
+
+t.test('more than 65,535 frontends in one family: 32-bit rev-NAT ids end to end', async (t) => {
+  const N = 70_000;
+  const root = `${bpfRoot}-wide`;
+  t.teardown(() => cleanupDatapath(root));
+  const vip = (i: number): string => `10.${100 + (i >> 16)}.${(i >> 8) & 255}.${i & 255}`;
+  const services = [];
+  const slices = [];
+  for (let i = 0; i < N; i++) {
+    const s = validateService(service(`w${i}`, [vip(i)], [{ name: 'p', port: 80 }]));
+    if (!s.ok) throw new Error(s.reason);
+    const e = validateEndpointSlice(slice(`w${i}-ipv4`, `w${i}`, 'IPv4', [{ name: 'p', port: 8080 }], [{ addresses: ['10.244.0.1'] }]));
+    if (!e.ok) throw new Error(e.reason);
+    services.push(s.value);
+    slices.push(e.value);
+  }
+  const d = desiredState({ services, slices }).frontends;
+  const dp = await loadDatapath({ bpfRoot: root, cgroup, sizes: { services: N, backends: N, sockRevNat: 1024 } });
+  t.equal(dp.object.map('lb4_reverse_nat').maxEntries, N, 'no 65536 cap');
+  const r = new Reconciler(dp.maps);
+  const res = r.sync(d, { prune: true });
+  t.equal(res.applied, res.planned, `${N} frontends programmed`);
+  const pinned = openPinnedMaps(root);
+  const dump = dumpMaps(pinned.maps);
+  pinned.close();
+  const ids = dump.revNat.filter((e) => e.family === 4).map((e) => e.id).sort((a, b) => a - b);
+  t.equal(new Set(ids).size, N, 'one distinct rev-NAT id per frontend');
+  t.equal(ids.at(-1), N, 'ids run past 0xffff');
+  const masters = lbList(dump).map((e) => e.revNatId).sort((a, b) => a - b);
+  t.equal(masters.join(), ids.join(), 'the master entries carry the whole ids');
+  dp.close();
+  const again = await loadDatapath({ bpfRoot: root, cgroup, sizes: { services: N, backends: N, sockRevNat: 1024 } });
+  const r2 = new Reconciler(again.maps);
+  t.same(r2.restore(), { frontends: N, backends: 1 });
+  t.equal(r2.sync(d, { prune: true }).planned, 0, 'a restarted agent adopts every id, those above 0xffff too');
+  again.close();
 });
 
 t.test('a map whose layout differs from the codecs stops with a clear message', async (t) => {

@@ -210,13 +210,13 @@ t.test('map resize under load: zero failed connections, ids kept, unchanged maps
   t.same(
     resized.map((l) => [l.map, l.from, l.to]).sort(),
     [
-      ['lb4_backends', 128, 512], ['lb4_reverse_nat', 64, 128], ['lb4_services', 192, 640],
-      ['lb6_backends', 128, 512], ['lb6_reverse_nat', 64, 128], ['lb6_services', 192, 640],
+      ['lb4_backends', 128, 512], ['lb4_reverse_nat', 64, 128], ['lb4_services', 256, 768],
+      ['lb6_backends', 128, 512], ['lb6_reverse_nat', 64, 128], ['lb6_services', 256, 768],
     ],
     'the agent logs "map resized" for every resized map, and only for those',
   );
   t.equal(resized.find((l) => l.map === 'lb4_services')?.entries, servicesBefore, `lb4_services carried its ${servicesBefore} entries over`);
-  t.match(await sb.mapSizes(), { lb4_services: 640, lb4_backends: 512, lb4_reverse_nat: 128, lb6_sock_revnat: 4096 }, 'the pinned maps have the new sizes');
+  t.match(await sb.mapSizes(), { lb4_services: 768, lb4_backends: 512, lb4_reverse_nat: 128, lb6_sock_revnat: 4096 }, 'the pinned maps have the new sizes');
   // The maps that kept their size are shared by the new programs (the same
   // kernel maps, not copies), so no lookup can miss across the link switch.
   t.same(await keptIds(), idsBefore, `unchanged maps are shared, not copied: ${KEPT.join(', ')}`);
@@ -241,7 +241,7 @@ t.test('map resize under load: zero failed connections, ids kept, unchanged maps
   t.equal(code, 1, 'it exits 1');
   if (sb.agent!.running) await sb.killAgent('SIGKILL');
   t.ok(await starting, 'no first sync');
-  t.match(await sb.mapSizes(), { lb4_services: 640, lb4_backends: 512 }, 'the sizes are unchanged');
+  t.match(await sb.mapSizes(), { lb4_services: 768, lb4_backends: 512 }, 'the sizes are unchanged');
   t.notOk(existsSync(path.join(sb.bpfRoot, 'maps-next')), 'no staging maps are left');
   t.same(await sb.lbList(), listBefore, 'and so are the maps');
   await servesThrough(t, load, 'after the refused shrink');

@@ -62,13 +62,13 @@ function serviceKey(address: string, port: number, slot: number, proto: 'TCP' | 
   return Buffer.concat([addr, rest]);
 }
 
-/** struct lb_service: u32 backend_id, u16 count, u16 qcount, u16 rev_nat_index, u8 type, u8 flags, u32 affinity_timeout. */
+/** struct lb_service: u32 backend_id, u32 rev_nat_index, u32 affinity_timeout, u16 count, u16 qcount, u8 type, u8 flags, u8 pad[2]. */
 function serviceValue(v: { backendId?: number; count?: number; revNat?: number; type?: number }): Buffer {
-  const b = Buffer.alloc(16);
+  const b = Buffer.alloc(20);
   b.writeUInt32LE(v.backendId ?? 0, 0);
-  b.writeUInt16LE(v.count ?? 0, 4);
-  b.writeUInt16LE(v.revNat ?? 0, 8);
-  b.writeUInt8(v.type ?? 0, 10);
+  b.writeUInt32LE(v.revNat ?? 0, 4);
+  b.writeUInt16LE(v.count ?? 0, 12);
+  b.writeUInt8(v.type ?? 0, 16);
   return b;
 }
 

@@ -1,5 +1,5 @@
 import t from 'tap';
-import { lb4_key, lb6_sock_key, lb_service, mapSpecs, u32 } from '../../src/datapath/abi.gen.js';
+import { lb4_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat, lb_affinity_key, lb_service, mapSpecs, u32 } from '../../src/datapath/abi.gen.js';
 
 t.test('lb4_key encodes network-order address and port, host-order slot', async (t) => {
   const b = lb4_key.encode({ address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17 });
@@ -9,8 +9,22 @@ t.test('lb4_key encodes network-order address and port, host-order slot', async 
 });
 
 t.test('lb_service round-trips every field', async (t) => {
-  const v = { backendId: 0xdeadbeef, count: 3, qcount: 1, revNatIndex: 65535, type: 1, flags: 4, affinityTimeout: 10800 };
+  const v = { backendId: 0xdeadbeef, count: 3, qcount: 1, revNatIndex: 0xfffffffe, type: 1, flags: 4, affinityTimeout: 10800 };
+  t.equal(lb_service.size, 20);
   t.same(lb_service.decode(lb_service.encode(v)), v);
+});
+
+t.test('rev-NAT ids are 32 bits wherever they are stored', async (t) => {
+  const id = 100_000; // above what 16 bits hold
+  t.equal(mapSpecs.lb4_reverse_nat.key, u32);
+  t.equal(mapSpecs.lb6_reverse_nat.key, u32);
+  t.equal(lb_service.decode(lb_service.encode({ backendId: 0, count: 1, qcount: 0, revNatIndex: id, type: 1, flags: 0, affinityTimeout: 0 })).revNatIndex, id);
+  const v4 = { address: 0x0a60000a, port: 53, revNatIndex: id };
+  t.same(lb4_sock_revnat.decode(lb4_sock_revnat.encode(v4)), v4);
+  const v6 = { address: Buffer.alloc(16, 1), port: 53, revNatIndex: id };
+  t.same(lb6_sock_revnat.decode(lb6_sock_revnat.encode(v6)), v6);
+  const k = { netnsCookie: 7n, revNatIndex: id, family: 4 };
+  t.same(lb_affinity_key.decode(lb_affinity_key.encode(k)), k);
 });
 
 t.test('arrays are raw bytes and refuse a wrong length', async (t) => {
@@ -25,6 +39,7 @@ t.test('arrays are raw bytes and refuse a wrong length', async (t) => {
 t.test('map specs name their codecs and the compiled defaults', async (t) => {
   t.equal(mapSpecs.lb4_services.key, lb4_key);
   t.equal(mapSpecs.lb4_backends.key, u32);
-  t.equal(mapSpecs.lb4_services.maxEntries, 65536 + 262144);
+  t.equal(mapSpecs.lb4_services.maxEntries, 2 * 65536 + 262144);
+  t.equal(mapSpecs.lb4_reverse_nat.maxEntries, 65536);
   t.equal(mapSpecs.lb4_sock_revnat.type, 9, 'LRU hash');
 });

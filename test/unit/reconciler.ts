@@ -165,6 +165,24 @@ t.test('a restarted reconciler adopts ids from the maps and rewrites nothing', a
   t.same([...m.backends.keys()].sort(), [1, 2, 4], 'ids 1,2 kept; the v6 backend (3) removed; new backend got 4');
 });
 
+t.test('rev-NAT ids are 32 bits: one above 0xffff is adopted, and new ids follow it', async (t) => {
+  const m = new FakeLbMaps();
+  const a = { name: 'a', ip: '10.96.0.1', backends: ['10.0.0.2'] };
+  new Reconciler(m).sync(desired([a]), { prune: true });
+  // The maps as an agent that has handed out 100,000 ids leaves them.
+  const master = m.services.get('10.96.0.1:80/TCP#0')!;
+  const rn = m.revNat.get('4/1')!;
+  m.putRevNat(100_000, 4, { address: rn.address, port: rn.port });
+  m.putMaster(master.fe, { ...master.master!, revNatId: 100_000 });
+  m.deleteRevNat(1, 4);
+  const again = new Reconciler(m);
+  again.restore();
+  t.equal(again.sync(desired([a]), { prune: true }).planned, 0, 'adopted: nothing rewritten');
+  again.sync(desired([a, { name: 'b', ip: '10.96.0.2', backends: ['10.0.0.3'] }]), { prune: true });
+  t.same([...m.revNat.keys()].sort(), ['4/100000', '4/100001']);
+  t.equal(m.services.get('10.96.0.2:80/TCP#0')?.master?.revNatId, 100_001);
+});
+
 t.test('a failed write stops the sync, keeps realized state exact, and the next sync finishes', async (t) => {
   const m = new FakeLbMaps();
   const r = new Reconciler(m);
