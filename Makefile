@@ -25,7 +25,7 @@ NATIVE    := build/Release/lb_native.node
 TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 
-.PHONY: all build bootstrap bpf native ts gen check-gen typecheck vmtest test test-host test-unit test-bpf test-e2e demo clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen typecheck vmtest test test-host test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
 
 all: build
 
@@ -100,6 +100,18 @@ vmtest: build typecheck
 
 demo: build
 	bash scripts/demo.sh
+
+# lbctl against kube-proxy's iptables and nftables modes and the floor
+# (docs/benchmarks.md). Results: bench/results/ (markdown, JSON, plots).
+BENCH_RUN := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/run.ts
+bench-deps:
+	@bash scripts/bootstrap.sh --bench
+
+bench: build bench-deps
+	$(BENCH_RUN) $(BENCH_ARGS)
+
+bench-quick: build bench-deps
+	$(BENCH_RUN) --quick --out bench/results-quick $(BENCH_ARGS)
 
 cleanup:
 	./bin/lbctl cleanup

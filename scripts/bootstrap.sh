@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what lbctl needs to build, test and demo, and only what is missing.
+# Installs what lbctl needs to build, test and demo (and, with --bench, to
+# benchmark), and only what is missing.
 # Idempotent: a second run on a ready machine installs nothing and touches no
 # network. Debian packages first, then `npm ci` when node_modules is stale.
 set -euo pipefail
@@ -25,6 +26,18 @@ need=(
   "g++:g++"
   "pkg-config:pkg-config"
 )
+# `make bench` also needs kube-proxy's tools (to emulate its modes), a C
+# compiler for the client and server it builds at run time, and gnuplot.
+if [[ ${1:-} == --bench ]]; then
+  need+=(
+    "iptables-legacy-restore:iptables"
+    "iptables-nft-restore:iptables"
+    "nft:nftables"
+    "cc:gcc"
+    "taskset:util-linux"
+    "gnuplot:gnuplot-nox"
+  )
+fi
 
 missing=()
 for pair in "${need[@]}"; do

@@ -1,0 +1,194 @@
+// lbctl under the benchmark: the agent as users run it, watching a cluster
+// through a kubeconfig. The cluster is the e2e tests' local API server
+// (real list/watch wire protocol), holding N Services with an EndpointSlice
+// of 3 endpoints each. Times come from the agent's own sync report and
+// from polling the pinned map until a change is in the kernel.
+import type { ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { createInterface } from 'node:readline';
+import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
+import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
+import { lb4_key, lb_service } from '../src/datapath/abi.gen.js';
+import { ipv4ToUint } from '../src/model/addr.js';
+import { LBCTL, type BenchRun, type World } from './world.js';
+import type { BenchService } from './kube-proxy.js';
+
+/** What the local API server stores: a Kubernetes object as plain JSON. */
+export type K8sObject = Record<string, unknown> & { metadata: { name: string; namespace?: string; labels?: Record<string, string> } };
+const NODE = 'bench-node';
+
+export function serviceObject(s: BenchService): K8sObject {
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { name: s.name, namespace: s.namespace },
+    spec: {
+      type: 'ClusterIP',
+      clusterIP: s.clusterIP,
+      clusterIPs: [s.clusterIP],
+      ipFamilies: ['IPv4'],
+      ports: [{ name: s.portName, port: s.port, protocol: 'TCP', targetPort: s.endpoints[0]?.port ?? 8080 }],
+      selector: { app: s.name },
+    },
+  };
+}
+
+export function sliceObject(s: BenchService): K8sObject {
+  return {
+    apiVersion: 'discovery.k8s.io/v1',
+    kind: 'EndpointSlice',
+    metadata: {
+      name: `${s.name}-x7k2p`,
+      namespace: s.namespace,
+      labels: { 'kubernetes.io/service-name': s.name, 'endpointslice.kubernetes.io/managed-by': 'endpointslice-controller.k8s.io' },
+    },
+    addressType: 'IPv4',
+    ports: [{ name: s.portName, port: s.endpoints[0]?.port ?? 8080, protocol: 'TCP' }],
+    endpoints: s.endpoints.map((e, i) => ({
+      addresses: [e.ip],
+      conditions: { ready: true, serving: true, terminating: false },
+      nodeName: `node-${i}`,
+      targetRef: { kind: 'Pod', namespace: s.namespace, name: `${s.name}-${i}` },
+    })),
+  };
+}
+
+/** The local API server holding the benchmark's services. */
+export async function startCluster(): Promise<FakeApiServer> {
+  const api = new FakeApiServer();
+  await api.start();
+  api.put({ apiVersion: 'v1', kind: 'Node', metadata: { name: NODE, labels: { 'kubernetes.io/hostname': NODE } } });
+  return api;
+}
+
+export function putServices(api: FakeApiServer, services: readonly BenchService[]): void {
+  for (const s of services) {
+    // The slice first: a Service's first sync then already has its endpoints.
+    api.put(sliceObject(s) as never);
+    api.put(serviceObject(s) as never);
+  }
+}
+
+export function deleteServices(api: FakeApiServer, services: readonly BenchService[]): void {
+  for (const s of services) {
+    api.delete('Service', s.name, s.namespace);
+    api.delete('EndpointSlice', `${s.name}-x7k2p`, s.namespace);
+  }
+}
+
+export interface SyncLine {
+  readonly reason: string;
+  readonly planned: number;
+  readonly durationMs: number;
+  readonly frontends: number;
+  /** When this process read the line (performance.now()). */
+  readonly seenAt: number;
+}
+
+/** The agent, pinned to `cpu`, attached to the run's cgroup, with its own bpf root. */
+export class BenchAgent {
+  readonly syncs: SyncLine[] = [];
+  private readonly waiters: Array<() => void> = [];
+  private readonly output: string[] = [];
+  readonly exited: Promise<number | null>;
+
+  private constructor(
+    readonly proc: ChildProcess,
+    readonly startedAt: number,
+  ) {
+    this.exited = new Promise((resolve) => proc.once('exit', (code) => resolve(code)));
+    // The agent logs (pino, JSON lines) to stderr.
+    createInterface({ input: proc.stderr! }).on('line', (line) => {
+      const seenAt = performance.now();
+      this.output.push(line);
+      if (this.output.length > 50) this.output.shift();
+      let l: Record<string, unknown>;
+      try {
+        l = JSON.parse(line) as Record<string, unknown>;
+      } catch {
+        return;
+      }
+      if (l.msg === 'sync done') {
+        this.syncs.push({ reason: String(l.reason), planned: Number(l.planned), durationMs: Number(l.durationMs), frontends: Number(l.frontends), seenAt });
+        for (const w of this.waiters.splice(0)) w();
+      }
+    });
+    proc.stdout!.resume();
+  }
+
+  static start(run: BenchRun, world: World, api: FakeApiServer, n: number, cpu: number): BenchAgent {
+    const args = [
+      'agent',
+      '--kubeconfig', api.kubeconfig,
+      '--node-name', NODE,
+      '--cgroup', run.cgroup,
+      '--bpf-root', world.bpfRoot,
+      '--health-port', '0',
+      '--metrics-port', '0',
+      '--api-socket', path.join('/tmp', `${world.client}.sock`),
+      '--sync-period', '3600000',
+      '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
+      '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
+    ];
+    const t0 = performance.now();
+    return new BenchAgent(run.spawn('taskset', ['-c', String(cpu), LBCTL, ...args]), t0);
+  }
+
+  /** The next sync report after `from` (an index into syncs) that matches. */
+  async waitForSync(from: number, match: (s: SyncLine) => boolean = () => true, timeoutMs = 600_000): Promise<SyncLine> {
+    const deadline = performance.now() + timeoutMs;
+    for (;;) {
+      const s = this.syncs.slice(from).find(match);
+      if (s) return s;
+      if (this.proc.exitCode !== null) throw new Error(`lbctl agent exited ${this.proc.exitCode}:\n${this.output.join('\n')}`);
+      if (performance.now() > deadline) throw new Error(`no matching sync within ${timeoutMs} ms:\n${this.output.slice(-10).join('\n')}`);
+      await new Promise<void>((resolve) => {
+        this.waiters.push(resolve);
+        setTimeout(resolve, 200);
+      });
+    }
+  }
+
+  /** Resident and peak resident memory, in MiB (/proc/PID/status). */
+  memory(): { rssMiB: number; hwmMiB: number } {
+    const status = readFileSync(`/proc/${this.proc.pid}/status`, 'utf8');
+    const kb = (field: string): number => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN);
+    return { rssMiB: kb('VmRSS') / 1024, hwmMiB: kb('VmHWM') / 1024 };
+  }
+
+  async stop(): Promise<void> {
+    if (this.proc.exitCode === null) this.proc.kill('SIGTERM');
+    await this.exited;
+  }
+}
+
+/** Reads a frontend's master entry straight from the pinned map: how many selectable backends the kernel has. */
+export class MasterProbe {
+  private readonly map: BpfMap;
+  private readonly key: Buffer;
+
+  constructor(bpfRoot: string, clusterIP: string, port: number) {
+    this.map = openPinnedMap(path.join(bpfRoot, 'maps', 'lb4_services'));
+    this.key = lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6 });
+  }
+
+  count(): number | undefined {
+    const v = this.map.lookup(this.key);
+    return v ? lb_service.decode(v).count : undefined;
+  }
+
+  /** Polls (yielding to the event loop between reads, so the API server keeps writing) until count() is `want`. */
+  async until(want: number | undefined, timeoutMs = 60_000): Promise<number> {
+    const t0 = performance.now();
+    while (this.count() !== want) {
+      if (performance.now() - t0 > timeoutMs) throw new Error(`the maps never showed count ${want}`);
+      await new Promise((r) => setImmediate(r));
+    }
+    return performance.now();
+  }
+
+  close(): void {
+    this.map.close();
+  }
+}

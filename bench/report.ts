@@ -1,0 +1,186 @@
+// Turns bench results into the markdown tables (with ratios against the
+// floor of the same run and the issue's targets) and the plots (gnuplot,
+// SVG and PNG).
+import { execFileSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
+
+export interface ConnStats {
+  p50_us: number;
+  p90_us: number;
+  p99_us: number;
+  p999_us: number;
+  mean_us: number;
+  failed: number;
+  count: number;
+}
+
+export interface Point {
+  mode: string;
+  n: number;
+  rep: number;
+  /** 'pod' for the floor; 'first' and 'last' service in rule order otherwise. */
+  connections: Record<string, { cc: ConnStats; rr: ConnStats }>;
+  coldMs: number;
+  startToSyncedMs?: number | undefined;
+  addMs?: number | undefined;
+  addEventToMapMs?: number | undefined;
+  eventToMapMs?: number[] | undefined;
+  memory?: { rssMiB: number; hwmMiB: number } | undefined;
+}
+
+export interface Results {
+  meta: Record<string, unknown>;
+  points: Point[];
+  skipped: Array<{ mode: string; n: number; why: string }>;
+}
+
+export function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+/** Nearest-rank percentile. */
+export function percentile(xs: readonly number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]!;
+}
+
+const f = (x: number | undefined, digits = 1): string => (x === undefined || Number.isNaN(x) ? '–' : x.toFixed(digits));
+const ratio = (x: number, floor: number): string => (Number.isNaN(x) || Number.isNaN(floor) ? '–' : `${(x / floor).toFixed(2)}×`);
+
+export function report(r: Results, out: string): void {
+  const sizes = [...new Set(r.points.map((p) => p.n))].sort((a, b) => a - b);
+  const modes = [...new Set(r.points.map((p) => p.mode))];
+  const at = (mode: string, n: number): Point[] => r.points.filter((p) => p.mode === mode && p.n === n);
+  const conn = (mode: string, n: number, which: string, kind: 'cc' | 'rr', stat: 'p50_us' | 'p99_us'): number =>
+    median(at(mode, n).map((p) => p.connections[which]?.[kind][stat]).filter((x): x is number => x !== undefined));
+  const floor = (n: number, kind: 'cc' | 'rr', stat: 'p50_us' | 'p99_us'): number => conn('floor', n, 'pod', kind, stat);
+  const m = r.meta;
+  const lines: string[] = [];
+  lines.push(`# lbctl benchmark results`, '');
+  lines.push(
+    `${m.date}, kernel ${m.kernel}, ${m.cpus} × ${m.cpu}. ${m.quick ? 'Quick mode. ' : ''}Every point repeated ${m.reps} times; medians shown. ` +
+      `Connection cost: ${m.ccCount} timed connect()+close() and ${m.rrCount} connect+64-byte request/reply+close per point, after 1,000 warm-up ones and 20 sanity connects. ` +
+      `Pinning: ${m.pinning}. Ratios are against the floor (a direct connection to the pod address with no rules) measured in the same run.`,
+    '',
+  );
+  const v = m.versions as Record<string, string>;
+  lines.push(`Tools: ${Object.entries(v).map(([k, x]) => `${k} ${x}`).join('; ')}.`, '');
+
+  for (const [kind, title] of [['cc', 'connect()+close()'], ['rr', 'connect + 64-byte request/reply + close']] as const) {
+    lines.push(`## Connection cost: ${title} (µs)`, '');
+    lines.push('| N | mode | service | p50 | p50 / floor | p99 | p99 / floor |', '|---:|---|---|---:|---:|---:|---:|');
+    for (const n of sizes) {
+      for (const mode of modes) {
+        for (const which of mode === 'floor' ? ['pod'] : ['first', 'last']) {
+          if (at(mode, n).length === 0) continue;
+          const p50 = conn(mode, n, which, kind, 'p50_us');
+          const p99 = conn(mode, n, which, kind, 'p99_us');
+          lines.push(`| ${n.toLocaleString('en')} | ${mode} | ${which} | ${f(p50, 2)} | ${ratio(p50, floor(n, kind, 'p50_us'))} | ${f(p99, 2)} | ${ratio(p99, floor(n, kind, 'p99_us'))} |`);
+        }
+      }
+    }
+    lines.push('');
+  }
+
+  lines.push('## Control plane (ms)', '');
+  lines.push(
+    'Cold: programming N services with 3 endpoints each into empty maps / an empty ruleset (lbctl: the agent\'s first sync, from the listed objects to the maps written; kube-proxy modes: the restore command, timed around its process). ' +
+      'Add one: one more service on top of N (lbctl: the sync the watch event causes; iptables: `iptables-restore --noflush` of what kube-proxy\'s partial sync writes; nftables: the incremental `nft -f` transaction).',
+    '',
+  );
+  lines.push('| N | mode | cold | add one | lbctl start → synced | event → map p50 | event → map p99 | agent RSS (MiB) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
+  for (const n of sizes) {
+    for (const mode of modes.filter((x) => x !== 'floor')) {
+      const ps = at(mode, n);
+      if (ps.length === 0) continue;
+      const events = ps.flatMap((p) => [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : [])]);
+      lines.push(
+        `| ${n.toLocaleString('en')} | ${mode} | ${f(median(ps.map((p) => p.coldMs)), 1)} | ${f(median(ps.map((p) => p.addMs ?? NaN)), 2)} | ` +
+          `${mode === 'lbctl' ? f(median(ps.map((p) => p.startToSyncedMs ?? NaN)), 0) : ''} | ${events.length ? f(percentile(events, 50), 2) : ''} | ${events.length ? f(percentile(events, 99), 2) : ''} | ` +
+          `${mode === 'lbctl' ? f(median(ps.map((p) => p.memory?.rssMiB ?? NaN)), 1) : ''} |`,
+      );
+    }
+  }
+  lines.push('');
+  if (r.skipped.length) {
+    lines.push('Not measured:', '', ...r.skipped.map((s) => `- ${s.mode} at N=${s.n.toLocaleString('en')}: ${s.why}`), '');
+  }
+
+  // Targets (issue 5), each checked against this run.
+  const targets: Array<[string, boolean | undefined, string]> = [];
+  const lb = (n: number): Point[] => at('lbctl', n);
+  for (const n of sizes.filter((x) => lb(x).length)) {
+    for (const which of ['first', 'last']) {
+      const p50 = conn('lbctl', n, which, 'cc', 'p50_us') / floor(n, 'cc', 'p50_us');
+      const p99 = conn('lbctl', n, which, 'cc', 'p99_us') / floor(n, 'cc', 'p99_us');
+      targets.push([`connect+close p50 ≤ 1.05× floor, N=${n.toLocaleString('en')} (${which})`, p50 <= 1.05, `${p50.toFixed(3)}×`]);
+      targets.push([`connect+close p99 ≤ 1.2× floor, N=${n.toLocaleString('en')} (${which})`, p99 <= 1.2, `${p99.toFixed(3)}×`]);
+    }
+  }
+  const cold = (n: number): number => median(lb(n).map((p) => p.coldMs));
+  if (lb(10_000).length) targets.push(['programming 10,000 services cold ≤ 200 ms', cold(10_000) <= 200, `${f(cold(10_000))} ms`]);
+  if (lb(100_000).length) targets.push(['programming 100,000 services cold ≤ 2 s', cold(100_000) <= 2000, `${f(cold(100_000))} ms`]);
+  if (lb(10_000).length) {
+    const add = median(lb(10_000).map((p) => p.addMs ?? NaN));
+    targets.push(['adding one service at 10,000 ≤ 1 ms', add <= 1, `${f(add, 2)} ms`]);
+    const ev = lb(10_000).flatMap((p) => p.eventToMapMs ?? []);
+    targets.push(['event → datapath p99 ≤ 5 ms at 10,000', percentile(ev, 99) <= 5, `${f(percentile(ev, 99), 2)} ms`]);
+    const rss = median(lb(10_000).map((p) => p.memory?.rssMiB ?? NaN));
+    targets.push(['agent RSS ≤ 150 MB at 10,000 services', rss * 1.048576 <= 150, `${f(rss)} MiB`]);
+  }
+  const memSizes = sizes.filter((n) => lb(n).some((p) => p.memory));
+  if (memSizes.length >= 2) {
+    const lo = memSizes[0]!;
+    const hi = memSizes[memSizes.length - 1]!;
+    const per = ((median(lb(hi).map((p) => p.memory!.rssMiB)) - median(lb(lo).map((p) => p.memory!.rssMiB))) * 1024 * 1024) / (hi - lo);
+    targets.push([`agent memory growth per service (N=${lo}→${hi})`, undefined, `${(per / 1024).toFixed(2)} KiB`]);
+  }
+  lines.push('## Targets', '', '| target | result | measured |', '|---|---|---:|');
+  for (const [what, ok, val] of targets) lines.push(`| ${what} | ${ok === undefined ? 'reported' : ok ? 'met' : '**missed**'} | ${val} |`);
+  lines.push('', '![connection cost](connect.svg)', '', '![programming cost](program.svg)', '');
+  writeFileSync(path.join(out, 'results.md'), `${lines.join('\n')}\n`);
+  plot(r, out, sizes, modes, conn, at);
+}
+
+function plot(
+  r: Results,
+  out: string,
+  sizes: number[],
+  modes: string[],
+  conn: (mode: string, n: number, which: string, kind: 'cc' | 'rr', stat: 'p50_us' | 'p99_us') => number,
+  at: (mode: string, n: number) => Point[],
+): void {
+  const cols = modes.flatMap((mode) => (mode === 'floor' ? [['floor', 'pod']] : [[mode, 'first'], [mode, 'last']]));
+  const connData = sizes.map((n) => [n, ...cols.map(([mode, which]) => conn(mode!, n, which!, 'cc', 'p50_us'))].map((x) => (Number.isNaN(x) ? 'NaN' : String(x))).join(' '));
+  writeFileSync(path.join(out, 'connect.dat'), `${connData.join('\n')}\n`);
+  const progModes = modes.filter((m) => m !== 'floor');
+  const progData = sizes.map((n) => [n, ...progModes.map((m) => median(at(m, n).map((p) => p.coldMs)))].map((x) => (Number.isNaN(x) ? 'NaN' : String(x))).join(' '));
+  writeFileSync(path.join(out, 'program.dat'), `${progData.join('\n')}\n`);
+  const title = `${r.meta.kernel}, ${r.meta.reps} reps, medians`;
+  for (const [term, ext] of [['svg size 900,520 dynamic font "sans,12"', 'svg'], ['pngcairo size 900,520 font "sans,11"', 'png']] as const) {
+    const script = [
+      `set terminal ${term}`,
+      'set logscale x',
+      'set grid',
+      'set key outside right',
+      'set xlabel "services (N)"',
+      `set output "${path.join(out, `connect.${ext}`)}"`,
+      `set title "connect()+close() p50 (µs) — ${title}"`,
+      'set ylabel "µs"',
+      'set yrange [0:*]',
+      `plot ${cols.map(([mode, which], i) => `"${path.join(out, 'connect.dat')}" using 1:${i + 2} with linespoints title "${mode}${mode === 'floor' ? '' : ` (${which})`}"`).join(', ')}`,
+      `set output "${path.join(out, `program.${ext}`)}"`,
+      'set logscale y',
+      'set yrange [*:*]',
+      `set title "programming N services from cold (ms) — ${title}"`,
+      'set ylabel "ms"',
+      `plot ${progModes.map((m, i) => `"${path.join(out, 'program.dat')}" using 1:${i + 2} with linespoints title "${m}"`).join(', ')}`,
+    ].join('\n');
+    execFileSync('gnuplot', [], { input: script, stdio: ['pipe', 'ignore', 'inherit'] });
+  }
+}

@@ -1,0 +1,362 @@
+// make bench / make bench-quick: lbctl against kube-proxy's iptables
+// (legacy and nft backends) and nftables modes, and against the floor (a
+// direct connection to a pod address with no rules at all), in one run.
+//
+//   node --import=@tapjs/typescript/import bench/run.ts [--quick] [--out DIR] [--sizes 1,100,...]
+//        [--reps 3] [--modes floor,lbctl,iptables-legacy,iptables-nft,nftables]
+//
+// For every N, every repetition and every mode, a fresh world (client and
+// backend network namespaces, see world.ts) is made, the N services are
+// programmed from cold (timed), the connection cost is measured through the
+// first and the last service (connect+close, and connect+64-byte
+// request/reply+close, by bench/connect.c, pinned to one CPU with the
+// server), one service is added on top (timed), and for lbctl the latency
+// from an EndpointSlice change in the API server to the kernel map, and the
+// agent's memory. Results: results.json, results.md, and plots (SVG, PNG).
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Command } from 'commander';
+import { iptablesRestoreAdd, iptablesRestoreFull, nftablesAdd, nftablesFull, type BenchService } from './kube-proxy.js';
+import { BenchAgent, MasterProbe, deleteServices, putServices, sliceObject, startCluster } from './lbctl.js';
+import { report, type ConnStats, type Results } from './report.js';
+import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type World } from './world.js';
+import type { FakeApiServer } from '../test/helpers/fake-apiserver.js';
+
+export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
+export type Mode = (typeof MODES)[number];
+
+/** The CPU the client and the server share, and the one the agent gets. */
+const BENCH_CPU = 1;
+const AGENT_CPU = 0;
+
+interface Plan {
+  readonly quick: boolean;
+  readonly sizes: readonly number[];
+  readonly reps: number;
+  readonly modes: readonly Mode[];
+  /** Timed connect+close iterations per point (after 1,000 warm-up ones). */
+  readonly ccCount: number;
+  /** Timed connect+request/reply+close iterations per point. */
+  readonly rrCount: number;
+  /** EndpointSlice changes timed from the API server to the kernel map, per lbctl point. */
+  readonly events: number;
+  /** kube-proxy's iptables mode is measured up to this N (beyond, one load takes minutes). */
+  readonly iptablesMax: number;
+  readonly out: string;
+}
+
+function parse(): Plan {
+  const o = new Command()
+    .option('--quick', 'a minute or so: fewer sizes and iterations')
+    .option('--out <dir>', 'where results go', path.join(ROOT, 'bench/results'))
+    .option('--sizes <list>', 'numbers of services, comma-separated')
+    .option('--reps <n>', 'repetitions of every point (medians are reported)')
+    .option('--modes <list>', `comma-separated subset of ${MODES.join(',')}`)
+    .option('--iptables-max <n>', 'largest N for the iptables modes')
+    .parse()
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string }>();
+  const quick = Boolean(o.quick);
+  const list = (s: string): number[] => s.split(',').map((x) => Number(x.replace(/_/g, '')));
+  const modes = (o.modes?.split(',') ?? [...MODES]) as Mode[];
+  for (const m of modes) if (!MODES.includes(m)) throw new Error(`--modes: unknown mode ${m}`);
+  if (!modes.includes('floor')) modes.unshift('floor'); // every ratio needs the floor of the same run
+  return {
+    quick,
+    sizes: o.sizes ? list(o.sizes) : quick ? [1, 1000] : [1, 100, 1000, 10_000, 100_000],
+    reps: Number(o.reps ?? 3),
+    modes,
+    ccCount: quick ? 5000 : 20_000,
+    rrCount: quick ? 2000 : 10_000,
+    events: quick ? 20 : 50,
+    iptablesMax: Number(o.iptablesMax ?? 10_000),
+    out: o.out,
+  };
+}
+
+const ipv4 = (n: number): string => [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255].join('.');
+
+/**
+ * N services, one TCP port each, 3 endpoints each. The first and the last
+ * (and the one added on top, index N) have the real pods as endpoints; the
+ * others point at addresses nothing answers (only their rules matter).
+ */
+export function makeServices(n: number): BenchService[] {
+  const out: BenchService[] = [];
+  for (let i = 0; i <= n; i++) {
+    const real = i === 0 || i >= n - 1;
+    out.push({
+      namespace: 'bench',
+      name: `svc-${i}`,
+      portName: 'http',
+      clusterIP: ipv4(0x0a60000a + i), // 10.96.0.10 + i, inside 10.96.0.0/12
+      port: 80,
+      endpoints: [0, 1, 2].map((k) => ({ ip: real ? POD_IPS[k]! : ipv4(0x0af50000 + 3 * i + k + 1), port: POD_PORT })),
+    });
+  }
+  return out;
+}
+
+
+const CONNECT = path.join(ROOT, 'build/bench/connect');
+const SERVER = path.join(ROOT, 'build/bench/server');
+
+function compile(): void {
+  mkdirSync(path.dirname(CONNECT), { recursive: true });
+  for (const [src, out] of [['connect.c', CONNECT], ['server.c', SERVER]] as const) {
+    execFileSync('cc', ['-O2', '-Wall', '-Wextra', '-o', out, path.join(ROOT, 'bench', src)], { stdio: 'inherit' });
+  }
+}
+
+/** Runs the C client in the world's client netns on the bench CPU (inside the cgroup, where lbctl is attached). */
+function connect(run: BenchRun, w: World, addr: string, port: number, kind: 'cc' | 'rr', count: number): ConnStats {
+  const args = ['netns', 'exec', w.client, 'taskset', '-c', String(BENCH_CPU), CONNECT, '-a', addr, '-p', String(port), '-n', String(count), '-m', kind];
+  const r = spawnSync('sh', ['-c', `echo $$ > "$0/cgroup.procs" && exec ip "$@"`, run.cgroup, ...args], { encoding: 'utf8', timeout: 600_000 });
+  let out: (ConnStats & { error?: string }) | undefined;
+  try {
+    out = JSON.parse(r.stdout.trim().split('\n').pop() ?? '') as ConnStats & { error?: string };
+  } catch {
+    /* reported below */
+  }
+  if (r.status !== 0 || !out || out.error) {
+    throw new Error(`connect ${addr}:${port} (${kind}) in ${w.client} failed (exit ${r.status}): ${out?.error ?? r.stderr.trim() ?? r.stdout.trim()}`);
+  }
+  return out;
+}
+
+function timed(fn: () => void): number {
+  const t0 = performance.now();
+  fn();
+  return performance.now() - t0;
+}
+
+interface Programmed {
+  coldMs: number;
+  /** lbctl: from the agent's start to its first sync written (process start, BPF load, list, sync). */
+  startToSyncedMs?: number;
+  addMs?: number;
+  /** lbctl: the API server's event to the new frontend in the kernel map. */
+  addEventToMapMs?: number;
+  eventToMapMs?: number[];
+  memory?: { rssMiB: number; hwmMiB: number };
+  syncsForAdd?: number;
+  /** kube-proxy modes: writes the one-service addition as kube-proxy's partial sync would; returns ms. */
+  add?: () => number;
+  agent?: BenchAgent;
+  finish(): Promise<void>;
+}
+
+const LOADER: Record<'iptables-legacy' | 'iptables-nft', string> = {
+  'iptables-legacy': 'iptables-legacy-restore',
+  'iptables-nft': 'iptables-nft-restore',
+};
+
+/** Programs N services the way `mode` does, from cold, and times it. */
+async function program(
+  mode: Mode,
+  ctx: { run: BenchRun; w: World; services: BenchService[]; n: number; plan: Plan; api: FakeApiServer; texts: Map<string, string> },
+): Promise<Programmed> {
+  const { w, services, n } = ctx;
+  const live = services.slice(0, n);
+  const added = services[n]!;
+  const opts = { clusterCIDR: CLUSTER_CIDR };
+  const text = (key: string, make: () => string): string => {
+    let t = ctx.texts.get(key);
+    if (t === undefined) ctx.texts.set(key, (t = make()));
+    return t;
+  };
+  switch (mode) {
+    case 'floor':
+      return { coldMs: 0, finish: async () => {} };
+    case 'iptables-legacy':
+    case 'iptables-nft': {
+      const full = text(`ipt-full-${n}`, () => iptablesRestoreFull(live, opts));
+      const add = text(`ipt-add-${n}`, () => iptablesRestoreAdd(live, added, opts));
+      // kube-proxy runs iptables-restore with --noflush --counters (its chains are declared, so they are flushed).
+      const coldMs = timed(() => w.inClient(LOADER[mode], ['-w', '--noflush', '--counters'], full));
+      return { coldMs, add: () => timed(() => w.inClient(LOADER[mode], ['-w', '--noflush', '--counters'], add)), finish: async () => {} };
+    }
+    case 'nftables': {
+      const full = text(`nft-full-${n}`, () => nftablesFull(live, opts));
+      const add = text(`nft-add-${n}`, () => nftablesAdd(added, opts));
+      const coldMs = timed(() => w.inClient('nft', ['-f', '-'], full));
+      return { coldMs, add: () => timed(() => w.inClient('nft', ['-f', '-'], add)), finish: async () => {} };
+    }
+    case 'lbctl': {
+      const agent = BenchAgent.start(ctx.run, w, ctx.api, n, AGENT_CPU);
+      const first = await agent.waitForSync(0);
+      if (first.frontends !== n) throw new Error(`lbctl's first sync has ${first.frontends} frontends, not ${n}`);
+      return { coldMs: first.durationMs, startToSyncedMs: first.seenAt - agent.startedAt, agent, finish: async () => agent.stop() };
+    }
+  }
+}
+
+/** Adds one service on top of N, timed as each mode's own sync would write it. */
+async function addOne(mode: Mode, p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer }): Promise<void> {
+  const added = ctx.services[ctx.n]!;
+  if (mode === 'floor') return;
+  if (p.add) {
+    p.addMs = p.add();
+    return;
+  }
+  const agent = p.agent!;
+  const probe = new MasterProbe(ctx.w.bpfRoot, added.clusterIP, added.port);
+  try {
+    const mark = agent.syncs.length;
+    const t0 = performance.now();
+    putServices(ctx.api, [added]);
+    const t1 = await probe.until(3);
+    p.addEventToMapMs = t1 - t0;
+    const s = await agent.waitForSync(mark, (x) => x.reason === 'change' && x.planned > 0);
+    p.addMs = s.durationMs;
+    p.syncsForAdd = agent.syncs.length - mark;
+  } finally {
+    probe.close();
+  }
+}
+
+/** lbctl: EndpointSlice changes (a 4th endpoint added, then removed again) timed from the API server to the kernel map. */
+async function events(p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer; plan: Plan }): Promise<void> {
+  const s = ctx.services[Math.floor(ctx.n / 2)]!;
+  const probe = new MasterProbe(ctx.w.bpfRoot, s.clusterIP, s.port);
+  const samples: number[] = [];
+  try {
+    for (let i = 0; i < ctx.plan.events; i++) {
+      const grow = i % 2 === 0;
+      const eps = grow ? [...s.endpoints, { ip: '10.244.9.9', port: POD_PORT }] : s.endpoints;
+      await new Promise((r) => setTimeout(r, 20));
+      const t0 = performance.now();
+      ctx.api.put(sliceObject({ ...s, endpoints: eps }) as never);
+      samples.push((await probe.until(eps.length)) - t0);
+    }
+  } finally {
+    probe.close();
+  }
+  p.eventToMapMs = samples;
+}
+
+async function main(): Promise<void> {
+  const plan = parse();
+  if (process.getuid?.() !== 0) throw new Error('make bench needs root (network namespaces, bpffs, cgroups)');
+  // This process polls the maps and serves the API: keep it off the agent's CPU.
+  execFileSync('taskset', ['-a', '-p', '-c', String(BENCH_CPU), String(process.pid)], { stdio: 'ignore' });
+  compile();
+  mkdirSync(plan.out, { recursive: true });
+  const results: Results = {
+    meta: {
+      date: new Date().toISOString(),
+      kernel: os.release(),
+      cpu: os.cpus()[0]?.model ?? 'unknown',
+      cpus: os.cpus().length,
+      quick: plan.quick,
+      reps: plan.reps,
+      ccCount: plan.ccCount,
+      rrCount: plan.rrCount,
+      events: plan.events,
+      iptablesMax: plan.iptablesMax,
+      pinning: `client and server share CPU ${BENCH_CPU}; the lbctl agent runs on CPU ${AGENT_CPU}`,
+      versions: versions(),
+    },
+    points: [],
+    skipped: [],
+  };
+  const save = (): void => {
+    writeFileSync(path.join(plan.out, 'results.json'), `${JSON.stringify(results, null, 1)}\n`);
+  };
+
+  const run = new BenchRun();
+  try {
+    for (const n of plan.sizes) {
+      const services = makeServices(n);
+      const texts = new Map<string, string>();
+      const api = await startCluster();
+      try {
+        if (plan.modes.includes('lbctl')) putServices(api, services.slice(0, n));
+        for (let rep = 0; rep < plan.reps; rep++) {
+          for (const mode of plan.modes) {
+            if (mode.startsWith('iptables') && n > plan.iptablesMax) {
+              if (rep === 0) results.skipped.push({ mode, n, why: `iptables mode is measured up to ${plan.iptablesMax} services (--iptables-max): one restore beyond takes minutes` });
+              continue;
+            }
+            const label = `N=${n} rep ${rep + 1}/${plan.reps} ${mode}`;
+            process.stderr.write(`${label}: programming\n`);
+            const w = run.world();
+            try {
+              await w.startServer(SERVER, BENCH_CPU);
+              const ctx = { run, w, services, n, plan, api, texts };
+              const p = await program(mode, ctx);
+              try {
+                const targets: Array<[string, string]> =
+                  mode === 'floor' ? [['pod', POD_IPS[0]!]] : [['first', services[0]!.clusterIP], ['last', services[n - 1]!.clusterIP]];
+                const conn: Record<string, { cc: ConnStats; rr: ConnStats }> = {};
+                for (const [which, addr] of targets) {
+                  const port = mode === 'floor' ? POD_PORT : 80;
+                  conn[which] = { cc: connect(run, w, addr, port, 'cc', plan.ccCount), rr: connect(run, w, addr, port, 'rr', plan.rrCount) };
+                }
+                await addOne(mode, p, { w, services, n, api });
+                // The added service must work too (20 sanity connects in the client).
+                if (mode !== 'floor') connect(run, w, services[n]!.clusterIP, 80, 'cc', 100);
+                if (mode === 'lbctl') {
+                  await events(p, { w, services, n, api, plan });
+                  p.memory = p.agent!.memory();
+                  deleteServices(api, [services[n]!]);
+                }
+                results.points.push({
+                  mode,
+                  n,
+                  rep,
+                  connections: conn,
+                  coldMs: p.coldMs,
+                  startToSyncedMs: p.startToSyncedMs,
+                  addMs: p.addMs,
+                  addEventToMapMs: p.addEventToMapMs,
+                  eventToMapMs: p.eventToMapMs,
+                  memory: p.memory,
+                });
+                const c = conn.last ?? conn.pod!;
+                process.stderr.write(
+                  `${label}: cold ${p.coldMs.toFixed(1)} ms, add ${p.addMs?.toFixed(2) ?? '-'} ms, connect+close p50 ${c.cc.p50_us} µs p99 ${c.cc.p99_us} µs\n`,
+                );
+              } finally {
+                await p.finish();
+              }
+            } finally {
+              w.close();
+            }
+            save();
+          }
+        }
+      } finally {
+        await api.stop();
+      }
+    }
+  } finally {
+    run.close();
+  }
+  save();
+  report(results, plan.out);
+  process.stderr.write(`results: ${path.join(plan.out, 'results.md')}\n`);
+  process.stdout.write(readFileSync(path.join(plan.out, 'results.md'), 'utf8'));
+}
+
+function versions(): Record<string, string> {
+  const v = (cmd: string, args: string[]): string => {
+    try {
+      return execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim().split('\n')[0]!;
+    } catch {
+      return 'absent';
+    }
+  };
+  return {
+    'iptables-legacy': v('iptables-legacy', ['--version']),
+    'iptables-nft': v('iptables-nft', ['--version']),
+    nft: v('nft', ['--version']),
+    node: process.version,
+  };
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`bench: ${(err as Error).stack ?? String(err)}\n`);
+  process.exit(1);
+});
