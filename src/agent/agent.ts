@@ -14,7 +14,7 @@ import { lbList } from '../datapath/listing.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
-import { desiredState, type Skipped } from '../model/from-k8s.js';
+import { desiredState, ModelMemo, type Skipped } from '../model/from-k8s.js';
 import { formatAddr, type DesiredState } from '../model/types.js';
 import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
@@ -47,6 +47,8 @@ export class Agent implements AgentView {
   private terminator: UdpTerminator | undefined;
   private readonly runner: BoundedFrequencyRunner;
   private desired: DesiredState = new Map();
+  /** Each service's frontends, reused while its objects are unchanged. */
+  private readonly memo = new ModelMemo();
   private skippedBefore = new Set<string>();
   private stats: { -readonly [K in keyof SyncStats]: SyncStats[K] } = { count: 0, inProgress: false };
   private synced = false;
@@ -121,11 +123,11 @@ export class Agent implements AgentView {
     try {
       // Periodic and retry runs re-read the maps first, repairing drift.
       if (reason !== 'change') this.reconciler!.resync();
-      const model = desiredState(snap);
+      const model = desiredState(snap, this.memo);
       this.reportSkipped(model.skipped);
-      const before = [...this.reconciler!.realized.backends.values()];
       const result = this.reconciler!.sync(model.frontends, { prune: snap.complete });
-      const closed = this.terminator?.destroyRemoved(before, this.reconciler!.realized.backends.values());
+      const removedUdp = result.removedBackends.filter((b) => b.protocol === 'UDP');
+      const closed = removedUdp.length ? this.terminator?.destroyRemoved(removedUdp, this.reconciler!.realized.backends.values()) : undefined;
       if (closed) this.opts.log[closed.errors.length ? 'warn' : 'info'](closed, 'connected UDP sockets of removed backends destroyed');
       this.desired = model.frontends;
       ok = true;

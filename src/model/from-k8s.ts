@@ -128,7 +128,59 @@ export function selectBackends(
   };
 }
 
-export function desiredState(input: ModelInput): ModelOutput {
+/** The frontends one service asks for (before conflicts with other services are settled). */
+function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice[], node: Node | undefined): { frontends: Frontend[]; skipped: Skipped[] } {
+  const id = `${svc.namespace}/${svc.name}`;
+  const frontends: Frontend[] = [];
+  const skipped: Skipped[] = [];
+  if (svc.proxyName !== undefined) return { frontends, skipped: [{ service: id, reason: 'other-proxy', detail: svc.proxyName }] };
+  if (svc.type === 'ExternalName') return { frontends, skipped: [{ service: id, reason: 'external-name' }] };
+  if (svc.clusterIPs.length === 0) return { frontends, skipped: [{ service: id, reason: 'headless' }] };
+  if (svc.unsupportedPorts.length > 0) {
+    skipped.push({ service: id, reason: 'unsupported-protocol', detail: svc.unsupportedPorts.join(', ') });
+  }
+  if (svc.ports.length === 0) return { frontends, skipped: [...skipped, { service: id, reason: 'no-ports' }] };
+  for (const ip of svc.clusterIPs) {
+    for (const p of svc.ports) {
+      const addr = { address: ip.address, family: ip.family, port: p.port, protocol: p.protocol };
+      const { backends, terminating } = selectBackends(candidates(svcSlices, ip.family, p.name, p.protocol), svc, node);
+      frontends.push({
+        ...addr,
+        key: frontendKey(addr),
+        type: 'ClusterIP',
+        service: { namespace: svc.namespace, name: svc.name, portName: p.name },
+        backends,
+        terminating,
+        affinityTimeout: svc.affinityTimeout ?? 0,
+        localOnly: svc.internalTrafficPolicy === 'Local',
+      });
+    }
+  }
+  return { frontends, skipped };
+}
+
+/**
+ * Remembers each service's frontends, keyed by the (immutable) objects they
+ * came from: a sync after one object changed recomputes that service only,
+ * and hands the unchanged services' Frontend objects back as they were (the
+ * reconciler skips those by identity). Sources replace an object on every
+ * change, never mutate one.
+ */
+export class ModelMemo {
+  private readonly bySvc = new WeakMap<Service, { slices: readonly EndpointSlice[]; node: Node | undefined; out: ReturnType<typeof serviceFrontends> }>();
+
+  frontendsOf(svc: Service, slices: readonly EndpointSlice[], node: Node | undefined): ReturnType<typeof serviceFrontends> {
+    const hit = this.bySvc.get(svc);
+    if (hit && hit.node === node && hit.slices.length === slices.length && hit.slices.every((s, i) => s === slices[i])) return hit.out;
+    const out = serviceFrontends(svc, slices, node);
+    this.bySvc.set(svc, { slices, node, out });
+    return out;
+  }
+}
+
+const NO_SLICES: readonly EndpointSlice[] = [];
+
+export function desiredState(input: ModelInput, memo?: ModelMemo): ModelOutput {
   const frontends = new Map<FrontendKey, Frontend>();
   const skipped: Skipped[] = [];
   const slices = sliceIndex(input.slices);
@@ -138,51 +190,19 @@ export function desiredState(input: ModelInput): ModelOutput {
   );
   for (const svc of services) {
     const id = `${svc.namespace}/${svc.name}`;
-    if (svc.proxyName !== undefined) {
-      skipped.push({ service: id, reason: 'other-proxy', detail: svc.proxyName });
-      continue;
-    }
-    if (svc.type === 'ExternalName') {
-      skipped.push({ service: id, reason: 'external-name' });
-      continue;
-    }
-    if (svc.clusterIPs.length === 0) {
-      skipped.push({ service: id, reason: 'headless' });
-      continue;
-    }
-    if (svc.unsupportedPorts.length > 0) {
-      skipped.push({ service: id, reason: 'unsupported-protocol', detail: svc.unsupportedPorts.join(', ') });
-    }
-    if (svc.ports.length === 0) {
-      skipped.push({ service: id, reason: 'no-ports' });
-      continue;
-    }
-    const svcSlices = slices.get(id) ?? [];
-    for (const ip of svc.clusterIPs) {
-      for (const p of svc.ports) {
-        const addr = { address: ip.address, family: ip.family, port: p.port, protocol: p.protocol };
-        const key = frontendKey(addr);
-        const { backends, terminating } = selectBackends(candidates(svcSlices, ip.family, p.name, p.protocol), svc, input.node);
-        const fe: Frontend = {
-          ...addr,
-          key,
-          type: 'ClusterIP',
-          service: { namespace: svc.namespace, name: svc.name, portName: p.name },
-          backends,
-          terminating,
-          affinityTimeout: svc.affinityTimeout ?? 0,
-          localOnly: svc.internalTrafficPolicy === 'Local',
-        };
-        // Two services claiming one address:port/proto: the API server
-        // prevents it; from files, the first (by namespace/name) wins.
-        const owner = frontends.get(key);
-        if (owner) {
-          const o = owner.service;
-          skipped.push({ service: id, reason: 'conflict', detail: `${key} is already served for ${o.namespace}/${o.name}` });
-          continue;
-        }
-        frontends.set(key, fe);
+    const svcSlices = slices.get(id) ?? NO_SLICES;
+    const mine = memo ? memo.frontendsOf(svc, svcSlices, input.node) : serviceFrontends(svc, svcSlices, input.node);
+    skipped.push(...mine.skipped);
+    for (const fe of mine.frontends) {
+      // Two services claiming one address:port/proto: the API server
+      // prevents it; from files, the first (by namespace/name) wins.
+      const owner = frontends.get(fe.key);
+      if (owner) {
+        const o = owner.service;
+        skipped.push({ service: id, reason: 'conflict', detail: `${fe.key} is already served for ${o.namespace}/${o.name}` });
+        continue;
       }
+      frontends.set(fe.key, fe);
     }
   }
   return { frontends, skipped };

@@ -55,6 +55,14 @@ export class IdAllocator<K> {
     return id;
   }
 
+  /** Frees `id`, whatever key holds it. */
+  releaseId(id: number): void {
+    const key = this.byId.get(id);
+    if (key === undefined) return;
+    this.byKey.delete(key);
+    this.byId.delete(id);
+  }
+
   release(key: K): void {
     const id = this.byKey.get(key);
     if (id === undefined) return;

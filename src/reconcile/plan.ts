@@ -12,7 +12,7 @@
 //   4. removals run in reverse: master first (no new selection), then its
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
 // Only differences are written, so a plan over unchanged state is empty.
-import type { Backend, DesiredState, Family, Frontend } from '../model/types.js';
+import type { Backend, DesiredState, Family, Frontend, FrontendKey } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import { serviceAddrKey, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
 import { revNatKey, type RealizedState } from './realized.js';
@@ -69,14 +69,23 @@ export function masterFlags(fe: Frontend): number {
   return (fe.affinityTimeout > 0 ? LbSvcFlags.LB_SVC_F_AFFINITY : 0) | (fe.localOnly ? LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL : 0);
 }
 
-export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment): MapOp[] {
+/**
+ * `unchanged(fe)`: true when this very Frontend was fully written by an
+ * earlier sync and the maps have not been re-read since; its writes are then
+ * skipped (a change sync touches only what changed). Omitted: every
+ * frontend is compared with the realized state (a full plan).
+ */
+export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment, unchanged?: (fe: Frontend) => boolean): MapOp[] {
   const ops: MapOp[] = [];
   const tail: MapOp[] = [];
+  const same = unchanged ?? (() => false);
 
-  // 1. Backends every desired frontend needs.
+  // 1. Backends every changed frontend needs.
   const neededBackends = new Map<number, Backend>();
   for (const fe of desired.values()) {
-    for (const b of [...fe.backends, ...fe.terminating]) neededBackends.set(ids.backendId(b), b);
+    if (same(fe)) continue;
+    for (const b of fe.backends) neededBackends.set(ids.backendId(b), b);
+    for (const b of fe.terminating) neededBackends.set(ids.backendId(b), b);
   }
   for (const [id, b] of neededBackends) {
     const have = realized.backends.get(id);
@@ -84,21 +93,21 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
   }
 
   // 2. Frontends, each: rev-NAT, slots, master, then slots beyond the count.
-  const neededRevNat = new Set<string>();
-  const neededFrontends = new Set<string>();
-  const addresses = new Map<string, ServiceAddr>();
+  const neededRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+  const addresses = new Set<string>();
+  const wildcards: ServiceAddr[] = [];
   for (const fe of desired.values()) {
+    const revNatId = ids.revNatId(fe);
+    neededRevNat[fe.family].add(revNatId);
+    if (!addresses.has(fe.address)) {
+      addresses.add(fe.address);
+      if (!same(fe)) wildcards.push(wildcardOf(fe.address, fe.family));
+    }
+    if (same(fe)) continue;
     const addr: ServiceAddr = { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
     const key = serviceAddrKey(addr);
-    neededFrontends.add(key);
-    const wild = wildcardOf(fe.address, fe.family);
-    addresses.set(serviceAddrKey(wild), wild);
-
     const have = realized.frontends.get(key);
-    const revNatId = ids.revNatId(fe);
-    const rnKey = revNatKey(fe.family, revNatId);
-    neededRevNat.add(rnKey);
-    const rn = realized.revNat.get(rnKey);
+    const rn = realized.revNat.get(revNatKey(fe.family, revNatId));
     if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
       ops.push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
     }
@@ -124,9 +133,9 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
     }
   }
 
-  // 3. Wildcards of every address in use.
-  for (const [key, wild] of addresses) {
-    const have = realized.frontends.get(key);
+  // 3. Wildcards of every address in use (of changed frontends: the others' are written).
+  for (const wild of wildcards) {
+    const have = realized.frontends.get(serviceAddrKey(wild));
     if (!have?.master || !sameMaster(have.master, WILDCARD_MASTER)) {
       ops.push({ kind: 'put-master', fe: wild, master: WILDCARD_MASTER });
     }
@@ -135,23 +144,31 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
   // 4. Removals, in reverse order of creation.
   const wildcardRemovals: MapOp[] = [];
   for (const [key, have] of realized.frontends) {
-    if (neededFrontends.has(key)) continue;
     if (have.fe.protocol === 'ANY' && have.fe.port === 0) {
-      if (addresses.has(key)) continue;
+      if (addresses.has(have.fe.address)) continue;
       if (have.master) wildcardRemovals.push({ kind: 'delete-master', fe: have.fe });
       for (const slot of have.slots.keys()) wildcardRemovals.push({ kind: 'delete-slot', fe: have.fe, slot });
       continue;
     }
+    if (desired.has(key as FrontendKey)) continue;
     if (have.master) ops.push({ kind: 'delete-master', fe: have.fe });
     for (const slot of [...have.slots.keys()].sort((a, b) => a - b)) ops.push({ kind: 'delete-slot', fe: have.fe, slot });
   }
-  for (const [key, rn] of realized.revNat) {
-    if (!neededRevNat.has(key)) tail.push({ kind: 'delete-revnat', id: rn.id, family: rn.family });
+  for (const rn of realized.revNat.values()) {
+    if (!neededRevNat[rn.family].has(rn.id)) tail.push({ kind: 'delete-revnat', id: rn.id, family: rn.family });
   }
   ops.push(...tail, ...wildcardRemovals);
+  // Backends no frontend uses any more. A change sync skipped the unchanged
+  // frontends above: their backends are the ones in their written slots.
+  if (unchanged) {
+    for (const fe of desired.values()) {
+      if (!same(fe)) continue;
+      const have = realized.frontends.get(fe.key);
+      if (have) for (const id of have.slots.values()) neededBackends.set(id, realized.backends.get(id)!);
+    }
+  }
   for (const [id, b] of realized.backends) {
     if (!neededBackends.has(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
   }
   return ops;
 }
-

@@ -5,7 +5,7 @@
 import { LbError } from '../errors.js';
 import type { LbMaps, ServiceAddr } from '../datapath/lbmaps.js';
 import { serviceAddrKey } from '../datapath/lbmaps.js';
-import { backendKey, type BackendKey, type DesiredState, type Family, type FrontendKey } from '../model/types.js';
+import { backendKey, type Backend, type BackendKey, type DesiredState, type Family, type Frontend, type FrontendKey } from '../model/types.js';
 import { IdAllocator } from './ids.js';
 import { plan, type MapOp } from './plan.js';
 import { emptyRealized, realizedFrom, revNatKey, type RealizedFrontend, type RealizedState } from './realized.js';
@@ -23,6 +23,8 @@ export interface SyncResult {
   readonly planned: number;
   readonly applied: number;
   readonly byKind: Readonly<Record<string, number>>;
+  /** Backends this sync deleted from the maps. */
+  readonly removedBackends: readonly Backend[];
 }
 
 export class SyncError extends LbError {
@@ -59,6 +61,14 @@ export function describeOp(op: MapOp): string {
 
 export class Reconciler {
   private realizedState: RealizedState = emptyRealized();
+  /**
+   * The desired state of the last sync whose every write succeeded, while
+   * the realized state is known to match it (until the maps are re-read):
+   * its Frontend objects need no writes (see plan()'s `unchanged`).
+   */
+  private applied: DesiredState | undefined;
+  /** Backends deleted by the sync in progress. */
+  private readonly removed: Backend[] = [];
   readonly backendIds = new IdAllocator<BackendKey>('backend', 1, 0xffffffff);
   readonly revNatIds: Record<Family, IdAllocator<FrontendKey>> = {
     4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, 0xffffffff),
@@ -74,6 +84,7 @@ export class Reconciler {
   /** Reads the maps back and adopts their ids, so unchanged state is not rewritten. */
   restore(): { frontends: number; backends: number } {
     this.realizedState = realizedFrom(this.maps.dump());
+    this.applied = undefined;
     let frontends = 0;
     for (const [key, fe] of this.realizedState.frontends) {
       if (fe.fe.protocol === 'ANY' || !fe.master) continue;
@@ -90,37 +101,68 @@ export class Reconciler {
    */
   resync(): void {
     this.realizedState = realizedFrom(this.maps.dump());
+    this.applied = undefined;
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendKey(b), id);
   }
 
-  /** Plans desired vs realized and applies the plan in order; throws SyncError at the first failed write. */
+  /**
+   * Plans desired vs realized and applies the plan in order; throws SyncError
+   * at the first failed write. After a sync that wrote everything, the next
+   * one skips the Frontend objects it already wrote (the model hands back the
+   * same object for a service that did not change): a change sync costs what
+   * changed, not what exists. A full plan runs after restore() and resync().
+   */
   sync(desired: DesiredState, options: SyncOptions): SyncResult {
+    const applied = this.applied;
+    const unchanged = applied ? (fe: Frontend): boolean => applied.get(fe.key) === fe : undefined;
+    this.applied = undefined;
+    this.removed.length = 0;
     for (const fe of desired.values()) {
+      if (unchanged?.(fe)) continue;
       this.revNatIds[fe.family].acquire(fe.key);
-      for (const b of [...fe.backends, ...fe.terminating]) this.backendIds.acquire(backendKey(b));
+      for (const b of fe.backends) this.backendIds.acquire(backendKey(b));
+      for (const b of fe.terminating) this.backendIds.acquire(backendKey(b));
     }
-    let ops = plan(this.realizedState, desired, {
-      backendId: (b) => this.backendIds.get(backendKey(b))!,
-      revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
-    });
+    let ops = plan(
+      this.realizedState,
+      desired,
+      {
+        backendId: (b) => this.backendIds.get(backendKey(b))!,
+        revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
+      },
+      unchanged,
+    );
     if (!options.prune) ops = ops.filter((op) => !isPrune(op, desired));
 
     const byKind: Record<string, number> = {};
-    let applied = 0;
+    let applied_ = 0;
+    let ok = false;
     try {
       for (const op of ops) {
         try {
           this.apply(op);
         } catch (err) {
-          throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied, { cause: err });
+          throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied_, { cause: err });
         }
-        applied++;
+        applied_++;
         byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
       }
+      ok = true;
     } finally {
-      this.releaseUnused(desired);
+      // A change sync frees exactly the ids of what it deleted; a full one
+      // (or a failed one) looks at every id.
+      if (ok && unchanged) this.releaseDeleted(ops);
+      else this.releaseUnused(desired);
     }
-    return { planned: ops.length, applied, byKind };
+    if (options.prune) this.applied = desired;
+    return { planned: ops.length, applied: applied_, byKind, removedBackends: this.removed.splice(0) };
+  }
+
+  private releaseDeleted(ops: readonly MapOp[]): void {
+    for (const op of ops) {
+      if (op.kind === 'delete-backend') this.backendIds.releaseId(op.id);
+      else if (op.kind === 'delete-revnat') this.revNatIds[op.family].releaseId(op.id);
+    }
   }
 
   private apply(op: MapOp): void {
@@ -130,10 +172,13 @@ export class Reconciler {
         this.maps.putBackend(op.id, op.backend);
         r.backends.set(op.id, op.backend);
         break;
-      case 'delete-backend':
+      case 'delete-backend': {
         this.maps.deleteBackend(op.id, op.family);
+        const gone = r.backends.get(op.id);
+        if (gone) this.removed.push(gone);
         r.backends.delete(op.id);
         break;
+      }
       case 'put-revnat':
         this.maps.putRevNat(op.id, op.family, op.entry);
         r.revNat.set(revNatKey(op.family, op.id), { ...op.entry, id: op.id, family: op.family });

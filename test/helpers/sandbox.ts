@@ -796,13 +796,23 @@ export function run(cmd: string, args: readonly string[], timeoutMs: number, tra
     let stderr = '';
     proc.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     proc.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    const timer = setTimeout(() => killPid(pid), timeoutMs);
+    // SIGTERM first, so a script's cleanup trap runs; SIGKILL 10 s later.
+    let hard: NodeJS.Timeout | undefined;
+    const timer = setTimeout(() => {
+      killPid(pid, 'SIGTERM');
+      hard = setTimeout(() => killPid(pid), 10_000);
+    }, timeoutMs);
+    // A grandchild that outlives the process can hold its pipes open: once
+    // the process itself has exited, stop waiting for them after 5 s.
+    proc.on('exit', () => setTimeout(() => (proc.stdout.destroy(), proc.stderr.destroy()), 5_000).unref());
     proc.on('error', (err) => {
       clearTimeout(timer);
+      clearTimeout(hard);
       reject(err);
     });
     proc.on('close', (code, signal) => {
       clearTimeout(timer);
+      clearTimeout(hard);
       if (pid !== undefined) track?.delete(pid);
       resolve({ code, signal, stdout, stderr, ms: performance.now() - t0 });
     });
