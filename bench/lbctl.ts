@@ -131,8 +131,12 @@ export class BenchAgent {
       '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
       '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
     ];
+    // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it stops.
+    const prof = process.env.BENCH_PROFILE_DIR;
+    const cmd = ['taskset', '-c', String(cpu), LBCTL, ...args];
+    if (prof) cmd.unshift('env', `NODE_OPTIONS=--cpu-prof --cpu-prof-dir=${prof}`);
     const t0 = performance.now();
-    return new BenchAgent(run.spawn('taskset', ['-c', String(cpu), LBCTL, ...args]), t0);
+    return new BenchAgent(run.spawn(cmd[0]!, cmd.slice(1)), t0);
   }
 
   /** The next sync report after `from` (an index into syncs) that matches. */

@@ -33,6 +33,8 @@ export interface Results {
   meta: Record<string, unknown>;
   points: Point[];
   skipped: Array<{ mode: string; n: number; why: string }>;
+  /** Per-program run time from the kernel's BPF accounting, per connect through lbctl. */
+  datapathProfile?: { n: number; connects: number; p50_us: number; programs: Array<{ program: string; runs: number; avgNs: number; nsPerConnect: number }> };
 }
 
 export function median(xs: readonly number[]): number {
@@ -139,6 +141,20 @@ export function report(r: Results, out: string): void {
     const hi = memSizes[memSizes.length - 1]!;
     const per = ((median(lb(hi).map((p) => p.memory!.rssMiB)) - median(lb(lo).map((p) => p.memory!.rssMiB))) * 1024 * 1024) / (hi - lo);
     targets.push([`agent memory growth per service (N=${lo}→${hi})`, undefined, `${(per / 1024).toFixed(2)} KiB`]);
+  }
+  const dp = r.datapathProfile;
+  if (dp) {
+    lines.push(
+      '## Where a connection through lbctl spends its time (BPF programs)',
+      '',
+      `kernel.bpf_stats_enabled during ${dp.connects.toLocaleString('en')} connect()+close() through a ClusterIP at N=${dp.n.toLocaleString('en')} (a separate run: the accounting adds its own cost; p50 there ${dp.p50_us} µs).`,
+      '',
+      '| program | runs | average ns per run | ns per connection |',
+      '|---|---:|---:|---:|',
+      ...dp.programs.map((p) => `| ${p.program} | ${p.runs.toLocaleString('en')} | ${p.avgNs.toFixed(0)} | ${p.nsPerConnect.toFixed(0)} |`),
+      `| all | | | ${dp.programs.reduce((a, p) => a + p.nsPerConnect, 0).toFixed(0)} |`,
+      '',
+    );
   }
   lines.push('## Targets', '', '| target | result | measured |', '|---|---|---:|');
   for (const [what, ok, val] of targets) lines.push(`| ${what} | ${ok === undefined ? 'reported' : ok ? 'met' : '**missed**'} | ${val} |`);

@@ -14,7 +14,7 @@
 // from an EndpointSlice change in the API server to the kernel map, and the
 // agent's memory. Results: results.json, results.md, and plots (SVG, PNG).
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
@@ -48,6 +48,7 @@ interface Plan {
   /** kube-proxy's nftables mode likewise (its load time grows quadratically: 26 s at 10,000 here). */
   readonly nftablesMax: number;
   readonly out: string;
+  readonly profileOnly: boolean;
 }
 
 function parse(): Plan {
@@ -59,8 +60,9 @@ function parse(): Plan {
     .option('--modes <list>', `comma-separated subset of ${MODES.join(',')}`)
     .option('--iptables-max <n>', 'largest N for the iptables modes')
     .option('--nftables-max <n>', 'largest N for the nftables mode')
+    .option('--profile-only', 'add the datapath profile to the results already in --out, and rewrite the report')
     .parse()
-    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string }>();
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string; profileOnly?: boolean }>();
   const quick = Boolean(o.quick);
   const list = (s: string): number[] => s.split(',').map((x) => Number(x.replace(/_/g, '')));
   const modes = (o.modes?.split(',') ?? [...MODES]) as Mode[];
@@ -77,6 +79,7 @@ function parse(): Plan {
     iptablesMax: Number(o.iptablesMax ?? 10_000),
     nftablesMax: Number(o.nftablesMax ?? 10_000),
     out: o.out,
+    profileOnly: Boolean(o.profileOnly),
   };
 }
 
@@ -224,6 +227,15 @@ async function main(): Promise<void> {
   execFileSync('taskset', ['-a', '-p', '-c', String(BENCH_CPU), String(process.pid)], { stdio: 'ignore' });
   compile();
   mkdirSync(plan.out, { recursive: true });
+  if (plan.profileOnly) {
+    const file = path.join(plan.out, 'results.json');
+    const r = JSON.parse(readFileSync(file, 'utf8')) as Results;
+    r.datapathProfile = await datapathProfile(plan);
+    writeFileSync(file, `${JSON.stringify(r, null, 1)}\n`);
+    report(r, plan.out);
+    process.stdout.write(readFileSync(path.join(plan.out, 'results.md'), 'utf8'));
+    return;
+  }
   const results: Results = {
     meta: {
       date: new Date().toISOString(),
@@ -320,10 +332,74 @@ async function main(): Promise<void> {
   } finally {
     run.close();
   }
+  if (plan.modes.includes('lbctl')) {
+    process.stderr.write('datapath profile: kernel.bpf_stats_enabled during 20,000 connects through lbctl\n');
+    results.datapathProfile = await datapathProfile(plan);
+  }
   save();
   report(results, plan.out);
   process.stderr.write(`results: ${path.join(plan.out, 'results.md')}\n`);
   process.stdout.write(readFileSync(path.join(plan.out, 'results.md'), 'utf8'));
+}
+
+/**
+ * Where lbctl's per-connection cost goes: the kernel's own accounting of each
+ * BPF program's run time (kernel.bpf_stats_enabled), over 20,000 connects
+ * through a ClusterIP at N=1,000. A separate world, after every timed point:
+ * the accounting itself costs a little.
+ */
+async function datapathProfile(plan: Plan): Promise<NonNullable<Results['datapathProfile']>> {
+  const n = 1000;
+  const connects = 20_000;
+  const services = makeServices(n);
+  const api = await startCluster();
+  const run = new BenchRun();
+  const sysctl = '/proc/sys/kernel/bpf_stats_enabled';
+  const was = readFileSync(sysctl, 'utf8').trim();
+  try {
+    putServices(api, services.slice(0, n));
+    const w = run.world();
+    await w.startServer(SERVER, BENCH_CPU);
+    const agent = BenchAgent.start(run, w, api, n, AGENT_CPU);
+    try {
+      await agent.waitForSync(0);
+      const progIds = (): Map<number, string> => {
+        const ids = new Map<number, string>();
+        for (const name of readdirSync(path.join(w.bpfRoot, 'links'))) {
+          const link = JSON.parse(execFileSync('bpftool', ['-j', 'link', 'show', 'pinned', path.join(w.bpfRoot, 'links', name)], { encoding: 'utf8' })) as { prog_id: number };
+          ids.set(link.prog_id, name);
+        }
+        return ids;
+      };
+      const stats = (): Map<string, { runs: number; ns: number }> => {
+        const ids = progIds();
+        const out = new Map<string, { runs: number; ns: number }>();
+        for (const [id, name] of ids) {
+          const p = JSON.parse(execFileSync('bpftool', ['-j', 'prog', 'show', 'id', String(id)], { encoding: 'utf8' })) as { run_cnt?: number; run_time_ns?: number };
+          out.set(name, { runs: p.run_cnt ?? 0, ns: p.run_time_ns ?? 0 });
+        }
+        return out;
+      };
+      writeFileSync(sysctl, '1');
+      const before = stats();
+      const c = connect(run, w, services[0]!.clusterIP, 80, 'cc', connects);
+      const after = stats();
+      const programs = [...after].map(([name, a]) => {
+        const b = before.get(name) ?? { runs: 0, ns: 0 };
+        const runs = a.runs - b.runs;
+        const ns = a.ns - b.ns;
+        return { program: name, runs, avgNs: runs ? ns / runs : 0, nsPerConnect: ns / (connects + 1000 + 20) };
+      });
+      return { n, connects, p50_us: c.p50_us, programs: programs.filter((p) => p.runs > 0).sort((x, y) => y.nsPerConnect - x.nsPerConnect) };
+    } finally {
+      writeFileSync(sysctl, was);
+      await agent.stop();
+    }
+  } finally {
+    run.close();
+    await api.stop();
+    void plan;
+  }
 }
 
 function versions(): Record<string, string> {

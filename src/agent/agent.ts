@@ -274,12 +274,17 @@ export class Agent implements AgentView {
   }
 
   counts(): { services: number; frontends: number; backends: number } {
-    const services = new Set<string>();
-    const backends = new Set<string>();
+    // Every sync sets these gauges: no string is built per frontend or backend.
+    const byNamespace = new Map<string, Set<string>>();
     for (const fe of this.desired.values()) {
-      services.add(`${fe.service.namespace}/${fe.service.name}`);
-      for (const b of [...fe.backends, ...fe.terminating]) backends.add(`${b.address}|${b.port}|${b.protocol}`);
+      let names = byNamespace.get(fe.service.namespace);
+      if (!names) byNamespace.set(fe.service.namespace, (names = new Set()));
+      names.add(fe.service.name);
     }
-    return { services: services.size, frontends: this.desired.size, backends: backends.size };
+    let services = 0;
+    for (const names of byNamespace.values()) services += names.size;
+    // Backends are unique per address, port and protocol in the maps (one id each).
+    return { services, frontends: this.desired.size, backends: this.reconciler?.realized.backends.size ?? 0 };
   }
+
 }

@@ -33,15 +33,17 @@ export interface ModelOutput {
   readonly skipped: readonly Skipped[];
 }
 
-function sliceIndex(slices: Iterable<EndpointSlice>): Map<string, EndpointSlice[]> {
-  const bySvc = new Map<string, EndpointSlice[]>();
+/** Slices by namespace, then by service name (no key strings: this runs on every sync). */
+function sliceIndex(slices: Iterable<EndpointSlice>): Map<string, Map<string, EndpointSlice[]>> {
+  const byNs = new Map<string, Map<string, EndpointSlice[]>>();
   for (const s of slices) {
-    const k = `${s.namespace}/${s.serviceName}`;
-    let list = bySvc.get(k);
-    if (!list) bySvc.set(k, (list = []));
+    let bySvc = byNs.get(s.namespace);
+    if (!bySvc) byNs.set(s.namespace, (bySvc = new Map()));
+    let list = bySvc.get(s.serviceName);
+    if (!list) bySvc.set(s.serviceName, (list = []));
     list.push(s);
   }
-  return bySvc;
+  return byNs;
 }
 
 interface Candidate {
@@ -185,25 +187,31 @@ export function desiredState(input: ModelInput, memo?: ModelMemo): ModelOutput {
   const skipped: Skipped[] = [];
   const slices = sliceIndex(input.slices);
 
-  const services = [...input.services].sort((a, b) =>
-    a.namespace === b.namespace ? (a.name < b.name ? -1 : 1) : a.namespace < b.namespace ? -1 : 1,
-  );
-  for (const svc of services) {
-    const id = `${svc.namespace}/${svc.name}`;
-    const svcSlices = slices.get(id) ?? NO_SLICES;
+  // Two services claiming one address:port/proto: the API server prevents
+  // it; from files, the first by namespace/name wins. Settled when it
+  // happens, so the common case needs no sort.
+  const before = (a: Service, b: Service): boolean => (a.namespace === b.namespace ? a.name < b.name : a.namespace < b.namespace);
+  const owners = new Map<FrontendKey, Service>();
+  const losers: Array<[Service, FrontendKey]> = [];
+  for (const svc of input.services) {
+    const svcSlices = slices.get(svc.namespace)?.get(svc.name) ?? NO_SLICES;
     const mine = memo ? memo.frontendsOf(svc, svcSlices, input.node) : serviceFrontends(svc, svcSlices, input.node);
-    skipped.push(...mine.skipped);
+    if (mine.skipped.length) skipped.push(...mine.skipped);
     for (const fe of mine.frontends) {
-      // Two services claiming one address:port/proto: the API server
-      // prevents it; from files, the first (by namespace/name) wins.
-      const owner = frontends.get(fe.key);
-      if (owner) {
-        const o = owner.service;
-        skipped.push({ service: id, reason: 'conflict', detail: `${fe.key} is already served for ${o.namespace}/${o.name}` });
+      const owner = owners.get(fe.key);
+      if (owner && before(owner, svc)) {
+        losers.push([svc, fe.key]);
         continue;
       }
+      if (owner) losers.push([owner, fe.key]);
+      owners.set(fe.key, svc);
       frontends.set(fe.key, fe);
     }
+  }
+  const sorted = (list: Array<[Service, FrontendKey]>): Array<[Service, FrontendKey]> => list.sort(([a], [b]) => (before(a, b) ? -1 : before(b, a) ? 1 : 0));
+  for (const [svc, key] of sorted(losers)) {
+    const o = owners.get(key)!;
+    skipped.push({ service: `${svc.namespace}/${svc.name}`, reason: 'conflict', detail: `${key} is already served for ${o.namespace}/${o.name}` });
   }
   return { frontends, skipped };
 }

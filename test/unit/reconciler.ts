@@ -1,7 +1,7 @@
 import t, { type Test } from 'tap';
 import { desiredState } from '../../src/model/from-k8s.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
-import type { DesiredState } from '../../src/model/types.js';
+import { frontendKey, type Backend, type DesiredState, type Frontend, type FrontendKey } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
 import { service, slice } from '../fakes/objects.js';
@@ -207,4 +207,230 @@ t.test('without prune, nothing absent from the desired state is removed', async 
   t.ok(m.services.has('10.96.0.1:80/TCP#0'), 'a kept');
   t.ok(m.services.has('10.96.0.2:80/TCP#0'), 'b added');
   t.equal(consistent(m), undefined);
+});
+
+// Change syncs: after a sync that wrote everything, the next one skips the
+// Frontend objects it already wrote (same object, ===) and writes only what
+// changed. restore(), resync() and a failed sync make the next one full.
+
+/** One TCP frontend on port `port` of `ip`, backends on port 8080. */
+function frontend(ip: string, port: number, backends: string[]): Frontend {
+  const family = ip.includes(':') ? 6 : 4;
+  const addr = { address: ip, family, port, protocol: 'TCP' } as const;
+  return {
+    ...addr,
+    key: frontendKey(addr),
+    type: 'ClusterIP',
+    service: { namespace: 'default', name: `svc-${ip}-${port}`, portName: 'p' },
+    backends: backends.map((a): Backend => ({ address: a, family, port: 8080, protocol: 'TCP', state: 'active' })),
+    terminating: [],
+    affinityTimeout: 0,
+    localOnly: false,
+  };
+}
+
+function state(...fes: Frontend[]): Map<FrontendKey, Frontend> {
+  return new Map(fes.map((f) => [f.key, f]));
+}
+
+const ops = (m: FakeLbMaps, from: number): string[] => m.calls.slice(from).map((c) => `${c.method} ${c.what}`);
+
+/** The maps hold exactly `d`: a reconciler that reads them back has nothing to write. */
+function holdsExactly(t: Test, m: FakeLbMaps, d: DesiredState, what: string): void {
+  t.equal(consistent(m), undefined, `${what}: consistent`);
+  const fresh = new Reconciler(m);
+  fresh.restore();
+  const calls = m.calls.length;
+  const res = fresh.sync(d, { prune: true });
+  t.same(ops(m, calls), [], `${what}: a full plan from the maps writes nothing`);
+  t.equal(res.planned, 0);
+}
+
+t.test('change sync: reused Frontend objects cost nothing, a new frontend costs its own writes', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const fes = Array.from({ length: 20 }, (_, i) => frontend(`10.96.1.${i + 1}`, 80, [`10.1.${i}.1`, `10.1.${i}.2`, '10.0.0.100']));
+  const d1 = state(...fes);
+  r.sync(d1, { prune: true });
+
+  // Count backend id look-ups: a change sync touches only what changed.
+  let acquired = 0;
+  const acquire = r.backendIds.acquire.bind(r.backendIds);
+  r.backendIds.acquire = (k) => (acquired++, acquire(k));
+
+  const added = frontend('10.96.2.1', 80, ['10.2.0.1', '10.2.0.2', '10.2.0.3']);
+  const d2 = state(...fes, added);
+  const res = r.sync(d2, { prune: true });
+  t.same(res.byKind, { 'put-backend': 3, 'put-revnat': 1, 'put-slot': 3, 'put-master': 2 }, 'the new frontend and its wildcard only');
+  t.equal(res.planned, 9);
+  t.same(res.removedBackends, []);
+  t.equal(acquired, 3, 'backend ids looked up for the new frontend only');
+  holdsExactly(t, m, d2, 'after adding');
+
+  // A second port on an address already in use: no wildcard write; a shared backend is not rewritten.
+  acquired = 0;
+  const second = frontend('10.96.2.1', 443, ['10.2.0.1', '10.0.0.100']);
+  const d3 = state(...fes, added, second);
+  const res3 = r.sync(d3, { prune: true });
+  t.same(res3.byKind, { 'put-revnat': 1, 'put-slot': 2, 'put-master': 1 });
+  t.equal(acquired, 2);
+  holdsExactly(t, m, d3, 'after a second port');
+
+  // The same objects again: nothing at all.
+  t.equal(r.sync(d3, { prune: true }).planned, 0);
+});
+
+t.test('change sync: identity, not key, decides what is unchanged', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const a = frontend('10.96.0.1', 80, ['10.0.0.2']);
+  r.sync(state(a), { prune: true });
+  const before = m.calls.length;
+  // Same key, new object with another backend: written.
+  const res = r.sync(state(frontend('10.96.0.1', 80, ['10.0.0.3'])), { prune: true });
+  t.same(ops(m, before), ['putBackend 2', 'putSlot 10.96.0.1:80/TCP#1', 'deleteBackend 1']);
+  t.same(res.removedBackends.map((b) => b.address), ['10.0.0.2']);
+});
+
+t.test('change sync: a dropped endpoint is deleted and reported, unless an unchanged frontend still uses it', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const a = frontend('10.96.0.1', 80, ['10.0.0.2', '10.0.0.9']); // 10.0.0.2: a's alone; 10.0.0.9: shared with b
+  const b = frontend('10.96.0.2', 80, ['10.0.0.3', '10.0.0.9']);
+  r.sync(state(a, b), { prune: true });
+  const ids = (addr: string): number => r.backendIds.get(`${addr}:8080/TCP` as never)!;
+  const own = ids('10.0.0.2');
+  const shared = ids('10.0.0.9');
+
+  const a2 = frontend('10.96.0.1', 80, ['10.0.0.4']); // drops both
+  const d2 = state(a2, b);
+  const calls = m.calls.length;
+  const res = r.sync(d2, { prune: true });
+  t.same(res.removedBackends, [{ address: '10.0.0.2', family: 4, port: 8080, protocol: 'TCP', state: 'active' }], 'only a\'s own backend');
+  t.ok(ops(m, calls).includes(`deleteBackend ${own}`));
+  t.notOk(ops(m, calls).includes(`deleteBackend ${shared}`), 'the shared backend is kept');
+  t.ok(m.backends.has(shared), 'b still has its backend');
+  t.equal(r.backendIds.get('10.0.0.2:8080/TCP' as never), undefined, 'the deleted backend\'s id is freed');
+  t.equal(ids('10.0.0.9'), shared, 'the shared backend keeps its id');
+  holdsExactly(t, m, d2, 'after dropping');
+
+  // Now b drops it too (b is the changed one, a2 unchanged): deleted.
+  const b2 = frontend('10.96.0.2', 80, ['10.0.0.3']);
+  const res3 = r.sync(state(a2, b2), { prune: true });
+  t.same(res3.removedBackends.map((x) => x.address), ['10.0.0.9']);
+  t.notOk(m.backends.has(shared));
+  holdsExactly(t, m, state(a2, b2), 'after b drops it');
+});
+
+t.test('change sync: a removed frontend loses master, slots and rev-NAT; its wildcard only when its address is unused', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const http = frontend('10.96.0.1', 80, ['10.0.0.2']);
+  const https = frontend('10.96.0.1', 443, ['10.0.0.2']); // same address, same backend
+  const other = frontend('10.96.0.2', 80, ['10.0.0.3']);
+  const lone = frontend('10.96.0.3', 80, ['10.0.0.4', '10.0.0.5']);
+  r.sync(state(http, https, other, lone), { prune: true });
+  const rn = (fe: Frontend): number => r.revNatIds[4].get(fe.key)!;
+  const [httpRn, loneRn] = [rn(http), rn(lone)];
+
+  let calls = m.calls.length;
+  const d1 = state(https, other, lone);
+  t.same(r.sync(d1, { prune: true }).removedBackends, [], 'its backend is still used by :443');
+  t.same(ops(m, calls), ['deleteMaster 10.96.0.1:80/TCP', 'deleteSlot 10.96.0.1:80/TCP#1', `deleteRevNat 4/${httpRn}`], 'the wildcard of 10.96.0.1 stays');
+  t.equal(r.revNatIds[4].get(http.key), undefined, 'rev-NAT id released');
+  holdsExactly(t, m, d1, 'after removing :80');
+
+  calls = m.calls.length;
+  const d2 = state(https, other);
+  const res = r.sync(d2, { prune: true });
+  t.same(ops(m, calls), [
+    'deleteMaster 10.96.0.3:80/TCP',
+    'deleteSlot 10.96.0.3:80/TCP#1',
+    'deleteSlot 10.96.0.3:80/TCP#2',
+    `deleteRevNat 4/${loneRn}`,
+    'deleteMaster 10.96.0.3:0/ANY',
+    'deleteBackend 3',
+    'deleteBackend 4',
+  ]);
+  t.same(res.removedBackends.map((b) => b.address), ['10.0.0.4', '10.0.0.5']);
+  t.equal(r.revNatIds[4].get(lone.key), undefined, 'rev-NAT id released');
+  holdsExactly(t, m, d2, 'after removing the lone frontend');
+
+  // A new frontend (even at a removed key) gets a fresh id and works.
+  const back = frontend('10.96.0.3', 80, ['10.0.0.4']);
+  const d3 = state(https, other, back);
+  r.sync(d3, { prune: true });
+  t.ok(r.revNatIds[4].get(back.key)! > loneRn, 'round-robin: not the freed id');
+  holdsExactly(t, m, d3, 'after re-adding');
+});
+
+t.test('change sync does not see drift; resync() and restore() make the next sync repair it', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const a = frontend('10.96.0.1', 80, ['10.0.0.2', '10.0.0.3']);
+  const b = frontend('10.96.0.2', 80, ['10.0.0.4']);
+  const d = state(a, b);
+  r.sync(d, { prune: true });
+
+  m.services.delete('10.96.0.1:80/TCP#2'); // behind the agent's back
+  let calls = m.calls.length;
+  t.equal(r.sync(d, { prune: true }).planned, 0, 'by design: the same objects are not looked at');
+  r.resync();
+  r.sync(d, { prune: true });
+  t.same(ops(m, calls), ['putSlot 10.96.0.1:80/TCP#2'], 'resync: full plan, the slot is rewritten');
+  holdsExactly(t, m, d, 'after resync');
+
+  m.revNat.delete(`4/${r.revNatIds[4].get(b.key)}`);
+  calls = m.calls.length;
+  t.equal(r.sync(d, { prune: true }).planned, 0);
+  r.restore();
+  r.sync(d, { prune: true });
+  t.same(ops(m, calls), [`putRevNat 4/${r.revNatIds[4].get(b.key)}`], 'restore: full plan, the rev-NAT entry is rewritten');
+  holdsExactly(t, m, d, 'after restore');
+});
+
+t.test('after a failed write the next sync is a full plan and repairs what the failed one left', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const a = frontend('10.96.0.1', 80, ['10.0.0.2']);
+  const b = frontend('10.96.0.2', 80, ['10.0.0.3', '10.0.0.4']);
+  const d = state(a, b);
+  r.sync(d, { prune: true });
+
+  // Removing b fails half-way: its master and slot 1 are gone, slot 2 is not.
+  m.failWhen = (c) => c.method === 'deleteSlot' && c.what === '10.96.0.2:80/TCP#2';
+  t.throws(() => r.sync(state(a), { prune: true }), { code: 'ESYNC' });
+  t.notOk(m.services.has('10.96.0.2:80/TCP#0'), 'b is not served');
+
+  // Back to the very objects last applied: b must be rewritten, not skipped.
+  const calls = m.calls.length;
+  r.sync(d, { prune: true });
+  t.same(ops(m, calls), ['putSlot 10.96.0.2:80/TCP#1', 'putMaster 10.96.0.2:80/TCP']);
+  t.ok(m.services.has('10.96.0.2:80/TCP#0'), 'b is served again');
+  holdsExactly(t, m, d, 'after the repair');
+
+  // A failure while adding: the retry with the same objects finishes the job.
+  const c = frontend('10.96.0.3', 80, ['10.0.0.5']);
+  const d2 = state(a, b, c);
+  m.failWhen = (x) => x.method === 'putMaster' && x.what === '10.96.0.3:0/ANY';
+  t.throws(() => r.sync(d2, { prune: true }), { code: 'ESYNC' });
+  const calls2 = m.calls.length;
+  r.sync(d2, { prune: true });
+  t.same(ops(m, calls2), ['putMaster 10.96.0.3:0/ANY'], 'the missing wildcard is written');
+  holdsExactly(t, m, d2, 'after the retry');
+});
+
+t.test('what a sync without prune kept, the next pruning sync removes', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const a = frontend('10.96.0.1', 80, ['10.0.0.2']);
+  const b = frontend('10.96.0.2', 80, ['10.0.0.3']);
+  r.sync(state(a, b), { prune: true });
+  // Without prune b is kept in the maps although the desired state lacks it.
+  r.sync(state(a), { prune: false });
+  t.ok(m.services.has('10.96.0.2:80/TCP#0'));
+  // With prune, b goes, whatever the previous sync skipped.
+  r.sync(state(a), { prune: true });
+  t.notOk(m.services.has('10.96.0.2:80/TCP#0'));
+  holdsExactly(t, m, state(a), 'after pruning');
 });
