@@ -45,8 +45,33 @@ export interface MapsDump {
   readonly revNat: ReadonlyArray<{ readonly id: number; readonly family: Family } & RevNatEntry>;
 }
 
+/** A write that can go in a batch (several of one kind, to one map, in one syscall). */
+export type LbWrite =
+  | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
+  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
+  | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
+  | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry };
+
+/** A batch that failed part way: its first `written` writes are in the map. */
+export class PartialWriteError extends Error {
+  constructor(
+    message: string,
+    readonly written: number,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+    this.name = 'PartialWriteError';
+  }
+}
+
 /** Every write the reconciler makes. Each call is one map syscall. */
 export interface LbMaps {
+  /**
+   * Optional: writes of one kind and one address family, in order, in one
+   * syscall (BPF_MAP_UPDATE_BATCH). Throws PartialWriteError naming how many
+   * were written before the failure.
+   */
+  putMany?(writes: readonly LbWrite[]): void;
   putBackend(id: number, backend: Backend): void;
   deleteBackend(id: number, family: Family): void;
   putMaster(fe: ServiceAddr, master: MasterEntry): void;

@@ -19,7 +19,7 @@ import {
   type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import type { LbMaps, MapsDump, MasterEntry, MasterType, RevNatEntry, ServiceAddr, ServiceEntry } from './lbmaps.js';
+import { PartialWriteError, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceAddr, type ServiceEntry } from './lbmaps.js';
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -31,6 +31,8 @@ export interface ByteMap {
   update(key: Buffer, value: Buffer, flags?: number): void;
   delete(key: Buffer): boolean;
   entries(): Array<[Buffer, Buffer]>;
+  /** Optional: `count` concatenated keys and values in one syscall; failures carry `count` written. */
+  batchUpdate?(keys: Buffer, values: Buffer, count: number): number;
 }
 
 /** The maps LbMaps writes; lb_metrics and the socket rev-NAT maps are read elsewhere. */
@@ -126,19 +128,65 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
   };
 }
 
+const EMPTY_SLOT = { count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 };
+
 export class KernelLbMaps implements LbMaps {
   constructor(private readonly m: LbMapSet) {
     for (const name of LB_MAP_NAMES) verifyMapLayout(m[name], mapSpecs[name]);
   }
 
-  putBackend(id: number, b: Backend): void {
-    const proto = PROTO_NUM[b.protocol];
-    const state = STATE_NUM[b.state];
-    if (b.family === 4) {
-      this.m.lb4_backends.update(u32.encode(id), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state }));
-    } else {
-      this.m.lb6_backends.update(u32.encode(id), lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto, state }));
+  /** The map, key and value of one write: the one place that encodes them. */
+  private encode(w: LbWrite): [ByteMap, Buffer, Buffer] {
+    switch (w.kind) {
+      case 'put-backend': {
+        const b = w.backend;
+        const proto = PROTO_NUM[b.protocol];
+        const state = STATE_NUM[b.state];
+        return b.family === 4
+          ? [this.m.lb4_backends, u32.encode(w.id), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state })]
+          : [this.m.lb6_backends, u32.encode(w.id), lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto, state })];
+      }
+      case 'put-revnat':
+        return w.family === 4
+          ? [this.m.lb4_reverse_nat, u32.encode(w.id), lb4_reverse_nat.encode({ address: ipv4ToUint(w.entry.address), port: w.entry.port })]
+          : [this.m.lb6_reverse_nat, u32.encode(w.id), lb6_reverse_nat.encode({ address: v6bytes(w.entry.address), port: w.entry.port })];
+      case 'put-slot':
+        return [this.services(w.fe.family), serviceKey(w.fe, w.slot), lb_service.encode({ ...EMPTY_SLOT, backendId: w.backendId })];
+      case 'put-master':
+        return [this.services(w.fe.family), serviceKey(w.fe, 0), masterValue(w.master)];
     }
+  }
+
+  putMany(writes: readonly LbWrite[]): void {
+    if (writes.length === 0) return;
+    const encoded = writes.map((w) => this.encode(w));
+    const map = encoded[0]![0];
+    if (encoded.some(([m]) => m !== map)) throw new RangeError('putMany: every write of a batch must go to the same map');
+    if (!map.batchUpdate) {
+      encoded.forEach(([m, k, v], i) => {
+        try {
+          m.update(k, v);
+        } catch (err) {
+          throw new PartialWriteError((err as Error).message, i, { cause: err });
+        }
+      });
+      return;
+    }
+    try {
+      map.batchUpdate(
+        Buffer.concat(encoded.map(([, k]) => k)),
+        Buffer.concat(encoded.map(([, , v]) => v)),
+        encoded.length,
+      );
+    } catch (err) {
+      const written = (err as { count?: unknown }).count;
+      throw new PartialWriteError((err as Error).message, typeof written === 'number' ? written : 0, { cause: err });
+    }
+  }
+
+  putBackend(id: number, backend: Backend): void {
+    const [m, k, v] = this.encode({ kind: 'put-backend', id, backend });
+    m.update(k, v);
   }
 
   deleteBackend(id: number, family: Family): void {
@@ -146,29 +194,30 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putMaster(fe: ServiceAddr, master: MasterEntry): void {
-    this.services(fe.family).update(serviceKey(fe, 0), masterValue(master));
+    const [m, k, v] = this.encode({ kind: 'put-master', fe, master });
+    m.update(k, v);
   }
+
 
   deleteMaster(fe: ServiceAddr): void {
     this.services(fe.family).delete(serviceKey(fe, 0));
   }
 
   putSlot(fe: ServiceAddr, slot: number, backendId: number): void {
-    const v = lb_service.encode({ backendId, count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 });
-    this.services(fe.family).update(serviceKey(fe, slot), v);
+    const [m, k, v] = this.encode({ kind: 'put-slot', fe, slot, backendId });
+    m.update(k, v);
   }
+
 
   deleteSlot(fe: ServiceAddr, slot: number): void {
     this.services(fe.family).delete(serviceKey(fe, slot));
   }
 
-  putRevNat(id: number, family: Family, e: RevNatEntry): void {
-    if (family === 4) {
-      this.m.lb4_reverse_nat.update(u32.encode(id), lb4_reverse_nat.encode({ address: ipv4ToUint(e.address), port: e.port }));
-    } else {
-      this.m.lb6_reverse_nat.update(u32.encode(id), lb6_reverse_nat.encode({ address: v6bytes(e.address), port: e.port }));
-    }
+  putRevNat(id: number, family: Family, entry: RevNatEntry): void {
+    const [m, k, v] = this.encode({ kind: 'put-revnat', id, family, entry });
+    m.update(k, v);
   }
+
 
   deleteRevNat(id: number, family: Family): void {
     (family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat).delete(u32.encode(id));

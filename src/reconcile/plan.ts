@@ -75,6 +75,20 @@ export function masterFlags(fe: Frontend): number {
  * skipped (a change sync touches only what changed). Omitted: every
  * frontend is compared with the realized state (a full plan).
  */
+/** The address family an op writes (each family has its own maps). */
+export function opFamily(op: MapOp): Family {
+  switch (op.kind) {
+    case 'put-backend':
+      return op.backend.family;
+    case 'delete-backend':
+    case 'put-revnat':
+    case 'delete-revnat':
+      return op.family;
+    default:
+      return op.fe.family;
+  }
+}
+
 export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment, unchanged?: (fe: Frontend) => boolean): MapOp[] {
   const ops: MapOp[] = [];
   const tail: MapOp[] = [];
@@ -91,8 +105,16 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
     const have = realized.backends.get(id);
     if (!have || !sameBackend(have, b)) ops.push({ kind: 'put-backend', id, backend: b });
   }
+  ops.sort((a, b) => opFamily(a) - opFamily(b));
 
-  // 2. Frontends, each: rev-NAT, slots, master, then slots beyond the count.
+  // 2. Frontends: every rev-NAT entry, then every slot, then every master,
+  // then slots beyond a shrunk count. Grouped by kind (rather than frontend
+  // by frontend) so that runs of one kind go to the kernel in one batch; the
+  // order between kinds is what the invariant above needs.
+  const revNatOps: MapOp[] = [];
+  const slotOps: MapOp[] = [];
+  const masterOps: MapOp[] = [];
+  const shrinkOps: MapOp[] = [];
   const neededRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
   const addresses = new Set<string>();
   const wildcards: ServiceAddr[] = [];
@@ -109,13 +131,13 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
     const have = realized.frontends.get(key);
     const rn = realized.revNat.get(revNatKey(fe.family, revNatId));
     if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      ops.push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
+      revNatOps.push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
     }
 
     const { active, terminating } = slotLayout(fe);
     const slots = [...active, ...terminating].map((b) => ids.backendId(b));
     slots.forEach((backendId, i) => {
-      if (have?.slots.get(i + 1) !== backendId) ops.push({ kind: 'put-slot', fe: addr, slot: i + 1, backendId });
+      if (have?.slots.get(i + 1) !== backendId) slotOps.push({ kind: 'put-slot', fe: addr, slot: i + 1, backendId });
     });
     const master: MasterEntry = {
       count: active.length,
@@ -125,15 +147,18 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
       flags: masterFlags(fe),
       affinityTimeout: fe.affinityTimeout,
     };
-    if (!have?.master || !sameMaster(have.master, master)) ops.push({ kind: 'put-master', fe: addr, master });
+    if (!have?.master || !sameMaster(have.master, master)) masterOps.push({ kind: 'put-master', fe: addr, master });
     if (have) {
       for (const slot of [...have.slots.keys()].sort((a, b) => a - b)) {
-        if (slot > slots.length) ops.push({ kind: 'delete-slot', fe: addr, slot });
+        if (slot > slots.length) shrinkOps.push({ kind: 'delete-slot', fe: addr, slot });
       }
     }
   }
+  const byFamily = (list: MapOp[]): MapOp[] => [...list.filter((op) => opFamily(op) === 4), ...list.filter((op) => opFamily(op) === 6)];
+  ops.push(...byFamily(revNatOps), ...byFamily(slotOps), ...byFamily(masterOps), ...shrinkOps);
 
   // 3. Wildcards of every address in use (of changed frontends: the others' are written).
+  wildcards.sort((a, b) => a.family - b.family);
   for (const wild of wildcards) {
     const have = realized.frontends.get(serviceAddrKey(wild));
     if (!have?.master || !sameMaster(have.master, WILDCARD_MASTER)) {

@@ -4,10 +4,10 @@
 // idempotent: re-running any prefix of a plan is harmless.
 import { LbError } from '../errors.js';
 import type { LbMaps, ServiceAddr } from '../datapath/lbmaps.js';
-import { serviceAddrKey } from '../datapath/lbmaps.js';
+import { PartialWriteError, serviceAddrKey, type LbWrite } from '../datapath/lbmaps.js';
 import { backendKey, type Backend, type BackendKey, type DesiredState, type Family, type Frontend, type FrontendKey } from '../model/types.js';
 import { IdAllocator } from './ids.js';
-import { plan, type MapOp } from './plan.js';
+import { opFamily, plan, type MapOp } from './plan.js';
 import { emptyRealized, realizedFrom, revNatKey, type RealizedFrontend, type RealizedState } from './realized.js';
 
 export interface SyncOptions {
@@ -58,6 +58,9 @@ export function describeOp(op: MapOp): string {
       return `delete ${serviceAddrKey(op.fe)} master`;
   }
 }
+
+/** Writes per batch syscall: bounds the buffers (a cold sync of 100,000 services is ~800,000 writes). */
+const MAX_BATCH = 8192;
 
 export class Reconciler {
   private realizedState: RealizedState = emptyRealized();
@@ -138,7 +141,26 @@ export class Reconciler {
     let applied_ = 0;
     let ok = false;
     try {
-      for (const op of ops) {
+      for (let i = 0; i < ops.length; ) {
+        const run = this.batchAt(ops, i);
+        if (run > 1) {
+          const batch = ops.slice(i, i + run) as LbWrite[];
+          try {
+            this.maps.putMany!(batch);
+          } catch (err) {
+            const written = err instanceof PartialWriteError ? err.written : 0;
+            for (const op of batch.slice(0, written)) this.count(op, byKind);
+            applied_ += written;
+            const failed = batch[written] ?? batch[0]!;
+            const cause = err instanceof PartialWriteError && err.cause ? err.cause : err;
+            throw new SyncError(`${describeOp(failed)}: ${(err as Error).message}`, failed, applied_, { cause });
+          }
+          for (const op of batch) this.count(op, byKind);
+          applied_ += run;
+          i += run;
+          continue;
+        }
+        const op = ops[i]!;
         try {
           this.apply(op);
         } catch (err) {
@@ -146,6 +168,7 @@ export class Reconciler {
         }
         applied_++;
         byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
+        i++;
       }
       ok = true;
     } finally {
@@ -158,6 +181,22 @@ export class Reconciler {
     return { planned: ops.length, applied: applied_, byKind, removedBackends: this.removed.splice(0) };
   }
 
+  /** How many ops from `i` on can go in one batch: puts of one kind and family (1: write it alone). */
+  private batchAt(ops: readonly MapOp[], i: number): number {
+    if (!this.maps.putMany) return 1;
+    const first = ops[i]!;
+    if (!first.kind.startsWith('put-')) return 1;
+    const fam = opFamily(first);
+    let j = i + 1;
+    while (j < ops.length && j - i < MAX_BATCH && ops[j]!.kind === first.kind && opFamily(ops[j]!) === fam) j++;
+    return j - i;
+  }
+
+  private count(op: MapOp, byKind: Record<string, number>): void {
+    this.note(op);
+    byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
+  }
+
   private releaseDeleted(ops: readonly MapOp[]): void {
     for (const op of ops) {
       if (op.kind === 'delete-backend') this.backendIds.releaseId(op.id);
@@ -166,45 +205,65 @@ export class Reconciler {
   }
 
   private apply(op: MapOp): void {
+    this.write(op);
+    this.note(op);
+  }
+
+  /** The map write of one op. */
+  private write(op: MapOp): void {
+    const m = this.maps;
+    switch (op.kind) {
+      case 'put-backend':
+        return m.putBackend(op.id, op.backend);
+      case 'delete-backend':
+        return m.deleteBackend(op.id, op.family);
+      case 'put-revnat':
+        return m.putRevNat(op.id, op.family, op.entry);
+      case 'delete-revnat':
+        return m.deleteRevNat(op.id, op.family);
+      case 'put-slot':
+        return m.putSlot(op.fe, op.slot, op.backendId);
+      case 'delete-slot':
+        return m.deleteSlot(op.fe, op.slot);
+      case 'put-master':
+        return m.putMaster(op.fe, op.master);
+      case 'delete-master':
+        return m.deleteMaster(op.fe);
+    }
+  }
+
+  /** Realized-state bookkeeping of a write the maps accepted. */
+  private note(op: MapOp): void {
     const r = this.realizedState;
     switch (op.kind) {
       case 'put-backend':
-        this.maps.putBackend(op.id, op.backend);
         r.backends.set(op.id, op.backend);
         break;
       case 'delete-backend': {
-        this.maps.deleteBackend(op.id, op.family);
         const gone = r.backends.get(op.id);
         if (gone) this.removed.push(gone);
         r.backends.delete(op.id);
         break;
       }
       case 'put-revnat':
-        this.maps.putRevNat(op.id, op.family, op.entry);
         r.revNat.set(revNatKey(op.family, op.id), { ...op.entry, id: op.id, family: op.family });
         break;
       case 'delete-revnat':
-        this.maps.deleteRevNat(op.id, op.family);
         r.revNat.delete(revNatKey(op.family, op.id));
         break;
-      case 'put-slot': {
-        this.maps.putSlot(op.fe, op.slot, op.backendId);
+      case 'put-slot':
         this.frontend(op.fe).slots.set(op.slot, op.backendId);
         break;
-      }
       case 'delete-slot': {
-        this.maps.deleteSlot(op.fe, op.slot);
         const fe = this.frontend(op.fe);
         fe.slots.delete(op.slot);
         if (!fe.master && fe.slots.size === 0) r.frontends.delete(serviceAddrKey(op.fe));
         break;
       }
       case 'put-master':
-        this.maps.putMaster(op.fe, op.master);
         this.frontend(op.fe).master = op.master;
         break;
       case 'delete-master': {
-        this.maps.deleteMaster(op.fe);
         const fe = this.frontend(op.fe);
         delete fe.master;
         if (fe.slots.size === 0) r.frontends.delete(serviceAddrKey(op.fe));
