@@ -11,7 +11,7 @@ import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
 import { lb4_key, lb_service } from '../src/datapath/abi.gen.js';
 import { ipv4ToUint } from '../src/model/addr.js';
-import { LBCTL, type BenchRun, type World } from './world.js';
+import { LBCTL, ROOT, type BenchRun, type World } from './world.js';
 import type { BenchService } from './kube-proxy.js';
 
 /** What the local API server stores: a Kubernetes object as plain JSON. */
@@ -132,9 +132,10 @@ export class BenchAgent {
       '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
     ];
     // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it stops.
+    // (node refuses --cpu-prof in NODE_OPTIONS: run the CLI's entry point directly.)
     const prof = process.env.BENCH_PROFILE_DIR;
-    const cmd = ['taskset', '-c', String(cpu), LBCTL, ...args];
-    if (prof) cmd.unshift('env', `NODE_OPTIONS=--cpu-prof --cpu-prof-dir=${prof}`);
+    const entry = prof ? ['node', '--cpu-prof', `--cpu-prof-dir=${prof}`, path.join(ROOT, 'dist/cli/main.js')] : [LBCTL];
+    const cmd = ['taskset', '-c', String(cpu), ...entry, ...args];
     const t0 = performance.now();
     return new BenchAgent(run.spawn(cmd[0]!, cmd.slice(1)), t0);
   }
