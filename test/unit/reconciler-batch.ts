@@ -46,7 +46,9 @@ function desired(n: number, dual = false): DesiredState {
     const v = validateService(service(`s${i}`, ips, [{ name: 'p', port: 80, protocol: 'TCP' }]));
     if (!v.ok) throw new Error(v.reason);
     services.push(v.value);
-    for (const [fam, addrs] of [['IPv4', [`10.244.${i}.1`, `10.244.${i}.2`, `10.244.${i}.3`]], ...(dual ? [['IPv6', [`fd00:244::${i}:1`]]] : [])] as const) {
+    const families: Array<['IPv4' | 'IPv6', string[]]> = [['IPv4', [`10.244.${i}.1`, `10.244.${i}.2`, `10.244.${i}.3`]]];
+    if (dual) families.push(['IPv6', [`fd00:244::${i}:1`]]);
+    for (const [fam, addrs] of families) {
       const e = validateEndpointSlice(slice(`s${i}-${fam.toLowerCase()}`, `s${i}`, fam, [{ name: 'p', port: 8080, protocol: 'TCP' }], addrs.map((a) => ({ addresses: [a] }))));
       if (!e.ok) throw new Error(e.reason);
       slices.push(e.value);
