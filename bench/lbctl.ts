@@ -92,6 +92,7 @@ export class BenchAgent {
   private readonly waiters: Array<() => void> = [];
   private readonly output: string[] = [];
   readonly exited: Promise<number | null>;
+  private metricsPort: number | undefined;
 
   private constructor(
     readonly proc: ChildProcess,
@@ -109,6 +110,7 @@ export class BenchAgent {
       } catch {
         return;
       }
+      if (l.msg === 'serving health, metrics and the local API') this.metricsPort = Number(l.metrics);
       if (l.msg === 'sync done') {
         this.syncs.push({ reason: String(l.reason), planned: Number(l.planned), durationMs: Number(l.durationMs), frontends: Number(l.frontends), seenAt });
         for (const w of this.waiters.splice(0)) w();
@@ -155,11 +157,26 @@ export class BenchAgent {
     }
   }
 
-  /** Resident and peak resident memory, in MiB (/proc/PID/status). */
-  memory(): { rssMiB: number; hwmMiB: number } {
+  /**
+   * Resident and peak resident memory, in MiB (/proc/PID/status), and where
+   * it is: the V8 heap in use and reserved, and memory outside it (Buffers),
+   * from the agent's own /metrics (prom-client's process metrics).
+   */
+  async memory(): Promise<{ rssMiB: number; hwmMiB: number; heapUsedMiB?: number; heapTotalMiB?: number; externalMiB?: number }> {
     const status = readFileSync(`/proc/${this.proc.pid}/status`, 'utf8');
     const kb = (field: string): number => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN);
-    return { rssMiB: kb('VmRSS') / 1024, hwmMiB: kb('VmHWM') / 1024 };
+    const out = { rssMiB: kb('VmRSS') / 1024, hwmMiB: kb('VmHWM') / 1024 };
+    if (this.metricsPort === undefined) return out;
+    try {
+      const text = await (await fetch(`http://127.0.0.1:${this.metricsPort}/metrics`)).text();
+      const mib = (name: string): number | undefined => {
+        const m = new RegExp(`^${name} ([0-9.e+]+)$`, 'm').exec(text);
+        return m ? Number(m[1]) / 2 ** 20 : undefined;
+      };
+      return { ...out, heapUsedMiB: mib('nodejs_heap_size_used_bytes'), heapTotalMiB: mib('nodejs_heap_size_total_bytes'), externalMiB: mib('nodejs_external_memory_bytes') };
+    } catch {
+      return out;
+    }
   }
 
   async stop(): Promise<void> {

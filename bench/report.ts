@@ -26,7 +26,7 @@ export interface Point {
   addMs?: number | undefined;
   addEventToMapMs?: number | undefined;
   eventToMapMs?: number[] | undefined;
-  memory?: { rssMiB: number; hwmMiB: number } | undefined;
+  memory?: { rssMiB: number; hwmMiB: number; heapUsedMiB?: number | undefined; heapTotalMiB?: number | undefined; externalMiB?: number | undefined } | undefined;
 }
 
 export interface Results {
@@ -95,7 +95,7 @@ export function report(r: Results, out: string): void {
       'Add one: one more service on top of N (lbctl: the sync the watch event causes; iptables: `iptables-restore --noflush` of what kube-proxy\'s partial sync writes; nftables: the incremental `nft -f` transaction).',
     '',
   );
-  lines.push('| N | mode | cold | add one | lbctl start → synced | event → map p50 | event → map p99 | agent RSS (MiB) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
+  lines.push('| N | mode | cold | add one | lbctl start → synced | event → map p50 | event → map p99 | agent RSS (MiB) | V8 heap used / reserved (MiB) |', '|---:|---|---:|---:|---:|---:|---:|---:|---:|');
   for (const n of sizes) {
     for (const mode of modes.filter((x) => x !== 'floor')) {
       const ps = at(mode, n);
@@ -104,7 +104,8 @@ export function report(r: Results, out: string): void {
       lines.push(
         `| ${n.toLocaleString('en')} | ${mode} | ${f(median(ps.map((p) => p.coldMs)), 1)} | ${f(median(ps.map((p) => p.addMs ?? NaN)), 2)} | ` +
           `${mode === 'lbctl' ? f(median(ps.map((p) => p.startToSyncedMs ?? NaN)), 0) : ''} | ${events.length ? f(percentile(events, 50), 2) : ''} | ${events.length ? f(percentile(events, 99), 2) : ''} | ` +
-          `${mode === 'lbctl' ? f(median(ps.map((p) => p.memory?.rssMiB ?? NaN)), 1) : ''} |`,
+          `${mode === 'lbctl' ? f(median(ps.map((p) => p.memory?.rssMiB ?? NaN)), 1) : ''} | ` +
+          `${mode === 'lbctl' ? `${f(median(ps.map((p) => p.memory?.heapUsedMiB ?? NaN)), 1)} / ${f(median(ps.map((p) => p.memory?.heapTotalMiB ?? NaN)), 1)}` : ''} |`,
       );
     }
   }

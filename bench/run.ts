@@ -123,7 +123,7 @@ interface Programmed {
   /** lbctl: the API server's event to the new frontend in the kernel map. */
   addEventToMapMs?: number;
   eventToMapMs?: number[];
-  memory?: { rssMiB: number; hwmMiB: number };
+  memory?: Awaited<ReturnType<BenchAgent['memory']>>;
   syncsForAdd?: number;
   /** kube-proxy modes: writes the one-service addition as kube-proxy's partial sync would; returns ms. */
   add?: () => number;
@@ -297,7 +297,7 @@ async function main(): Promise<void> {
                 if (mode !== 'floor') connect(run, w, services[n]!.clusterIP, 80, 'cc', 100);
                 if (mode === 'lbctl') {
                   await events(p, { w, services, n, api, plan });
-                  p.memory = p.agent!.memory();
+                  p.memory = await p.agent!.memory();
                   deleteServices(api, [services[n]!]);
                 }
                 results.points.push({
