@@ -89,6 +89,11 @@ export function opFamily(op: MapOp): Family {
   }
 }
 
+/** ops.push(...more) without a spread: plans reach hundreds of thousands of ops, past the call stack's argument limit. */
+function append(ops: MapOp[], more: readonly MapOp[]): void {
+  for (const op of more) ops.push(op);
+}
+
 export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment, unchanged?: (fe: Frontend) => boolean): MapOp[] {
   const ops: MapOp[] = [];
   const tail: MapOp[] = [];
@@ -154,8 +159,10 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
       }
     }
   }
-  const byFamily = (list: MapOp[]): MapOp[] => [...list.filter((op) => opFamily(op) === 4), ...list.filter((op) => opFamily(op) === 6)];
-  ops.push(...byFamily(revNatOps), ...byFamily(slotOps), ...byFamily(masterOps), ...shrinkOps);
+  for (const list of [revNatOps, slotOps, masterOps]) {
+    for (const family of [4, 6] as const) for (const op of list) if (opFamily(op) === family) ops.push(op);
+  }
+  append(ops, shrinkOps);
 
   // 3. Wildcards of every address in use (of changed frontends: the others' are written).
   wildcards.sort((a, b) => a.family - b.family);
@@ -182,7 +189,8 @@ export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssi
   for (const rn of realized.revNat.values()) {
     if (!neededRevNat[rn.family].has(rn.id)) tail.push({ kind: 'delete-revnat', id: rn.id, family: rn.family });
   }
-  ops.push(...tail, ...wildcardRemovals);
+  append(ops, tail);
+  append(ops, wildcardRemovals);
   // Backends no frontend uses any more. A change sync skipped the unchanged
   // frontends above: their backends are the ones in their written slots.
   if (unchanged) {
