@@ -1,14 +1,14 @@
 // Profiles lbctl's sync path on real maps, outside the agent: validate N
 // Services and EndpointSlices, compute the desired state, and program it
-// into freshly created (unattached) maps; then add one service on top.
+// into freshly created (unattached) maps; then add one service on top, and
+// change one service's endpoints.
 //   node --cpu-prof --import=@tapjs/typescript/import bench/profile/sync.ts 10000
-import { mkdirSync, rmSync } from 'node:fs';
-import path from 'node:path';
+import { rmSync, mkdirSync } from 'node:fs';
 import { BpfObject } from '../../src/native/bpf.js';
 import { DEFAULT_OBJECT } from '../../src/datapath/loader.js';
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../../src/datapath/maps.js';
 import { validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../../src/model/k8s.js';
-import { desiredState, ModelMemo } from '../../src/model/from-k8s.js';
+import { DesiredModel, serviceId } from '../../src/model/desired.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { serviceObject, sliceObject } from '../lbctl.js';
 import { makeServices } from '../services.js';
@@ -26,33 +26,43 @@ try {
   for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
   const rec = new Reconciler(new KernelLbMaps(set));
   rec.restore();
-  const all = makeServices(n);
+  const all = makeServices(n + 1);
   const ok = <T>(v: { ok: true; value: T } | { ok: false; reason: string }): T => {
     if (!v.ok) throw new Error(v.reason);
     return v.value;
   };
-  const t = (label: string, fn: () => void): void => {
+  const t = <T>(label: string, fn: () => T): T => {
     const t0 = performance.now();
-    fn();
-    process.stdout.write(`${label}: ${(performance.now() - t0).toFixed(1)} ms\n`);
+    const c0 = process.cpuUsage();
+    const out = fn();
+    const cpu = process.cpuUsage(c0);
+    process.stdout.write(`${label}: ${(performance.now() - t0).toFixed(2)} ms (cpu ${((cpu.user + cpu.system) / 1000).toFixed(2)} ms)\n`);
+    return out;
   };
-  const memo = new ModelMemo();
-  let services: Service[] = [];
-  let slices: EndpointSlice[] = [];
-  t(`validate ${n}`, () => {
-    services = all.slice(0, n).map((s) => ok(validateService(serviceObject(s))));
-    slices = all.slice(0, n).map((s) => ok(validateEndpointSlice(sliceObject(s))));
+  const model = new DesiredModel();
+  const add = (svc: Service, slice: EndpointSlice): void => {
+    model.setService(serviceId(svc.namespace, svc.name), svc);
+    model.setSlice(serviceId(slice.namespace, slice.name), slice);
+  };
+  const objs = t(`validate ${n}`, () => all.map((s) => [ok(validateService(serviceObject(s))), ok(validateEndpointSlice(sliceObject(s)))] as const));
+  t(`model: ${n} events`, () => objs.slice(0, n).forEach(([s, e]) => add(s, e)));
+  let flushed = t('model: flush (cold)', () => model.flush());
+  t('sync cold', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+  add(...objs[n]!);
+  flushed = t('add one: model flush', () => model.flush());
+  t('add one: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+  const [svc0, slice0] = objs[0]!;
+  model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(1) });
+  flushed = t('one endpoint less: model flush', () => model.flush());
+  t('one endpoint less: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+  flushed = t('nothing changed: model flush', () => model.flush());
+  t('nothing changed: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+  t('full resync (re-read the maps, full plan)', () => {
+    rec.resync();
+    return rec.sync(model.frontends, { prune: true });
   });
-  let model = desiredState({ services, slices }, memo);
-  t('desired state', () => (model = desiredState({ services, slices }, memo)));
-  t('sync cold', () => rec.sync(model.frontends, { prune: true }));
-  services.push(ok(validateService(serviceObject(all[n]!))));
-  slices.push(ok(validateEndpointSlice(sliceObject(all[n]!))));
-  t('add one: desired state', () => (model = desiredState({ services, slices }, memo)));
-  t('add one: sync', () => rec.sync(model.frontends, { prune: true }));
-  t('nothing changed: sync', () => rec.sync(model.frontends, { prune: true }));
+  void svc0;
 } finally {
   obj.close();
   rmSync(pin, { recursive: true, force: true });
 }
-void path;

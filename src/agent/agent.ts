@@ -14,8 +14,9 @@ import { lbList } from '../datapath/listing.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
-import { desiredState, ModelMemo, type Skipped } from '../model/from-k8s.js';
-import { formatAddr, type DesiredState } from '../model/types.js';
+import { DesiredModel } from '../model/desired.js';
+import type { Skipped } from '../model/from-k8s.js';
+import { formatAddr } from '../model/types.js';
 import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
 import type { AgentMetrics } from './metrics.js';
@@ -46,13 +47,12 @@ export class Agent implements AgentView {
   private reconciler: Reconciler | undefined;
   private terminator: UdpTerminator | undefined;
   private readonly runner: BoundedFrequencyRunner;
-  private desired: DesiredState = new Map();
-  /** Each service's frontends, reused while its objects are unchanged. */
-  private readonly memo = new ModelMemo();
-  private skippedBefore = new Set<string>();
+  /** The desired state, kept up to date event by event (kube-proxy's change trackers). */
+  private readonly model = new DesiredModel();
   private stats: { -readonly [K in keyof SyncStats]: SyncStats[K] } = { count: 0, inProgress: false };
   private synced = false;
   private nodeGoing = false;
+  private runQueued = false;
 
   constructor(private readonly opts: AgentOptions) {
     this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
@@ -83,7 +83,10 @@ export class Agent implements AgentView {
     log.info(this.terminator.detection, `stale connected UDP sockets of removed backends: ${this.terminator.mechanism}`);
 
     await this.opts.source.start((e) => this.changed(e));
-    this.runner.run();
+    // The first sync: the one the source's first events asked for, or one
+    // now (a source still listing defers it; the maps keep serving).
+    if (this.stats.count === 0) this.requestSync();
+    await new Promise((resolve) => setImmediate(resolve));
     await this.runner.idle();
   }
 
@@ -99,15 +102,36 @@ export class Agent implements AgentView {
 
   private changed(e?: SourceEvent): void {
     const now = Date.now();
-    if (e) this.opts.metrics?.event(e.kind, e.type);
+    if (e) {
+      this.opts.metrics?.event(e.kind, e.type);
+      if (e.kind === 'Service') this.model.setService(e.id, e.object);
+      else if (e.kind === 'EndpointSlice') this.model.setSlice(e.id, e.object);
+      else {
+        this.model.setNode(e.object);
+        this.nodeGoing = e.object?.deleting ?? false;
+      }
+    }
     this.opts.metrics?.queued(now);
     this.stats.oldestPending ??= now;
-    this.runner.run();
+    this.requestSync();
+  }
+
+  /**
+   * Sources send a burst of events in one go (a list, a re-read directory,
+   * a watch chunk): the sync is asked for once they are all in, so it sees
+   * them together rather than running on the first alone.
+   */
+  private requestSync(): void {
+    if (this.runQueued) return;
+    this.runQueued = true;
+    queueMicrotask(() => {
+      this.runQueued = false;
+      this.runner.run();
+    });
   }
 
   private syncOnce(reason: RunReason): void {
-    const snap = this.opts.source.snapshot();
-    if (snap.node) this.nodeGoing = snap.node.deleting;
+    const snap = this.opts.source.status();
     if (!snap.synced) {
       // Like kube-proxy before its informers sync: write nothing, keep serving what the maps hold.
       this.opts.log.debug('source not synced yet: sync deferred');
@@ -123,13 +147,13 @@ export class Agent implements AgentView {
     try {
       // Periodic and retry runs re-read the maps first, repairing drift.
       if (reason !== 'change') this.reconciler!.resync();
-      const model = desiredState(snap, this.memo);
-      this.reportSkipped(model.skipped);
-      const result = this.reconciler!.sync(model.frontends, { prune: snap.complete });
+      const { changed, newSkips } = this.model.flush();
+      this.reportSkipped(newSkips);
+      const desired = this.model.frontends;
+      const result = this.reconciler!.sync(desired, { prune: snap.complete, changed });
       const removedUdp = result.removedBackends.filter((b) => b.protocol === 'UDP');
       const closed = removedUdp.length ? this.terminator?.destroyRemoved(removedUdp, this.reconciler!.realized.backends.values()) : undefined;
       if (closed) this.opts.log[closed.errors.length ? 'warn' : 'info'](closed, 'connected UDP sockets of removed backends destroyed');
-      this.desired = model.frontends;
       ok = true;
       this.synced = true;
       this.stats.lastSuccess = Date.now();
@@ -139,7 +163,7 @@ export class Agent implements AgentView {
       const report: SyncReport = {
         ...result,
         reason,
-        frontends: model.frontends.size,
+        frontends: desired.size,
         pruned: snap.complete,
         durationMs: Math.round((performance.now() - t0) * 100) / 100,
       };
@@ -162,21 +186,16 @@ export class Agent implements AgentView {
 
   /** Logs and counts a skip once, when it first appears. */
   private reportSkipped(skipped: readonly Skipped[]): void {
-    const now = new Set<string>();
     for (const s of skipped) {
-      const key = `${s.service}|${s.reason}|${s.detail ?? ''}`;
-      now.add(key);
-      if (this.skippedBefore.has(key)) continue;
       this.opts.metrics?.skipped('Service', s.reason);
       this.opts.log.info({ service: s.service, reason: s.reason, detail: s.detail }, 'service skipped');
     }
-    this.skippedBefore = now;
   }
 
   // ---------------------------------------------------------------- AgentView
 
   sourceSynced(): boolean {
-    return this.opts.source.snapshot().synced;
+    return this.opts.source.status().synced;
   }
 
   desiredApplied(): boolean {
@@ -223,7 +242,7 @@ export class Agent implements AgentView {
     if (!this.datapath) return [];
     const realized = new Map(lbList(this.datapath.maps.dump()).map((e) => [e.frontend, e]));
     const out: FrontendStatus[] = [];
-    for (const fe of this.desired.values()) {
+    for (const fe of this.model.frontends.values()) {
       const want = {
         backends: fe.backends.map((b) => formatAddr(b.address, b.family, b.port)),
         terminating: fe.terminating.map((b) => formatAddr(b.address, b.family, b.port)),
@@ -274,17 +293,9 @@ export class Agent implements AgentView {
   }
 
   counts(): { services: number; frontends: number; backends: number } {
-    // Every sync sets these gauges: no string is built per frontend or backend.
-    const byNamespace = new Map<string, Set<string>>();
-    for (const fe of this.desired.values()) {
-      let names = byNamespace.get(fe.service.namespace);
-      if (!names) byNamespace.set(fe.service.namespace, (names = new Set()));
-      names.add(fe.service.name);
-    }
-    let services = 0;
-    for (const names of byNamespace.values()) services += names.size;
+    // Every sync sets these gauges: each is kept as a count, nothing is walked.
     // Backends are unique per address, port and protocol in the maps (one id each).
-    return { services, frontends: this.desired.size, backends: this.reconciler?.realized.backends.size ?? 0 };
+    return { services: this.model.serviceCount, frontends: this.model.frontends.size, backends: this.reconciler?.realized.backends.size ?? 0 };
   }
 
 }

@@ -93,15 +93,16 @@ function v6bytes(address: string): Buffer {
   return ip.bytes;
 }
 
-function serviceKey(fe: ServiceAddr, slot: number): Buffer {
+function serviceKey(fe: ServiceAddr, slot: number, b?: Buffer, o?: number): Buffer {
   const proto = PROTO_NUM[fe.protocol];
   return fe.family === 4
-    ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto })
-    : lb6_key.encode({ address: v6bytes(fe.address), dport: fe.port, backendSlot: slot, proto });
+    ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o)
+    : lb6_key.encode({ address: v6bytes(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o);
 }
 
-function masterValue(m: MasterEntry): Buffer {
-  return lb_service.encode({
+function masterValue(m: MasterEntry, b?: Buffer, o?: number): Buffer {
+  return lb_service.encode(
+    {
     backendId: 0,
     count: m.count,
     qcount: m.qcount,
@@ -109,7 +110,10 @@ function masterValue(m: MasterEntry): Buffer {
     type: TYPE_NUM[m.type],
     flags: m.flags,
     affinityTimeout: m.affinityTimeout,
-  });
+    },
+    b,
+    o,
+  );
 }
 
 function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntry {
@@ -135,49 +139,69 @@ export class KernelLbMaps implements LbMaps {
     for (const name of LB_MAP_NAMES) verifyMapLayout(m[name], mapSpecs[name]);
   }
 
-  /** The map, key and value of one write: the one place that encodes them. */
-  private encode(w: LbWrite): [ByteMap, Buffer, Buffer] {
+  /** The map a write goes to. */
+  private target(w: LbWrite): ByteMap {
+    switch (w.kind) {
+      case 'put-backend':
+        return w.backend.family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
+      case 'put-revnat':
+        return w.family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
+      case 'put-slot':
+      case 'put-master':
+        return this.services(w.fe.family);
+    }
+  }
+
+  /**
+   * The key and value of one write, encoded into `k` at `ko` and `v` at `vo`
+   * (fresh buffers when omitted): the one place that encodes them.
+   */
+  private encode(w: LbWrite, k?: Buffer, ko?: number, v?: Buffer, vo?: number): [Buffer, Buffer] {
     switch (w.kind) {
       case 'put-backend': {
         const b = w.backend;
         const proto = PROTO_NUM[b.protocol];
         const state = STATE_NUM[b.state];
         return b.family === 4
-          ? [this.m.lb4_backends, u32.encode(w.id), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state })]
-          : [this.m.lb6_backends, u32.encode(w.id), lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto, state })];
+          ? [u32.encode(w.id, k, ko), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state }, v, vo)]
+          : [u32.encode(w.id, k, ko), lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto, state }, v, vo)];
       }
       case 'put-revnat':
         return w.family === 4
-          ? [this.m.lb4_reverse_nat, u32.encode(w.id), lb4_reverse_nat.encode({ address: ipv4ToUint(w.entry.address), port: w.entry.port })]
-          : [this.m.lb6_reverse_nat, u32.encode(w.id), lb6_reverse_nat.encode({ address: v6bytes(w.entry.address), port: w.entry.port })];
+          ? [u32.encode(w.id, k, ko), lb4_reverse_nat.encode({ address: ipv4ToUint(w.entry.address), port: w.entry.port }, v, vo)]
+          : [u32.encode(w.id, k, ko), lb6_reverse_nat.encode({ address: v6bytes(w.entry.address), port: w.entry.port }, v, vo)];
       case 'put-slot':
-        return [this.services(w.fe.family), serviceKey(w.fe, w.slot), lb_service.encode({ ...EMPTY_SLOT, backendId: w.backendId })];
+        return [serviceKey(w.fe, w.slot, k, ko), lb_service.encode({ ...EMPTY_SLOT, backendId: w.backendId }, v, vo)];
       case 'put-master':
-        return [this.services(w.fe.family), serviceKey(w.fe, 0), masterValue(w.master)];
+        return [serviceKey(w.fe, 0, k, ko), masterValue(w.master, v, vo)];
     }
   }
 
+  private put(w: LbWrite): void {
+    const [k, v] = this.encode(w);
+    this.target(w).update(k, v);
+  }
+
+  /** Encodes the whole batch into one key and one value buffer (no buffer per entry). */
   putMany(writes: readonly LbWrite[]): void {
     if (writes.length === 0) return;
-    const encoded = writes.map((w) => this.encode(w));
-    const map = encoded[0]![0];
-    if (encoded.some(([m]) => m !== map)) throw new RangeError('putMany: every write of a batch must go to the same map');
+    const map = this.target(writes[0]!);
+    if (writes.some((w) => this.target(w) !== map)) throw new RangeError('putMany: every write of a batch must go to the same map');
     if (!map.batchUpdate) {
-      encoded.forEach(([m, k, v], i) => {
+      writes.forEach((w, i) => {
         try {
-          m.update(k, v);
+          this.put(w);
         } catch (err) {
           throw new PartialWriteError((err as Error).message, i, { cause: err });
         }
       });
       return;
     }
+    const keys = Buffer.alloc(writes.length * map.keySize);
+    const values = Buffer.alloc(writes.length * map.valueSize);
+    writes.forEach((w, i) => this.encode(w, keys, i * map.keySize, values, i * map.valueSize));
     try {
-      map.batchUpdate(
-        Buffer.concat(encoded.map(([, k]) => k)),
-        Buffer.concat(encoded.map(([, , v]) => v)),
-        encoded.length,
-      );
+      map.batchUpdate(keys, values, writes.length);
     } catch (err) {
       const written = (err as { count?: unknown }).count;
       throw new PartialWriteError((err as Error).message, typeof written === 'number' ? written : 0, { cause: err });
@@ -185,8 +209,7 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putBackend(id: number, backend: Backend): void {
-    const [m, k, v] = this.encode({ kind: 'put-backend', id, backend });
-    m.update(k, v);
+    this.put({ kind: 'put-backend', id, backend });
   }
 
   deleteBackend(id: number, family: Family): void {
@@ -194,30 +217,24 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putMaster(fe: ServiceAddr, master: MasterEntry): void {
-    const [m, k, v] = this.encode({ kind: 'put-master', fe, master });
-    m.update(k, v);
+    this.put({ kind: 'put-master', fe, master });
   }
-
 
   deleteMaster(fe: ServiceAddr): void {
     this.services(fe.family).delete(serviceKey(fe, 0));
   }
 
   putSlot(fe: ServiceAddr, slot: number, backendId: number): void {
-    const [m, k, v] = this.encode({ kind: 'put-slot', fe, slot, backendId });
-    m.update(k, v);
+    this.put({ kind: 'put-slot', fe, slot, backendId });
   }
-
 
   deleteSlot(fe: ServiceAddr, slot: number): void {
     this.services(fe.family).delete(serviceKey(fe, slot));
   }
 
   putRevNat(id: number, family: Family, entry: RevNatEntry): void {
-    const [m, k, v] = this.encode({ kind: 'put-revnat', id, family, entry });
-    m.update(k, v);
+    this.put({ kind: 'put-revnat', id, family, entry });
   }
-
 
   deleteRevNat(id: number, family: Family): void {
     (family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat).delete(u32.encode(id));

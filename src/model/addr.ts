@@ -31,6 +31,28 @@ export function ipFromBytes(bytes: Buffer): string {
 
 /** IPv4 text → the uint32 whose big-endian bytes are the address. */
 export function ipv4ToUint(address: string): number {
+  // Fast path for the canonical dotted quad every validated address has
+  // (this runs for every map write); anything else goes through ipaddr.
+  let n = 0;
+  let part = 0;
+  let digits = 0;
+  let dots = 0;
+  for (let i = 0; i < address.length; i++) {
+    const c = address.charCodeAt(i) - 48;
+    if (c >= 0 && c <= 9 && digits < 3 && !(digits === 1 && part === 0)) {
+      part = part * 10 + c;
+      digits++;
+    } else if (c === -2 && digits > 0 && part <= 255 && dots < 3) {
+      n = n * 256 + part;
+      part = 0;
+      digits = 0;
+      dots++;
+    } else {
+      dots = -1;
+      break;
+    }
+  }
+  if (dots === 3 && digits > 0 && part <= 255) return n * 256 + part;
   const b = ipaddr.IPv4.parse(address).toByteArray();
   return ((b[0]! << 24) | (b[1]! << 16) | (b[2]! << 8) | b[3]!) >>> 0;
 }

@@ -9,41 +9,14 @@ import {
   frontendKey,
   type Backend,
   type BackendKey,
-  type DesiredState,
   type Frontend,
-  type FrontendKey,
 } from './types.js';
-
-export interface ModelInput {
-  readonly services: Iterable<Service>;
-  readonly slices: Iterable<EndpointSlice>;
-  /** This node: for internalTrafficPolicy Local and topology hints. */
-  readonly node?: Node;
-}
 
 /** A service lbctl deliberately does not program, and why. */
 export interface Skipped {
   readonly service: string;
   readonly reason: 'headless' | 'external-name' | 'no-ports' | 'unsupported-protocol' | 'conflict' | 'other-proxy';
   readonly detail?: string;
-}
-
-export interface ModelOutput {
-  readonly frontends: DesiredState;
-  readonly skipped: readonly Skipped[];
-}
-
-/** Slices by namespace, then by service name (no key strings: this runs on every sync). */
-function sliceIndex(slices: Iterable<EndpointSlice>): Map<string, Map<string, EndpointSlice[]>> {
-  const byNs = new Map<string, Map<string, EndpointSlice[]>>();
-  for (const s of slices) {
-    let bySvc = byNs.get(s.namespace);
-    if (!bySvc) byNs.set(s.namespace, (bySvc = new Map()));
-    let list = bySvc.get(s.serviceName);
-    if (!list) bySvc.set(s.serviceName, (list = []));
-    list.push(s);
-  }
-  return byNs;
 }
 
 interface Candidate {
@@ -131,7 +104,7 @@ export function selectBackends(
 }
 
 /** The frontends one service asks for (before conflicts with other services are settled). */
-function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice[], node: Node | undefined): { frontends: Frontend[]; skipped: Skipped[] } {
+export function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice[], node: Node | undefined): { frontends: Frontend[]; skipped: Skipped[] } {
   const id = `${svc.namespace}/${svc.name}`;
   const frontends: Frontend[] = [];
   const skipped: Skipped[] = [];
@@ -157,61 +130,6 @@ function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice[], nod
         localOnly: svc.internalTrafficPolicy === 'Local',
       });
     }
-  }
-  return { frontends, skipped };
-}
-
-/**
- * Remembers each service's frontends, keyed by the (immutable) objects they
- * came from: a sync after one object changed recomputes that service only,
- * and hands the unchanged services' Frontend objects back as they were (the
- * reconciler skips those by identity). Sources replace an object on every
- * change, never mutate one.
- */
-export class ModelMemo {
-  private readonly bySvc = new WeakMap<Service, { slices: readonly EndpointSlice[]; node: Node | undefined; out: ReturnType<typeof serviceFrontends> }>();
-
-  frontendsOf(svc: Service, slices: readonly EndpointSlice[], node: Node | undefined): ReturnType<typeof serviceFrontends> {
-    const hit = this.bySvc.get(svc);
-    if (hit && hit.node === node && hit.slices.length === slices.length && hit.slices.every((s, i) => s === slices[i])) return hit.out;
-    const out = serviceFrontends(svc, slices, node);
-    this.bySvc.set(svc, { slices, node, out });
-    return out;
-  }
-}
-
-const NO_SLICES: readonly EndpointSlice[] = [];
-
-export function desiredState(input: ModelInput, memo?: ModelMemo): ModelOutput {
-  const frontends = new Map<FrontendKey, Frontend>();
-  const skipped: Skipped[] = [];
-  const slices = sliceIndex(input.slices);
-
-  // Two services claiming one address:port/proto: the API server prevents
-  // it; from files, the first by namespace/name wins. Settled when it
-  // happens, so the common case needs no sort.
-  const before = (a: Service, b: Service): boolean => (a.namespace === b.namespace ? a.name < b.name : a.namespace < b.namespace);
-  const owners = new Map<FrontendKey, Service>();
-  const losers: Array<[Service, FrontendKey]> = [];
-  for (const svc of input.services) {
-    const svcSlices = slices.get(svc.namespace)?.get(svc.name) ?? NO_SLICES;
-    const mine = memo ? memo.frontendsOf(svc, svcSlices, input.node) : serviceFrontends(svc, svcSlices, input.node);
-    if (mine.skipped.length) skipped.push(...mine.skipped);
-    for (const fe of mine.frontends) {
-      const owner = owners.get(fe.key);
-      if (owner && before(owner, svc)) {
-        losers.push([svc, fe.key]);
-        continue;
-      }
-      if (owner) losers.push([owner, fe.key]);
-      owners.set(fe.key, svc);
-      frontends.set(fe.key, fe);
-    }
-  }
-  const sorted = (list: Array<[Service, FrontendKey]>): Array<[Service, FrontendKey]> => list.sort(([a], [b]) => (before(a, b) ? -1 : before(b, a) ? 1 : 0));
-  for (const [svc, key] of sorted(losers)) {
-    const o = owners.get(key)!;
-    skipped.push({ service: `${svc.namespace}/${svc.name}`, reason: 'conflict', detail: `${key} is already served for ${o.namespace}/${o.name}` });
   }
   return { frontends, skipped };
 }

@@ -11,21 +11,24 @@
 //   3. wildcard (address-only) entries follow their frontends;
 //   4. removals run in reverse: master first (no new selection), then its
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
-// Only differences are written, so a plan over unchanged state is empty.
+// Only differences are written, so a plan over unchanged state is empty. A
+// change sync plans only the frontends that changed; the realized state's
+// reference counts tell which backends and wildcards that left unused, so
+// its cost follows the change, not the number of services.
 import type { Backend, DesiredState, Family, Frontend, FrontendKey } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import { serviceAddrKey, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
-import { revNatKey, type RealizedState } from './realized.js';
+import { heldSlots, isWildcard, type RealizedFrontend, type RealizedState } from './realized.js';
 
 export type MapOp =
   | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
   | { readonly kind: 'delete-backend'; readonly id: number; readonly family: Family }
   | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
   | { readonly kind: 'delete-revnat'; readonly id: number; readonly family: Family }
-  | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
-  | { readonly kind: 'delete-slot'; readonly fe: ServiceAddr; readonly slot: number }
-  | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry }
-  | { readonly kind: 'delete-master'; readonly fe: ServiceAddr };
+  | { readonly kind: 'put-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
+  | { readonly kind: 'delete-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number }
+  | { readonly kind: 'put-master'; readonly key: string; readonly fe: ServiceAddr; readonly master: MasterEntry }
+  | { readonly kind: 'delete-master'; readonly key: string; readonly fe: ServiceAddr };
 
 export interface IdAssignment {
   backendId(b: Backend): number;
@@ -60,21 +63,11 @@ function sameMaster(a: MasterEntry, b: MasterEntry): boolean {
   );
 }
 
-/** Slot layout of a frontend: selectable backends, then terminating ones. */
-export function slotLayout(fe: Frontend): { active: readonly Backend[]; terminating: readonly Backend[] } {
-  return { active: fe.backends, terminating: fe.terminating };
-}
 
 export function masterFlags(fe: Frontend): number {
   return (fe.affinityTimeout > 0 ? LbSvcFlags.LB_SVC_F_AFFINITY : 0) | (fe.localOnly ? LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL : 0);
 }
 
-/**
- * `unchanged(fe)`: true when this very Frontend was fully written by an
- * earlier sync and the maps have not been re-read since; its writes are then
- * skipped (a change sync touches only what changed). Omitted: every
- * frontend is compared with the realized state (a full plan).
- */
 /** The address family an op writes (each family has its own maps). */
 export function opFamily(op: MapOp): Family {
   switch (op.kind) {
@@ -94,114 +87,173 @@ function append(ops: MapOp[], more: readonly MapOp[]): void {
   for (const op of more) ops.push(op);
 }
 
-export function plan(realized: RealizedState, desired: DesiredState, ids: IdAssignment, unchanged?: (fe: Frontend) => boolean): MapOp[] {
-  const ops: MapOp[] = [];
-  const tail: MapOp[] = [];
-  const same = unchanged ?? (() => false);
+/** What a plan looks at. */
+export interface PlanScope {
+  /**
+   * The frontend keys whose desired entry may differ from what the maps
+   * hold (added, changed or removed); everything else is known to match.
+   * Undefined: every frontend, desired or realized, and every backend,
+   * rev-NAT and wildcard entry is checked (a full plan: it also finds
+   * entries nothing names any more, and repairs drift).
+   */
+  readonly changed?: Iterable<FrontendKey>;
+  /** Remove what the desired state does not hold. False: add and update only. */
+  readonly prune: boolean;
+}
 
-  // 1. Backends every changed frontend needs.
-  const neededBackends = new Map<number, Backend>();
-  for (const fe of desired.values()) {
-    if (same(fe)) continue;
-    for (const b of fe.backends) neededBackends.set(ids.backendId(b), b);
-    for (const b of fe.terminating) neededBackends.set(ids.backendId(b), b);
-  }
-  for (const [id, b] of neededBackends) {
-    const have = realized.backends.get(id);
-    if (!have || !sameBackend(have, b)) ops.push({ kind: 'put-backend', id, backend: b });
-  }
-  ops.sort((a, b) => opFamily(a) - opFamily(b));
+function bump<K>(m: Map<K, number>, k: K, by: number): void {
+  m.set(k, (m.get(k) ?? 0) + by);
+}
 
-  // 2. Frontends: every rev-NAT entry, then every slot, then every master,
-  // then slots beyond a shrunk count. Grouped by kind (rather than frontend
-  // by frontend) so that runs of one kind go to the kernel in one batch; the
-  // order between kinds is what the invariant above needs.
-  const revNatOps: MapOp[] = [];
-  const slotOps: MapOp[] = [];
-  const masterOps: MapOp[] = [];
-  const shrinkOps: MapOp[] = [];
-  const neededRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
-  const addresses = new Set<string>();
-  const wildcards: ServiceAddr[] = [];
-  for (const fe of desired.values()) {
+const byFamily = (): Record<Family, MapOp[]> => ({ 4: [], 6: [] });
+
+export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): MapOp[] {
+  const full = scope.changed === undefined;
+  const backendPuts = byFamily();
+  const revNatPuts = byFamily();
+  const slotPuts = byFamily();
+  const masterPuts = byFamily();
+  const shrinks: MapOp[] = [];
+  const wildcardPuts = byFamily();
+  const removals: MapOp[] = [];
+  const revNatDeletes: MapOp[] = [];
+  const planned = new Set<number>();
+  const wildcardsSeen = new Set<string>();
+  /** Slots naming each backend, and frontends at each address, after this plan minus before. */
+  const slotDelta = new Map<number, number>();
+  const addrDelta = new Map<string, number>();
+
+  const update = (fe: Frontend): void => {
     const revNatId = ids.revNatId(fe);
-    neededRevNat[fe.family].add(revNatId);
-    if (!addresses.has(fe.address)) {
-      addresses.add(fe.address);
-      if (!same(fe)) wildcards.push(wildcardOf(fe.address, fe.family));
-    }
-    if (same(fe)) continue;
-    const addr: ServiceAddr = { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
-    const key = serviceAddrKey(addr);
-    const have = realized.frontends.get(key);
-    const rn = realized.revNat.get(revNatKey(fe.family, revNatId));
+    const have = r.frontends.get(fe.key);
+    const rn = r.revNat[fe.family].get(revNatId);
     if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      revNatOps.push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
+      revNatPuts[fe.family].push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
     }
-
-    const { active, terminating } = slotLayout(fe);
-    const slots = [...active, ...terminating].map((b) => ids.backendId(b));
-    slots.forEach((backendId, i) => {
-      if (have?.slots.get(i + 1) !== backendId) slotOps.push({ kind: 'put-slot', fe: addr, slot: i + 1, backendId });
-    });
+    // Slots: selectable backends, then terminating ones.
+    let slot = 0;
+    const put = (b: Backend): void => {
+      const id = ids.backendId(b);
+      if (!planned.has(id)) {
+        planned.add(id);
+        const hb = r.backends.get(id);
+        if (!hb || !sameBackend(hb, b)) backendPuts[b.family].push({ kind: 'put-backend', id, backend: b });
+      }
+      slot++;
+      const old = have?.slots[slot];
+      if (old === id) return;
+      slotPuts[fe.family].push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
+      bump(slotDelta, id, 1);
+      if (old !== undefined) bump(slotDelta, old, -1);
+    };
+    for (const b of fe.backends) put(b);
+    for (const b of fe.terminating) put(b);
     const master: MasterEntry = {
-      count: active.length,
-      qcount: terminating.length,
+      count: fe.backends.length,
+      qcount: fe.terminating.length,
       revNatId,
       type: fe.type,
       flags: masterFlags(fe),
       affinityTimeout: fe.affinityTimeout,
     };
-    if (!have?.master || !sameMaster(have.master, master)) masterOps.push({ kind: 'put-master', fe: addr, master });
+    if (!have?.master || !sameMaster(have.master, master)) masterPuts[fe.family].push({ kind: 'put-master', key: fe.key, fe, master });
     if (have) {
-      for (const slot of [...have.slots.keys()].sort((a, b) => a - b)) {
-        if (slot > slots.length) shrinkOps.push({ kind: 'delete-slot', fe: addr, slot });
+      for (const [s, old] of heldSlots(have)) {
+        if (s <= slot) continue;
+        shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
+        bump(slotDelta, old, -1);
+      }
+    } else {
+      bump(addrDelta, fe.address, 1);
+    }
+    if (!wildcardsSeen.has(fe.address)) {
+      wildcardsSeen.add(fe.address);
+      const wild = wildcardOf(fe.address, fe.family);
+      const wkey = serviceAddrKey(wild);
+      const hw = r.frontends.get(wkey);
+      if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) wildcardPuts[fe.family].push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
+    }
+  };
+
+  const remove = (key: string, have: RealizedFrontend): void => {
+    if (have.master) removals.push({ kind: 'delete-master', key, fe: have.fe });
+    for (const [s, old] of heldSlots(have)) {
+      removals.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
+      bump(slotDelta, old, -1);
+    }
+    bump(addrDelta, have.fe.address, -1);
+    // A full plan deletes every rev-NAT entry no desired frontend uses, below.
+    const id = have.master?.revNatId;
+    if (!full && id !== undefined && r.revNat[have.fe.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.fe.family });
+  };
+
+  if (full) {
+    for (const fe of desired.values()) update(fe);
+    for (const [key, have] of r.frontends) {
+      if (!isWildcard(have.fe) && !desired.has(key as FrontendKey) && scope.prune) remove(key, have);
+    }
+  } else {
+    for (const key of scope.changed!) {
+      const fe = desired.get(key);
+      if (fe) update(fe);
+      else if (scope.prune) {
+        const have = r.frontends.get(key);
+        if (have) remove(key, have);
       }
     }
   }
-  for (const list of [revNatOps, slotOps, masterOps]) {
-    for (const family of [4, 6] as const) for (const op of list) if (opFamily(op) === family) ops.push(op);
-  }
-  append(ops, shrinkOps);
 
-  // 3. Wildcards of every address in use (of changed frontends: the others' are written).
-  wildcards.sort((a, b) => a.family - b.family);
-  for (const wild of wildcards) {
-    const have = realized.frontends.get(serviceAddrKey(wild));
-    if (!have?.master || !sameMaster(have.master, WILDCARD_MASTER)) {
-      ops.push({ kind: 'put-master', fe: wild, master: WILDCARD_MASTER });
-    }
+  const ops: MapOp[] = [];
+  for (const list of [backendPuts, revNatPuts, slotPuts, masterPuts]) {
+    append(ops, list[4]);
+    append(ops, list[6]);
   }
+  append(ops, shrinks);
+  append(ops, wildcardPuts[4]);
+  append(ops, wildcardPuts[6]);
+  if (!scope.prune) return ops;
 
-  // 4. Removals, in reverse order of creation.
-  const wildcardRemovals: MapOp[] = [];
-  for (const [key, have] of realized.frontends) {
-    if (have.fe.protocol === 'ANY' && have.fe.port === 0) {
-      if (addresses.has(have.fe.address)) continue;
-      if (have.master) wildcardRemovals.push({ kind: 'delete-master', fe: have.fe });
-      for (const slot of have.slots.keys()) wildcardRemovals.push({ kind: 'delete-slot', fe: have.fe, slot });
-      continue;
-    }
-    if (desired.has(key as FrontendKey)) continue;
-    if (have.master) ops.push({ kind: 'delete-master', fe: have.fe });
-    for (const slot of [...have.slots.keys()].sort((a, b) => a - b)) ops.push({ kind: 'delete-slot', fe: have.fe, slot });
-  }
-  for (const rn of realized.revNat.values()) {
-    if (!neededRevNat[rn.family].has(rn.id)) tail.push({ kind: 'delete-revnat', id: rn.id, family: rn.family });
-  }
-  append(ops, tail);
-  append(ops, wildcardRemovals);
-  // Backends no frontend uses any more. A change sync skipped the unchanged
-  // frontends above: their backends are the ones in their written slots.
-  if (unchanged) {
-    for (const fe of desired.values()) {
-      if (!same(fe)) continue;
-      const have = realized.frontends.get(fe.key);
-      if (have) for (const id of have.slots.values()) neededBackends.set(id, realized.backends.get(id)!);
+  // Removals, in reverse order of creation: frontends (master first, so no
+  // new selection, then slots), their rev-NAT entries, wildcards of
+  // addresses left with no frontend, backends no slot names any more.
+  append(ops, removals);
+  if (full) {
+    const used: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+    for (const fe of desired.values()) used[fe.family].add(ids.revNatId(fe));
+    for (const family of [4, 6] as const) {
+      for (const id of r.revNat[family].keys()) if (!used[family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family });
     }
   }
-  for (const [id, b] of realized.backends) {
-    if (!neededBackends.has(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+  append(ops, revNatDeletes);
+  const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (r.addrRefs.get(addr) ?? 0) + (addrDelta.get(addr) ?? 0) <= 0;
+  const dropWildcard = (key: string, have: RealizedFrontend): void => {
+    if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
+    for (const [s, old] of heldSlots(have)) {
+      ops.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
+      bump(slotDelta, old, -1);
+    }
+  };
+  if (full) {
+    for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
+  } else {
+    for (const [addr, d] of addrDelta) {
+      if (d >= 0 || !unused(addr)) continue;
+      const family: Family = addr.includes(':') ? 6 : 4;
+      const wild = wildcardOf(addr, family);
+      const key = serviceAddrKey(wild);
+      const have = r.frontends.get(key);
+      if (have) dropWildcard(key, have);
+    }
+  }
+  // Backends: a full plan looks at every one, a change sync at those it unlinked.
+  const unlinked = (id: number): boolean => !planned.has(id) && (r.slotRefs.get(id) ?? 0) + (slotDelta.get(id) ?? 0) <= 0;
+  if (full) {
+    for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+  } else {
+    for (const [id, d] of slotDelta) {
+      const b = r.backends.get(id);
+      if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+    }
   }
   return ops;
 }

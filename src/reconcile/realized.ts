@@ -1,40 +1,107 @@
 // Realized state: what the maps hold, as the reconciler last wrote or read
 // it. Built from a dump at start (restore), then kept in step with every
-// successful write.
+// successful write. Two reference counts ride along, so a change sync can
+// tell whether a backend or an address is still in use without walking
+// every frontend: how many slots name each backend, and how many frontends
+// (wildcards aside) sit at each address.
 import type { Backend, Family } from '../model/types.js';
 import { serviceAddrKey, type MapsDump, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
 
 export interface RealizedFrontend {
   readonly fe: ServiceAddr;
   master?: MasterEntry;
-  /** slot → backend id */
-  readonly slots: Map<number, number>;
+  /**
+   * Backend id by slot number (index 0, the master, is never set; a slot
+   * missing from the maps is undefined). No trailing undefined: `length - 1`
+   * is the highest slot held.
+   */
+  readonly slots: Array<number | undefined>;
 }
 
-export interface RealizedState {
-  /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
-  readonly frontends: Map<string, RealizedFrontend>;
-  readonly backends: Map<number, Backend>;
-  /** Keyed by revNatKey(). */
-  readonly revNat: Map<string, RevNatEntry & { id: number; family: Family }>;
-}
-
-export const revNatKey = (family: Family, id: number): string => `${family}/${id}`;
-
-export function emptyRealized(): RealizedState {
-  return { frontends: new Map(), backends: new Map(), revNat: new Map() };
-}
-
-export function realizedFrom(dump: MapsDump): RealizedState {
-  const r = emptyRealized();
-  for (const e of dump.services) {
-    const k = serviceAddrKey(e.fe);
-    let fe = r.frontends.get(k);
-    if (!fe) r.frontends.set(k, (fe = { fe: e.fe, slots: new Map() }));
-    if (e.slot === 0) fe.master = e.master;
-    else if (e.backendId !== undefined) fe.slots.set(e.slot, e.backendId);
+/** Slot numbers held, ascending. */
+export function* heldSlots(e: RealizedFrontend): Generator<[slot: number, backendId: number]> {
+  for (let s = 1; s < e.slots.length; s++) {
+    const id = e.slots[s];
+    if (id !== undefined) yield [s, id];
   }
-  for (const { id, backend } of dump.backends) r.backends.set(id, backend);
-  for (const e of dump.revNat) r.revNat.set(revNatKey(e.family, e.id), { ...e });
-  return r;
+}
+
+export const isWildcard = (fe: ServiceAddr): boolean => fe.protocol === 'ANY';
+
+function bump<K>(m: Map<K, number>, k: K, by: number): void {
+  const n = (m.get(k) ?? 0) + by;
+  if (n > 0) m.set(k, n);
+  else m.delete(k);
+}
+
+export class RealizedState {
+  /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
+  readonly frontends = new Map<string, RealizedFrontend>();
+  readonly backends = new Map<number, Backend>();
+  /** Rev-NAT entries by family, then id. */
+  readonly revNat: Record<Family, Map<number, RevNatEntry>> = { 4: new Map(), 6: new Map() };
+  /** backend id → how many slots name it. */
+  readonly slotRefs = new Map<number, number>();
+  /** address → how many frontends (not wildcards) have an entry there. */
+  readonly addrRefs = new Map<string, number>();
+
+  static from(dump: MapsDump): RealizedState {
+    const r = new RealizedState();
+    for (const e of dump.services) {
+      const key = serviceAddrKey(e.fe);
+      if (e.slot === 0) r.putMaster(key, e.fe, e.master!);
+      else if (e.backendId !== undefined) r.putSlot(key, e.fe, e.slot, e.backendId);
+    }
+    for (const { id, backend } of dump.backends) r.backends.set(id, backend);
+    for (const e of dump.revNat) r.revNat[e.family].set(e.id, { address: e.address, port: e.port });
+    return r;
+  }
+
+  putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
+    const slots = this.entry(key, fe).slots;
+    const old = slots[slot];
+    if (old === backendId) return;
+    if (old !== undefined) bump(this.slotRefs, old, -1);
+    while (slots.length < slot) slots.push(undefined);
+    slots[slot] = backendId;
+    bump(this.slotRefs, backendId, 1);
+  }
+
+  deleteSlot(key: string, slot: number): void {
+    const e = this.frontends.get(key);
+    const old = e?.slots[slot];
+    if (!e || old === undefined) return;
+    e.slots[slot] = undefined;
+    while (e.slots.length > 1 && e.slots[e.slots.length - 1] === undefined) e.slots.pop();
+    bump(this.slotRefs, old, -1);
+    this.dropIfEmpty(key, e);
+  }
+
+  putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
+    this.entry(key, fe).master = master;
+  }
+
+  deleteMaster(key: string): void {
+    const e = this.frontends.get(key);
+    if (!e) return;
+    delete e.master;
+    this.dropIfEmpty(key, e);
+  }
+
+  private entry(key: string, fe: ServiceAddr): RealizedFrontend {
+    let e = this.frontends.get(key);
+    if (!e) {
+      // A copy: the entry must not keep a caller's larger object (a Frontend) alive.
+      e = { fe: { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol }, slots: [undefined] };
+      this.frontends.set(key, e);
+      if (!isWildcard(fe)) bump(this.addrRefs, fe.address, 1);
+    }
+    return e;
+  }
+
+  private dropIfEmpty(key: string, e: RealizedFrontend): void {
+    if (e.master || e.slots.length > 1) return;
+    this.frontends.delete(key);
+    if (!isWildcard(e.fe)) bump(this.addrRefs, e.fe.address, -1);
+  }
 }

@@ -8,7 +8,7 @@ import { PartialWriteError, serviceAddrKey, type LbWrite } from '../datapath/lbm
 import { backendKey, type Backend, type BackendKey, type DesiredState, type Family, type Frontend, type FrontendKey } from '../model/types.js';
 import { IdAllocator } from './ids.js';
 import { opFamily, plan, type MapOp } from './plan.js';
-import { emptyRealized, realizedFrom, revNatKey, type RealizedFrontend, type RealizedState } from './realized.js';
+import { RealizedState } from './realized.js';
 
 export interface SyncOptions {
   /**
@@ -17,6 +17,13 @@ export interface SyncOptions {
    * only adds and updates, and nothing already programmed is lost.
    */
   readonly prune: boolean;
+  /**
+   * The frontend keys added, changed or removed since the previous sync
+   * (DesiredModel.flush). Only these are planned, when the maps are known to
+   * match the previous sync; otherwise (first sync, after restore, resync,
+   * a failed or a non-pruning sync) every frontend is.
+   */
+  readonly changed?: ReadonlySet<FrontendKey>;
 }
 
 export interface SyncResult {
@@ -63,13 +70,13 @@ export function describeOp(op: MapOp): string {
 const MAX_BATCH = 8192;
 
 export class Reconciler {
-  private realizedState: RealizedState = emptyRealized();
+  private realizedState = new RealizedState();
   /**
-   * The desired state of the last sync whose every write succeeded, while
-   * the realized state is known to match it (until the maps are re-read):
-   * its Frontend objects need no writes (see plan()'s `unchanged`).
+   * The maps hold exactly the desired state of the last sync (it wrote
+   * everything and pruned, and they were not re-read since): the next sync
+   * may plan only what changed.
    */
-  private applied: DesiredState | undefined;
+  private clean = false;
   /** Backends deleted by the sync in progress. */
   private readonly removed: Backend[] = [];
   readonly backendIds = new IdAllocator<BackendKey>('backend', 1, 0xffffffff);
@@ -86,8 +93,8 @@ export class Reconciler {
 
   /** Reads the maps back and adopts their ids, so unchanged state is not rewritten. */
   restore(): { frontends: number; backends: number } {
-    this.realizedState = realizedFrom(this.maps.dump());
-    this.applied = undefined;
+    this.realizedState = RealizedState.from(this.maps.dump());
+    this.clean = false;
     let frontends = 0;
     for (const [key, fe] of this.realizedState.frontends) {
       if (fe.fe.protocol === 'ANY' || !fe.master) continue;
@@ -103,39 +110,45 @@ export class Reconciler {
    * next plan then repairs whatever changed behind the agent's back (drift).
    */
   resync(): void {
-    this.realizedState = realizedFrom(this.maps.dump());
-    this.applied = undefined;
+    this.realizedState = RealizedState.from(this.maps.dump());
+    this.clean = false;
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendKey(b), id);
   }
 
   /**
    * Plans desired vs realized and applies the plan in order; throws SyncError
-   * at the first failed write. After a sync that wrote everything, the next
-   * one skips the Frontend objects it already wrote (the model hands back the
-   * same object for a service that did not change): a change sync costs what
-   * changed, not what exists. A full plan runs after restore() and resync().
+   * at the first failed write. A change sync (options.changed, maps clean)
+   * plans the changed frontends only: it costs what changed, not what
+   * exists. A full plan runs otherwise.
    */
   sync(desired: DesiredState, options: SyncOptions): SyncResult {
-    const applied = this.applied;
-    const unchanged = applied ? (fe: Frontend): boolean => applied.get(fe.key) === fe : undefined;
-    this.applied = undefined;
+    const changed = this.clean ? options.changed : undefined;
+    this.clean = false;
     this.removed.length = 0;
-    for (const fe of desired.values()) {
-      if (unchanged?.(fe)) continue;
+    // Ids by Backend object for this sync: one key string and one lookup per backend.
+    const backendIds = new Map<Backend, number>();
+    const acquire = (fe: Frontend): void => {
       this.revNatIds[fe.family].acquire(fe.key);
-      for (const b of fe.backends) this.backendIds.acquire(backendKey(b));
-      for (const b of fe.terminating) this.backendIds.acquire(backendKey(b));
+      for (const b of fe.backends) backendIds.set(b, this.backendIds.acquire(backendKey(b)));
+      for (const b of fe.terminating) backendIds.set(b, this.backendIds.acquire(backendKey(b)));
+    };
+    if (changed) {
+      for (const key of changed) {
+        const fe = desired.get(key);
+        if (fe) acquire(fe);
+      }
+    } else {
+      for (const fe of desired.values()) acquire(fe);
     }
-    let ops = plan(
+    const ops = plan(
       this.realizedState,
       desired,
       {
-        backendId: (b) => this.backendIds.get(backendKey(b))!,
+        backendId: (b) => backendIds.get(b)!,
         revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
       },
-      unchanged,
+      { prune: options.prune, ...(changed ? { changed } : {}) },
     );
-    if (!options.prune) ops = ops.filter((op) => !isPrune(op, desired));
 
     const byKind: Record<string, number> = {};
     let applied_ = 0;
@@ -144,7 +157,7 @@ export class Reconciler {
       for (let i = 0; i < ops.length; ) {
         const run = this.batchAt(ops, i);
         if (run > 1) {
-          const batch = ops.slice(i, i + run) as LbWrite[];
+          const batch = ops.slice(i, i + run) as Array<MapOp & LbWrite>;
           try {
             this.maps.putMany!(batch);
           } catch (err) {
@@ -174,10 +187,11 @@ export class Reconciler {
     } finally {
       // A change sync frees exactly the ids of what it deleted; a full one
       // (or a failed one) looks at every id.
-      if (ok && unchanged) this.releaseDeleted(ops);
-      else this.releaseUnused(desired);
+      // (A failed change sync frees nothing: the full sync after it does.)
+      if (ok && changed) this.releaseDeleted(ops, changed, desired);
+      else if (!changed) this.releaseUnused(desired, new Set(backendIds.values()));
     }
-    if (options.prune) this.applied = desired;
+    this.clean = options.prune;
     return { planned: ops.length, applied: applied_, byKind, removedBackends: this.removed.splice(0) };
   }
 
@@ -197,10 +211,15 @@ export class Reconciler {
     byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
   }
 
-  private releaseDeleted(ops: readonly MapOp[]): void {
+  private releaseDeleted(ops: readonly MapOp[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
     for (const op of ops) {
       if (op.kind === 'delete-backend') this.backendIds.releaseId(op.id);
       else if (op.kind === 'delete-revnat') this.revNatIds[op.family].releaseId(op.id);
+    }
+    for (const key of changed) {
+      if (desired.has(key)) continue;
+      this.revNatIds[4].release(key);
+      this.revNatIds[6].release(key);
     }
   }
 
@@ -246,66 +265,37 @@ export class Reconciler {
         break;
       }
       case 'put-revnat':
-        r.revNat.set(revNatKey(op.family, op.id), { ...op.entry, id: op.id, family: op.family });
+        r.revNat[op.family].set(op.id, op.entry);
         break;
       case 'delete-revnat':
-        r.revNat.delete(revNatKey(op.family, op.id));
+        r.revNat[op.family].delete(op.id);
         break;
       case 'put-slot':
-        this.frontend(op.fe).slots.set(op.slot, op.backendId);
+        r.putSlot(op.key, op.fe, op.slot, op.backendId);
         break;
-      case 'delete-slot': {
-        const fe = this.frontend(op.fe);
-        fe.slots.delete(op.slot);
-        if (!fe.master && fe.slots.size === 0) r.frontends.delete(serviceAddrKey(op.fe));
+      case 'delete-slot':
+        r.deleteSlot(op.key, op.slot);
         break;
-      }
       case 'put-master':
-        this.frontend(op.fe).master = op.master;
+        r.putMaster(op.key, op.fe, op.master);
         break;
-      case 'delete-master': {
-        const fe = this.frontend(op.fe);
-        delete fe.master;
-        if (fe.slots.size === 0) r.frontends.delete(serviceAddrKey(op.fe));
+      case 'delete-master':
+        r.deleteMaster(op.key);
         break;
-      }
     }
   }
 
-  private frontend(addr: ServiceAddr): RealizedFrontend {
-    const key = serviceAddrKey(addr);
-    let fe = this.realizedState.frontends.get(key);
-    if (!fe) this.realizedState.frontends.set(key, (fe = { fe: addr, slots: new Map() }));
-    return fe;
-  }
-
   /** Frees ids that neither the desired state nor the maps use any more. */
-  private releaseUnused(desired: DesiredState): void {
+  private releaseUnused(desired: DesiredState, needed: ReadonlySet<number>): void {
     const r = this.realizedState;
     for (const family of [4, 6] as const) {
       const alloc = this.revNatIds[family];
       for (const [key, id] of [...alloc.entries()]) {
-        if (!desired.has(key) && !r.revNat.has(revNatKey(family, id)) && !r.frontends.get(key)?.master) alloc.release(key);
+        if (!desired.has(key) && !r.revNat[family].has(id) && !r.frontends.get(key)?.master) alloc.release(key);
       }
     }
-    const needed = new Set<string>();
-    for (const fe of desired.values()) for (const b of [...fe.backends, ...fe.terminating]) needed.add(backendKey(b));
     for (const [key, id] of [...this.backendIds.entries()]) {
-      if (!needed.has(key) && !r.backends.has(id)) this.backendIds.release(key);
+      if (!needed.has(id) && !r.backends.has(id)) this.backendIds.release(key);
     }
-  }
-}
-
-/** Deletions of things the desired state does not name (kept when not pruning). */
-function isPrune(op: MapOp, desired: DesiredState): boolean {
-  switch (op.kind) {
-    case 'delete-slot':
-      return !desired.has(serviceAddrKey(op.fe) as FrontendKey);
-    case 'delete-master':
-    case 'delete-revnat':
-    case 'delete-backend':
-      return true;
-    default:
-      return false;
   }
 }

@@ -6,9 +6,10 @@
 import { watch, type FSWatcher } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
 import { parseAllDocuments } from 'yaml';
 import { validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../model/k8s.js';
-import type { Problem, Source, SourceSnapshot } from './source.js';
+import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
 const MANIFEST = /\.(ya?ml|json)$/;
 /** Files larger than this are refused (a manifest directory is not a data store). */
@@ -48,15 +49,19 @@ export class FileSource implements Source {
   private watcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
   private reading: Promise<void> = Promise.resolve();
-  private onChange: () => void = () => {};
+  private onChange: (e?: SourceEvent) => void = () => {};
+  /** The objects last sent to onChange, by "Kind ns/name". */
+  private sent = new Map<string, Obj>();
+  private published = false;
 
   constructor(private readonly opts: FileSourceOptions) {
     this.name = `file:${opts.dir}`;
   }
 
-  async start(onChange: () => void): Promise<void> {
+  async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
     await this.readAll();
+    this.publish();
     this.watcher = watch(this.opts.dir, { persistent: true }, () => this.schedule());
     this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}` }));
   }
@@ -71,31 +76,54 @@ export class FileSource implements Source {
     return this.current;
   }
 
-  snapshot(): SourceSnapshot {
-    const services = new Map<string, Service>();
-    const slices = new Map<string, EndpointSlice>();
+  status(): SourceStatus {
     let complete = this.dirReadable;
-    for (const file of [...this.files.keys()].sort()) {
-      const st = this.files.get(file)!;
-      if (!st.readable) complete = false;
-      for (const [id, o] of st.objects) {
-        if (o.kind === 'Service') services.set(id, o.value);
-        else slices.set(id, o.value);
-      }
-    }
-    return { services: [...services.values()], slices: [...slices.values()], synced: true, complete };
+    for (const st of this.files.values()) if (!st.readable) complete = false;
+    return { synced: this.published, complete };
   }
 
-  /** Re-reads the directory now; resolves once the new state is in place. */
+  /** The objects in force: every file's, a later file's winning a duplicate. */
+  private objects(): Map<string, Obj> {
+    const out = new Map<string, Obj>();
+    for (const file of [...this.files.keys()].sort()) for (const [id, o] of this.files.get(file)!.objects) out.set(id, o);
+    return out;
+  }
+
+  /**
+   * Sends what changed since the last publish: an event per object added,
+   * changed or gone (each re-read parses every file anew, so equal objects
+   * are compared by value), then one without an event for the status.
+   */
+  private publish(): void {
+    const now = this.objects();
+    for (const [key, o] of now) {
+      const before = this.sent.get(key);
+      if (before && isDeepStrictEqual(before.value, o.value)) {
+        now.set(key, before);
+        continue;
+      }
+      const id = `${o.value.namespace}/${o.value.name}`;
+      this.onChange({ kind: o.kind, type: before ? 'update' : 'add', id, object: o.value } as SourceEvent);
+    }
+    for (const [key, o] of this.sent) {
+      if (!now.has(key)) this.onChange({ kind: o.kind, type: 'delete', id: `${o.value.namespace}/${o.value.name}` });
+    }
+    this.sent = now;
+    this.published = true;
+    this.onChange();
+  }
+
+  /** Re-reads the directory now; resolves once the changes have been sent. */
   async reload(): Promise<void> {
     await this.readAll();
+    this.publish();
   }
 
   private schedule(): void {
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {
       this.timer = undefined;
-      void this.readAll().then(() => this.onChange());
+      void this.readAll().then(() => this.publish());
     }, this.opts.debounceMs ?? 50);
   }
 

@@ -19,7 +19,7 @@ import {
   type Service,
   type Validated,
 } from '../model/k8s.js';
-import type { Problem, Source, SourceEvent, SourceSnapshot } from './source.js';
+import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
 /** kube-proxy's informer filters: other proxies' services and headless endpoints are not ours. */
 export const SERVICE_LABEL_SELECTOR = `!${SERVICE_PROXY_NAME_LABEL}`;
@@ -38,6 +38,11 @@ export interface KubernetesSourceOptions {
 
 type Kind = SourceEvent['kind'];
 
+/** namespace/name; a cluster-scoped object (a Node): its name. */
+function objectId(meta: k8s.V1ObjectMeta | undefined): string {
+  return meta?.namespace ? `${meta.namespace}/${meta.name ?? ''}` : (meta?.name ?? '');
+}
+
 /** One informer with its restart loop and its validated cache. */
 class Watched<Raw extends k8s.KubernetesObject, T> {
   readonly items = new Map<string, T>();
@@ -54,7 +59,7 @@ class Watched<Raw extends k8s.KubernetesObject, T> {
     private readonly opts: KubernetesSourceOptions,
     private readonly changed: (e?: SourceEvent) => void,
   ) {
-    const id = (o: Raw): string => `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`;
+    const id = (o: Raw): string => objectId(o.metadata);
     const upsert = (type: 'add' | 'update') => (o: Raw) => {
       const v = this.validate(o);
       if (!v.ok) {
@@ -63,13 +68,11 @@ class Watched<Raw extends k8s.KubernetesObject, T> {
         return;
       }
       this.items.set(id(o), v.value);
-      this.changed({ kind, type });
+      this.changed({ kind, type, id: id(o), object: v.value } as SourceEvent);
     };
     informer.on('add', upsert('add'));
     informer.on('update', upsert('update'));
-    informer.on('delete', (o) => {
-      if (this.items.delete(id(o))) this.changed({ kind, type: 'delete' });
-    });
+    informer.on('delete', (o) => this.remove(id(o)));
     informer.on('error', (err) => {
       this.errored = true;
       this.restart(err);
@@ -101,10 +104,14 @@ class Watched<Raw extends k8s.KubernetesObject, T> {
   private markSynced(): void {
     if (this.synced) return;
     // The informer's own cache is authoritative after a list: drop what it no longer has.
-    const live = new Set(this.informer.list().map((o) => `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`));
-    for (const key of [...this.items.keys()]) if (!live.has(key)) this.items.delete(key);
+    const live = new Set(this.informer.list().map((o) => objectId(o.metadata)));
+    for (const key of [...this.items.keys()]) if (!live.has(key)) this.remove(key);
     this.synced = true;
     this.changed();
+  }
+
+  private remove(id: string): void {
+    if (this.items.delete(id)) this.changed({ kind: this.kind, type: 'delete', id });
   }
 
   private restart(err: unknown): void {
@@ -197,15 +204,8 @@ export class KubernetesSource implements Source {
   }
 
   /** Complete once every informer has listed once; before that the agent must not prune. */
-  snapshot(): SourceSnapshot {
-    const node = this.nodes?.items.values().next().value;
+  status(): SourceStatus {
     const synced = Boolean(this.services?.synced && this.slices?.synced && this.nodes?.synced);
-    return {
-      services: [...(this.services?.items.values() ?? [])],
-      slices: [...(this.slices?.items.values() ?? [])],
-      ...(node ? { node } : {}),
-      synced,
-      complete: synced,
-    };
+    return { synced, complete: synced };
   }
 }

@@ -1,13 +1,9 @@
 // What every source (a directory of manifests, the Kubernetes API) hands the
-// agent: the current objects, already validated, and whether that set is
-// complete enough to remove what it no longer names.
+// agent: each object change, already validated, and whether what it has
+// sent is complete enough to remove what it no longer names.
 import type { EndpointSlice, Node, Service } from '../model/k8s.js';
 
-export interface SourceSnapshot {
-  readonly services: readonly Service[];
-  readonly slices: readonly EndpointSlice[];
-  /** This node, when the source knows it (the Kubernetes source). */
-  readonly node?: Node;
+export interface SourceStatus {
   /**
    * The initial state has arrived (every informer listed, the files read).
    * Until then the agent writes nothing: the maps keep serving what they hold.
@@ -17,11 +13,18 @@ export interface SourceSnapshot {
   readonly complete: boolean;
 }
 
-/** One object event, for metrics; the file source reports whole re-reads without one. */
-export interface SourceEvent {
-  readonly kind: 'Service' | 'EndpointSlice' | 'Node';
-  readonly type: 'add' | 'update' | 'delete';
-}
+/**
+ * One object's change, with the object as it now is (validated), or none
+ * when it is gone. `id` is namespace/name (a Node: its name). Sources send
+ * one event per object that changed, so the agent's model recomputes only
+ * what an event touches.
+ */
+export type SourceEvent =
+  | { readonly kind: 'Service'; readonly type: EventType; readonly id: string; readonly object?: Service }
+  | { readonly kind: 'EndpointSlice'; readonly type: EventType; readonly id: string; readonly object?: EndpointSlice }
+  | { readonly kind: 'Node'; readonly type: EventType; readonly id: string; readonly object?: Node };
+
+export type EventType = 'add' | 'update' | 'delete';
 
 /** A bad input, named precisely enough to find and fix. */
 export interface Problem {
@@ -31,9 +34,12 @@ export interface Problem {
 
 export interface Source {
   readonly name: string;
-  /** Reads the initial state; `onChange` fires (coalescing is the caller's job) whenever it changes. */
+  /**
+   * Reads the initial state. `onChange` gets every object change, and a call
+   * without an event when only the status changed; coalescing is the caller's job.
+   */
   start(onChange: (event?: SourceEvent) => void): Promise<void>;
-  snapshot(): SourceSnapshot;
+  status(): SourceStatus;
   /** Problems in the current input, replaced on every re-read. */
   problems(): readonly Problem[];
   stop(): Promise<void>;

@@ -6,7 +6,7 @@ import t from 'tap';
 import { COMPAT_OBJECT, cgroup2Root, cleanupDatapath, lacksSetRetval, loadDatapath, openPinnedMaps } from '../../src/datapath/loader.js';
 import { dumpMaps, verifyMapLayout, type ByteMap } from '../../src/datapath/maps.js';
 import { mapSpecs } from '../../src/datapath/abi.gen.js';
-import { desiredState } from '../../src/model/from-k8s.js';
+import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { lbList } from '../../src/cli/commands/lb-list.js';

@@ -1,7 +1,7 @@
 // Endpoint selection as kube-proxy does it: ready first, then
 // serving-and-terminating; internalTrafficPolicy Local; zone hints.
 import t from 'tap';
-import { desiredState } from '../../src/model/from-k8s.js';
+import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateNode, validateService, type Node } from '../../src/model/k8s.js';
 import type { Frontend } from '../../src/model/types.js';
 import { service } from '../fakes/objects.js';

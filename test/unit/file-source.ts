@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import t from 'tap';
 import { FileSource } from '../../src/sources/file.js';
-import type { Problem } from '../../src/sources/source.js';
+import type { EndpointSlice, Service } from '../../src/model/k8s.js';
+import type { Problem, SourceEvent } from '../../src/sources/source.js';
 
 const SVC = (name: string, ip: string, port = 80) => `apiVersion: v1
 kind: Service
@@ -20,72 +21,97 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 endpoints: [{addresses: [${addr}]}]
 `;
 
+/** What the events sent so far add up to, as the agent's model sees it. */
+class Collected {
+  readonly services = new Map<string, Service>();
+  readonly slices = new Map<string, EndpointSlice>();
+  readonly events: SourceEvent[] = [];
+  readonly on = (e?: SourceEvent): void => {
+    if (!e) return;
+    this.events.push(e);
+    if (e.kind === 'Service') e.object ? this.services.set(e.id, e.object) : this.services.delete(e.id);
+    else if (e.kind === 'EndpointSlice') e.object ? this.slices.set(e.id, e.object) : this.slices.delete(e.id);
+  };
+  names(): string[] {
+    return [...this.services.values()].map((s) => s.name).sort();
+  }
+}
+
 function setup(t: { teardown(fn: () => void): void }) {
   const dir = mkdtempSync(path.join(tmpdir(), 'lbctl-file-source-'));
   t.teardown(() => rmSync(dir, { recursive: true, force: true }));
   const problems: Problem[] = [];
   const src = new FileSource({ dir, debounceMs: 10, onProblem: (p) => problems.push(p) });
   t.teardown(() => src.stop());
-  return { dir, src, problems, write: (f: string, s: string) => writeFileSync(path.join(dir, f), s) };
+  const got = new Collected();
+  return { dir, src, problems, got, write: (f: string, s: string) => writeFileSync(path.join(dir, f), s) };
 }
 
 t.test('several documents per file, several files, List objects, other kinds ignored', async (t) => {
-  const { src, write, problems } = setup(t);
+  const { src, write, problems, got } = setup(t);
   write('a.yaml', `${SVC('web', '10.96.0.10')}---\n${SLICE('web-1', 'web', '10.0.0.2')}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n`);
   write('b.json', JSON.stringify({ apiVersion: 'v1', kind: 'List', items: [{ apiVersion: 'v1', kind: 'Service', metadata: { name: 'dns' }, spec: { clusterIP: '10.96.0.53', ports: [{ port: 53, protocol: 'UDP' }] } }] }));
   write('notes.txt', 'ignored');
-  await src.start(() => {});
-  const snap = src.snapshot();
-  t.same(snap.services.map((s) => s.name).sort(), ['dns', 'web']);
-  t.same(snap.slices.map((s) => s.name), ['web-1']);
-  t.ok(snap.complete);
+  await src.start(got.on);
+  t.same(got.names(), ['dns', 'web']);
+  t.same([...got.slices.keys()], ['default/web-1']);
+  t.ok(src.status().complete);
   t.same(problems, []);
 });
 
 t.test('a malformed document is reported with file, index and reason; the rest is served', async (t) => {
-  const { dir, src, write, problems } = setup(t);
+  const { dir, src, write, problems, got } = setup(t);
   write('a.yaml', `${SVC('web', '10.96.0.10')}---\n${SVC('bad', '10.96.0.11', 70000)}---\nkind: Service\nmetadata: {name: x\n`);
   write('b.yaml', SVC('other', '10.96.0.12'));
-  await src.start(() => {});
-  t.same(src.snapshot().services.map((s) => s.name).sort(), ['other', 'web']);
+  await src.start(got.on);
+  t.same(got.names(), ['other', 'web']);
   t.match(problems, [
     { where: `${path.join(dir, 'a.yaml')}: document 1`, reason: /spec\.ports\[0\]\.port 70000 is not a port/ },
     { where: `${path.join(dir, 'a.yaml')}: document 2`, reason: /YAML error/ },
   ]);
-  t.notOk(src.snapshot().complete, 'a document that is not YAML makes the snapshot incomplete');
+  t.notOk(src.status().complete, 'a document that is not YAML makes the source incomplete');
 });
 
 t.test('a file that turns bad keeps its last good objects; an object that turns invalid keeps its last valid version', async (t) => {
-  const { src, write, problems } = setup(t);
+  const { src, write, problems, got } = setup(t);
   write('a.yaml', SVC('web', '10.96.0.10'));
   write('b.yaml', SVC('dns', '10.96.0.53'));
-  await src.start(() => {});
+  await src.start(got.on);
+  const sent = got.events.length;
   write('a.yaml', 'kind: Service\nmetadata: [unclosed\n');
   write('b.yaml', SVC('dns', 'not-an-ip'));
   await src.reload();
-  const snap = src.snapshot();
-  t.same(snap.services.map((s) => `${s.name} ${s.clusterIPs[0]?.address}`).sort(), ['dns 10.96.0.53', 'web 10.96.0.10']);
-  t.ok(snap.complete, 'the bad file had a good read before');
+  t.same([...got.services.values()].map((s) => `${s.name} ${s.clusterIPs[0]?.address}`).sort(), ['dns 10.96.0.53', 'web 10.96.0.10']);
+  t.equal(got.events.length, sent, 'nothing was sent: every object kept its last good version');
+  t.ok(src.status().complete, 'the bad file had a good read before');
   t.match(problems.map((p) => p.reason), [/YAML error/, /not an IP address \(keeping its last valid version\)/]);
 });
 
 t.test('changes are noticed and reported through onChange', async (t) => {
-  const { src, write } = setup(t);
+  const { src, write, got } = setup(t);
   write('a.yaml', SVC('web', '10.96.0.10'));
   let changed!: () => void;
   const seen = new Promise<void>((resolve) => (changed = resolve));
-  await src.start(() => changed());
+  let started = false;
+  await src.start((e) => {
+    got.on(e);
+    if (started && !e) changed();
+  });
+  started = true;
+  const sent = got.events.length;
   write('a.yaml', `${SVC('web', '10.96.0.10')}---\n${SVC('web2', '10.96.0.20')}`);
   await seen;
-  t.same(src.snapshot().services.map((s) => s.name).sort(), ['web', 'web2']);
+  t.same(got.names(), ['web', 'web2']);
+  t.same(got.events.slice(sent).map((e) => `${e.type} ${e.kind} ${e.id}`), ['add Service default/web2'], 'one event: the unchanged web is not sent again');
 });
 
 t.test('a deleted file takes its objects with it', async (t) => {
-  const { dir, src, write } = setup(t);
+  const { dir, src, write, got } = setup(t);
   write('a.yaml', SVC('web', '10.96.0.10'));
   write('b.yaml', SVC('dns', '10.96.0.53'));
-  await src.start(() => {});
+  await src.start(got.on);
   rmSync(path.join(dir, 'b.yaml'));
   await src.reload();
-  t.same(src.snapshot().services.map((s) => s.name), ['web']);
+  t.same(got.names(), ['web']);
+  t.same(got.events.at(-1), { kind: 'Service', type: 'delete', id: 'default/dns' });
 });

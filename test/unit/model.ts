@@ -1,5 +1,5 @@
 import t from 'tap';
-import { desiredState, ModelMemo, type ModelInput } from '../../src/model/from-k8s.js';
+import { DesiredModel, desiredState, serviceId, type ModelInput } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateNode, validateService, type EndpointSlice, type Node, type Service } from '../../src/model/k8s.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { service, slice } from '../fakes/objects.js';
@@ -109,8 +109,9 @@ t.test('SCTP ports are dropped with a note; the rest is served', async (t) => {
   t.match(out.skipped, [{ reason: 'unsupported-protocol', detail: '9/SCTP' }]);
 });
 
-// ModelMemo: a service whose objects did not change keeps its Frontend
-// objects (the reconciler skips those by identity).
+// DesiredModel: the desired state kept up to date object by object. Each
+// flush recomputes only the services its changes touched and names the
+// frontends that changed; everything else keeps its Frontend objects.
 
 function node(name: string, zone?: string): Node {
   const v = validateNode({ metadata: { name, labels: zone ? { 'topology.kubernetes.io/zone': zone } : {} } });
@@ -136,82 +137,100 @@ const fe = (d: DesiredState, key: string): Frontend => {
   if (!f) throw new Error(`no frontend ${key}`);
   return f;
 };
+const id = (o: { namespace: string; name: string }): string => serviceId(o.namespace, o.name);
 
-t.test('memo: the same objects give back the very same Frontend objects', async (t) => {
-  const memo = new ModelMemo();
-  const { input } = cluster();
-  const a = desiredState(input, memo).frontends;
-  const b = desiredState(input, memo).frontends;
-  t.equal(a.size, 4);
-  t.not(a, b, 'a new map each time');
-  for (const key of [...WEB, ...DNS]) t.equal(fe(b, key), fe(a, key), `${key}: same object`);
-  // Fresh arrays holding the same objects (as a source's snapshot would be) count as the same too.
-  const c = desiredState({ services: [...input.services], slices: [...input.slices], ...(input.node ? { node: input.node } : {}) }, memo).frontends;
-  for (const key of [...WEB, ...DNS]) t.equal(fe(c, key), fe(a, key), `${key}: same object from fresh arrays`);
+function model(input: ModelInput): DesiredModel {
+  const m = new DesiredModel();
+  m.setNode(input.node);
+  for (const s of input.services) m.setService(id(s), s);
+  for (const s of input.slices) m.setSlice(id(s), s);
+  return m;
+}
+const changedKeys = (m: DesiredModel): string[] => [...m.flush().changed].sort();
+
+t.test('model: the first flush names every frontend; one with no change names none', async (t) => {
+  const m = model(cluster().input);
+  t.same(changedKeys(m), [...WEB, ...DNS].sort());
+  t.equal(m.frontends.size, 4);
+  t.equal(m.serviceCount, 2);
+  const before = new Map(m.frontends);
+  t.same(changedKeys(m), [], 'nothing happened');
+  // The very same objects again (a relist, a resync of the informer): marked, recomputed, equal.
+  const { web, webSlice } = cluster();
+  m.setService(id(web), web);
+  m.setSlice(id(webSlice), webSlice);
+  t.same(changedKeys(m), [], 'equal objects change nothing');
+  for (const key of [...WEB, ...DNS]) t.equal(fe(m.frontends, key), before.get(key as never), `${key}: same object`);
 });
 
-t.test('memo: a replaced EndpointSlice recomputes its service only', async (t) => {
-  const memo = new ModelMemo();
-  const { web, dns, dnsSlice, input } = cluster();
-  const before = desiredState(input, memo).frontends;
+t.test('model: a replaced EndpointSlice changes its service\'s frontends only', async (t) => {
+  const m = model(cluster().input);
+  m.flush();
+  const before = new Map(m.frontends);
   const webSlice2 = eps(slice('web-1', 'web', 'IPv4', [{ name: 'http', port: 8080 }, { name: 'https', port: 8443 }], [{ addresses: ['10.0.0.3'] }, { addresses: ['10.0.0.2'] }]));
-  const after = desiredState({ services: [web, dns], slices: [webSlice2, dnsSlice], node: input.node! }, memo).frontends;
-  for (const key of WEB) {
-    t.not(fe(after, key), fe(before, key), `${key}: a new object`);
-    t.same(fe(after, key).backends.map((b) => b.address), ['10.0.0.2', '10.0.0.3'], `${key}: the new endpoints`);
-  }
-  for (const key of DNS) t.equal(fe(after, key), fe(before, key), `${key}: untouched`);
-  // ... and the memo now holds the new result: the next sync hands it back.
-  const again = desiredState({ services: [web, dns], slices: [webSlice2, dnsSlice], node: input.node! }, memo).frontends;
-  for (const key of [...WEB, ...DNS]) t.equal(fe(again, key), fe(after, key), `${key}: reused`);
+  m.setSlice(id(webSlice2), webSlice2);
+  t.same(changedKeys(m), [...WEB].sort());
+  for (const key of WEB) t.same(fe(m.frontends, key).backends.map((b) => b.address), ['10.0.0.2', '10.0.0.3'], `${key}: the new endpoints`);
+  for (const key of DNS) t.equal(fe(m.frontends, key), before.get(key as never), `${key}: untouched`);
 });
 
-t.test('memo: a slice added, removed or a Service replaced recomputes that service only', async (t) => {
-  const memo = new ModelMemo();
-  const { web, dns, webSlice, dnsSlice, input } = cluster();
-  const n = input.node!;
-  const before = desiredState(input, memo).frontends;
+t.test('model: a slice added, removed, moved to another service, a Service replaced or deleted', async (t) => {
+  const { web, dns, webSlice, input } = cluster();
+  const m = model(input);
+  m.flush();
+  const before = new Map(m.frontends);
 
   const extra = eps(slice('web-2', 'web', 'IPv4', [{ name: 'http', port: 8080 }], [{ addresses: ['10.0.0.9'] }]));
-  const added = desiredState({ services: [web, dns], slices: [webSlice, extra, dnsSlice], node: n }, memo).frontends;
-  t.same(fe(added, WEB[0]!).backends.map((b) => b.address), ['10.0.0.2', '10.0.0.9'], 'slice added: web sees it');
-  for (const key of DNS) t.equal(fe(added, key), fe(before, key), `slice added: ${key} untouched`);
+  m.setSlice(id(extra), extra);
+  t.same(changedKeys(m), [WEB[0]], 'slice added: only the port it serves');
+  t.same(fe(m.frontends, WEB[0]!).backends.map((b) => b.address), ['10.0.0.2', '10.0.0.9']);
 
-  const removed = desiredState({ services: [web, dns], slices: [webSlice, dnsSlice], node: n }, memo).frontends;
-  t.same(fe(removed, WEB[0]!).backends.map((b) => b.address), ['10.0.0.2'], 'slice removed: web forgets it');
-  for (const key of DNS) t.equal(fe(removed, key), fe(before, key), `slice removed: ${key} untouched`);
+  m.setSlice(id(extra), undefined);
+  t.same(changedKeys(m), [WEB[0]], 'slice removed');
+  t.same(fe(m.frontends, WEB[0]!).backends.map((b) => b.address), ['10.0.0.2']);
+
+  // The same slice name now labelled for dns: web loses it, dns gains it.
+  const moved = eps(slice('web-1', 'dns', 'IPv4', [{ name: 'dns', port: 5353, protocol: 'UDP' }], [{ addresses: ['10.0.0.8'] }]));
+  m.setSlice(id(webSlice), moved);
+  t.same(changedKeys(m), [...WEB, DNS[0]].sort(), 'slice moved: both services');
+  t.same(fe(m.frontends, WEB[0]!).backends, [], 'web has no endpoints left');
+  t.same(fe(m.frontends, DNS[0]!).backends.map((b) => b.address), ['10.0.0.7', '10.0.0.8']);
+  m.setSlice(id(webSlice), webSlice);
+  t.same(changedKeys(m), [...WEB, DNS[0]].sort(), 'slice moved back');
+  for (const key of DNS) before.set(key as never, fe(m.frontends, key));
 
   const web2 = svc(service('web', ['10.96.0.10'], [{ name: 'http', port: 80 }, { name: 'https', port: 443 }], { sessionAffinity: 'ClientIP' }));
-  const replaced = desiredState({ services: [web2, dns], slices: [webSlice, dnsSlice], node: n }, memo).frontends;
-  for (const key of WEB) {
-    t.not(fe(replaced, key), fe(removed, key), `Service replaced: ${key} new`);
-    t.ok(fe(replaced, key).affinityTimeout > 0, `Service replaced: ${key} has the new spec`);
-  }
-  for (const key of DNS) t.equal(fe(replaced, key), fe(before, key), `Service replaced: ${key} untouched`);
+  m.setService(id(web2), web2);
+  t.same(changedKeys(m), [...WEB].sort(), 'Service replaced');
+  for (const key of WEB) t.ok(fe(m.frontends, key).affinityTimeout > 0, `${key} has the new spec`);
+  for (const key of DNS) t.equal(fe(m.frontends, key), before.get(key as never), `${key}: untouched`);
+
+  m.setService(id(web), undefined);
+  t.same(changedKeys(m), [...WEB].sort(), 'Service deleted');
+  t.same([...m.frontends.keys()].sort(), [...DNS].sort());
+  t.equal(m.serviceCount, 1);
+  void dns;
 });
 
-t.test('memo: a new Node object recomputes every service', async (t) => {
-  const memo = new ModelMemo();
-  const { web, dns, webSlice, dnsSlice, input } = cluster();
-  const before = desiredState(input, memo).frontends;
-  // Same facts, new object: still recomputed (the memo compares identities).
-  const after = desiredState({ services: [web, dns], slices: [webSlice, dnsSlice], node: node('n1', 'z1') }, memo).frontends;
-  for (const key of [...WEB, ...DNS]) {
-    t.not(fe(after, key), fe(before, key), `${key}: recomputed`);
-    t.same(fe(after, key), fe(before, key), `${key}: same content`);
-  }
+t.test('model: a Node change recomputes every service only when its name or zone changes', async (t) => {
+  const m = model(cluster().input);
+  m.flush();
+  m.setNode(node('n1', 'z1'));
+  t.same(changedKeys(m), [], 'a new Node object with the same name and zone (a status update)');
   // A node that matters: internalTrafficPolicy Local follows the node.
   const local = svc(service('loc', ['10.96.0.20'], [{ name: 'p', port: 80 }], { internalTrafficPolicy: 'Local' }));
   const raw = slice('loc-1', 'loc', 'IPv4', [{ name: 'p', port: 8080 }], [{ addresses: ['10.0.0.4'] }]);
   const locSlice = eps({ ...raw, endpoints: raw.endpoints!.map((e) => ({ ...e, nodeName: 'n2' })) });
-  const on1 = desiredState({ services: [local], slices: [locSlice], node: node('n1') }, memo).frontends;
-  const on2 = desiredState({ services: [local], slices: [locSlice], node: node('n2') }, memo).frontends;
-  t.same(fe(on1, '10.96.0.20:80/TCP').backends, [], 'n1: no local endpoint');
-  t.same(fe(on2, '10.96.0.20:80/TCP').backends.map((b) => b.address), ['10.0.0.4'], 'n2: its endpoint');
+  m.setService(id(local), local);
+  m.setSlice(id(locSlice), locSlice);
+  t.same(changedKeys(m), ['10.96.0.20:80/TCP']);
+  t.same(fe(m.frontends, '10.96.0.20:80/TCP').backends, [], 'n1: no local endpoint');
+  m.setNode(node('n2', 'z1'));
+  t.same(changedKeys(m), ['10.96.0.20:80/TCP'], 'every service recomputed, only the one that differs changed');
+  t.same(fe(m.frontends, '10.96.0.20:80/TCP').backends.map((b) => b.address), ['10.0.0.4'], 'n2: its endpoint');
 });
 
-t.test('memo: results equal those without a memo, conflicts still settled by namespace/name', async (t) => {
-  const memo = new ModelMemo();
+t.test('model: incremental results equal a whole computation; conflicts settled by namespace/name in any order', async (t) => {
   const { web, dns, webSlice, dnsSlice, input } = cluster();
   // b claims web:80 and wins it (b < web); z claims dns's 53/UDP and loses it (dns < z).
   const b = svc(service('b', ['10.96.0.10'], [{ name: 'x', port: 80 }]));
@@ -223,14 +242,40 @@ t.test('memo: results equal those without a memo, conflicts still settled by nam
     { services: [z, web, b], slices: [dnsSlice, webSlice], node: input.node! },
     { services: [z, web, b, dns], slices: [webSlice, dnsSlice], node: input.node! },
   ];
+  const m = new DesiredModel();
+  m.setNode(input.node);
+  let present = new Map<string, Service>();
   for (const [i, step] of steps.entries()) {
-    const withMemo = desiredState(step, memo);
-    const without = desiredState(step);
-    t.same([...withMemo.frontends.entries()], [...without.frontends.entries()], `step ${i}: same frontends, same order`);
-    t.same(withMemo.skipped, without.skipped, `step ${i}: same skipped`);
+    const next = new Map([...step.services].map((s) => [id(s), s]));
+    for (const [k] of present) if (!next.has(k)) m.setService(k, undefined);
+    for (const [k, s] of next) if (present.get(k) !== s) m.setService(k, s);
+    for (const s of step.slices) m.setSlice(id(s), s);
+    present = next;
+    const before = new Map(m.frontends);
+    const { changed } = m.flush();
+    const whole = desiredState(step);
+    const sorted = (d: ReadonlyMap<string, Frontend>): Array<[string, Frontend]> => [...d.entries()].sort(([a], [b]) => (a < b ? -1 : 1));
+    t.same(sorted(m.frontends), sorted(whole.frontends), `step ${i}: same frontends`);
+    t.same(m.skipped().map((s) => `${s.service} ${s.reason}`).sort(), whole.skipped.map((s) => `${s.service} ${s.reason}`).sort(), `step ${i}: same skips`);
+    for (const [key, f] of m.frontends) if (!changed.has(key)) t.equal(f, before.get(key), `step ${i}: ${key} unchanged, same object`);
+    for (const key of before.keys()) if (!m.frontends.has(key)) t.ok(changed.has(key), `step ${i}: ${key} removed, named`);
   }
-  const last = desiredState(steps[4]!, memo);
-  t.equal(fe(last.frontends, '10.96.0.10:80/TCP').service.name, 'b', 'b (first by name) holds web:80');
-  t.equal(fe(last.frontends, '10.96.0.53:53/UDP').service.name, 'dns', 'dns holds 53/UDP over z');
-  t.same(last.skipped.map((s) => `${s.service} ${s.reason}`).sort(), ['default/web conflict', 'default/z conflict']);
+  t.equal(fe(m.frontends, '10.96.0.10:80/TCP').service.name, 'b', 'b (first by name) holds web:80');
+  t.equal(fe(m.frontends, '10.96.0.53:53/UDP').service.name, 'dns', 'dns holds 53/UDP over z');
+  t.same(m.skipped().map((s) => `${s.service} ${s.reason}`).sort(), ['default/web conflict', 'default/z conflict']);
+});
+
+t.test('model: a skip is reported by the flush where it first appears', async (t) => {
+  const m = new DesiredModel();
+  const headless = svc(service('h', [], [{ name: 'x', port: 80 }]));
+  m.setService(id(headless), headless);
+  t.same(m.flush().newSkips.map((s) => s.reason), ['headless']);
+  m.setService(id(headless), headless);
+  t.same(m.flush().newSkips, [], 'still skipped: not reported again');
+  const a = svc(service('a', ['10.96.0.1'], [{ name: 'x', port: 80 }]));
+  const c = svc(service('c', ['10.96.0.1'], [{ name: 'x', port: 80 }]));
+  m.setService(id(c), c);
+  m.flush();
+  m.setService(id(a), a);
+  t.same(m.flush().newSkips.map((s) => `${s.service} ${s.reason}`), ['default/c conflict'], 'c loses its frontend to a');
 });

@@ -4,7 +4,7 @@
 // the realized state naming exactly the writes that happened.
 import t from 'tap';
 import { PartialWriteError, type LbWrite } from '../../src/datapath/lbmaps.js';
-import { desiredState } from '../../src/model/from-k8s.js';
+import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
 import type { DesiredState } from '../../src/model/types.js';
 import { Reconciler, SyncError } from '../../src/reconcile/reconciler.js';

@@ -1,0 +1,234 @@
+// The desired state, kept up to date object by object: kube-proxy's change
+// trackers in lbctl's terms. Each Service, EndpointSlice or Node change marks
+// the services it touches; flush() recomputes those services only and
+// reports which frontends changed, so a sync costs what changed, not what
+// exists. A recomputed frontend equal to the one in force keeps its object
+// (and is not reported), so an update that changes nothing lbctl programs
+// writes nothing.
+//
+// Pure: no I/O. Conflicts (two services claiming one address:port/proto; the
+// API server prevents it, files do not) go to the first service by
+// namespace, then name, whatever the order the objects arrived in.
+import type { EndpointSlice, Node, Service } from './k8s.js';
+import { serviceFrontends, type Skipped } from './from-k8s.js';
+import type { Backend, DesiredState, Frontend, FrontendKey } from './types.js';
+
+/** namespace/name of a Service, or the service an EndpointSlice belongs to. */
+export type ServiceId = string;
+
+export const serviceId = (namespace: string, name: string): ServiceId => `${namespace}/${name}`;
+
+export interface Flushed {
+  /** Frontends added, changed or removed since the last flush. */
+  readonly changed: ReadonlySet<FrontendKey>;
+  /** Skips that appeared since the last flush (each reported once). */
+  readonly newSkips: readonly Skipped[];
+}
+
+interface Computed {
+  readonly frontends: ReadonlyMap<FrontendKey, Frontend>;
+  readonly skipped: readonly Skipped[];
+}
+
+const NONE: Computed = { frontends: new Map(), skipped: [] };
+
+function sameBackends(a: readonly Backend[], b: readonly Backend[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i]!;
+    const y = b[i]!;
+    if (x.address !== y.address || x.port !== y.port || x.protocol !== y.protocol || x.family !== y.family || x.state !== y.state) return false;
+  }
+  return true;
+}
+
+/** Same frontend, field by field: what the maps would hold, and where it came from. */
+export function sameFrontend(a: Frontend, b: Frontend): boolean {
+  return (
+    a.key === b.key &&
+    a.type === b.type &&
+    a.affinityTimeout === b.affinityTimeout &&
+    a.localOnly === b.localOnly &&
+    a.service.namespace === b.service.namespace &&
+    a.service.name === b.service.name &&
+    a.service.portName === b.service.portName &&
+    sameBackends(a.backends, b.backends) &&
+    sameBackends(a.terminating, b.terminating)
+  );
+}
+
+const skipKey = (s: Skipped): string => `${s.service}|${s.reason}|${s.detail ?? ''}`;
+
+export class DesiredModel {
+  private readonly services = new Map<ServiceId, Service>();
+  /** Slices by their own namespace/name (a slice may move to another service). */
+  private readonly slices = new Map<string, EndpointSlice>();
+  private readonly slicesBySvc = new Map<ServiceId, Map<string, EndpointSlice>>();
+  private node: Node | undefined;
+  private readonly dirty = new Set<ServiceId>();
+  private readonly computed = new Map<ServiceId, Computed>();
+  /** Who asks for each frontend key; more than one only in a conflict. */
+  private readonly claims = new Map<FrontendKey, ServiceId[]>();
+  private readonly current = new Map<FrontendKey, Frontend>();
+  private readonly conflicts = new Map<FrontendKey, Skipped[]>();
+  private servicesWithFrontends = 0;
+
+  /** Every frontend in force, by key. */
+  get frontends(): ReadonlyMap<FrontendKey, Frontend> {
+    return this.current;
+  }
+
+  /** Services that ask for at least one frontend. */
+  get serviceCount(): number {
+    return this.servicesWithFrontends;
+  }
+
+  setService(id: ServiceId, svc: Service | undefined): void {
+    if (svc) this.services.set(id, svc);
+    else if (!this.services.delete(id)) return;
+    this.dirty.add(id);
+  }
+
+  setSlice(id: string, slice: EndpointSlice | undefined): void {
+    const old = this.slices.get(id);
+    if (old) {
+      const owner = serviceId(old.namespace, old.serviceName);
+      const list = this.slicesBySvc.get(owner);
+      list?.delete(id);
+      if (list?.size === 0) this.slicesBySvc.delete(owner);
+      this.dirty.add(owner);
+    }
+    if (!slice) {
+      this.slices.delete(id);
+      return;
+    }
+    this.slices.set(id, slice);
+    const owner = serviceId(slice.namespace, slice.serviceName);
+    let list = this.slicesBySvc.get(owner);
+    if (!list) this.slicesBySvc.set(owner, (list = new Map()));
+    list.set(id, slice);
+    this.dirty.add(owner);
+  }
+
+  /** This node. Only what selection reads (name, zone) makes every service dirty. */
+  setNode(node: Node | undefined): void {
+    const before = this.node;
+    this.node = node;
+    if (before?.name === node?.name && before?.zone === node?.zone) return;
+    for (const id of this.services.keys()) this.dirty.add(id);
+  }
+
+  /** Recomputes the dirty services and settles the frontends they touch. */
+  flush(): Flushed {
+    const changed = new Set<FrontendKey>();
+    const newSkips: Skipped[] = [];
+    if (this.dirty.size === 0) return { changed, newSkips };
+    const touched = new Set<FrontendKey>();
+    for (const id of this.dirty) {
+      const before = this.computed.get(id) ?? NONE;
+      const svc = this.services.get(id);
+      const after = svc ? this.compute(svc, id, before) : NONE;
+      if (after.frontends.size === 0 && after.skipped.length === 0) this.computed.delete(id);
+      else this.computed.set(id, after);
+      this.servicesWithFrontends += (after.frontends.size > 0 ? 1 : 0) - (before.frontends.size > 0 ? 1 : 0);
+
+      const had = new Set(before.skipped.map(skipKey));
+      for (const s of after.skipped) if (!had.has(skipKey(s))) newSkips.push(s);
+      for (const key of before.frontends.keys()) {
+        if (after.frontends.has(key)) continue;
+        this.unclaim(key, id);
+        touched.add(key);
+      }
+      for (const key of after.frontends.keys()) {
+        const list = this.claims.get(key);
+        if (!list) this.claims.set(key, [id]);
+        else if (!list.includes(id)) list.push(id);
+        touched.add(key);
+      }
+    }
+    this.dirty.clear();
+
+    for (const key of touched) {
+      const winner = this.settle(key, newSkips);
+      const fe = winner === undefined ? undefined : this.computed.get(winner)!.frontends.get(key);
+      const have = this.current.get(key);
+      if (fe === have) continue;
+      if (fe) this.current.set(key, fe);
+      else this.current.delete(key);
+      changed.add(key);
+    }
+    return { changed, newSkips };
+  }
+
+  /** Every current skip: the services' own, then lost conflicts. */
+  skipped(): Skipped[] {
+    const out: Skipped[] = [];
+    for (const c of this.computed.values()) for (const s of c.skipped) out.push(s);
+    for (const list of this.conflicts.values()) out.push(...list);
+    return out;
+  }
+
+  /** One service's frontends; one equal to its previous version keeps the previous object. */
+  private compute(svc: Service, id: ServiceId, before: Computed): Computed {
+    const m = this.slicesBySvc.get(id);
+    const out = serviceFrontends(svc, m ? [...m.values()] : [], this.node);
+    const frontends = new Map<FrontendKey, Frontend>();
+    for (const fe of out.frontends) {
+      const prev = before.frontends.get(fe.key);
+      frontends.set(fe.key, prev && sameFrontend(prev, fe) ? prev : fe);
+    }
+    return { frontends, skipped: out.skipped };
+  }
+
+  private unclaim(key: FrontendKey, id: ServiceId): void {
+    const list = this.claims.get(key);
+    if (!list) return;
+    const i = list.indexOf(id);
+    if (i >= 0) list.splice(i, 1);
+    if (list.length === 0) this.claims.delete(key);
+  }
+
+  /** The claimant that holds `key` (first by namespace, then name); the others' conflicts recorded. */
+  private settle(key: FrontendKey, newSkips: Skipped[]): ServiceId | undefined {
+    const list = this.claims.get(key);
+    const previous = this.conflicts.get(key) ?? [];
+    this.conflicts.delete(key);
+    if (!list || list.length === 0) return undefined;
+    if (list.length === 1) return list[0];
+    const svc = (id: ServiceId): Service => this.services.get(id)!;
+    const before = (a: ServiceId, b: ServiceId): number => {
+      const x = svc(a);
+      const y = svc(b);
+      return x.namespace === y.namespace ? (x.name < y.name ? -1 : x.name > y.name ? 1 : 0) : x.namespace < y.namespace ? -1 : 1;
+    };
+    list.sort(before);
+    const [winner, ...losers] = list;
+    const had = new Set(previous.map(skipKey));
+    const skips = losers.map((id): Skipped => ({ service: id, reason: 'conflict', detail: `${key} is already served for ${winner}` }));
+    for (const s of skips) if (!had.has(skipKey(s))) newSkips.push(s);
+    this.conflicts.set(key, skips);
+    return winner;
+  }
+}
+
+export interface ModelInput {
+  readonly services: Iterable<Service>;
+  readonly slices: Iterable<EndpointSlice>;
+  /** This node: for internalTrafficPolicy Local and topology hints. */
+  readonly node?: Node;
+}
+
+export interface ModelOutput {
+  readonly frontends: DesiredState;
+  readonly skipped: readonly Skipped[];
+}
+
+/** The desired state of a whole set of objects at once. */
+export function desiredState(input: ModelInput): ModelOutput {
+  const m = new DesiredModel();
+  m.setNode(input.node);
+  for (const s of input.services) m.setService(serviceId(s.namespace, s.name), s);
+  for (const s of input.slices) m.setSlice(serviceId(s.namespace, s.name), s);
+  m.flush();
+  return { frontends: m.frontends, skipped: m.skipped() };
+}
