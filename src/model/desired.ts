@@ -132,8 +132,10 @@ export class DesiredModel {
       else this.computed.set(id, after);
       this.servicesWithFrontends += (after.frontends.size > 0 ? 1 : 0) - (before.frontends.size > 0 ? 1 : 0);
 
-      const had = new Set(before.skipped.map(skipKey));
-      for (const s of after.skipped) if (!had.has(skipKey(s))) newSkips.push(s);
+      if (after.skipped.length > 0) {
+        const had = new Set(before.skipped.map(skipKey));
+        for (const s of after.skipped) if (!had.has(skipKey(s))) newSkips.push(s);
+      }
       for (const key of before.frontends.keys()) {
         if (after.frontends.has(key)) continue;
         this.unclaim(key, id);
@@ -191,8 +193,8 @@ export class DesiredModel {
   /** The claimant that holds `key` (first by namespace, then name); the others' conflicts recorded. */
   private settle(key: FrontendKey, newSkips: Skipped[]): ServiceId | undefined {
     const list = this.claims.get(key);
-    const previous = this.conflicts.get(key) ?? [];
-    this.conflicts.delete(key);
+    const previous = this.conflicts.get(key);
+    if (previous) this.conflicts.delete(key);
     if (!list || list.length === 0) return undefined;
     if (list.length === 1) return list[0];
     const svc = (id: ServiceId): Service => this.services.get(id)!;
@@ -203,7 +205,7 @@ export class DesiredModel {
     };
     list.sort(before);
     const [winner, ...losers] = list;
-    const had = new Set(previous.map(skipKey));
+    const had = new Set((previous ?? []).map(skipKey));
     const skips = losers.map((id): Skipped => ({ service: id, reason: 'conflict', detail: `${key} is already served for ${winner}` }));
     for (const s of skips) if (!had.has(skipKey(s))) newSkips.push(s);
     this.conflicts.set(key, skips);

@@ -21,14 +21,11 @@ export interface Skipped {
 
 interface Candidate {
   readonly backend: Omit<Backend, 'state'>;
+  readonly key: BackendKey;
   readonly ep: Endpoint;
 }
 
-const byKey = (a: Candidate, b: Candidate): number => {
-  const ka = backendKey({ ...a.backend });
-  const kb = backendKey({ ...b.backend });
-  return ka < kb ? -1 : ka > kb ? 1 : 0;
-};
+const byKey = (a: Candidate, b: Candidate): number => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0);
 
 /**
  * Every endpoint address of one service port in one family, merged over the
@@ -49,7 +46,7 @@ function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: s
         const backend = { address: ip.address, family, port: port.port, protocol };
         const k = backendKey(backend);
         const have = seen.get(k);
-        if (!have || rank(ep) > rank(have.ep)) seen.set(k, { backend, ep });
+        if (!have || rank(ep) > rank(have.ep)) seen.set(k, { backend, key: k, ep });
       }
     }
   }

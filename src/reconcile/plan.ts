@@ -101,8 +101,8 @@ export interface PlanScope {
   readonly prune: boolean;
 }
 
-function bump<K>(m: Map<K, number>, k: K, by: number): void {
-  m.set(k, (m.get(k) ?? 0) + by);
+function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
+  m?.set(k, (m.get(k) ?? 0) + by);
 }
 
 const byFamily = (): Record<Family, MapOp[]> => ({ 4: [], 6: [] });
@@ -119,9 +119,14 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const revNatDeletes: MapOp[] = [];
   const planned = new Set<number>();
   const wildcardsSeen = new Set<string>();
-  /** Slots naming each backend, and frontends at each address, after this plan minus before. */
-  const slotDelta = new Map<number, number>();
-  const addrDelta = new Map<string, number>();
+  /**
+   * Slots naming each backend, and frontends at each address, after this
+   * plan minus before: what a change sync removed may leave them unused. A
+   * full plan visits every desired frontend, so what it did not plan is
+   * unused (no counting needed).
+   */
+  const slotDelta = full ? undefined : new Map<number, number>();
+  const addrDelta = full ? undefined : new Map<string, number>();
 
   const update = (fe: Frontend): void => {
     const revNatId = ids.revNatId(fe);
@@ -225,7 +230,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     }
   }
   append(ops, revNatDeletes);
-  const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (r.addrRefs.get(addr) ?? 0) + (addrDelta.get(addr) ?? 0) <= 0;
+  const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
   const dropWildcard = (key: string, have: RealizedFrontend): void => {
     if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
     for (const [s, old] of heldSlots(have)) {
@@ -236,7 +241,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   if (full) {
     for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
   } else {
-    for (const [addr, d] of addrDelta) {
+    for (const [addr, d] of addrDelta!) {
       if (d >= 0 || !unused(addr)) continue;
       const family: Family = addr.includes(':') ? 6 : 4;
       const wild = wildcardOf(addr, family);
@@ -246,11 +251,11 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     }
   }
   // Backends: a full plan looks at every one, a change sync at those it unlinked.
-  const unlinked = (id: number): boolean => !planned.has(id) && (r.slotRefs.get(id) ?? 0) + (slotDelta.get(id) ?? 0) <= 0;
+  const unlinked = (id: number): boolean => !planned.has(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
   if (full) {
     for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
   } else {
-    for (const [id, d] of slotDelta) {
+    for (const [id, d] of slotDelta!) {
       const b = r.backends.get(id);
       if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
     }

@@ -290,11 +290,11 @@ export class Reconciler {
     const r = this.realizedState;
     for (const family of [4, 6] as const) {
       const alloc = this.revNatIds[family];
-      for (const [key, id] of [...alloc.entries()]) {
+      for (const [key, id] of alloc.entries()) {
         if (!desired.has(key) && !r.revNat[family].has(id) && !r.frontends.get(key)?.master) alloc.release(key);
       }
     }
-    for (const [key, id] of [...this.backendIds.entries()]) {
+    for (const [key, id] of this.backendIds.entries()) {
       if (!needed.has(id) && !r.backends.has(id)) this.backendIds.release(key);
     }
   }

@@ -1,12 +1,16 @@
-// The Kubernetes source: informers (list, then watch from the list's
-// resourceVersion) for Services, EndpointSlices (discovery.k8s.io/v1) and
-// this node's Node, through @kubernetes/client-node. A watch that ends in
-// error (a broken connection, 410 Gone) is restarted with exponential
-// backoff and jitter; a restart relists, and the informer's relist deletes
-// objects that vanished meanwhile, so no deletion is lost. Every object is
-// validated as it arrives: a bad one is reported and counted, and the last
-// valid version of it (if any) stays in force. Handlers only record; the
-// agent's runner turns changes into syncs.
+// The Kubernetes source: client-go's Reflector pattern for Services,
+// EndpointSlices (discovery.k8s.io/v1) and this node's Node: list (in pages),
+// then watch from the list's resourceVersion with bookmarks, through
+// @kubernetes/client-node's typed list calls and its Watch. There is no
+// informer cache: each object is validated as it arrives and only its
+// validated form is kept (the raw objects of 10,000 services are several
+// times larger than what lbctl needs). A watch that ends normally is resumed
+// from the last resourceVersion seen (bookmarks keep it fresh); one that
+// ends in error is retried with exponential backoff and jitter; 410 Gone
+// (the version is compacted away) relists, and a relist deletes what is no
+// longer there, so no deletion is lost. A bad object is reported and
+// counted, and the last valid version of it (if any) stays in force.
+// Handlers only record; the agent's runner turns changes into syncs.
 import * as k8s from '@kubernetes/client-node';
 import { ConfigError } from '../errors.js';
 import {
@@ -39,101 +43,197 @@ export interface KubernetesSourceOptions {
 type Kind = SourceEvent['kind'];
 
 /** namespace/name; a cluster-scoped object (a Node): its name. */
-function objectId(meta: k8s.V1ObjectMeta | undefined): string {
+function objectId(meta: { namespace?: string; name?: string } | undefined): string {
   return meta?.namespace ? `${meta.namespace}/${meta.name ?? ''}` : (meta?.name ?? '');
 }
 
-/** One informer with its restart loop and its validated cache. */
-class Watched<Raw extends k8s.KubernetesObject, T> {
+interface RawObject {
+  metadata?: { namespace?: string; name?: string; resourceVersion?: string };
+}
+
+/** One page of a list: its items and where the next page starts. */
+interface Page {
+  readonly items: readonly RawObject[];
+  readonly resourceVersion: string;
+  readonly continue?: string;
+}
+
+/** List pages of this size (client-go's pager default). */
+const PAGE_SIZE = 500;
+
+class GoneError extends Error {
+  constructor(message: string) {
+    super(`410 Gone: ${message}`);
+  }
+}
+
+/** One resource: its list+watch loop and its validated objects. */
+class Reflector<T> {
   readonly items = new Map<string, T>();
   synced = false;
+  private resourceVersion: string | undefined;
   private failures = 0;
-  private errored = false;
-  private timer: NodeJS.Timeout | undefined;
   private stopped = false;
+  private timer: NodeJS.Timeout | undefined;
+  private wake: (() => void) | undefined;
+  private abort: AbortController | undefined;
 
   constructor(
     readonly kind: Kind,
-    private readonly informer: k8s.Informer<Raw> & k8s.ObjectCache<Raw>,
+    private readonly list: (cont: string | undefined) => Promise<Page>,
+    private readonly watcher: k8s.Watch,
+    private readonly path: string,
+    private readonly selectors: { labelSelector?: string; fieldSelector?: string },
     private readonly validate: (o: unknown) => Validated<T>,
     private readonly opts: KubernetesSourceOptions,
     private readonly changed: (e?: SourceEvent) => void,
-  ) {
-    const id = (o: Raw): string => objectId(o.metadata);
-    const upsert = (type: 'add' | 'update') => (o: Raw) => {
-      const v = this.validate(o);
-      if (!v.ok) {
-        const kept = this.items.has(id(o));
-        opts.onProblem?.({ where: `${kind} ${id(o)}`, kind, reason: kept ? `${v.reason} (keeping its last valid version)` : v.reason });
-        return;
-      }
-      this.items.set(id(o), v.value);
-      this.changed({ kind, type, id: id(o), object: v.value } as SourceEvent);
-    };
-    informer.on('add', upsert('add'));
-    informer.on('update', upsert('update'));
-    informer.on('delete', (o) => this.remove(id(o)));
-    informer.on('error', (err) => {
-      this.errored = true;
-      this.restart(err);
-    });
-  }
+  ) {}
 
-  /** Lists (or resumes the watch from the last resourceVersion), then watches. */
-  async start(): Promise<void> {
-    this.errored = false;
-    try {
-      // start() resolves even when the list failed: the error callback says so.
-      await this.informer.start();
-      if (!this.errored) {
-        this.failures = 0;
-        this.markSynced();
-      }
-    } catch (err) {
-      this.restart(err);
-    }
+  start(): void {
+    void this.loop();
   }
 
   stop(): void {
     this.stopped = true;
     if (this.timer) clearTimeout(this.timer);
-    void this.informer.stop();
+    this.wake?.();
+    this.abort?.abort();
   }
 
-  /** After the initial list: the cache is complete (even when empty). */
-  private markSynced(): void {
-    if (this.synced) return;
-    // The informer's own cache is authoritative after a list: drop what it no longer has.
-    const live = new Set(this.informer.list().map((o) => objectId(o.metadata)));
-    for (const key of [...this.items.keys()]) if (!live.has(key)) this.remove(key);
-    this.synced = true;
-    this.changed();
+  private async loop(): Promise<void> {
+    while (!this.stopped) {
+      try {
+        if (this.resourceVersion === undefined) await this.relist();
+        await this.watchOnce();
+        this.failures = 0;
+      } catch (err) {
+        if (this.stopped) return;
+        if (err instanceof GoneError) this.resourceVersion = undefined;
+        await this.backoff(err);
+      }
+    }
+  }
+
+  /** Lists every page; what the list no longer holds is deleted. */
+  private async relist(): Promise<void> {
+    const seen = new Set<string>();
+    let cont: string | undefined;
+    let rv = '';
+    do {
+      const page = await this.list(cont);
+      if (this.stopped) return;
+      for (const o of page.items) {
+        seen.add(objectId(o.metadata));
+        this.upsert(o);
+      }
+      cont = page.continue || undefined;
+      rv = page.resourceVersion;
+    } while (cont);
+    for (const id of this.items.keys()) if (!seen.has(id)) this.remove(id);
+    this.resourceVersion = rv;
+    if (!this.synced) {
+      this.synced = true;
+      this.changed();
+    }
+  }
+
+  /** One watch from the last resourceVersion; resolves when the server ends it. */
+  private watchOnce(): Promise<void> {
+    return new Promise((resolve, reject) => {
+      let failure: Error | undefined;
+      const params = {
+        ...this.selectors,
+        resourceVersion: this.resourceVersion,
+        allowWatchBookmarks: true,
+        // As client-go: the server ends the watch after 5-10 minutes, and it is resumed.
+        timeoutSeconds: Math.round(300 * (1 + Math.random())),
+      };
+      const onEvent = (type: string, obj: RawObject & { code?: number; message?: string }): void => {
+        if (this.stopped) return;
+        switch (type) {
+          case 'ADDED':
+          case 'MODIFIED':
+            this.upsert(obj);
+            break;
+          case 'DELETED':
+            this.remove(objectId(obj.metadata));
+            break;
+          case 'BOOKMARK':
+            break;
+          case 'ERROR':
+            failure = obj.code === 410 ? new GoneError(obj.message ?? 'resource version too old') : new Error(`watch error ${obj.code ?? ''}: ${obj.message ?? ''}`);
+            this.abort?.abort();
+            return;
+          default:
+            return;
+        }
+        if (obj.metadata?.resourceVersion) this.resourceVersion = obj.metadata.resourceVersion;
+      };
+      const done = (err: unknown): void => {
+        this.abort = undefined;
+        const status = (err as { statusCode?: number } | null)?.statusCode;
+        if (failure) reject(failure);
+        else if (status === 410) reject(new GoneError((err as Error).message));
+        else if (err && !this.stopped) reject(err);
+        else resolve();
+      };
+      this.watcher.watch(this.path, params, onEvent, done).then(
+        (ctl) => {
+          this.abort = ctl;
+          if (this.stopped) ctl.abort();
+        },
+        reject,
+      );
+    });
+  }
+
+  private upsert(o: RawObject): void {
+    const id = objectId(o.metadata);
+    const v = this.validate(o);
+    const had = this.items.has(id);
+    if (!v.ok) {
+      this.opts.onProblem?.({ where: `${this.kind} ${id}`, kind: this.kind, reason: had ? `${v.reason} (keeping its last valid version)` : v.reason });
+      return;
+    }
+    this.items.set(id, v.value);
+    this.changed({ kind: this.kind, type: had ? 'update' : 'add', id, object: v.value } as SourceEvent);
   }
 
   private remove(id: string): void {
     if (this.items.delete(id)) this.changed({ kind: this.kind, type: 'delete', id });
   }
 
-  private restart(err: unknown): void {
-    if (this.stopped || this.timer) return;
+  private backoff(err: unknown): Promise<void> {
     const min = this.opts.backoffMinMs ?? 500;
     const max = this.opts.backoffMaxMs ?? 30_000;
     const base = Math.min(max, min * 2 ** this.failures++);
     const delay = Math.round(base / 2 + Math.random() * (base / 2)); // "equal jitter"
     this.opts.onWatchError?.(this.kind, err, delay);
-    this.timer = setTimeout(() => {
-      this.timer = undefined;
-      void this.start();
-    }, delay);
+    return new Promise((resolve) => {
+      this.wake = resolve;
+      this.timer = setTimeout(resolve, delay);
+    });
   }
+}
+
+/** A typed client-node list call, as one page. */
+async function page(
+  call: Promise<{ items: readonly unknown[]; metadata?: { resourceVersion?: string; _continue?: string } }>,
+): Promise<Page> {
+  const out = await call;
+  return {
+    items: out.items as RawObject[],
+    resourceVersion: out.metadata?.resourceVersion ?? '',
+    ...(out.metadata?._continue ? { continue: out.metadata._continue } : {}),
+  };
 }
 
 export class KubernetesSource implements Source {
   readonly name: string;
   private readonly kc = new k8s.KubeConfig();
-  private services!: Watched<k8s.V1Service, Service>;
-  private slices!: Watched<k8s.V1EndpointSlice, EndpointSlice>;
-  private nodes!: Watched<k8s.V1Node, Node>;
+  private services!: Reflector<Service>;
+  private slices!: Reflector<EndpointSlice>;
+  private nodes!: Reflector<Node>;
   private current: Problem[] = [];
   private onChange: (e?: SourceEvent) => void = () => {};
 
@@ -161,36 +261,36 @@ export class KubernetesSource implements Source {
     const opts = { ...this.opts, onProblem: problem };
     const nodeSelector = `metadata.name=${this.opts.nodeName}`;
 
-    this.services = new Watched(
+    const watch = new k8s.Watch(this.kc);
+    const svcSel = { labelSelector: SERVICE_LABEL_SELECTOR };
+    const sliceSel = { labelSelector: SLICE_LABEL_SELECTOR };
+    const nodeSel = { fieldSelector: nodeSelector };
+    const paged = { limit: PAGE_SIZE };
+    this.services = new Reflector(
       'Service',
-      k8s.makeInformer(this.kc, '/api/v1/services', () => core.listServiceForAllNamespaces({ labelSelector: SERVICE_LABEL_SELECTOR }), SERVICE_LABEL_SELECTOR),
+      (cont) => page(core.listServiceForAllNamespaces({ ...svcSel, ...paged, ...(cont ? { _continue: cont } : {}) })),
+      watch,
+      '/api/v1/services',
+      svcSel,
       validateService,
       opts,
       changed,
     );
-    this.slices = new Watched(
+    this.slices = new Reflector(
       'EndpointSlice',
-      k8s.makeInformer(
-        this.kc,
-        '/apis/discovery.k8s.io/v1/endpointslices',
-        () => discovery.listEndpointSliceForAllNamespaces({ labelSelector: SLICE_LABEL_SELECTOR }),
-        SLICE_LABEL_SELECTOR,
-      ),
+      (cont) => page(discovery.listEndpointSliceForAllNamespaces({ ...sliceSel, ...paged, ...(cont ? { _continue: cont } : {}) })),
+      watch,
+      '/apis/discovery.k8s.io/v1/endpointslices',
+      sliceSel,
       validateEndpointSlice,
       opts,
       changed,
     );
-    this.nodes = new Watched(
-      'Node',
-      new k8s.ListWatch('/api/v1/nodes', new k8s.Watch(this.kc), () => core.listNode({ fieldSelector: nodeSelector }), false, undefined, nodeSelector),
-      validateNode,
-      opts,
-      changed,
-    );
+    this.nodes = new Reflector('Node', () => page(core.listNode(nodeSel)), watch, '/api/v1/nodes', nodeSel, validateNode, opts, changed);
     // Do not wait for the API server: a restart with it unreachable keeps serving from the maps.
-    void this.services.start();
-    void this.slices.start();
-    void this.nodes.start();
+    this.services.start();
+    this.slices.start();
+    this.nodes.start();
   }
 
   async stop(): Promise<void> {

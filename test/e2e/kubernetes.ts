@@ -147,7 +147,7 @@ t.test('a restart with the API server down changes nothing; the first complete s
   api.available = false;
   api.delete('Service', 'db');
   const proc = sb.startAgent().catch((e: unknown) => e); // no first sync while the API server is down
-  await sb.waitUntil(() => sb.agent?.logs.some((l) => l.msg === 'watch ended; relisting after backoff') ?? false, 'the agent retries the API server');
+  await sb.waitUntil(() => sb.agent?.logs.some((l) => l.msg === 'list or watch failed; retrying after backoff') ?? false, 'the agent retries the API server');
   t.same(await sb.lbList(), programmed, 'nothing was written or removed');
   t.same((await requests(sb, 3)).filter((r) => r.error), [], 'and the service still works');
 

@@ -55,7 +55,7 @@ async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: 
     ...(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}),
     nodeName: opts.nodeName ?? process.env.NODE_NAME ?? os.hostname(),
     onProblem,
-    onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'watch ended; relisting after backoff'),
+    onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'list or watch failed; retrying after backoff'),
   });
 }
 
