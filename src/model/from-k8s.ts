@@ -76,7 +76,8 @@ function pick(eps: readonly Candidate[], usable: (c: Candidate) => boolean): Can
 }
 
 function asBackend(c: Candidate): Backend {
-  return { ...c.backend, state: c.ep.terminating ? 'terminating' : 'active' };
+  const b = c.backend;
+  return { address: b.address, family: b.family, port: b.port, protocol: b.protocol, state: c.ep.terminating ? 'terminating' : 'active' };
 }
 
 /** Selectable and non-selectable (terminating) backends of one frontend. */
@@ -93,11 +94,11 @@ export function selectBackends(
     const hints = useZoneHints(eps, zone);
     chosen = pick(eps, (c) => !hints || (c.ep.zoneHints ?? []).includes(zone!));
   }
+  const backends = chosen.map(asBackend);
+  // Terminating endpoints not chosen stay as non-selectable slots (most services have none).
+  if (!eps.some((c) => c.ep.terminating)) return { backends, terminating: [] };
   const selected = new Set(chosen);
-  return {
-    backends: chosen.map(asBackend),
-    terminating: eps.filter((c) => c.ep.terminating && !selected.has(c)).map(asBackend),
-  };
+  return { backends, terminating: eps.filter((c) => c.ep.terminating && !selected.has(c)).map(asBackend) };
 }
 
 /** The frontends one service asks for (before conflicts with other services are settled). */
@@ -117,7 +118,10 @@ export function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice
       const addr = { address: ip.address, family: ip.family, port: p.port, protocol: p.protocol };
       const { backends, terminating } = selectBackends(candidates(svcSlices, ip.family, p.name, p.protocol), svc, node);
       frontends.push({
-        ...addr,
+        address: ip.address,
+        family: ip.family,
+        port: p.port,
+        protocol: p.protocol,
         key: frontendKey(addr),
         type: 'ClusterIP',
         service: { namespace: svc.namespace, name: svc.name, portName: p.name },
