@@ -134,6 +134,33 @@ t.test('deletions missed while disconnected are applied: replayed, or found by a
   t.ok((await sb.lbList()).some((e) => e.frontend === `${WEB}:80/TCP`), 'the rest is untouched');
 });
 
+t.test('watches ask for bookmarks: a quiet watch resumes after compaction without relisting', async (t) => {
+  const { sb, api } = await setup(t);
+  const [a, b] = sb.backends.map((x) => x.v4) as [string, string];
+  api.apply(`${webService()}---\n${webSlice(endpoint(a))}`);
+  await sb.startAgent();
+  await sb.waitUntil(() => api.openWatches >= 3, 'watches open');
+  const watches = api.requests.filter((r) => r.url.includes('watch=true'));
+  t.ok(watches.length >= 3 && watches.every((r) => r.url.includes('allowWatchBookmarks=true')), 'every watch asks for bookmarks');
+
+  // Only EndpointSlices change: the Service watch hears nothing, and its
+  // last resourceVersion falls behind. A bookmark brings it forward, so
+  // after compaction and a broken connection it resumes where it was.
+  api.apply(webSlice(endpoint(a) + endpoint(b)));
+  await sb.waitUntil(async () => (await backendsOf(sb, `${WEB}:80/TCP`)).length === 2, 'the slice change applied');
+  await sb.waitUntil(() => api.openWatches >= 3, 'watches open');
+  api.bookmark();
+  await new Promise((r) => setTimeout(r, 300));
+  const mark = api.requests.length;
+  api.compact();
+  api.dropWatches();
+  await sb.waitUntil(() => api.requests.slice(mark).filter((r) => r.url.includes('watch=true')).length >= 3, 'the watches resumed');
+  await new Promise((r) => setTimeout(r, 500));
+  const lists = api.requests.slice(mark).filter((r) => !r.url.includes('watch=true'));
+  t.same(lists, [], 'no relist: each watch resumed from its bookmark, newer than the compaction');
+  t.same(await backendsOf(sb, `${WEB}:80/TCP`), [`${a}:${HTTP_PORT}`, `${b}:${HTTP_PORT}`], 'the maps are unchanged');
+});
+
 t.test('a restart with the API server down changes nothing; the first complete sync prunes', async (t) => {
   const { sb, api } = await setup(t);
   const [a] = sb.backends.map((x) => x.v4) as [string];
