@@ -1,7 +1,7 @@
 // LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
 // moves bytes through the native addon. Nothing here knows a byte offset.
 import { ConfigError } from '../errors.js';
-import { ipFromBytes, ipv4ToUint, parseIp, uintToIpv4 } from '../model/addr.js';
+import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../model/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../model/types.js';
 import {
   LbBackendState,
@@ -87,17 +87,12 @@ export function verifyMapLayout(map: ByteMap, spec: MapSpec<unknown, unknown>): 
   }
 }
 
-function v6bytes(address: string): Buffer {
-  const ip = parseIp(address);
-  if (!ip || ip.family !== 6) throw new RangeError(`${address} is not an IPv6 address`);
-  return ip.bytes;
-}
 
 function serviceKey(fe: ServiceAddr, slot: number, b?: Buffer, o?: number): Buffer {
   const proto = PROTO_NUM[fe.protocol];
   return fe.family === 4
     ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o)
-    : lb6_key.encode({ address: v6bytes(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o);
+    : lb6_key.encode({ address: ipv6Bytes(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o);
 }
 
 function masterValue(m: MasterEntry, b?: Buffer, o?: number): Buffer {
@@ -164,12 +159,12 @@ export class KernelLbMaps implements LbMaps {
         const state = STATE_NUM[b.state];
         return b.family === 4
           ? [u32.encode(w.id, k, ko), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state }, v, vo)]
-          : [u32.encode(w.id, k, ko), lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto, state }, v, vo)];
+          : [u32.encode(w.id, k, ko), lb6_backend.encode({ address: ipv6Bytes(b.address), port: b.port, proto, state }, v, vo)];
       }
       case 'put-revnat':
         return w.family === 4
           ? [u32.encode(w.id, k, ko), lb4_reverse_nat.encode({ address: ipv4ToUint(w.entry.address), port: w.entry.port }, v, vo)]
-          : [u32.encode(w.id, k, ko), lb6_reverse_nat.encode({ address: v6bytes(w.entry.address), port: w.entry.port }, v, vo)];
+          : [u32.encode(w.id, k, ko), lb6_reverse_nat.encode({ address: ipv6Bytes(w.entry.address), port: w.entry.port }, v, vo)];
       case 'put-slot':
         return [serviceKey(w.fe, w.slot, k, ko), lb_service.encode({ ...EMPTY_SLOT, backendId: w.backendId }, v, vo)];
       case 'put-master':

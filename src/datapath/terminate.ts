@@ -32,7 +32,7 @@ import { closeSync, fstatSync, openSync, readdirSync, readFileSync, readlinkSync
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
-import { ipFromBytes, ipv4ToUint, parseIp } from '../model/addr.js';
+import { ipFromBytes, ipv4ToUint, ipv6Bytes, parseIp } from '../model/addr.js';
 import { backendKey, type Family, type L3n4Addr } from '../model/types.js';
 import { BpfObject, inetDiagDestroy, inetDiagDump, isErrno, type BpfMap, type InetDiagSocket } from '../native/bpf.js';
 import { lb4_backend, lb4_sock_key, lb6_backend, lb6_sock_key, MapType, u32 } from './abi.gen.js';
@@ -404,20 +404,15 @@ export class UdpTerminator {
   }
 }
 
-function v6bytes(address: string): Buffer {
-  const ip = parseIp(address);
-  if (!ip || ip.family !== 6) throw new RangeError(`${address} is not an IPv6 address`);
-  return ip.bytes;
-}
 
 function termKey(b: L3n4Addr): Buffer {
   return b.family === 4
     ? lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto: IPPROTO_UDP, state: 0 })
-    : lb6_backend.encode({ address: v6bytes(b.address), port: b.port, proto: IPPROTO_UDP, state: 0 });
+    : lb6_backend.encode({ address: ipv6Bytes(b.address), port: b.port, proto: IPPROTO_UDP, state: 0 });
 }
 
 function revNatKey(b: L3n4Addr, cookie: bigint): Buffer {
   return b.family === 4
     ? lb4_sock_key.encode({ cookie, address: ipv4ToUint(b.address), port: b.port })
-    : lb6_sock_key.encode({ cookie, address: v6bytes(b.address), port: b.port });
+    : lb6_sock_key.encode({ cookie, address: ipv6Bytes(b.address), port: b.port });
 }

@@ -6,8 +6,6 @@ export interface ParsedIp {
   /** Canonical text: dotted quad, or RFC 5952 for IPv6. */
   readonly address: string;
   readonly family: Family;
-  /** Network-order bytes: 4 or 16. */
-  readonly bytes: Buffer;
 }
 
 /** Parses an IP literal; undefined if it is not one (no hostnames, no zones, no CIDR). */
@@ -15,13 +13,20 @@ export function parseIp(text: unknown): ParsedIp | undefined {
   if (typeof text !== 'string' || text.length === 0 || text.length > 45) return undefined;
   if (ipaddr.IPv4.isValidFourPartDecimal(text)) {
     const ip = ipaddr.IPv4.parse(text);
-    return { address: ip.toString(), family: 4, bytes: Buffer.from(ip.toByteArray()) };
+    return { address: ip.toString(), family: 4 };
   }
   if (text.includes(':') && !text.includes('%') && ipaddr.IPv6.isValid(text)) {
     const ip = ipaddr.IPv6.parse(text);
-    return { address: ip.toRFC5952String(), family: 6, bytes: Buffer.from(ip.toByteArray()) };
+    return { address: ip.toRFC5952String(), family: 6 };
   }
   return undefined;
+}
+
+/** IPv6 text → its 16 network-order bytes (computed when a map key or value needs them, not kept). */
+export function ipv6Bytes(address: string): Buffer {
+  const ip = parseIp(address);
+  if (!ip || ip.family !== 6) throw new RangeError(`${address} is not an IPv6 address`);
+  return Buffer.from(ipaddr.IPv6.parse(ip.address).toByteArray());
 }
 
 export function ipFromBytes(bytes: Buffer): string {

@@ -16,7 +16,7 @@ import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { cgroup2Root } from '../../src/datapath/loader.js';
 import { lb4_sock_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat } from '../../src/datapath/abi.gen.js';
-import { ipv4ToUint, parseIp } from '../../src/model/addr.js';
+import { ipv4ToUint, ipv6Bytes } from '../../src/model/addr.js';
 import { lacksSockDestroy, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import type { L3n4Addr } from '../../src/model/types.js';
@@ -165,13 +165,13 @@ function v4Key(cookie: bigint, address: string, port: number): Buffer {
   return lb4_sock_key.encode({ cookie, address: ipv4ToUint(address), port });
 }
 function v6Key(cookie: bigint, address: string, port: number): Buffer {
-  return lb6_sock_key.encode({ cookie, address: parseIp(address)!.bytes, port });
+  return lb6_sock_key.encode({ cookie, address: ipv6Bytes(address), port });
 }
 
 /** What connect4/6 would have recorded for the sockets lbctl balanced. */
 function recordRevNat(h: Holder): Array<[BpfMap, Buffer, string]> {
   const v4 = lb4_sock_revnat.encode({ address: ipv4ToUint('10.96.0.20'), port: 53, revNatIndex: 1 });
-  const v6 = lb6_sock_revnat.encode({ address: parseIp('fd00:96::20')!.bytes, port: 53, revNatIndex: 1 });
+  const v6 = lb6_sock_revnat.encode({ address: ipv6Bytes('fd00:96::20'), port: 53, revNatIndex: 1 });
   const c = h.cookies;
   const entries: Array<[BpfMap, Buffer, string]> = [
     [revNat[4], v4Key(c.balanced!, REMOVED4, PORT), 'balanced'],
