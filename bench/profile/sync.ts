@@ -55,6 +55,13 @@ try {
   model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(1) });
   flushed = t('one endpoint less: model flush', () => model.flush());
   t('one endpoint less: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+  t('200 endpoint changes, one sync each (total)', () => {
+    for (let i = 0; i < 200; i++) {
+      model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(i % 2) });
+      const f = model.flush();
+      rec.sync(model.frontends, { prune: true, changed: f.changed });
+    }
+  });
   flushed = t('nothing changed: model flush', () => model.flush());
   t('nothing changed: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
   t('full resync (re-read the maps, full plan)', () => {

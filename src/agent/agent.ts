@@ -41,6 +41,13 @@ export interface SyncReport extends SyncResult {
   readonly durationMs: number;
 }
 
+/**
+ * A sync that wrote this much (a cold start, a relist after a long outage)
+ * leaves its garbage in a heap V8 grew for it, and V8 gives that memory back
+ * to the system only slowly: the agent collects once after such a sync.
+ */
+const BIG_SYNC_OPS = 20_000;
+
 export class Agent implements AgentView {
   readonly startedAt = Date.now();
   private datapath: Datapath | undefined;
@@ -171,6 +178,7 @@ export class Agent implements AgentView {
       // A periodic resync that found nothing to repair is routine: debug only.
       if (reason === 'periodic' && result.planned === 0) this.opts.log.debug(report, 'sync done');
       else this.opts.log.info(report, 'sync done');
+      if (result.planned >= BIG_SYNC_OPS) this.compactHeap();
     } catch (err) {
       this.stats.lastError = (err as Error).message;
       this.stats.oldestPending ??= pendingSince ?? started;
@@ -182,6 +190,16 @@ export class Agent implements AgentView {
       this.stats.inProgress = false;
       this.opts.metrics?.observeSync((performance.now() - t0) / 1000, { full: reason !== 'change', ok });
     }
+  }
+
+  /**
+   * A full collection after a big sync, so the node gets the memory back
+   * (bin/lbctl runs node with --expose-gc; without it this does nothing).
+   * Deferred a turn, so the sync's own report goes out first.
+   */
+  private compactHeap(): void {
+    const gc = (globalThis as { gc?: () => void }).gc;
+    if (gc) setImmediate(gc);
   }
 
   /** Logs and counts a skip once, when it first appears. */

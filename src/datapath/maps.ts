@@ -192,9 +192,11 @@ export class KernelLbMaps implements LbMaps {
       });
       return;
     }
-    const keys = Buffer.alloc(writes.length * map.keySize);
-    const values = Buffer.alloc(writes.length * map.valueSize);
-    writes.forEach((w, i) => this.encode(w, keys, i * map.keySize, values, i * map.valueSize));
+    const ks = map.keySize;
+    const vs = map.valueSize;
+    const keys = Buffer.alloc(writes.length * ks);
+    const values = Buffer.alloc(writes.length * vs);
+    writes.forEach((w, i) => this.encode(w, keys, i * ks, values, i * vs));
     try {
       map.batchUpdate(keys, values, writes.length);
     } catch (err) {

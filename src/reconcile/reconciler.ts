@@ -162,13 +162,15 @@ export class Reconciler {
             this.maps.putMany!(batch);
           } catch (err) {
             const written = err instanceof PartialWriteError ? err.written : 0;
-            for (const op of batch.slice(0, written)) this.count(op, byKind);
+            for (let k = 0; k < written; k++) this.note(batch[k]!);
+            if (written > 0) byKind[batch[0]!.kind] = (byKind[batch[0]!.kind] ?? 0) + written;
             applied_ += written;
             const failed = batch[written] ?? batch[0]!;
             const cause = err instanceof PartialWriteError && err.cause ? err.cause : err;
             throw new SyncError(`${describeOp(failed)}: ${(err as Error).message}`, failed, applied_, { cause });
           }
-          for (const op of batch) this.count(op, byKind);
+          for (const op of batch) this.note(op);
+          byKind[batch[0]!.kind] = (byKind[batch[0]!.kind] ?? 0) + run;
           applied_ += run;
           i += run;
           continue;
@@ -199,16 +201,13 @@ export class Reconciler {
   private batchAt(ops: readonly MapOp[], i: number): number {
     if (!this.maps.putMany) return 1;
     const first = ops[i]!;
-    if (!first.kind.startsWith('put-')) return 1;
+    const kind = first.kind;
+    if (kind !== 'put-backend' && kind !== 'put-revnat' && kind !== 'put-slot' && kind !== 'put-master') return 1;
     const fam = opFamily(first);
+    const end = Math.min(ops.length, i + MAX_BATCH);
     let j = i + 1;
-    while (j < ops.length && j - i < MAX_BATCH && ops[j]!.kind === first.kind && opFamily(ops[j]!) === fam) j++;
+    while (j < end && ops[j]!.kind === kind && opFamily(ops[j]!) === fam) j++;
     return j - i;
-  }
-
-  private count(op: MapOp, byKind: Record<string, number>): void {
-    this.note(op);
-    byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
   }
 
   private releaseDeleted(ops: readonly MapOp[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
