@@ -30,14 +30,21 @@ v_fail=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$out/
 
 # The suites were type-checked on the host; only transpile here.
 suites=${LBCTL_VMTEST_SUITES:-test/native test/bpf test/e2e}
-TS_NODE_TRANSPILE_ONLY=1 timeout "${LBCTL_VMTEST_TAP_TIMEOUT:-3000}" \
+tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-3000}
+TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
   node node_modules/.bin/tap -R tap --timeout 600 $suites >"$out/tap.log" 2>&1
 tap_rc=$?
 summary=$(grep -E '^# \{ total: [0-9]+' "$out/tap.log" | tail -1)
 total=$(sed -n 's/.*total: \([0-9]*\).*/\1/p' <<<"$summary")
 pass=$(sed -n 's/.*pass: \([0-9]*\).*/\1/p' <<<"$summary")
 if [[ -z $total ]]; then
-  echo "tap: no summary (rc $tap_rc); see tap.log"
+  if ((tap_rc == 124)); then
+    # The files that finished are in tap.log; the one still running is the last "# Subtest: test/..." there.
+    echo "tap: timed out after ${tap_timeout}s in $(sed -n 's/^# Subtest: \(test\/.*\)$/\1/p' "$out/tap.log" | tail -1)," \
+      "$(grep -cE '^ok [0-9]+ - test/' "$out/tap.log") files passed before; see tap.log"
+  else
+    echo "tap: no summary (rc $tap_rc); see tap.log"
+  fi
   total=1 pass=0
 fi
 grep -E '^not ok' "$out/tap.log" | sed 's/^/tap: /'

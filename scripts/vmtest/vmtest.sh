@@ -172,7 +172,7 @@ main() {
       [[ -f $out/init-error ]] && log "$name: $(cat "$out/init-error")"
       tail -n 20 "$out/console.log" 2>/dev/null | sed 's/^/    /' >&2 || true
     fi
-    grep -E '^(kernel|fallbacks|verifier: (FAIL|fallback))|^tap: (not ok|rc)' "$out/guest.log" 2>/dev/null | sed "s/^/  $name | /" || true
+    grep -E '^(kernel|fallbacks|verifier: (FAIL|fallback))|^tap: (not ok|rc|timed out|no summary)' "$out/guest.log" 2>/dev/null | sed "s/^/  $name | /" || true
     printf '%s: %d passed, %d failed\n' "$name" "$passed" "$failed"
     log "$name ($label) took $((SECONDS - t0))s; logs in $out"
     if ((failed > 0)); then

@@ -6,7 +6,7 @@
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { serviceObject, serviceWithBackends, sliceObject, yamlDocs } from '../helpers/manifests.js';
-import { createSandbox, HTTP_PORT, LBCTL, run, SLOW, UDP_PORT, type ExecResult, type LogLine, type Sandbox } from '../helpers/sandbox.js';
+import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, run, SLOW, UDP_PORT, type ExecResult, type LogLine, type Sandbox } from '../helpers/sandbox.js';
 
 const WEB = '10.96.0.10';
 const WEB6 = 'fd00:96::10';
@@ -75,7 +75,7 @@ function serviceValue(v: { backendId?: number; count?: number; revNat?: number; 
 // ------------------------------------------------ helpers
 
 function lbctl(args: readonly string[]): Promise<ExecResult> {
-  return run(LBCTL, args, 30_000);
+  return run(LBCTL, args, CLI_TIMEOUT_MS);
 }
 
 async function serviceList(sb: Sandbox): Promise<{ code: number | null; list: FrontendStatus[]; stderr: string }> {

@@ -9,13 +9,15 @@ application saw (peer addresses, reply sources, errno names).
   client.py http-many FILE                 one HOST:PORT a line; GET / from each
   client.py dns HOST PORT NAME [--count N] A query per unconnected sendto/recvfrom
   client.py load --tcp HOST:PORT[@RATE] --udp HOST:PORT[@RATE] [--rate R]
-                 [--seconds MAX] [--stop-file F] [--progress F]
+                 [--seconds MAX] [--stop-file F] [--progress F] [--timeout S]
                                            steady load: per target, RATE (default R)
                                            fresh sockets a second (TCP: connect, GET /,
                                            read to EOF, close; UDP: unconnected sendto,
                                            recvfrom); every failure with errno, phase and
-                                           epoch ms; runs until F exists, SIGTERM/SIGINT,
-                                           or MAX seconds
+                                           epoch ms (an attempt that takes over S seconds,
+                                           default 3, fails); runs until F exists,
+                                           SIGTERM/SIGINT, or MAX seconds; the progress file
+                                           holds the counts and the first failures
   client.py udp-long HOST PORT [--interval S] [--seconds MAX] [--stop-file F] [--progress F]
                                            one long-lived connected UDP socket, as a resolver
                                            keeps one: a datagram every S seconds; when the
@@ -207,10 +209,10 @@ def split_target(text, default_rate):
     return host.strip("[]"), int(port), float(rate) if rate else default_rate
 
 
-def load_tcp(host, port):
+def load_tcp(host, port, timeout):
     """One connection through the service: None, or (phase, errno name)."""
     s = socket.socket(family_of(host), socket.SOCK_STREAM)
-    s.settimeout(TIMEOUT)
+    s.settimeout(timeout)
     phase = "socket"
     try:
         phase = "connect"
@@ -239,9 +241,9 @@ def load_tcp(host, port):
         s.close()
 
 
-def load_udp(host, port):
+def load_udp(host, port, timeout):
     s = socket.socket(family_of(host), socket.SOCK_DGRAM)
-    s.settimeout(TIMEOUT)
+    s.settimeout(timeout)
     phase = "sendto"
     try:
         msg = b"load-%d" % time.monotonic_ns()
@@ -286,7 +288,7 @@ def cmd_load(a):
                 return
             proto, host, port, due = item
             t0 = time.monotonic()
-            phase, result = (load_tcp if proto == "tcp" else load_udp)(host, port)
+            phase, result = (load_tcp if proto == "tcp" else load_udp)(host, port, a.timeout)
             ms = (time.monotonic() - t0) * 1000
             now = time.time()
             key = f"{proto}:{host}:{port}"
@@ -319,7 +321,7 @@ def cmd_load(a):
             return
         with lock:
             snap = {"attempted": sum(s["attempted"] for s in stats.values()), "ok": sum(s["ok"] for s in stats.values()),
-                    "failed": len(failures), "at": round(time.time() * 1000)}
+                    "failed": len(failures), "failures": failures[:10], "at": round(time.time() * 1000)}
         tmp = a.progress + ".tmp"
         with open(tmp, "w") as f:
             json.dump(snap, f)
@@ -343,7 +345,7 @@ def cmd_load(a):
     for _ in threads:
         work.put(None)
     for th in threads:
-        th.join(TIMEOUT * 3)
+        th.join(a.timeout * 3)
     progress()
     with lock:
         attempted = sum(s["attempted"] for s in stats.values())
@@ -443,8 +445,9 @@ def main():
     ld.add_argument("--rate", type=float, default=300.0, help="attempts a second per target")
     ld.add_argument("--seconds", type=float, default=60.0, help="stop after this long at the latest")
     ld.add_argument("--stop-file", help="stop once this file exists")
-    ld.add_argument("--progress", help="keep {attempted, ok, failed, at} in this file")
+    ld.add_argument("--progress", help="keep {attempted, ok, failed, failures (the first 10), at} in this file")
     ld.add_argument("--workers", type=int, default=16)
+    ld.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds one attempt may take before it counts as failed")
     ld.set_defaults(fn=cmd_load)
     ul = sub.add_parser("udp-long")
     ul.add_argument("host")

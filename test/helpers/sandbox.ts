@@ -93,12 +93,16 @@ export interface LoadOptions {
   readonly rate?: number;
   /** The client stops by itself after this long (default 90). */
   readonly maxSeconds?: number;
+  /** Seconds one attempt may take before it counts as failed (default 3; scaled by SLOW). */
+  readonly attemptTimeout?: number;
 }
 
 export interface LoadProgress {
   attempted: number;
   ok: number;
   failed: number;
+  /** The first failures (up to 10), so a test can say what failed, not only how many. */
+  failures?: LoadFailure[];
   /** Epoch ms of this snapshot. */
   at: number;
 }
@@ -150,6 +154,13 @@ interface TeardownHost {
  * under TCG sets LBCTL_TEST_SLOW): a timeout there is not a behaviour failure.
  */
 export const SLOW = Math.max(1, Number(process.env.LBCTL_TEST_SLOW ?? 1) || 1);
+
+/**
+ * The deadline of one lbctl or bpftool command. Under a second here; in the
+ * emulated guest `lbctl bpf lb list` takes 5 s alone and 15-30 s beside a
+ * steady load, so the deadline scales too.
+ */
+export const CLI_TIMEOUT_MS = 30_000 * SLOW;
 
 const sleepSync = (ms: number): void => {
   Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
@@ -229,7 +240,7 @@ function removeCgroup(cg: string): void {
 
 function removeBpfRoot(dir: string): void {
   if (!existsSync(dir)) return;
-  execFileSync(LBCTL, ['cleanup', '--bpf-root', dir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 30_000 });
+  execFileSync(LBCTL, ['cleanup', '--bpf-root', dir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: CLI_TIMEOUT_MS });
 }
 
 function removeNetns(name: string): void {
@@ -593,32 +604,32 @@ export class Sandbox {
 
   /** `lbctl ARGS… --bpf-root <ours>`, outside the cgroup. */
   lbctl(args: readonly string[]): Promise<ExecResult> {
-    return run(LBCTL, [...args, '--bpf-root', this.bpfRoot], 30_000);
+    return run(LBCTL, [...args, '--bpf-root', this.bpfRoot], CLI_TIMEOUT_MS);
   }
 
   async lbList(): Promise<LbListEntry[]> {
     const r = await this.lbctl(['bpf', 'lb', 'list', '-o', 'json']);
-    if (r.code !== 0) throw new Error(`lbctl bpf lb list failed: ${r.stderr}`);
+    if (r.code !== 0) throw new Error(`lbctl bpf lb list failed ${how(r)}: ${r.stderr}`);
     return JSON.parse(r.stdout) as LbListEntry[];
   }
 
   async metrics(): Promise<Record<string, number>> {
     const r = await this.lbctl(['bpf', 'metrics', 'list', '-o', 'json']);
-    if (r.code !== 0) throw new Error(`lbctl bpf metrics list failed: ${r.stderr}`);
+    if (r.code !== 0) throw new Error(`lbctl bpf metrics list failed ${how(r)}: ${r.stderr}`);
     return JSON.parse(r.stdout) as Record<string, number>;
   }
 
   /** The entries of one pinned map, as bpftool dumps them (for maps lbctl does not print, e.g. lb4_sock_revnat). */
   async mapEntries(name: string, bpfRoot = this.bpfRoot): Promise<unknown[]> {
-    const r = await run(BPFTOOL, ['-j', 'map', 'dump', 'pinned', path.join(bpfRoot, 'maps', name)], 30_000);
-    if (r.code !== 0) throw new Error(`bpftool map dump ${name} failed: ${r.stderr}${r.stdout}`);
+    const r = await run(BPFTOOL, ['-j', 'map', 'dump', 'pinned', path.join(bpfRoot, 'maps', name)], CLI_TIMEOUT_MS);
+    if (r.code !== 0) throw new Error(`bpftool map dump ${name} failed ${how(r)}: ${r.stderr}${r.stdout}`);
     return JSON.parse(r.stdout) as unknown[];
   }
 
   /** `bpftool -j ARGS…`, parsed. */
   async bpftool<T = unknown>(args: readonly string[]): Promise<T> {
-    const r = await run(BPFTOOL, ['-j', ...args], 30_000);
-    if (r.code !== 0) throw new Error(`bpftool ${args.join(' ')} failed: ${r.stderr}${r.stdout}`);
+    const r = await run(BPFTOOL, ['-j', ...args], CLI_TIMEOUT_MS);
+    if (r.code !== 0) throw new Error(`bpftool ${args.join(' ')} failed ${how(r)}: ${r.stderr}${r.stdout}`);
     return JSON.parse(r.stdout) as T;
   }
 
@@ -672,10 +683,13 @@ export class Sandbox {
     const id = Math.random().toString(16).slice(2, 8);
     const stopFile = path.join(this.runDir, `load-${id}.stop`);
     const progressFile = path.join(this.runDir, `load-${id}.progress`);
-    const args = ['load', '--rate', String(opts.rate ?? 300), '--seconds', String(opts.maxSeconds ?? 90), '--stop-file', stopFile, '--progress', progressFile];
+    // A lost packet still fails the attempt; only the wait for it scales with SLOW
+    // (the emulated guest answered within 2.4 s at worst while the host was busy).
+    const args = ['load', '--rate', String(opts.rate ?? 300), '--seconds', String(opts.maxSeconds ?? 90), '--stop-file', stopFile, '--progress', progressFile,
+      '--timeout', String((opts.attemptTimeout ?? 3) * SLOW)];
     for (const t of opts.tcp ?? []) args.push('--tcp', t);
     for (const u of opts.udp ?? []) args.push('--udp', u);
-    const done = this.exec([this.python, CLIENT_PY, ...args], { timeoutMs: ((opts.maxSeconds ?? 90) + 30) * 1000 });
+    const done = this.exec([this.python, CLIENT_PY, ...args], { timeoutMs: ((opts.maxSeconds ?? 90) + 30 * SLOW) * 1000 });
     const progress = (): LoadProgress | undefined => {
       try {
         return JSON.parse(readFileSync(progressFile, 'utf8')) as LoadProgress;
@@ -691,6 +705,7 @@ export class Sandbox {
     return {
       progress,
       waitFor: async (check, what, timeoutMs = 15_000) => {
+        timeoutMs *= SLOW;
         const deadline = Date.now() + timeoutMs;
         for (;;) {
           const p = progress();
@@ -740,8 +755,8 @@ export class Sandbox {
       this.recordPid(proc.pid);
       agent = new AgentProcess(proc);
       const sync = (await agent.waitForLog((l) => l.msg === 'sync done', 0, 30_000)) as SyncReport;
-      const r = await run(LBCTL, ['bpf', 'lb', 'list', '-o', 'json', '--bpf-root', bpfRoot], 30_000);
-      if (r.code !== 0) throw new Error(`lbctl bpf lb list (fresh) failed: ${r.stderr}`);
+      const r = await run(LBCTL, ['bpf', 'lb', 'list', '-o', 'json', '--bpf-root', bpfRoot], CLI_TIMEOUT_MS);
+      if (r.code !== 0) throw new Error(`lbctl bpf lb list (fresh) failed ${how(r)}: ${r.stderr}`);
       const maps: Record<string, unknown[]> = {};
       for (const m of opts.maps ?? []) maps[m] = await this.mapEntries(m, bpfRoot);
       killPid(agent.pid, 'SIGTERM');
@@ -783,6 +798,11 @@ export class Sandbox {
     step('remove run dir', () => rmSync(this.runDir, { recursive: true, force: true }));
     if (errors.length > 0) throw new Error(`sandbox ${this.runId} teardown: ${errors.join('; ')}`);
   }
+}
+
+/** How a command ended, for error messages: a deadline kill shows as a signal after the timeout. */
+export function how(r: ExecResult): string {
+  return `(${r.code !== null ? `exit ${r.code}` : `killed by ${r.signal}`} after ${Math.round(r.ms)} ms)`;
 }
 
 /** Runs a command with a deadline (SIGKILL by pid when it passes). */
