@@ -92,7 +92,7 @@ retry() {
 
 section "preflight"
 [[ $(id -u) -eq 0 ]] || die "must run as root (BPF, netns, cgroups)"
-[[ -x $LBCTL && -f $ROOT/bpf/.output/sock.bpf.o && -f $ROOT/dist/cli/main.js ]] || die "lbctl is not built: run 'make build'"
+[[ -x $LBCTL && -f $ROOT/bpf/.output/sock.bpf.o && -f $ROOT/dist/bundle/lbctl.js ]] || die "lbctl is not built: run 'make build'"
 for tool in ip curl dig dnsmasq python3 node; do command -v "$tool" >/dev/null || die "$tool is missing"; done
 CGROUP_MOUNT=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts)
 [[ -n $CGROUP_MOUNT ]] || die "no cgroup v2 mount in /proc/mounts"

@@ -319,7 +319,7 @@ export function validateNode(obj: unknown): Validated<Node> {
   const zone = raw.metadata?.labels?.[ZONE_LABEL];
   return {
     ok: true,
-    // deletionTimestamp: a string in JSON, a Date from client-node's typed lists.
+    // deletionTimestamp: a string in JSON, a Date in client-node's typed objects.
     value: { name, zone: typeof zone === 'string' && zone !== '' ? zone : undefined, deleting: raw.metadata?.deletionTimestamp != null },
   };
 }

@@ -1,7 +1,13 @@
 // The Kubernetes source: client-go's Reflector pattern for Services,
 // EndpointSlices (discovery.k8s.io/v1) and this node's Node: list (in pages),
 // then watch from the list's resourceVersion with bookmarks, through
-// @kubernetes/client-node's typed list calls and its Watch. There is no
+// @kubernetes/client-node's KubeConfig (auth, TLS, proxies) and Watch. Lists
+// are plain GETs made the way its Watch makes requests (node-fetch with the
+// KubeConfig's options), and the objects stay plain JSON: client-node's typed
+// API classes would bring in its generated models and serializer, which cost
+// the agent ~45 MB of memory on every node and ~0.5 s of start-up (measured
+// with the bundled agent, docs/benchmarks.md), only to be read back as JSON
+// by the validators, which take manifests' plain objects anyway. There is no
 // informer cache: each object is validated as it arrives and only its
 // validated form is kept (the raw objects of 10,000 services are several
 // times larger than what lbctl needs). A watch that ends normally is resumed
@@ -11,7 +17,8 @@
 // longer there, so no deletion is lost. A bad object is reported and
 // counted, and the last valid version of it (if any) stays in force.
 // Handlers only record; the agent's runner turns changes into syncs.
-import * as k8s from '@kubernetes/client-node';
+import { KubeConfig, Watch } from '@kubernetes/client-node';
+import fetch from 'node-fetch';
 import { ConfigError } from '../errors.js';
 import {
   validateEndpointSlice,
@@ -61,9 +68,22 @@ interface Page {
 /** List pages of this size (client-go's pager default). */
 const PAGE_SIZE = 500;
 
+/** A list that takes longer than this is abandoned and retried with backoff. */
+const LIST_TIMEOUT_MS = 60_000;
+
 class GoneError extends Error {
   constructor(message: string) {
     super(`410 Gone: ${message}`);
+  }
+}
+
+/** A non-200 answer from the API server. */
+class HttpError extends Error {
+  constructor(
+    readonly statusCode: number,
+    message: string,
+  ) {
+    super(message);
   }
 }
 
@@ -81,7 +101,7 @@ class Reflector<T> {
   constructor(
     readonly kind: Kind,
     private readonly list: (cont: string | undefined) => Promise<Page>,
-    private readonly watcher: k8s.Watch,
+    private readonly watcher: Watch,
     private readonly path: string,
     private readonly selectors: { labelSelector?: string; fieldSelector?: string },
     private readonly validate: (o: unknown) => Validated<T>,
@@ -216,21 +236,43 @@ class Reflector<T> {
   }
 }
 
-/** A typed client-node list call, as one page. */
-async function page(
-  call: Promise<{ items: readonly unknown[]; metadata?: { resourceVersion?: string; _continue?: string } }>,
-): Promise<Page> {
-  const out = await call;
+/**
+ * One page of a list: GET `path` with the selectors, limit and continue
+ * token, authenticated as client-node's Watch does. A 410 (an expired
+ * continue token) relists from the start.
+ */
+async function listPage(kc: KubeConfig, path: string, query: Record<string, string | number | undefined>): Promise<Page> {
+  const server = kc.getCurrentCluster()?.server;
+  if (!server) throw new Error('no current cluster in the kubeconfig');
+  const url = new URL(server + path);
+  for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, String(v));
+  const init = await kc.applyToFetchOptions({});
+  init.method = 'GET';
+  init.signal = AbortSignal.timeout(LIST_TIMEOUT_MS) as NonNullable<typeof init.signal>;
+  const res = await fetch(url, init);
+  if (res.status !== 200) {
+    const body = await res.text().catch(() => '');
+    let message = body.slice(0, 300);
+    try {
+      message = (JSON.parse(body) as { message?: string }).message ?? message;
+    } catch {
+      // not a Status object: keep the text
+    }
+    const what = `list ${url.pathname}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
+    throw res.status === 410 ? new GoneError(what) : new HttpError(res.status, what);
+  }
+  const list = (await res.json()) as { items?: RawObject[] | null; metadata?: { resourceVersion?: string; continue?: string } };
+  if (!list || typeof list !== 'object' || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${url.pathname}: not a list`);
   return {
-    items: out.items as RawObject[],
-    resourceVersion: out.metadata?.resourceVersion ?? '',
-    ...(out.metadata?._continue ? { continue: out.metadata._continue } : {}),
+    items: list.items ?? [],
+    resourceVersion: list.metadata?.resourceVersion ?? '',
+    ...(list.metadata?.continue ? { continue: list.metadata.continue } : {}),
   };
 }
 
 export class KubernetesSource implements Source {
   readonly name: string;
-  private readonly kc = new k8s.KubeConfig();
+  private readonly kc = new KubeConfig();
   private services!: Reflector<Service>;
   private slices!: Reflector<EndpointSlice>;
   private nodes!: Reflector<Node>;
@@ -250,8 +292,6 @@ export class KubernetesSource implements Source {
 
   async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
-    const core = this.kc.makeApiClient(k8s.CoreV1Api);
-    const discovery = this.kc.makeApiClient(k8s.DiscoveryV1Api);
     const changed = (e?: SourceEvent): void => this.onChange(e);
     const problem = (p: Problem & { kind: string; reason: string }): void => {
       this.current.push(p);
@@ -261,14 +301,15 @@ export class KubernetesSource implements Source {
     const opts = { ...this.opts, onProblem: problem };
     const nodeSelector = `metadata.name=${this.opts.nodeName}`;
 
-    const watch = new k8s.Watch(this.kc);
+    const watch = new Watch(this.kc);
+    const kc = this.kc;
     const svcSel = { labelSelector: SERVICE_LABEL_SELECTOR };
     const sliceSel = { labelSelector: SLICE_LABEL_SELECTOR };
     const nodeSel = { fieldSelector: nodeSelector };
-    const paged = { limit: PAGE_SIZE };
+    const paged = (cont: string | undefined) => ({ limit: PAGE_SIZE, continue: cont });
     this.services = new Reflector(
       'Service',
-      (cont) => page(core.listServiceForAllNamespaces({ ...svcSel, ...paged, ...(cont ? { _continue: cont } : {}) })),
+      (cont) => listPage(kc, '/api/v1/services', { ...svcSel, ...paged(cont) }),
       watch,
       '/api/v1/services',
       svcSel,
@@ -278,7 +319,7 @@ export class KubernetesSource implements Source {
     );
     this.slices = new Reflector(
       'EndpointSlice',
-      (cont) => page(discovery.listEndpointSliceForAllNamespaces({ ...sliceSel, ...paged, ...(cont ? { _continue: cont } : {}) })),
+      (cont) => listPage(kc, '/apis/discovery.k8s.io/v1/endpointslices', { ...sliceSel, ...paged(cont) }),
       watch,
       '/apis/discovery.k8s.io/v1/endpointslices',
       sliceSel,
@@ -286,7 +327,7 @@ export class KubernetesSource implements Source {
       opts,
       changed,
     );
-    this.nodes = new Reflector('Node', () => page(core.listNode(nodeSel)), watch, '/api/v1/nodes', nodeSel, validateNode, opts, changed);
+    this.nodes = new Reflector('Node', () => listPage(kc, '/api/v1/nodes', nodeSel), watch, '/api/v1/nodes', nodeSel, validateNode, opts, changed);
     // Do not wait for the API server: a restart with it unreachable keeps serving from the maps.
     this.services.start();
     this.slices.start();
