@@ -25,6 +25,8 @@ export interface Point {
   startToSyncedMs?: number | undefined;
   addMs?: number | undefined;
   addEventToMapMs?: number | undefined;
+  addAgainMs?: number[] | undefined;
+  addAgainEventToMapMs?: number[] | undefined;
   eventToMapMs?: number[] | undefined;
   memory?: { rssMiB: number; hwmMiB: number; heapUsedMiB?: number | undefined; heapTotalMiB?: number | undefined; externalMiB?: number | undefined } | undefined;
 }
@@ -92,17 +94,20 @@ export function report(r: Results, out: string): void {
   lines.push('## Control plane (ms)', '');
   lines.push(
     'Cold: programming N services with 3 endpoints each into empty maps / an empty ruleset (lbctl: the agent\'s first sync, from the listed objects to the maps written; kube-proxy modes: the restore command, timed around its process). ' +
-      'Add one: one more service on top of N (lbctl: the sync the watch event causes; iptables: `iptables-restore --noflush` of what kube-proxy\'s partial sync writes; nftables: the incremental `nft -f` transaction).',
+      'Add one: one more service on top of N (lbctl: the sync the watch event causes; iptables: `iptables-restore --noflush` of what kube-proxy\'s partial sync writes; nftables: the incremental `nft -f` transaction). ' +
+      'For lbctl, "first" is the first change after start (it also pays for compiling the change path) and "again" the median of the same service deleted and added again 5 times in the running agent. ' +
+      'Event → map: from the API server sending a change to the kernel map holding it, over the EndpointSlice changes and the adds.',
     '',
   );
-  lines.push('| N | mode | cold | add one | lbctl start → synced | event → map p50 | event → map p99 | agent RSS (MiB) | V8 heap used / reserved (MiB) |', '|---:|---|---:|---:|---:|---:|---:|---:|---:|');
+  lines.push('| N | mode | cold | add one (lbctl: first) | add one again (lbctl) | lbctl start → synced | event → map p50 | event → map p99 | agent RSS (MiB) | V8 heap used / reserved (MiB) |', '|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const n of sizes) {
     for (const mode of modes.filter((x) => x !== 'floor')) {
       const ps = at(mode, n);
       if (ps.length === 0) continue;
-      const events = ps.flatMap((p) => [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : [])]);
+      const events = ps.flatMap((p) => [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : []), ...(p.addAgainEventToMapMs ?? [])]);
+      const again = ps.flatMap((p) => p.addAgainMs ?? []);
       lines.push(
-        `| ${n.toLocaleString('en')} | ${mode} | ${f(median(ps.map((p) => p.coldMs)), 1)} | ${f(median(ps.map((p) => p.addMs ?? NaN)), 2)} | ` +
+        `| ${n.toLocaleString('en')} | ${mode} | ${f(median(ps.map((p) => p.coldMs)), 1)} | ${f(median(ps.map((p) => p.addMs ?? NaN)), 2)} | ${again.length ? f(median(again), 2) : ''} | ` +
           `${mode === 'lbctl' ? f(median(ps.map((p) => p.startToSyncedMs ?? NaN)), 0) : ''} | ${events.length ? f(percentile(events, 50), 2) : ''} | ${events.length ? f(percentile(events, 99), 2) : ''} | ` +
           `${mode === 'lbctl' ? f(median(ps.map((p) => p.memory?.rssMiB ?? NaN)), 1) : ''} | ` +
           `${mode === 'lbctl' ? `${f(median(ps.map((p) => p.memory?.heapUsedMiB ?? NaN)), 1)} / ${f(median(ps.map((p) => p.memory?.heapTotalMiB ?? NaN)), 1)}` : ''} |`,
@@ -130,8 +135,10 @@ export function report(r: Results, out: string): void {
   if (lb(100_000).length) targets.push(['programming 100,000 services cold ≤ 2 s', cold(100_000) <= 2000, `${f(cold(100_000))} ms`]);
   if (lb(10_000).length) {
     const add = median(lb(10_000).map((p) => p.addMs ?? NaN));
-    targets.push(['adding one service at 10,000 ≤ 1 ms', add <= 1, `${f(add, 2)} ms`]);
-    const ev = lb(10_000).flatMap((p) => p.eventToMapMs ?? []);
+    targets.push(['adding one service at 10,000 ≤ 1 ms (the first change after start)', add <= 1, `${f(add, 2)} ms`]);
+    const again = median(lb(10_000).flatMap((p) => p.addAgainMs ?? []));
+    if (!Number.isNaN(again)) targets.push(['adding one service at 10,000 ≤ 1 ms (again, in the running agent)', again <= 1, `${f(again, 2)} ms`]);
+    const ev = lb(10_000).flatMap((p) => [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : []), ...(p.addAgainEventToMapMs ?? [])]);
     targets.push(['event → datapath p99 ≤ 5 ms at 10,000', percentile(ev, 99) <= 5, `${f(percentile(ev, 99), 2)} ms`]);
     const rss = median(lb(10_000).map((p) => p.memory?.rssMiB ?? NaN));
     targets.push(['agent RSS ≤ 150 MB at 10,000 services', rss * 1.048576 <= 150, `${f(rss)} MiB`]);

@@ -125,6 +125,9 @@ interface Programmed {
   eventToMapMs?: number[];
   memory?: Awaited<ReturnType<BenchAgent['memory']>>;
   syncsForAdd?: number;
+  /** lbctl: the same add repeated in a warm agent (deleted, then added again), sync ms and event → map ms each. */
+  addAgainMs?: number[];
+  addAgainEventToMapMs?: number[];
   /** kube-proxy modes: writes the one-service addition as kube-proxy's partial sync would; returns ms. */
   add?: () => number;
   agent?: BenchAgent;
@@ -195,6 +198,35 @@ async function addOne(mode: Mode, p: Programmed, ctx: { w: World; services: Benc
     const s = await agent.waitForSync(mark, (x) => x.reason === 'change' && x.planned > 0);
     p.addMs = s.durationMs;
     p.syncsForAdd = agent.syncs.length - mark;
+  } finally {
+    probe.close();
+  }
+}
+
+/**
+ * lbctl: the added service deleted and added again ADD_AGAIN times, in an
+ * agent that has synced changes before: what a partial sync costs in a
+ * running agent. The first add after start (addOne) also pays for compiling
+ * the change path, and is reported on its own.
+ */
+const ADD_AGAIN = 5;
+async function addAgain(p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer }): Promise<void> {
+  const added = ctx.services[ctx.n]!;
+  const agent = p.agent!;
+  const probe = new MasterProbe(ctx.w.bpfRoot, added.clusterIP, added.port);
+  p.addAgainMs = [];
+  p.addAgainEventToMapMs = [];
+  try {
+    for (let i = 0; i < ADD_AGAIN; i++) {
+      deleteServices(ctx.api, [added]);
+      await probe.until(undefined);
+      await new Promise((r) => setTimeout(r, 20));
+      const mark = agent.syncs.length;
+      const t0 = performance.now();
+      putServices(ctx.api, [added]);
+      p.addAgainEventToMapMs.push((await probe.until(3)) - t0);
+      p.addAgainMs.push((await agent.waitForSync(mark, (x) => x.reason === 'change' && x.planned > 0)).durationMs);
+    }
   } finally {
     probe.close();
   }
@@ -297,6 +329,7 @@ async function main(): Promise<void> {
                 if (mode !== 'floor') connect(run, w, services[n]!.clusterIP, 80, 'cc', 100);
                 if (mode === 'lbctl') {
                   await events(p, { w, services, n, api, plan });
+                  await addAgain(p, { w, services, n, api });
                   p.memory = await p.agent!.memory();
                   deleteServices(api, [services[n]!]);
                 }
@@ -309,6 +342,8 @@ async function main(): Promise<void> {
                   startToSyncedMs: p.startToSyncedMs,
                   addMs: p.addMs,
                   addEventToMapMs: p.addEventToMapMs,
+                  addAgainMs: p.addAgainMs,
+                  addAgainEventToMapMs: p.addAgainEventToMapMs,
                   eventToMapMs: p.eventToMapMs,
                   memory: p.memory,
                 });

@@ -11,6 +11,8 @@ export interface ParsedIp {
 /** Parses an IP literal; undefined if it is not one (no hostnames, no zones, no CIDR). */
 export function parseIp(text: unknown): ParsedIp | undefined {
   if (typeof text !== 'string' || text.length === 0 || text.length > 45) return undefined;
+  // Nearly every address is already a canonical dotted quad: keep it as it is.
+  if (isCanonicalIpv4(text)) return { address: text, family: 4 };
   if (ipaddr.IPv4.isValidFourPartDecimal(text)) {
     const ip = ipaddr.IPv4.parse(text);
     return { address: ip.toString(), family: 4 };
@@ -20,6 +22,28 @@ export function parseIp(text: unknown): ParsedIp | undefined {
     return { address: ip.toRFC5952String(), family: 6 };
   }
   return undefined;
+}
+
+/** Four decimal parts 0-255 without leading zeros: the form ipaddr's toString() gives. */
+function isCanonicalIpv4(text: string): boolean {
+  let part = 0;
+  let digits = 0;
+  let dots = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i) - 48;
+    if (c >= 0 && c <= 9) {
+      if (digits === 1 && part === 0) return false; // a leading zero
+      part = part * 10 + c;
+      if (++digits > 3 || part > 255) return false;
+    } else if (c === -2 && digits > 0 && dots < 3) {
+      part = 0;
+      digits = 0;
+      dots++;
+    } else {
+      return false;
+    }
+  }
+  return dots === 3 && digits > 0;
 }
 
 /** IPv6 text → its 16 network-order bytes (computed when a map key or value needs them, not kept). */
