@@ -3,6 +3,8 @@
 // into freshly created (unattached) maps; then add one service on top, and
 // change one service's endpoints.
 //   node --cpu-prof --import=@tapjs/typescript/import bench/profile/sync.ts 10000
+// With --expose-gc it also prints the V8 heap each stage keeps (after a full
+// collection): where the agent's memory per service goes.
 import { rmSync, mkdirSync } from 'node:fs';
 import { BpfObject } from '../../src/native/bpf.js';
 import { DEFAULT_OBJECT } from '../../src/datapath/loader.js';
@@ -39,15 +41,31 @@ try {
     process.stdout.write(`${label}: ${(performance.now() - t0).toFixed(2)} ms (cpu ${((cpu.user + cpu.system) / 1000).toFixed(2)} ms)\n`);
     return out;
   };
+  const gc = (globalThis as { gc?: () => void }).gc;
+  let heapBefore = 0;
+  const heap = (label: string): void => {
+    if (!gc) return;
+    gc();
+    gc();
+    const used = process.memoryUsage().heapUsed;
+    if (heapBefore) process.stdout.write(`  heap kept by ${label}: ${((used - heapBefore) / 2 ** 20).toFixed(1)} MiB (${((used - heapBefore) / n).toFixed(0)} B per service)\n`);
+    heapBefore = used;
+  };
+  heap('');
   const model = new DesiredModel();
   const add = (svc: Service, slice: EndpointSlice): void => {
     model.setService(serviceId(svc.namespace, svc.name), svc);
     model.setSlice(serviceId(slice.namespace, slice.name), slice);
   };
   const objs = t(`validate ${n}`, () => all.map((s) => [ok(validateService(serviceObject(s))), ok(validateEndpointSlice(sliceObject(s)))] as const));
+  heap('the validated Services and EndpointSlices');
   t(`model: ${n} events`, () => objs.slice(0, n).forEach(([s, e]) => add(s, e)));
+  heap('the model\'s indexes');
   let flushed = t('model: flush (cold)', () => model.flush());
+  flushed.changed.clear();
+  heap('the computed frontends');
   t('sync cold', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+  heap('the reconciler (realized state, ids)');
   add(...objs[n]!);
   flushed = t('add one: model flush', () => model.flush());
   t('add one: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
