@@ -62,7 +62,6 @@ try {
   t(`model: ${n} events`, () => objs.slice(0, n).forEach(([s, e]) => add(s, e)));
   heap('the model\'s indexes');
   let flushed = t('model: flush (cold)', () => model.flush());
-  flushed.changed.clear();
   heap('the computed frontends');
   t('sync cold', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
   heap('the reconciler (realized state, ids)');
