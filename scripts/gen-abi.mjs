@@ -132,6 +132,33 @@ function writeStmt(f, v) {
   const end = f.size === 1 ? '' : f.bigEndian ? 'BE' : 'LE';
   return `b.write${R[f.size]}${end}(${v}, o + ${f.offset});`;
 }
+/** Byte ranges [from, to) of struct s that none of `fields` covers. */
+function uncovered(s, fields) {
+  const covered = new Array(s.size).fill(false);
+  for (const f of fields) for (let i = f.offset; i < f.offset + f.size; i++) covered[i] = true;
+  const out = [];
+  for (let i = 0; i < s.size; ) {
+    if (covered[i]) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < s.size && !covered[j]) j++;
+    out.push([i, j]);
+    i = j;
+  }
+  return out;
+}
+function zeroStmt(from, to) {
+  if (to - from > 8) return `b.fill(0, o + ${from}, o + ${to});`;
+  const out = [];
+  for (let i = from; i < to; ) {
+    const n = to - i >= 4 ? 4 : to - i >= 2 ? 2 : 1;
+    out.push(`b.write${{ 4: 'UInt32LE', 2: 'UInt16LE', 1: 'UInt8' }[n]}(0, o + ${i});`);
+    i += n;
+  }
+  return out.join(' ');
+}
 const tsType = (f) => (f.kind === 'bytes' ? 'Buffer' : f.size === 8 ? 'bigint' : 'number');
 const isPad = (f) => /^pad\d*$/.test(f.name);
 
@@ -189,7 +216,10 @@ for (const s of [...structs.values()].sort((a, b) => a.name.localeCompare(b.name
   emit(`  name: '${s.name}',`);
   emit(`  size: ${s.size},`);
   emit(`  encode(v, b = Buffer.alloc(${s.size}), o = 0) {`);
-  emit(`    b.fill(0, o, o + ${s.size});`);
+  // Every field's bytes are written; only the bytes no field covers (pad
+  // fields, holes, tail padding) are zeroed, so a reused buffer holds no stale
+  // bytes. Cheaper than a fill over the whole struct, on every map write.
+  for (const [from, to] of uncovered(s, fields)) emit(`    ${zeroStmt(from, to)}`);
   for (const f of fields) emit(`    ${writeStmt(f, `v.${camel(f.name)}`)}`);
   emit('    return b;');
   emit('  },');

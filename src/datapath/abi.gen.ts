@@ -62,7 +62,7 @@ export const lb_affinity_key: Codec<LbAffinityKey> = {
   name: 'lb_affinity_key',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.fill(0, o, o + 16);
+    b.writeUInt16LE(0, o + 13); b.writeUInt8(0, o + 15);
     b.writeBigUInt64LE(v.netnsCookie, o + 0);
     b.writeUInt32LE(v.revNatIndex, o + 8);
     b.writeUInt8(v.family, o + 12);
@@ -88,7 +88,7 @@ export const lb_affinity_val: Codec<LbAffinityVal> = {
   name: 'lb_affinity_val',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.fill(0, o, o + 16);
+    b.writeUInt16LE(0, o + 14);
     b.writeBigUInt64LE(v.lastUsed, o + 0);
     b.writeUInt32LE(v.backendId, o + 8);
     b.writeUInt16LE(v.slot, o + 12);
@@ -118,7 +118,7 @@ export const lb_service: Codec<LbService> = {
   name: 'lb_service',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
-    b.fill(0, o, o + 20);
+    b.writeUInt16LE(0, o + 18);
     b.writeUInt32LE(v.backendId, o + 0);
     b.writeUInt32LE(v.revNatIndex, o + 4);
     b.writeUInt32LE(v.affinityTimeout, o + 8);
@@ -153,7 +153,6 @@ export const lb4_backend: Codec<Lb4Backend> = {
   name: 'lb4_backend',
   size: 8,
   encode(v, b = Buffer.alloc(8), o = 0) {
-    b.fill(0, o, o + 8);
     b.writeUInt32BE(v.address, o + 0);
     b.writeUInt16BE(v.port, o + 4);
     b.writeUInt8(v.proto, o + 6);
@@ -182,7 +181,7 @@ export const lb4_key: Codec<Lb4Key> = {
   name: 'lb4_key',
   size: 12,
   encode(v, b = Buffer.alloc(12), o = 0) {
-    b.fill(0, o, o + 12);
+    b.writeUInt16LE(0, o + 9); b.writeUInt8(0, o + 11);
     b.writeUInt32BE(v.address, o + 0);
     b.writeUInt16BE(v.dport, o + 4);
     b.writeUInt16LE(v.backendSlot, o + 6);
@@ -209,7 +208,7 @@ export const lb4_reverse_nat: Codec<Lb4ReverseNat> = {
   name: 'lb4_reverse_nat',
   size: 8,
   encode(v, b = Buffer.alloc(8), o = 0) {
-    b.fill(0, o, o + 8);
+    b.writeUInt16LE(0, o + 6);
     b.writeUInt32BE(v.address, o + 0);
     b.writeUInt16BE(v.port, o + 4);
     return b;
@@ -233,7 +232,7 @@ export const lb4_sock_key: Codec<Lb4SockKey> = {
   name: 'lb4_sock_key',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.fill(0, o, o + 16);
+    b.writeUInt16LE(0, o + 14);
     b.writeBigUInt64LE(v.cookie, o + 0);
     b.writeUInt32BE(v.address, o + 8);
     b.writeUInt16BE(v.port, o + 12);
@@ -259,7 +258,7 @@ export const lb4_sock_revnat: Codec<Lb4SockRevnat> = {
   name: 'lb4_sock_revnat',
   size: 12,
   encode(v, b = Buffer.alloc(12), o = 0) {
-    b.fill(0, o, o + 12);
+    b.writeUInt16LE(0, o + 6);
     b.writeUInt32BE(v.address, o + 0);
     b.writeUInt16BE(v.port, o + 4);
     b.writeUInt32LE(v.revNatIndex, o + 8);
@@ -286,7 +285,6 @@ export const lb6_backend: Codec<Lb6Backend> = {
   name: 'lb6_backend',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
-    b.fill(0, o, o + 20);
     putBytes(b, o + 0, 16, v.address, 'address');
     b.writeUInt16BE(v.port, o + 16);
     b.writeUInt8(v.proto, o + 18);
@@ -315,7 +313,7 @@ export const lb6_key: Codec<Lb6Key> = {
   name: 'lb6_key',
   size: 24,
   encode(v, b = Buffer.alloc(24), o = 0) {
-    b.fill(0, o, o + 24);
+    b.writeUInt16LE(0, o + 21); b.writeUInt8(0, o + 23);
     putBytes(b, o + 0, 16, v.address, 'address');
     b.writeUInt16BE(v.dport, o + 16);
     b.writeUInt16LE(v.backendSlot, o + 18);
@@ -342,7 +340,7 @@ export const lb6_reverse_nat: Codec<Lb6ReverseNat> = {
   name: 'lb6_reverse_nat',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
-    b.fill(0, o, o + 20);
+    b.writeUInt16LE(0, o + 18);
     putBytes(b, o + 0, 16, v.address, 'address');
     b.writeUInt16BE(v.port, o + 16);
     return b;
@@ -366,7 +364,7 @@ export const lb6_sock_key: Codec<Lb6SockKey> = {
   name: 'lb6_sock_key',
   size: 32,
   encode(v, b = Buffer.alloc(32), o = 0) {
-    b.fill(0, o, o + 32);
+    b.writeUInt32LE(0, o + 26); b.writeUInt16LE(0, o + 30);
     b.writeBigUInt64LE(v.cookie, o + 0);
     putBytes(b, o + 8, 16, v.address, 'address');
     b.writeUInt16BE(v.port, o + 24);
@@ -392,7 +390,7 @@ export const lb6_sock_revnat: Codec<Lb6SockRevnat> = {
   name: 'lb6_sock_revnat',
   size: 24,
   encode(v, b = Buffer.alloc(24), o = 0) {
-    b.fill(0, o, o + 24);
+    b.writeUInt16LE(0, o + 18);
     putBytes(b, o + 0, 16, v.address, 'address');
     b.writeUInt16BE(v.port, o + 16);
     b.writeUInt32LE(v.revNatIndex, o + 20);

@@ -1,5 +1,6 @@
 import t from 'tap';
 import { lb4_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat, lb_affinity_key, lb_service, mapSpecs, u32 } from '../../src/datapath/abi.gen.js';
+import * as abi from '../../src/datapath/abi.gen.js';
 
 t.test('lb4_key encodes network-order address and port, host-order slot', async (t) => {
   const b = lb4_key.encode({ address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17 });
@@ -42,4 +43,19 @@ t.test('map specs name their codecs and the compiled defaults', async (t) => {
   t.equal(mapSpecs.lb4_services.maxEntries, 2 * 65536 + 262144);
   t.equal(mapSpecs.lb4_reverse_nat.maxEntries, 65536);
   t.equal(mapSpecs.lb4_sock_revnat.type, 9, 'LRU hash');
+});
+
+t.test('every struct codec leaves no stale byte in a reused buffer (padding and holes are zeroed)', async (t) => {
+  const codecs = Object.values(abi).filter((c): c is abi.Codec<unknown> => typeof c === 'object' && c !== null && 'encode' in c && 'size' in c && !/^(u|be)\d+$/.test((c as { name: string }).name));
+  t.ok(codecs.length >= 10, `${codecs.length} struct codecs`);
+  for (const c of codecs) {
+    // A value with every field set to a non-zero pattern, of the right types.
+    const v = c.decode(Buffer.alloc(c.size, 0x5a));
+    const fresh = c.encode(v);
+    const dirty = Buffer.alloc(c.size + 8, 0xff);
+    c.encode(v, dirty, 4);
+    t.same([...dirty.subarray(4, 4 + c.size)], [...fresh], `${c.name}: the same bytes in a dirty buffer as in a fresh one`);
+    t.same([...dirty.subarray(0, 4)], [0xff, 0xff, 0xff, 0xff], `${c.name}: nothing written before its offset`);
+    t.same([...dirty.subarray(4 + c.size)], [0xff, 0xff, 0xff, 0xff], `${c.name}: nothing written past its end`);
+  }
 });
