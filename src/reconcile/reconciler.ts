@@ -5,7 +5,8 @@
 import { LbError } from '../errors.js';
 import type { LbMaps, ServiceAddr } from '../datapath/lbmaps.js';
 import { PartialWriteError, serviceAddrKey, type LbWrite } from '../datapath/lbmaps.js';
-import { backendKey, type Backend, type BackendKey, type DesiredState, type Family, type Frontend, type FrontendKey } from '../model/types.js';
+import { backendKey, type Backend, type BackendKey, type DesiredState, type Family, type Frontend, type FrontendKey, type L3n4Addr } from '../model/types.js';
+import { ipv4ToUint } from '../model/addr.js';
 import { IdAllocator } from './ids.js';
 import { opFamily, plan, type MapOp } from './plan.js';
 import { RealizedState } from './realized.js';
@@ -69,6 +70,18 @@ export function describeOp(op: MapOp): string {
 /** Writes per batch syscall: bounds the buffers (a cold sync of 100,000 services is ~800,000 writes). */
 const MAX_BATCH = 8192;
 
+/**
+ * A backend's identity in the id allocator: address, port and protocol.
+ * IPv4 packs into one number below 2^53 (no key string per backend: at
+ * 10,000 services that is 30,000 strings built, hashed and kept); IPv6
+ * uses the key string.
+ */
+export type BackendIdKey = number | BackendKey;
+export function backendIdKey(b: L3n4Addr): BackendIdKey {
+  if (b.family === 6) return backendKey(b);
+  return (ipv4ToUint(b.address) * 65536 + b.port) * 2 + (b.protocol === 'UDP' ? 1 : 0);
+}
+
 export class Reconciler {
   private realizedState = new RealizedState();
   /**
@@ -79,7 +92,7 @@ export class Reconciler {
   private clean = false;
   /** Backends deleted by the sync in progress. */
   private readonly removed: Backend[] = [];
-  readonly backendIds = new IdAllocator<BackendKey>('backend', 1, 0xffffffff);
+  readonly backendIds = new IdAllocator<BackendIdKey>('backend', 1, 0xffffffff);
   readonly revNatIds: Record<Family, IdAllocator<FrontendKey>> = {
     4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, 0xffffffff),
     6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, 0xffffffff),
@@ -101,7 +114,7 @@ export class Reconciler {
       frontends++;
       this.revNatIds[fe.fe.family].adopt(key as FrontendKey, fe.master.revNatId);
     }
-    for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendKey(b), id);
+    for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
     return { frontends, backends: this.realizedState.backends.size };
   }
 
@@ -112,7 +125,7 @@ export class Reconciler {
   resync(): void {
     this.realizedState = RealizedState.from(this.maps.dump());
     this.clean = false;
-    for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendKey(b), id);
+    for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
   }
 
   /**
@@ -129,8 +142,8 @@ export class Reconciler {
     const backendIds = new Map<Backend, number>();
     const acquire = (fe: Frontend): void => {
       this.revNatIds[fe.family].acquire(fe.key);
-      for (const b of fe.backends) backendIds.set(b, this.backendIds.acquire(backendKey(b)));
-      for (const b of fe.terminating) backendIds.set(b, this.backendIds.acquire(backendKey(b)));
+      for (const b of fe.backends) backendIds.set(b, this.backendIds.acquire(backendIdKey(b)));
+      for (const b of fe.terminating) backendIds.set(b, this.backendIds.acquire(backendIdKey(b)));
     };
     if (changed) {
       for (const key of changed) {

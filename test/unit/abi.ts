@@ -46,7 +46,7 @@ t.test('map specs name their codecs and the compiled defaults', async (t) => {
 });
 
 t.test('every struct codec leaves no stale byte in a reused buffer (padding and holes are zeroed)', async (t) => {
-  const codecs = Object.values(abi).filter((c): c is abi.Codec<unknown> => typeof c === 'object' && c !== null && 'encode' in c && 'size' in c && !/^(u|be)\d+$/.test((c as { name: string }).name));
+  const codecs = (Object.values(abi) as unknown[]).filter((c): c is abi.Codec<unknown> => typeof c === 'object' && c !== null && 'encode' in c && 'size' in c && !/^(u|be)\d+$/.test((c as unknown as { name: string }).name));
   t.ok(codecs.length >= 10, `${codecs.length} struct codecs`);
   for (const c of codecs) {
     // A value with every field set to a non-zero pattern, of the right types.

@@ -2,7 +2,7 @@ import t, { type Test } from 'tap';
 import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
 import { frontendKey, type Backend, type DesiredState, type Frontend, type FrontendKey } from '../../src/model/types.js';
-import { Reconciler, type SyncResult } from '../../src/reconcile/reconciler.js';
+import { Reconciler, backendIdKey, type SyncResult } from '../../src/reconcile/reconciler.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
 import { service, slice } from '../fakes/objects.js';
 
@@ -314,7 +314,8 @@ t.test('change sync: a dropped endpoint is deleted and reported, unless an uncha
   const a = frontend('10.96.0.1', 80, ['10.0.0.2', '10.0.0.9']); // 10.0.0.2: a's alone; 10.0.0.9: shared with b
   const b = frontend('10.96.0.2', 80, ['10.0.0.3', '10.0.0.9']);
   sync(r, state(a, b), { prune: true });
-  const ids = (addr: string): number => r.backendIds.get(`${addr}:8080/TCP` as never)!;
+  const v4 = (address: string) => backendIdKey({ address, family: 4, port: 8080, protocol: 'TCP' });
+  const ids = (addr: string): number => r.backendIds.get(v4(addr))!;
   const own = ids('10.0.0.2');
   const shared = ids('10.0.0.9');
 
@@ -326,7 +327,7 @@ t.test('change sync: a dropped endpoint is deleted and reported, unless an uncha
   t.ok(ops(m, calls).includes(`deleteBackend ${own}`));
   t.notOk(ops(m, calls).includes(`deleteBackend ${shared}`), 'the shared backend is kept');
   t.ok(m.backends.has(shared), 'b still has its backend');
-  t.equal(r.backendIds.get('10.0.0.2:8080/TCP' as never), undefined, 'the deleted backend\'s id is freed');
+  t.equal(r.backendIds.get(v4('10.0.0.2')), undefined, 'the deleted backend\'s id is freed');
   t.equal(ids('10.0.0.9'), shared, 'the shared backend keeps its id');
   holdsExactly(t, m, d2, 'after dropping');
 
