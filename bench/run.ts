@@ -124,6 +124,8 @@ interface Programmed {
   addEventToMapMs?: number;
   eventToMapMs?: number[];
   memory?: Awaited<ReturnType<BenchAgent['memory']>>;
+  /** The same, after the agent sat idle for IDLE_MS (V8 shrinks an idle heap on its own). */
+  memoryIdle?: Awaited<ReturnType<BenchAgent['memory']>>;
   syncsForAdd?: number;
   /** lbctl: the same add repeated in a warm agent (deleted, then added again), sync ms and event → map ms each. */
   addAgainMs?: number[];
@@ -210,6 +212,8 @@ async function addOne(mode: Mode, p: Programmed, ctx: { w: World; services: Benc
  * the change path, and is reported on its own.
  */
 const ADD_AGAIN = 5;
+/** How long the agent sits idle before its memory is sampled a second time. */
+const IDLE_MS = 15_000;
 async function addAgain(p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer }): Promise<void> {
   const added = ctx.services[ctx.n]!;
   const agent = p.agent!;
@@ -331,6 +335,8 @@ async function main(): Promise<void> {
                   await events(p, { w, services, n, api, plan });
                   await addAgain(p, { w, services, n, api });
                   p.memory = await p.agent!.memory();
+                  await new Promise((r) => setTimeout(r, IDLE_MS));
+                  p.memoryIdle = await p.agent!.memory();
                   deleteServices(api, [services[n]!]);
                 }
                 results.points.push({
@@ -346,6 +352,7 @@ async function main(): Promise<void> {
                   addAgainEventToMapMs: p.addAgainEventToMapMs,
                   eventToMapMs: p.eventToMapMs,
                   memory: p.memory,
+                  memoryIdle: p.memoryIdle,
                 });
                 const c = conn.last ?? conn.pod!;
                 process.stderr.write(
