@@ -212,7 +212,7 @@ async function addOne(mode: Mode, p: Programmed, ctx: { w: World; services: Benc
  * the change path, and is reported on its own.
  */
 const ADD_AGAIN = 5;
-/** How long the agent sits idle before its memory is sampled a second time. */
+/** How long the agent sits idle before its memory is sampled a second time (not in --quick). */
 const IDLE_MS = 15_000;
 async function addAgain(p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer }): Promise<void> {
   const added = ctx.services[ctx.n]!;
@@ -335,8 +335,10 @@ async function main(): Promise<void> {
                   await events(p, { w, services, n, api, plan });
                   await addAgain(p, { w, services, n, api });
                   p.memory = await p.agent!.memory();
-                  await new Promise((r) => setTimeout(r, IDLE_MS));
-                  p.memoryIdle = await p.agent!.memory();
+                  if (!plan.quick) {
+                    await new Promise((r) => setTimeout(r, IDLE_MS));
+                    p.memoryIdle = await p.agent!.memory();
+                  }
                   deleteServices(api, [services[n]!]);
                 }
                 results.points.push({
