@@ -82,6 +82,8 @@ export interface SyncLine {
   readonly planned: number;
   readonly durationMs: number;
   readonly frontends: number;
+  /** The agent's own split of durationMs (SyncReport.phasesMs). */
+  readonly phasesMs?: Record<string, number>;
   /** When this process read the line (performance.now()). */
   readonly seenAt: number;
 }
@@ -112,7 +114,14 @@ export class BenchAgent {
       }
       if (l.msg === 'serving health, metrics and the local API') this.metricsPort = Number(l.metrics);
       if (l.msg === 'sync done') {
-        this.syncs.push({ reason: String(l.reason), planned: Number(l.planned), durationMs: Number(l.durationMs), frontends: Number(l.frontends), seenAt });
+        this.syncs.push({
+          reason: String(l.reason),
+          planned: Number(l.planned),
+          durationMs: Number(l.durationMs),
+          frontends: Number(l.frontends),
+          ...(l.phasesMs && typeof l.phasesMs === 'object' ? { phasesMs: l.phasesMs as Record<string, number> } : {}),
+          seenAt,
+        });
         for (const w of this.waiters.splice(0)) w();
       }
     });

@@ -23,6 +23,7 @@ export interface Point {
   connections: Record<string, { cc: ConnStats; rr: ConnStats }>;
   coldMs: number;
   startToSyncedMs?: number | undefined;
+  coldPhasesMs?: Record<string, number> | undefined;
   addMs?: number | undefined;
   addEventToMapMs?: number | undefined;
   addAgainMs?: number[] | undefined;
@@ -117,6 +118,23 @@ export function report(r: Results, out: string): void {
     }
   }
   lines.push('');
+  // The agent's own split of its cold sync (SyncReport.phasesMs): where the time goes.
+  const phased = sizes.filter((n) => at('lbctl', n).some((p) => p.coldPhasesMs));
+  if (phased.length) {
+    const names = ['model', 'ids', 'plan', 'apply'];
+    lines.push(
+      "lbctl's cold sync by phase, ms (the agent's own timing, median): model = recomputing the desired state; ids = assigning backend and rev-NAT ids; plan = the ordered writes; apply = encoding, the batched map writes and the realized-state bookkeeping.",
+      '',
+      `| N | ${names.join(' | ')} | per service (µs) |`,
+      `|---:|${names.map(() => '---:|').join('')}---:|`,
+    );
+    for (const n of phased) {
+      const ps = at('lbctl', n).filter((p) => p.coldPhasesMs);
+      const cells = names.map((k) => f(median(ps.map((p) => p.coldPhasesMs![k] ?? NaN)), 1));
+      lines.push(`| ${n.toLocaleString('en')} | ${cells.join(' | ')} | ${f((median(ps.map((p) => p.coldMs)) * 1000) / n, 1)} |`);
+    }
+    lines.push('');
+  }
   if (r.skipped.length) {
     lines.push('Not measured:', '', ...r.skipped.map((s) => `- ${s.mode} at N=${s.n.toLocaleString('en')}: ${s.why}`), '');
   }

@@ -119,6 +119,8 @@ interface Programmed {
   coldMs: number;
   /** lbctl: from the agent's start to its first sync written (process start, BPF load, list, sync). */
   startToSyncedMs?: number;
+  /** lbctl: the cold sync's phases as the agent reports them. */
+  coldPhasesMs?: Record<string, number>;
   addMs?: number;
   /** lbctl: the API server's event to the new frontend in the kernel map. */
   addEventToMapMs?: number;
@@ -176,7 +178,13 @@ async function program(
       const agent = BenchAgent.start(ctx.run, w, ctx.api, n, AGENT_CPU);
       const first = await agent.waitForSync(0);
       if (first.frontends !== n) throw new Error(`lbctl's first sync has ${first.frontends} frontends, not ${n}`);
-      return { coldMs: first.durationMs, startToSyncedMs: first.seenAt - agent.startedAt, agent, finish: async () => agent.stop() };
+      return {
+        coldMs: first.durationMs,
+        startToSyncedMs: first.seenAt - agent.startedAt,
+        ...(first.phasesMs ? { coldPhasesMs: first.phasesMs } : {}),
+        agent,
+        finish: async () => agent.stop(),
+      };
     }
   }
 }
@@ -348,6 +356,7 @@ async function main(): Promise<void> {
                   connections: conn,
                   coldMs: p.coldMs,
                   startToSyncedMs: p.startToSyncedMs,
+                  coldPhasesMs: p.coldPhasesMs,
                   addMs: p.addMs,
                   addEventToMapMs: p.addEventToMapMs,
                   addAgainMs: p.addAgainMs,

@@ -34,7 +34,9 @@ export interface AgentOptions {
   readonly syncPeriodMs?: number;
 }
 
-export interface SyncReport extends SyncResult {
+export interface SyncReport extends Omit<SyncResult, 'phasesMs'> {
+  /** Where the time went, in ms: re-reading the maps (full resyncs), the model's flush, then the reconciler's phases. */
+  readonly phasesMs: SyncResult['phasesMs'] & { readonly resync: number; readonly model: number };
   readonly reason: RunReason;
   readonly frontends: number;
   readonly pruned: boolean;
@@ -154,7 +156,9 @@ export class Agent implements AgentView {
     try {
       // Periodic and retry runs re-read the maps first, repairing drift.
       if (reason !== 'change') this.reconciler!.resync();
+      const t1 = performance.now();
       const { changed, newSkips } = this.model.flush();
+      const t2 = performance.now();
       this.reportSkipped(newSkips);
       const desired = this.model.frontends;
       const result = this.reconciler!.sync(desired, { prune: snap.complete, changed });
@@ -173,6 +177,7 @@ export class Agent implements AgentView {
         frontends: desired.size,
         pruned: snap.complete,
         durationMs: Math.round((performance.now() - t0) * 100) / 100,
+        phasesMs: { resync: Math.round((t1 - t0) * 1000) / 1000, model: Math.round((t2 - t1) * 1000) / 1000, ...result.phasesMs },
       };
       if (!snap.complete) this.opts.log.warn('some input could not be read: nothing is removed until it can');
       // A periodic resync that found nothing to repair is routine: debug only.
