@@ -145,7 +145,7 @@ export class BenchAgent {
     // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it stops.
     // (node refuses --cpu-prof in NODE_OPTIONS: run the CLI's entry point directly.)
     const prof = process.env.BENCH_PROFILE_DIR;
-    const entry = prof ? ['node', '--cpu-prof', '--cpu-prof-interval=50', '--max-semi-space-size=2', `--cpu-prof-dir=${prof}`, path.join(ROOT, 'dist/bundle/lbctl.js')] : [LBCTL];
+    const entry = prof ? ['node', '--cpu-prof', '--cpu-prof-interval=50', '--expose-gc', '--max-semi-space-size=2', `--cpu-prof-dir=${prof}`, path.join(ROOT, 'dist/bundle/lbctl.js')] : [LBCTL];
     const cmd = ['taskset', '-c', String(cpu), ...entry, ...args];
     const t0 = performance.now();
     return new BenchAgent(run.spawn(cmd[0]!, cmd.slice(1)), t0);

@@ -230,8 +230,11 @@ async function addAgain(p: Programmed, ctx: { w: World; services: BenchService[]
   p.addAgainEventToMapMs = [];
   try {
     for (let i = 0; i < ADD_AGAIN; i++) {
+      const beforeDelete = agent.syncs.length;
       deleteServices(ctx.api, [added]);
       await probe.until(undefined);
+      // The delete's own sync line must be in before the add is marked, or it would be taken for the add's.
+      await agent.waitForSync(beforeDelete, (x) => x.reason === 'change' && x.planned > 0);
       await new Promise((r) => setTimeout(r, 20));
       const mark = agent.syncs.length;
       const t0 = performance.now();

@@ -97,10 +97,12 @@ class Reflector<T> {
   private timer: NodeJS.Timeout | undefined;
   private wake: (() => void) | undefined;
   private abort: AbortController | undefined;
+  /** Aborts a list in flight when the source stops. */
+  private readonly listAbort = new AbortController();
 
   constructor(
     readonly kind: Kind,
-    private readonly list: (cont: string | undefined) => Promise<Page>,
+    private readonly list: (cont: string | undefined, signal: AbortSignal) => Promise<Page>,
     private readonly watcher: Watch,
     private readonly path: string,
     private readonly selectors: { labelSelector?: string; fieldSelector?: string },
@@ -118,6 +120,7 @@ class Reflector<T> {
     if (this.timer) clearTimeout(this.timer);
     this.wake?.();
     this.abort?.abort();
+    this.listAbort.abort();
   }
 
   private async loop(): Promise<void> {
@@ -140,7 +143,7 @@ class Reflector<T> {
     let cont: string | undefined;
     let rv = '';
     do {
-      const page = await this.list(cont);
+      const page = await this.list(cont, this.listAbort.signal);
       if (this.stopped) return;
       for (const o of page.items) {
         seen.add(objectId(o.metadata));
@@ -241,33 +244,40 @@ class Reflector<T> {
  * token, authenticated as client-node's Watch does. A 410 (an expired
  * continue token) relists from the start.
  */
-async function listPage(kc: KubeConfig, path: string, query: Record<string, string | number | undefined>): Promise<Page> {
+async function listPage(kc: KubeConfig, path: string, query: Record<string, string | number | undefined>, stop: AbortSignal): Promise<Page> {
   const server = kc.getCurrentCluster()?.server;
   if (!server) throw new Error('no current cluster in the kubeconfig');
   const url = new URL(server + path);
   for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, String(v));
   const init = await kc.applyToFetchOptions({});
   init.method = 'GET';
-  init.signal = AbortSignal.timeout(LIST_TIMEOUT_MS) as NonNullable<typeof init.signal>;
-  const res = await fetch(url, init);
-  if (res.status !== 200) {
-    const body = await res.text().catch(() => '');
-    let message = body.slice(0, 300);
-    try {
-      message = (JSON.parse(body) as { message?: string }).message ?? message;
-    } catch {
-      // not a Status object: keep the text
+  const timeout = AbortSignal.timeout(LIST_TIMEOUT_MS);
+  init.signal = AbortSignal.any([stop, timeout]) as NonNullable<typeof init.signal>;
+  try {
+    const res = await fetch(url, init);
+    if (res.status !== 200) {
+      const body = await res.text().catch(() => '');
+      let message = body.slice(0, 300);
+      try {
+        message = (JSON.parse(body) as { message?: string }).message ?? message;
+      } catch {
+        // not a Status object: keep the text
+      }
+      const what = `list ${url.pathname}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
+      throw res.status === 410 ? new GoneError(what) : new HttpError(res.status, what);
     }
-    const what = `list ${url.pathname}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
-    throw res.status === 410 ? new GoneError(what) : new HttpError(res.status, what);
+    const list = (await res.json()) as { items?: RawObject[] | null; metadata?: { resourceVersion?: string; continue?: string } };
+    if (!list || typeof list !== 'object' || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${url.pathname}: not a list`);
+    return {
+      items: list.items ?? [],
+      resourceVersion: list.metadata?.resourceVersion ?? '',
+      ...(list.metadata?.continue ? { continue: list.metadata.continue } : {}),
+    };
+  } catch (err) {
+    // node-fetch reports every abort as "The user aborted a request".
+    if (timeout.aborted && !stop.aborted) throw new Error(`list ${url.pathname}: no answer in ${LIST_TIMEOUT_MS / 1000} s`, { cause: err });
+    throw err;
   }
-  const list = (await res.json()) as { items?: RawObject[] | null; metadata?: { resourceVersion?: string; continue?: string } };
-  if (!list || typeof list !== 'object' || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${url.pathname}: not a list`);
-  return {
-    items: list.items ?? [],
-    resourceVersion: list.metadata?.resourceVersion ?? '',
-    ...(list.metadata?.continue ? { continue: list.metadata.continue } : {}),
-  };
 }
 
 export class KubernetesSource implements Source {
@@ -309,7 +319,7 @@ export class KubernetesSource implements Source {
     const paged = (cont: string | undefined) => ({ limit: PAGE_SIZE, continue: cont });
     this.services = new Reflector(
       'Service',
-      (cont) => listPage(kc, '/api/v1/services', { ...svcSel, ...paged(cont) }),
+      (cont, stop) => listPage(kc, '/api/v1/services', { ...svcSel, ...paged(cont) }, stop),
       watch,
       '/api/v1/services',
       svcSel,
@@ -319,7 +329,7 @@ export class KubernetesSource implements Source {
     );
     this.slices = new Reflector(
       'EndpointSlice',
-      (cont) => listPage(kc, '/apis/discovery.k8s.io/v1/endpointslices', { ...sliceSel, ...paged(cont) }),
+      (cont, stop) => listPage(kc, '/apis/discovery.k8s.io/v1/endpointslices', { ...sliceSel, ...paged(cont) }, stop),
       watch,
       '/apis/discovery.k8s.io/v1/endpointslices',
       sliceSel,
@@ -327,7 +337,7 @@ export class KubernetesSource implements Source {
       opts,
       changed,
     );
-    this.nodes = new Reflector('Node', () => listPage(kc, '/api/v1/nodes', nodeSel), watch, '/api/v1/nodes', nodeSel, validateNode, opts, changed);
+    this.nodes = new Reflector('Node', (_cont, stop) => listPage(kc, '/api/v1/nodes', nodeSel, stop), watch, '/api/v1/nodes', nodeSel, validateNode, opts, changed);
     // Do not wait for the API server: a restart with it unreachable keeps serving from the maps.
     this.services.start();
     this.slices.start();

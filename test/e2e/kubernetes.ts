@@ -261,3 +261,32 @@ t.test('health follows the cluster: a Node being deleted fails /healthz', async 
   t.match((await healthz()).body, { nodeEligible: false });
   t.equal((await fetch(`http://127.0.0.1:${port}/livez`)).status, 200, 'liveness does not depend on the cluster');
 });
+
+t.test('lists come in pages of 500; an expired continue token restarts the list from the start', async (t) => {
+  const { sb, api } = await setup(t);
+  const n = 1_100; // three pages
+  const ip = (i: number): string => `10.97.${i >> 8}.${i & 255}`;
+  api.silently(() => {
+    for (let i = 0; i < n; i++) {
+      api.put({
+        apiVersion: 'v1',
+        kind: 'Service',
+        metadata: { name: `svc-${String(i).padStart(4, '0')}`, namespace: 'paged' },
+        spec: { type: 'ClusterIP', clusterIP: ip(i), clusterIPs: [ip(i)], ports: [{ name: 'http', port: 80, protocol: 'TCP' }] },
+      } as never);
+    }
+  });
+  api.expireContinue = true; // the first continue token the agent sends is too old
+  const first = await sb.startAgent();
+  t.equal(first.frontends, n, 'every service of every page is programmed, once');
+  const listed = await sb.lbList();
+  t.ok(listed.some((e) => e.frontend === `${ip(0)}:80/TCP`) && listed.some((e) => e.frontend === `${ip(n - 1)}:80/TCP`), 'the first and the last service are in the maps');
+
+  const lists = api.requests.filter((r) => r.url.startsWith('/api/v1/services?') && !/[?&]watch=/.test(r.url)).map((r) => new URL(r.url, 'http://x').searchParams);
+  t.ok(lists.length > 0 && lists.every((q) => q.get('limit') === '500'), 'every list asks for pages of 500');
+  const starts = lists.filter((q) => !q.has('continue')).length;
+  const continues = lists.filter((q) => q.has('continue')).length;
+  t.equal(starts, 2, 'the 410 on the first continue restarted the list from the start');
+  t.equal(continues, 3, 'one continue refused, then the two that finished the list');
+  t.ok(sb.agent!.logs.some((l) => /410/.test(JSON.stringify(l))), 'the agent logged the 410');
+});

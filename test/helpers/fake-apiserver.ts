@@ -167,6 +167,11 @@ export class FakeApiServer {
     }
   }
 
+  private readonly sorted = new Map<string, { rv: number; list: Array<{ key: string; object: Obj }> }>();
+
+  /** The next list request with a continue token gets 410 Expired (once). */
+  expireContinue = false;
+
   /** Forget history up to now: a watch from an older resourceVersion gets 410 Gone. */
   compact(): void {
     this.compactedRv = this.rv;
@@ -265,10 +270,60 @@ export class FakeApiServer {
       return;
     }
 
-    const items = [...this.objects.values()]
-      .filter((e) => e.resource === resource && (!namespace || e.object.metadata.namespace === namespace) && matches(e.object))
-      .map((e) => e.object);
+    // Paging as the API server does it: `limit` items in key order, and an
+    // opaque continue token naming the list's resourceVersion and the last
+    // key. A token older than the compaction (or expired on purpose) is 410.
+    const sortKey = (o: Obj): string => `${o.metadata.namespace ?? ''}/${o.metadata.name}`;
+    let listRv = this.rv;
+    let after = '';
+    const token = url.searchParams.get('continue');
+    if (token) {
+      let parsed: { rv: number; after: string };
+      try {
+        parsed = JSON.parse(Buffer.from(token, 'base64url').toString()) as { rv: number; after: string };
+      } catch {
+        return this.status(res, 400, 'BadRequest', 'continue key is not valid');
+      }
+      if (this.expireContinue || parsed.rv < this.compactedRv) {
+        this.expireContinue = false;
+        return this.status(res, 410, 'Expired', 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.');
+      }
+      listRv = parsed.rv;
+      after = parsed.after;
+    }
+    // Every object of the resource in key order, sorted once per version of the store.
+    let all = this.sorted.get(resource.plural);
+    if (!all || all.rv !== this.rv) {
+      const list = [...this.objects.values()].filter((e) => e.resource === resource).map((e) => ({ key: sortKey(e.object), object: e.object }));
+      list.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+      this.sorted.set(resource.plural, (all = { rv: this.rv, list }));
+    }
+    let lo = 0;
+    for (let hi = all.list.length; lo < hi; ) {
+      const mid = (lo + hi) >>> 1;
+      if (all.list[mid]!.key <= after) lo = mid + 1;
+      else hi = mid;
+    }
+    const limit = Number(url.searchParams.get('limit') || 0);
+    const items: Obj[] = [];
+    let next: string | undefined;
+    for (let i = lo; i < all.list.length; i++) {
+      const { object } = all.list[i]!;
+      if ((namespace && object.metadata.namespace !== namespace) || !matches(object)) continue;
+      if (limit > 0 && items.length === limit) {
+        next = Buffer.from(JSON.stringify({ rv: listRv, after: sortKey(items[limit - 1]!) })).toString('base64url');
+        break;
+      }
+      items.push(object);
+    }
     res.writeHead(200, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ kind: resource.listKind, apiVersion: resource.apiVersion, metadata: { resourceVersion: String(this.rv) }, items }));
+    res.end(
+      JSON.stringify({
+        kind: resource.listKind,
+        apiVersion: resource.apiVersion,
+        metadata: { resourceVersion: String(listRv), ...(next ? { continue: next } : {}) },
+        items,
+      }),
+    );
   }
 }
