@@ -2,7 +2,7 @@
 // which still parses everything else.
 import t from 'tap';
 import ipaddr from 'ipaddr.js';
-import { parseIp } from '../../src/model/addr.js';
+import { ipv4ToUint, parseIp } from '../../src/model/addr.js';
 
 t.test('canonical IPv4 is kept as it is, and agrees with ipaddr.js', async (t) => {
   for (const a of ['0.0.0.0', '10.96.0.10', '255.255.255.255', '1.2.3.4', '192.168.100.200']) {
@@ -20,4 +20,11 @@ t.test('what is not a canonical dotted quad takes the full parser', async (t) =>
   t.same(parseIp('2001:db8::1'), { address: '2001:db8::1', family: 6 });
   t.same(parseIp('2001:0db8:0:0:0:0:0:1'), { address: '2001:db8::1', family: 6 });
   t.equal(parseIp('fe80::1%eth0'), undefined, 'zones are refused');
+});
+
+t.test('ipv4ToUint agrees with ipaddr.js, canonical or not', async (t) => {
+  for (const a of ['0.0.0.0', '10.96.0.10', '255.255.255.255', '1.2.3.4', '010.1.1.1']) {
+    const b = ipaddr.IPv4.parse(a).toByteArray();
+    t.equal(ipv4ToUint(a), ((b[0]! << 24) | (b[1]! << 16) | (b[2]! << 8) | b[3]!) >>> 0, a);
+  }
 });
