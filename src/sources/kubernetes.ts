@@ -4,10 +4,10 @@
 // @kubernetes/client-node's KubeConfig (auth, TLS, proxies) and Watch. Lists
 // are plain GETs made the way its Watch makes requests (node-fetch with the
 // KubeConfig's options), and the objects stay plain JSON: client-node's typed
-// API classes would bring in its generated models and serializer, which cost
-// the agent ~45 MB of memory on every node and ~0.5 s of start-up (measured
-// with the bundled agent, docs/benchmarks.md), only to be read back as JSON
-// by the validators, which take manifests' plain objects anyway. There is no
+// API classes would bring its generated APIs, models and serializer into
+// the agent's bundle (6.0 MB of code instead of 3.0; RSS at 10,000 services
+// 172 instead of 165 MiB, docs/benchmarks.md "Memory"), only for the
+// validators to read the objects as JSON, as they read manifests. There is no
 // informer cache: each object is validated as it arrives and only its
 // validated form is kept (the raw objects of 10,000 services are several
 // times larger than what lbctl needs). A watch that ends normally is resumed
@@ -77,16 +77,6 @@ class GoneError extends Error {
   }
 }
 
-/** A non-200 answer from the API server. */
-class HttpError extends Error {
-  constructor(
-    readonly statusCode: number,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
 /** One resource: its list+watch loop and its validated objects. */
 class Reflector<T> {
   readonly items = new Map<string, T>();
@@ -102,7 +92,7 @@ class Reflector<T> {
 
   constructor(
     readonly kind: Kind,
-    private readonly list: (cont: string | undefined, signal: AbortSignal) => Promise<Page>,
+    private readonly kc: KubeConfig,
     private readonly watcher: Watch,
     private readonly path: string,
     private readonly selectors: { labelSelector?: string; fieldSelector?: string },
@@ -143,7 +133,7 @@ class Reflector<T> {
     let cont: string | undefined;
     let rv = '';
     do {
-      const page = await this.list(cont, this.listAbort.signal);
+      const page = await listPage(this.kc, this.path, { ...this.selectors, limit: PAGE_SIZE, continue: cont }, this.listAbort.signal);
       if (this.stopped) return;
       for (const o of page.items) {
         seen.add(objectId(o.metadata));
@@ -264,7 +254,7 @@ async function listPage(kc: KubeConfig, path: string, query: Record<string, stri
         // not a Status object: keep the text
       }
       const what = `list ${url.pathname}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
-      throw res.status === 410 ? new GoneError(what) : new HttpError(res.status, what);
+      throw res.status === 410 ? new GoneError(what) : new Error(what);
     }
     const list = (await res.json()) as { items?: RawObject[] | null; metadata?: { resourceVersion?: string; continue?: string } };
     if (!list || typeof list !== 'object' || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${url.pathname}: not a list`);
@@ -309,35 +299,13 @@ export class KubernetesSource implements Source {
       this.opts.onProblem?.(p);
     };
     const opts = { ...this.opts, onProblem: problem };
-    const nodeSelector = `metadata.name=${this.opts.nodeName}`;
 
     const watch = new Watch(this.kc);
-    const kc = this.kc;
-    const svcSel = { labelSelector: SERVICE_LABEL_SELECTOR };
-    const sliceSel = { labelSelector: SLICE_LABEL_SELECTOR };
-    const nodeSel = { fieldSelector: nodeSelector };
-    const paged = (cont: string | undefined) => ({ limit: PAGE_SIZE, continue: cont });
-    this.services = new Reflector(
-      'Service',
-      (cont, stop) => listPage(kc, '/api/v1/services', { ...svcSel, ...paged(cont) }, stop),
-      watch,
-      '/api/v1/services',
-      svcSel,
-      validateService,
-      opts,
-      changed,
-    );
-    this.slices = new Reflector(
-      'EndpointSlice',
-      (cont, stop) => listPage(kc, '/apis/discovery.k8s.io/v1/endpointslices', { ...sliceSel, ...paged(cont) }, stop),
-      watch,
-      '/apis/discovery.k8s.io/v1/endpointslices',
-      sliceSel,
-      validateEndpointSlice,
-      opts,
-      changed,
-    );
-    this.nodes = new Reflector('Node', (_cont, stop) => listPage(kc, '/api/v1/nodes', nodeSel, stop), watch, '/api/v1/nodes', nodeSel, validateNode, opts, changed);
+    const reflector = <T>(kind: Kind, path: string, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
+      new Reflector(kind, this.kc, watch, path, selectors, validate, opts, changed);
+    this.services = reflector('Service', '/api/v1/services', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
+    this.slices = reflector('EndpointSlice', '/apis/discovery.k8s.io/v1/endpointslices', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
+    this.nodes = reflector('Node', '/api/v1/nodes', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
     // Do not wait for the API server: a restart with it unreachable keeps serving from the maps.
     this.services.start();
     this.slices.start();
