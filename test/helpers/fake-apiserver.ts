@@ -270,10 +270,10 @@ export class FakeApiServer {
       return;
     }
 
-    // Paging as the API server does it: `limit` items in key order, and an
-    // opaque continue token naming the list's resourceVersion and the last
-    // key. A token older than the compaction (or expired on purpose) is 410.
-    const sortKey = (o: Obj): string => `${o.metadata.namespace ?? ''}/${o.metadata.name}`;
+    // Paging as the API server does it: `limit` items in the store's key
+    // order, and an opaque continue token naming the list's resourceVersion
+    // and the last key. A token older than the compaction (or expired on
+    // purpose) is 410.
     let listRv = this.rv;
     let after = '';
     const token = url.searchParams.get('continue');
@@ -294,7 +294,7 @@ export class FakeApiServer {
     // Every object of the resource in key order, sorted once per version of the store.
     let all = this.sorted.get(resource.plural);
     if (!all || all.rv !== this.rv) {
-      const list = [...this.objects.values()].filter((e) => e.resource === resource).map((e) => ({ key: sortKey(e.object), object: e.object }));
+      const list = [...this.objects].filter(([, e]) => e.resource === resource).map(([key, e]) => ({ key, object: e.object }));
       list.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
       this.sorted.set(resource.plural, (all = { rv: this.rv, list }));
     }
@@ -306,15 +306,17 @@ export class FakeApiServer {
     }
     const limit = Number(url.searchParams.get('limit') || 0);
     const items: Obj[] = [];
+    let last = '';
     let next: string | undefined;
     for (let i = lo; i < all.list.length; i++) {
-      const { object } = all.list[i]!;
+      const { key, object } = all.list[i]!;
       if ((namespace && object.metadata.namespace !== namespace) || !matches(object)) continue;
       if (limit > 0 && items.length === limit) {
-        next = Buffer.from(JSON.stringify({ rv: listRv, after: sortKey(items[limit - 1]!) })).toString('base64url');
+        next = Buffer.from(JSON.stringify({ rv: listRv, after: last })).toString('base64url');
         break;
       }
       items.push(object);
+      last = key;
     }
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(
