@@ -49,6 +49,11 @@ export function median(xs: readonly number[]): number {
 }
 
 /** Nearest-rank percentile. */
+/** lbctl's event → map samples of one point: the EndpointSlice changes, the first add and the adds again. */
+function eventSamples(p: Point): number[] {
+  return [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : []), ...(p.addAgainEventToMapMs ?? [])];
+}
+
 export function percentile(xs: readonly number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
   if (s.length === 0) return NaN;
@@ -97,7 +102,7 @@ export function report(r: Results, out: string): void {
   lines.push(
     'Cold: programming N services with 3 endpoints each into empty maps / an empty ruleset (lbctl: the agent\'s first sync, from the listed objects to the maps written; kube-proxy modes: the restore command, timed around its process). ' +
       'Add one: one more service on top of N (lbctl: the sync the watch event causes; iptables: `iptables-restore --noflush` of what kube-proxy\'s partial sync writes; nftables: the incremental `nft -f` transaction). ' +
-      'For lbctl, "first" is the first change after start (it also pays for compiling the change path) and "again" the median of the same service deleted and added again 5 times in the running agent. ' +
+      'For lbctl, "first" is the first change after start (slower than later ones: docs/benchmarks.md says what is known of why) and "again" the median of the same service deleted and added again 5 times in the running agent. ' +
       'Event → map: from the API server sending a change to the kernel map holding it, over the EndpointSlice changes and the adds.',
     '',
   );
@@ -106,7 +111,7 @@ export function report(r: Results, out: string): void {
     for (const mode of modes.filter((x) => x !== 'floor')) {
       const ps = at(mode, n);
       if (ps.length === 0) continue;
-      const events = ps.flatMap((p) => [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : []), ...(p.addAgainEventToMapMs ?? [])]);
+      const events = ps.flatMap(eventSamples);
       const again = ps.flatMap((p) => p.addAgainMs ?? []);
       lines.push(
         `| ${n.toLocaleString('en')} | ${mode} | ${f(median(ps.map((p) => p.coldMs)), 1)} | ${f(median(ps.map((p) => p.addMs ?? NaN)), 2)} | ${again.length ? f(median(again), 2) : ''} | ` +
@@ -158,7 +163,7 @@ export function report(r: Results, out: string): void {
     targets.push(['adding one service at 10,000 ≤ 1 ms (the first change after start)', add <= 1, `${f(add, 2)} ms`]);
     const again = median(lb(10_000).flatMap((p) => p.addAgainMs ?? []));
     if (!Number.isNaN(again)) targets.push(['adding one service at 10,000 ≤ 1 ms (again, in the running agent)', again <= 1, `${f(again, 2)} ms`]);
-    const ev = lb(10_000).flatMap((p) => [...(p.eventToMapMs ?? []), ...(p.addEventToMapMs !== undefined ? [p.addEventToMapMs] : []), ...(p.addAgainEventToMapMs ?? [])]);
+    const ev = lb(10_000).flatMap(eventSamples);
     targets.push(['event → datapath p99 ≤ 5 ms at 10,000', percentile(ev, 99) <= 5, `${f(percentile(ev, 99), 2)} ms`]);
     const rss = median(lb(10_000).map((p) => p.memory?.rssMiB ?? NaN));
     targets.push(['agent RSS ≤ 150 MB at 10,000 services (after the events)', rss * 1.048576 <= 150, `${f(rss)} MiB = ${f(rss * 1.048576)} MB`]);
