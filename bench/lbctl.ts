@@ -11,7 +11,7 @@ import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
 import { lb4_key, lb_service } from '../src/datapath/abi.gen.js';
 import { ipv4ToUint } from '../src/model/addr.js';
-import { LBCTL, ROOT, type BenchRun, type World } from './world.js';
+import { LBCTL, type BenchRun, type World } from './world.js';
 import type { BenchService } from './kube-proxy.js';
 
 /** What the local API server stores: a Kubernetes object as plain JSON. */
@@ -142,10 +142,11 @@ export class BenchAgent {
       '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
       '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
     ];
-    // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it stops.
-    // (node refuses --cpu-prof in NODE_OPTIONS: run the CLI's entry point directly.)
+    // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it
+    // stops. It is still bin/lbctl, with its node and malloc settings; node
+    // refuses --cpu-prof in NODE_OPTIONS, so it goes in LBCTL_NODE_FLAGS.
     const prof = process.env.BENCH_PROFILE_DIR;
-    const entry = prof ? ['node', '--cpu-prof', '--cpu-prof-interval=50', '--expose-gc', '--max-semi-space-size=2', `--cpu-prof-dir=${prof}`, path.join(ROOT, 'dist/bundle/lbctl.js')] : [LBCTL];
+    const entry = prof ? ['env', `LBCTL_NODE_FLAGS=--cpu-prof --cpu-prof-interval=50 --cpu-prof-dir=${prof}`, LBCTL] : [LBCTL];
     const cmd = ['taskset', '-c', String(cpu), ...entry, ...args];
     const t0 = performance.now();
     return new BenchAgent(run.spawn(cmd[0]!, cmd.slice(1)), t0);
