@@ -243,6 +243,12 @@ t.test('drift is repaired within a sync period even while changes keep coming', 
   for (const [name, text] of Object.entries(manifests(sb))) sb.writeManifest(name, text);
   await sb.startAgent(['--sync-period', String(SYNC_PERIOD_MS)]);
   const listBefore = await sb.lbList();
+  // Start right after a periodic resync, so the whole sync period is left to
+  // make the drift and see it before the next one repairs it (two CLI runs
+  // can take most of a period in the emulated guest).
+  const fullSyncs = async (): Promise<number> => sample(await scrape(sb), 'lbctl_syncs_total', 'type="full",result="success"') ?? 0;
+  const fullBefore = await fullSyncs();
+  await sb.waitUntil(async () => (await fullSyncs()) > fullBefore, 'a periodic resync');
   await sb.bpftool(['map', 'delete', 'pinned', `${path.join(sb.bpfRoot, 'maps')}/lb4_services`, 'key', 'hex', ...hex(serviceKey(WEB, 80, 3, 'TCP'))]);
   t.equal((await serviceList(sb)).code, 1, 'the deleted slot is drift');
 
