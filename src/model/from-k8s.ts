@@ -1,7 +1,7 @@
 // Kubernetes objects → desired frontends. Pure and deterministic: the same
 // objects give the same state, in any order. Endpoint selection follows
 // kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go): ready endpoints,
-// filtered by topology hints or internalTrafficPolicy Local, falling back to
+// filtered by zone hints or internalTrafficPolicy Local, falling back to
 // serving-and-terminating ones when none is left.
 import type { Endpoint, EndpointSlice, Node, Service } from './k8s.js';
 import {
@@ -23,31 +23,50 @@ interface Candidate {
   readonly backend: Omit<Backend, 'state'>;
   readonly key: BackendKey;
   readonly ep: Endpoint;
+  /** The endpoint's nodeName is this node (kube-proxy's IsLocal). */
+  readonly local: boolean;
 }
 
 const byKey = (a: Candidate, b: Candidate): number => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0);
+const bySliceName = (a: EndpointSlice, b: EndpointSlice): number => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
 
 /**
- * Every endpoint address of one service port in one family, merged over the
- * service's slices. A slice port matches by name and protocol: that is how
- * the EndpointSlice controller resolves named targetPorts (per pod) into
- * numbers. An address listed twice (slices overlap while they are being
- * rebalanced) keeps its most usable entry.
+ * Whether `x` replaces `have`, two entries for one address:port (slices
+ * overlap while the controller moves an endpoint, and a pod IP can be reused
+ * while the old pod is still terminating). kube-proxy's endpointslicecache
+ * (addEndpoints) keeps the non-terminating entry, whatever the order. Where
+ * its result depends on the order (both entries terminating, or neither:
+ * "undefined", its comment says), lbctl decides by content: the more usable
+ * entry (ready, then serving), then the one on this node (older kube-proxy
+ * always kept the local one), then the first (slices go in name order).
  */
-function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: string, protocol: 'TCP' | 'UDP'): Candidate[] {
-  const rank = (e: Endpoint): number => (e.ready ? 2 : e.serving ? 1 : 0);
+function replaces(x: Candidate, have: Candidate): boolean {
+  if (x.ep.terminating !== have.ep.terminating) return !x.ep.terminating;
+  const usable = (e: Endpoint): number => (e.ready ? 2 : e.serving ? 1 : 0);
+  const ux = usable(x.ep);
+  const uh = usable(have.ep);
+  if (ux !== uh) return ux > uh;
+  return x.local && !have.local;
+}
+
+/**
+ * Every endpoint of one service port in one family, merged over the
+ * service's slices (given in name order). A slice port matches by name and
+ * protocol: that is how the EndpointSlice controller resolves named
+ * targetPorts (per pod) into numbers.
+ */
+function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: string, protocol: 'TCP' | 'UDP', nodeName: string | undefined): Candidate[] {
   const seen = new Map<BackendKey, Candidate>();
   for (const slice of slices) {
     if (slice.family !== family) continue;
     const port = slice.ports.find((p) => p.name === portName && p.protocol === protocol);
     if (!port) continue;
     for (const ep of slice.endpoints) {
-      for (const ip of ep.addresses) {
-        const backend = { address: ip.address, family, port: port.port, protocol };
-        const k = backendKey(backend);
-        const have = seen.get(k);
-        if (!have || rank(ep) > rank(have.ep)) seen.set(k, { backend, key: k, ep });
-      }
+      const backend = { address: ep.address, family, port: port.port, protocol };
+      const k = backendKey(backend);
+      const c: Candidate = { backend, key: k, ep, local: nodeName !== undefined && ep.nodeName === nodeName };
+      const have = seen.get(k);
+      if (!have || replaces(c, have)) seen.set(k, c);
     }
   }
   return [...seen.values()].sort(byKey);
@@ -88,7 +107,7 @@ export function selectBackends(
 ): { backends: Backend[]; terminating: Backend[] } {
   let chosen: Candidate[];
   if (svc.internalTrafficPolicy === 'Local') {
-    chosen = node ? pick(eps, (c) => c.ep.nodeName === node.name) : [];
+    chosen = pick(eps, (c) => c.local);
   } else {
     const zone = node?.zone;
     const hints = useZoneHints(eps, zone);
@@ -113,10 +132,12 @@ export function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice
     skipped.push({ service: id, reason: 'unsupported-protocol', detail: svc.unsupportedPorts.join(', ') });
   }
   if (svc.ports.length === 0) return { frontends, skipped: [...skipped, { service: id, reason: 'no-ports' }] };
+  // Name order, so an address in two slices resolves the same whatever order they arrived in.
+  const slices = svcSlices.length > 1 ? [...svcSlices].sort(bySliceName) : svcSlices;
   for (const ip of svc.clusterIPs) {
     for (const p of svc.ports) {
       const addr = { address: ip.address, family: ip.family, port: p.port, protocol: p.protocol };
-      const { backends, terminating } = selectBackends(candidates(svcSlices, ip.family, p.name, p.protocol), svc, node);
+      const { backends, terminating } = selectBackends(candidates(slices, ip.family, p.name, p.protocol, node?.name), svc, node);
       frontends.push({
         address: ip.address,
         family: ip.family,

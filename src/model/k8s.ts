@@ -91,13 +91,18 @@ export interface Node {
 }
 
 export interface Endpoint {
-  readonly addresses: readonly ParsedIp[];
+  /**
+   * The endpoint's first address, canonical; its family is the slice's. The
+   * API calls an endpoint's addresses fungible, and kube-proxy uses only
+   * the first (endpointslicecache.go, addEndpoints): so does lbctl.
+   */
+  readonly address: string;
   readonly ready: boolean;
   readonly serving: boolean;
   readonly terminating: boolean;
   readonly nodeName?: string;
   readonly zone?: string;
-  /** hints.forZones; undefined when the endpoint carries no hints. */
+  /** hints.forZones names; undefined when there are none. */
   readonly zoneHints?: readonly string[];
 }
 
@@ -237,6 +242,14 @@ export function validateService(obj: unknown): Validated<Service> {
   return { ok: true, value };
 }
 
+/** The names of hints.forZones; undefined when none is given. */
+function hintNames(list: unknown): string[] | undefined {
+  if (!Array.isArray(list)) return undefined;
+  const names: string[] = [];
+  for (const h of list) if (isObject(h) && typeof h.name === 'string' && h.name !== '') names.push(h.name);
+  return names.length > 0 ? names : undefined;
+}
+
 /** EndpointSlice → normalized form. FQDN slices are valid but carry no family: reported as unusable. */
 export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
   if (!isObject(obj)) return fail('EndpointSlice: not an object');
@@ -279,31 +292,29 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     if (!Array.isArray(e.addresses) || e.addresses.length === 0 || e.addresses.length > 100) {
       return fail(`${id}: endpoints[${i}].addresses must list 1 to 100 addresses`);
     }
-    const addresses: ParsedIp[] = [];
+    // Every address is checked; only the first is kept (see Endpoint.address).
+    let address = '';
     for (const [j, text] of e.addresses.entries()) {
       const ip = parseIp(text);
       if (!ip) return fail(`${id}: endpoints[${i}].addresses[${j}] ${JSON.stringify(text)} is not an IP address`);
       if (ip.family !== family) return fail(`${id}: endpoints[${i}].addresses[${j}] ${text} is not ${raw.addressType}`);
-      addresses.push(ip);
+      if (j === 0) address = ip.address;
     }
     const c = isObject(e.conditions) ? e.conditions : {};
     // As kube-proxy reads them: nil ready and nil serving mean true, nil terminating false.
     const ready = c.ready !== false;
     const serving = c.serving !== false;
     const terminating = c.terminating === true;
-    let zoneHints: string[] | undefined;
-    if (isObject(e.hints) && Array.isArray(e.hints.forZones)) {
-      zoneHints = e.hints.forZones.map((z) => (isObject(z) && typeof z.name === 'string' ? z.name : '')).filter((z) => z !== '');
-    }
+    const hints = isObject(e.hints) ? e.hints : undefined;
     // One literal shape for every endpoint (see validateService).
     endpoints.push({
-      addresses,
+      address,
       ready,
       serving,
       terminating,
       nodeName: typeof e.nodeName === 'string' ? e.nodeName : undefined,
       zone: typeof e.zone === 'string' ? e.zone : undefined,
-      zoneHints: zoneHints && zoneHints.length > 0 ? zoneHints : undefined,
+      zoneHints: hintNames(hints?.forZones),
     });
   }
   const value: EndpointSlice = { namespace: meta.value.namespace, name: meta.value.name, serviceName, family, ports, endpoints };
