@@ -1,8 +1,8 @@
 // Kubernetes objects → desired frontends. Pure and deterministic: the same
 // objects give the same state, in any order. Endpoint selection follows
 // kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go): ready endpoints,
-// filtered by zone hints or internalTrafficPolicy Local, falling back to
-// serving-and-terminating ones when none is left.
+// filtered by node or zone hints or internalTrafficPolicy Local, falling
+// back to serving-and-terminating ones when none is left.
 import type { Endpoint, EndpointSlice, Node, Service } from './k8s.js';
 import {
   backendKey,
@@ -72,27 +72,40 @@ function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: s
   return [...seen.values()].sort(byKey);
 }
 
+type TopologyMode = '' | 'PreferSameNode' | 'PreferSameZone';
+
 /**
- * kube-proxy's topologyModeFromHints: use zone hints only when this node has
- * a zone, every ready endpoint carries hints, and some endpoint is hinted
- * for this zone. Otherwise (incomplete hints) route cluster-wide.
+ * kube-proxy's topologyModeFromHints, over ready endpoints only: node hints
+ * when every ready endpoint has one and some endpoint is hinted for this
+ * node; otherwise zone hints when every ready endpoint has one and some is
+ * hinted for this node's zone; otherwise none (cluster-wide).
  */
-export function useZoneHints(eps: readonly Candidate[], zone: string | undefined): boolean {
-  if (!zone) return false;
+function topologyMode(eps: readonly Candidate[], node: Node | undefined): TopologyMode {
+  let allNodeHints = true;
+  let forNode = false;
+  let allZoneHints = true;
   let forZone = false;
   for (const { ep } of eps) {
     if (!ep.ready) continue;
-    if (!ep.zoneHints || ep.zoneHints.length === 0) return false;
-    if (ep.zoneHints.includes(zone)) forZone = true;
+    if (!ep.nodeHints) allNodeHints = false;
+    else if (node && ep.nodeHints.includes(node.name)) forNode = true;
+    if (!ep.zoneHints) allZoneHints = false;
+    else if (node?.zone !== undefined && ep.zoneHints.includes(node.zone)) forZone = true;
   }
-  return forZone;
+  // With no ready endpoint, forNode and forZone stay false: no topology.
+  if (allNodeHints && forNode) return 'PreferSameNode';
+  if (allZoneHints && forZone) return 'PreferSameZone';
+  return '';
 }
 
-function pick(eps: readonly Candidate[], usable: (c: Candidate) => boolean): Candidate[] {
-  const ready = eps.filter((c) => c.ep.ready && usable(c));
-  if (ready.length > 0) return ready;
-  return eps.filter((c) => c.ep.serving && c.ep.terminating && usable(c));
+/** kube-proxy's availableForTopology: no fallback here, it happened when the mode was chosen. */
+function availableForTopology(ep: Endpoint, mode: TopologyMode, node: Node | undefined): boolean {
+  if (mode === 'PreferSameNode') return ep.nodeHints!.includes(node!.name);
+  if (mode === 'PreferSameZone') return ep.zoneHints!.includes(node!.zone!);
+  return true;
 }
+
+const servingTerminating = (c: Candidate): boolean => c.ep.serving && c.ep.terminating;
 
 function asBackend(c: Candidate): Backend {
   const b = c.backend;
@@ -107,11 +120,15 @@ export function selectBackends(
 ): { backends: Backend[]; terminating: Backend[] } {
   let chosen: Candidate[];
   if (svc.internalTrafficPolicy === 'Local') {
-    chosen = pick(eps, (c) => c.local);
+    // Topology is ignored for Local; its terminating fallback is local too.
+    chosen = eps.filter((c) => c.local && c.ep.ready);
+    if (chosen.length === 0) chosen = eps.filter((c) => c.local && servingTerminating(c));
   } else {
-    const zone = node?.zone;
-    const hints = useZoneHints(eps, zone);
-    chosen = pick(eps, (c) => !hints || (c.ep.zoneHints ?? []).includes(zone!));
+    const mode = topologyMode(eps, node);
+    chosen = eps.filter((c) => c.ep.ready && availableForTopology(c.ep, mode, node));
+    // A topology mode is chosen only with a ready endpoint for it, so an
+    // empty list means no ready endpoint anywhere: the fallback ignores topology.
+    if (chosen.length === 0) chosen = eps.filter(servingTerminating);
   }
   const backends = chosen.map(asBackend);
   // Terminating endpoints not chosen stay as non-selectable slots (most services have none).

@@ -43,7 +43,7 @@ export interface RawEndpointSlice {
     conditions?: { ready?: boolean | null; serving?: boolean | null; terminating?: boolean | null };
     nodeName?: string;
     zone?: string;
-    hints?: { forZones?: Array<{ name?: string }> | null } | null;
+    hints?: { forZones?: Array<{ name?: string }> | null; forNodes?: Array<{ name?: string }> | null } | null;
   }> | null;
   ports?: Array<{ name?: string; port?: number; protocol?: string }> | null;
 }
@@ -104,6 +104,8 @@ export interface Endpoint {
   readonly zone?: string;
   /** hints.forZones names; undefined when there are none. */
   readonly zoneHints?: readonly string[];
+  /** hints.forNodes names (trafficDistribution PreferSameNode); undefined when there are none. */
+  readonly nodeHints?: readonly string[];
 }
 
 export interface EndpointSlice {
@@ -242,7 +244,7 @@ export function validateService(obj: unknown): Validated<Service> {
   return { ok: true, value };
 }
 
-/** The names of hints.forZones; undefined when none is given. */
+/** The names of hints.forZones or hints.forNodes; undefined when none is given. */
 function hintNames(list: unknown): string[] | undefined {
   if (!Array.isArray(list)) return undefined;
   const names: string[] = [];
@@ -315,6 +317,7 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
       nodeName: typeof e.nodeName === 'string' ? e.nodeName : undefined,
       zone: typeof e.zone === 'string' ? e.zone : undefined,
       zoneHints: hintNames(hints?.forZones),
+      nodeHints: hintNames(hints?.forNodes),
     });
   }
   const value: EndpointSlice = { namespace: meta.value.namespace, name: meta.value.name, serviceName, family, ports, endpoints };

@@ -2,8 +2,11 @@
 // re-expressed as lbctl objects. Each test names the kube-proxy behaviour it
 // follows. Read in kubernetes/kubernetes:
 //   pkg/proxy/endpointslicecache.go  addEndpoints (commit c2c7d507620b)
-//   pkg/proxy/topology.go            CategorizeEndpoints (commit 008b3652959c)
-//   pkg/proxy/topology_test.go       TestCategorizeEndpoints (commit 02756999a07f)
+//   pkg/proxy/topology.go            CategorizeEndpoints, topologyModeFromHints,
+//                                    availableForTopology (commit 008b3652959c)
+//   pkg/proxy/topology_test.go       TestCategorizeEndpoints (commit 02756999a07f;
+//                                    the newest copy that could be read, older than
+//                                    node hints: their cases here follow topology.go)
 // kube-proxy's "local" is an endpoint whose nodeName is this node; its
 // clusterEndpoints and localEndpoints are lbctl's selectable backends under
 // internalTrafficPolicy Cluster and Local.
@@ -33,12 +36,13 @@ interface Ep {
   readonly local?: boolean;
   readonly node?: string;
   readonly zones?: string[];
+  readonly nodes?: string[];
 }
 
 type RawEndpoint = NonNullable<RawEndpointSlice['endpoints']>[number];
 
 function rawEndpoint(e: Ep): RawEndpoint {
-  const hints = e.zones ? { forZones: e.zones.map((name) => ({ name })) } : undefined;
+  const hints = e.zones || e.nodes ? { forZones: e.zones?.map((name) => ({ name })), forNodes: e.nodes?.map((name) => ({ name })) } : undefined;
   const ready = e.ready ?? true;
   return {
     addresses: typeof e.ip === 'string' ? [e.ip] : e.ip,
@@ -287,6 +291,45 @@ t.test('kube-proxy TestCategorizeEndpoints cases (topology.go CategorizeEndpoint
   for (const [name, extra, zone, eps, want] of cases) {
     t.same(selected(frontend(web(extra), eps, node(zone))), want, name);
   }
+});
+
+t.test('kube-proxy topologyModeFromHints: node hints, then zone hints, then cluster-wide', async (t) => {
+  const n = node('zone-a');
+  // What the EndpointSlice controller writes for trafficDistribution PreferSameNode:
+  // a forNodes hint with the endpoint's node, and forZones for proxies without node hints.
+  const sameNode: Ep[] = [
+    { ip: '10.0.0.1', nodes: [THIS], zones: ['zone-a'], local: true },
+    { ip: '10.0.0.2', nodes: ['node-2'], zones: ['zone-a'], node: 'node-2' },
+    { ip: '10.0.0.3', nodes: ['node-3'], zones: ['zone-b'], node: 'node-3' },
+  ];
+  const cases: Array<[string, Ep[], Node | undefined, string[]]> = [
+    ['every ready endpoint has a node hint and one is for this node: PreferSameNode', sameNode, n, ['10.0.0.1']],
+    ['a ready endpoint without a node hint: zone hints instead', [...sameNode, { ip: '10.0.0.4', zones: ['zone-a'] }], n, ['10.0.0.1', '10.0.0.2', '10.0.0.4']],
+    ['no endpoint hinted for this node: zone hints instead', sameNode, node('zone-a', 'node-9'), ['10.0.0.1', '10.0.0.2']],
+    ['no node hint for this node and incomplete zone hints: cluster-wide', [...sameNode, { ip: '10.0.0.4', nodes: ['node-4'] }], node('zone-a', 'node-9'), ['10.0.0.1', '10.0.0.2', '10.0.0.3', '10.0.0.4']],
+    ['node hints for this node but no zone on this node: still PreferSameNode', sameNode, node(undefined), ['10.0.0.1']],
+    ['an unready endpoint needs no hint', [...sameNode, { ip: '10.0.0.4', ready: false, serving: false }], n, ['10.0.0.1']],
+    [
+      'an unready endpoint hinted for this node does not count: zone hints instead',
+      [{ ...sameNode[0]!, ready: false, serving: false }, sameNode[1]!, sameNode[2]!],
+      n,
+      ['10.0.0.2'],
+    ],
+    [
+      'no ready endpoint: the serving-terminating ones, whatever their hints',
+      sameNode.map((e) => ({ ...e, ready: false, serving: true, terminating: true })),
+      n,
+      ['10.0.0.1', '10.0.0.2', '10.0.0.3'],
+    ],
+  ];
+  for (const [name, eps, nd, want] of cases) t.same(selected(frontend(web(), eps, nd)), want, name);
+  t.same(selected(frontend(web(LOCAL), sameNode, node('zone-a', 'node-2'))), ['10.0.0.2'], 'internalTrafficPolicy Local ignores hints: this node only');
+
+  // Endpoints keep one literal shape, hints or none (a shared hidden class).
+  const s = slice('web-1', [sameNode[0]!, { ip: '10.0.0.9' }]);
+  t.same(Object.keys(s.endpoints[0]!), Object.keys(s.endpoints[1]!), 'same keys in the same order');
+  t.same(s.endpoints[0]!.nodeHints, [THIS]);
+  t.equal(s.endpoints[1]!.nodeHints, undefined);
 });
 
 t.test('kube-proxy proxier (iptables, nftables): internalTrafficPolicy Local with only remote endpoints drops; lbctl refuses', async (t) => {
