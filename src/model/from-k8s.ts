@@ -3,7 +3,7 @@
 // kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go): ready endpoints,
 // filtered by node or zone hints or internalTrafficPolicy Local, falling
 // back to serving-and-terminating ones when none is left.
-import type { Endpoint, EndpointSlice, Node, Service } from './k8s.js';
+import { HEADLESS_LABEL, type Endpoint, type EndpointSlice, type Node, type Service } from './k8s.js';
 import {
   backendKey,
   frontendKey,
@@ -143,6 +143,7 @@ export function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice
   const frontends: Frontend[] = [];
   const skipped: Skipped[] = [];
   if (svc.proxyName !== undefined) return { frontends, skipped: [{ service: id, reason: 'other-proxy', detail: svc.proxyName }] };
+  if (svc.headlessLabel) return { frontends, skipped: [{ service: id, reason: 'headless', detail: `it carries the label ${HEADLESS_LABEL}` }] };
   if (svc.type === 'ExternalName') return { frontends, skipped: [{ service: id, reason: 'external-name' }] };
   if (svc.clusterIPs.length === 0) return { frontends, skipped: [{ service: id, reason: 'headless' }] };
   if (svc.unsupportedPorts.length > 0) {

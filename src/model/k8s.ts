@@ -51,6 +51,8 @@ export interface RawEndpointSlice {
 export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
 /** A Service with this label belongs to another proxy; kube-proxy skips it too. */
 export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
+/** A Service with this label is not proxied: kube-proxy's informers select `!service.kubernetes.io/headless`. */
+export const HEADLESS_LABEL = 'service.kubernetes.io/headless';
 export const ZONE_LABEL = 'topology.kubernetes.io/zone';
 /** sessionAffinityConfig.clientIP.timeoutSeconds: the API's default and bounds. */
 export const AFFINITY_TIMEOUT_DEFAULT = 10800;
@@ -81,6 +83,8 @@ export interface Service {
   readonly internalTrafficPolicy: 'Cluster' | 'Local';
   /** Value of the service-proxy-name label, when another proxy owns the service. */
   readonly proxyName?: string;
+  /** Carries the service.kubernetes.io/headless label (any value): not proxied. */
+  readonly headlessLabel: boolean;
 }
 
 export interface Node {
@@ -226,6 +230,7 @@ export function validateService(obj: unknown): Validated<Service> {
   const itp = spec.internalTrafficPolicy ?? 'Cluster';
   if (itp !== 'Cluster' && itp !== 'Local') return fail(`${id}: spec.internalTrafficPolicy ${JSON.stringify(itp)} is not Cluster or Local`);
   const proxyName = raw.metadata?.labels?.[SERVICE_PROXY_NAME_LABEL];
+  const headlessLabel = raw.metadata?.labels?.[HEADLESS_LABEL] !== undefined;
 
   // Built as one literal with every field (absent ones undefined): V8 then
   // shares one hidden class among all Services, where spreads and optional
@@ -240,6 +245,7 @@ export function validateService(obj: unknown): Validated<Service> {
     internalTrafficPolicy: itp,
     affinityTimeout,
     proxyName: typeof proxyName === 'string' ? proxyName : undefined,
+    headlessLabel,
   };
   return { ok: true, value };
 }

@@ -7,6 +7,7 @@
 //   pkg/proxy/topology_test.go       TestCategorizeEndpoints (commit 02756999a07f;
 //                                    the newest copy that could be read, older than
 //                                    node hints: their cases here follow topology.go)
+//   cmd/kube-proxy/app/server.go     the informers' label selector
 // kube-proxy's "local" is an endpoint whose nodeName is this node; its
 // clusterEndpoints and localEndpoints are lbctl's selectable backends under
 // internalTrafficPolicy Cluster and Local.
@@ -16,6 +17,7 @@ import {
   validateEndpointSlice,
   validateNode,
   validateService,
+  HEADLESS_LABEL,
   type EndpointSlice,
   type Node,
   type RawEndpointSlice,
@@ -330,6 +332,17 @@ t.test('kube-proxy topologyModeFromHints: node hints, then zone hints, then clus
   t.same(Object.keys(s.endpoints[0]!), Object.keys(s.endpoints[1]!), 'same keys in the same order');
   t.same(s.endpoints[0]!.nodeHints, [THIS]);
   t.equal(s.endpoints[1]!.nodeHints, undefined);
+});
+
+t.test(`kube-proxy informers (label selector !${HEADLESS_LABEL}): a Service with the headless label is not proxied`, async (t) => {
+  for (const value of ['', 'true']) {
+    const svc = web({}, { [HEADLESS_LABEL]: value });
+    t.ok(svc.headlessLabel, `label value ${JSON.stringify(value)} recorded`);
+    const out = desiredState({ services: [svc], slices: [slice('web-1', [{ ip: '10.0.0.1' }])], node: node() });
+    t.equal(out.frontends.size, 0, 'no frontend, though it has a cluster IP and endpoints');
+    t.same(out.skipped, [{ service: 'default/web', reason: 'headless', detail: `it carries the label ${HEADLESS_LABEL}` }]);
+  }
+  t.notOk(web().headlessLabel);
 });
 
 t.test('kube-proxy proxier (iptables, nftables): internalTrafficPolicy Local with only remote endpoints drops; lbctl refuses', async (t) => {
