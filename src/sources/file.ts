@@ -1,19 +1,22 @@
 // The standalone source: a directory of Kubernetes manifests (Service and
-// EndpointSlice, several YAML documents per file, or List objects), watched
-// and re-read on change. A file that cannot be parsed keeps the objects it
-// last yielded; an invalid object keeps its last valid version. Every
-// problem names the file, the document index and the reason.
+// EndpointSlice, several YAML documents per file, List objects, or JSON),
+// watched and re-read on change. A file that cannot be parsed keeps the
+// objects it last yielded; an invalid object keeps its last valid version.
+// Every problem names the file, the document index, the object when known,
+// and the reason. Nothing a file holds can stop the source: each file and
+// each object is read inside a boundary that turns any exception into a
+// reported problem, and the limits in limits.ts bound what a file can cost.
 import { watch, type FSWatcher } from 'node:fs';
-import { readdir, readFile } from 'node:fs/promises';
+import { constants as fsc } from 'node:fs';
+import { open, readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
-import { parseAllDocuments } from 'yaml';
 import { validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../model/k8s.js';
+import { MAX_DIR_BYTES, MAX_FILE_BYTES, MAX_FILES } from './limits.js';
+import { parseManifests } from './manifest.js';
 import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
 const MANIFEST = /\.(ya?ml|json)$/;
-/** Files larger than this are refused (a manifest directory is not a data store). */
-export const MAX_FILE_BYTES = 16 * 1024 * 1024;
 
 type Obj = { kind: 'Service'; value: Service } | { kind: 'EndpointSlice'; value: EndpointSlice };
 
@@ -35,10 +38,40 @@ function identity(kind: string, ns: string, name: string): string {
   return `${kind} ${ns}/${name}`;
 }
 
+/** "Kind namespace/name" of an object that may be anything at all, when it names itself plausibly. */
 function rawIdentity(kind: string, doc: unknown): string | undefined {
-  const meta = (doc as { metadata?: { name?: unknown; namespace?: unknown } } | null)?.metadata;
-  if (!meta || typeof meta.name !== 'string') return undefined;
-  return identity(kind, typeof meta.namespace === 'string' ? meta.namespace : 'default', meta.name);
+  const meta = typeof doc === 'object' && doc !== null ? (doc as { metadata?: unknown }).metadata : undefined;
+  if (typeof meta !== 'object' || meta === null) return undefined;
+  const { name, namespace } = meta as { name?: unknown; namespace?: unknown };
+  if (typeof name !== 'string' || name.length === 0 || name.length > 253) return undefined;
+  const ns = typeof namespace === 'string' && namespace.length <= 63 ? namespace : 'default';
+  return identity(kind, ns, name);
+}
+
+/**
+ * A regular file's bytes, refused before reading when larger than `max`
+ * (a FIFO or a device named *.yaml would block or never end: refused too).
+ */
+async function readBounded(file: string, max: number): Promise<{ text: string } | { refused: string; category: 'read' | 'limit' }> {
+  const fh = await open(file, fsc.O_RDONLY | fsc.O_NONBLOCK | fsc.O_NOCTTY);
+  try {
+    const st = await fh.stat();
+    if (!st.isFile()) return { refused: 'not a regular file', category: 'read' };
+    if (st.size > max) return { refused: `${st.size} bytes, larger than the ${max} lbctl reads from one file`, category: 'limit' };
+    // One byte more than allowed tells a file that grew since stat().
+    const buf = Buffer.allocUnsafe(Math.min(st.size, max) + 1);
+    let n = 0;
+    for (;;) {
+      const { bytesRead } = await fh.read(buf, n, buf.length - n, n);
+      if (bytesRead === 0) break;
+      n += bytesRead;
+      // It grew while being read: the watcher reads it again once it settles.
+      if (n === buf.length) return { refused: 'it changed while lbctl read it', category: 'read' };
+    }
+    return { text: buf.toString('utf8', 0, n) };
+  } finally {
+    await fh.close();
+  }
 }
 
 export class FileSource implements Source {
@@ -52,6 +85,13 @@ export class FileSource implements Source {
   private onChange: (e?: SourceEvent) => void = () => {};
   /** The objects last sent to onChange, by "Kind ns/name". */
   private sent = new Map<string, Obj>();
+  /**
+   * The file whose version of each object is in force. For an object defined
+   * in more than one file, the file already in force keeps it while it still
+   * defines it (a new file cannot take over a served object); otherwise the
+   * last file by name.
+   */
+  private fileOf = new Map<string, string>();
   private published = false;
 
   constructor(private readonly opts: FileSourceOptions) {
@@ -63,7 +103,7 @@ export class FileSource implements Source {
     await this.readAll();
     this.publish();
     this.watcher = watch(this.opts.dir, { persistent: true }, () => this.schedule());
-    this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}` }));
+    this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}`, category: 'read' }));
   }
 
   async stop(): Promise<void> {
@@ -82,10 +122,12 @@ export class FileSource implements Source {
     return { synced: this.published, complete };
   }
 
-  /** The objects in force: every file's, a later file's winning a duplicate. */
+  /** The objects in force: every file's, a duplicate's from the file that owns it. */
   private objects(): Map<string, Obj> {
     const out = new Map<string, Obj>();
-    for (const file of [...this.files.keys()].sort()) for (const [id, o] of this.files.get(file)!.objects) out.set(id, o);
+    for (const file of [...this.files.keys()].sort()) {
+      for (const [id, o] of this.files.get(file)!.objects) if (this.fileOf.get(id) === file) out.set(id, o);
+    }
     return out;
   }
 
@@ -144,102 +186,127 @@ export class FileSource implements Source {
       names = (await readdir(this.opts.dir)).filter((n) => MANIFEST.test(n)).sort();
     } catch (err) {
       // The directory itself is gone or unreadable: keep everything.
-      this.report({ where: this.opts.dir, reason: `cannot list directory: ${(err as Error).message}` });
+      this.report({ where: this.opts.dir, reason: `cannot list directory: ${(err as Error).message}`, category: 'read' });
       this.dirReadable = false;
       return;
     }
     this.dirReadable = true;
     const present = new Set(names.map((n) => path.join(this.opts.dir, n)));
     for (const file of [...this.files.keys()]) if (!present.has(file)) this.files.delete(file);
-    for (const file of present) await this.readFile(file);
-
-    const seen = new Map<string, string>();
-    for (const file of [...this.files.keys()].sort()) {
-      for (const id of this.files.get(file)!.objects.keys()) {
-        const first = seen.get(id);
-        if (first) this.report({ where: file, reason: `${id} is also defined in ${first}; the one in ${file} is used` });
-        seen.set(id, file);
+    let budget = MAX_DIR_BYTES;
+    let index = 0;
+    for (const file of present) {
+      if (index++ >= MAX_FILES) {
+        this.keepPrevious(file, `the directory has ${present.size} manifest files, more than the ${MAX_FILES} lbctl reads`, 'limit');
+        continue;
+      }
+      try {
+        budget -= await this.readFile(file, budget);
+      } catch (err) {
+        // The boundary: nothing in a file may stop the source.
+        this.keepPrevious(file, `cannot be read: ${(err as Error)?.message ?? String(err)}`, 'error');
       }
     }
+
+    this.settleDuplicates();
   }
 
-  private async readFile(file: string): Promise<void> {
-    const prev = this.files.get(file);
-    const keepPrevious = (reason: string): void => {
-      this.report({ where: file, reason: prev?.readable ? `${reason} (keeping the objects of its last good read)` : reason });
-      this.files.set(file, { objects: prev?.objects ?? new Map(), readable: prev?.readable ?? false });
-    };
+  /** Picks the file in force for each object defined more than once, and reports the others. */
+  private settleDuplicates(): void {
+    const definers = new Map<string, string[]>();
+    for (const file of [...this.files.keys()].sort()) {
+      for (const id of this.files.get(file)!.objects.keys()) {
+        const list = definers.get(id);
+        if (list) list.push(file);
+        else definers.set(id, [file]);
+      }
+    }
+    const fileOf = new Map<string, string>();
+    for (const [id, files] of definers) {
+      if (files.length === 1) {
+        fileOf.set(id, files[0]!);
+        continue;
+      }
+      const had = this.fileOf.get(id);
+      const owner = had !== undefined && files.includes(had) ? had : files[files.length - 1]!;
+      fileOf.set(id, owner);
+      for (const file of files) {
+        if (file === owner) continue;
+        this.report({ where: file, reason: `${id} is also defined in ${owner}; the one in ${owner} is used`, category: 'duplicate', object: id });
+      }
+    }
+    this.fileOf = fileOf;
+  }
 
-    let text: string;
+  /** Reports a file that could not be read, and keeps the objects of its last good read. */
+  private keepPrevious(file: string, reason: string, category: Problem['category'], where = file): void {
+    const prev = this.files.get(file);
+    this.report({ where, reason: prev?.readable ? `${reason} (keeping the objects of its last good read)` : reason, category });
+    this.files.set(file, { objects: prev?.objects ?? new Map(), readable: prev?.readable ?? false });
+  }
+
+  /** Reads one file within `budget` bytes of the directory's; returns the bytes it took. */
+  private async readFile(file: string, budget: number): Promise<number> {
+    const prev = this.files.get(file);
+    let read;
     try {
-      text = await readFile(file, 'utf8');
+      read = await readBounded(file, Math.min(MAX_FILE_BYTES, budget));
     } catch (err) {
       const e = err as NodeJS.ErrnoException;
       if (e.code === 'ENOENT') {
         this.files.delete(file);
-        return;
+        return 0;
       }
-      return keepPrevious(`cannot read: ${e.message}`);
+      this.keepPrevious(file, `cannot read: ${e.message}`, 'read');
+      return 0;
     }
-    if (Buffer.byteLength(text) > MAX_FILE_BYTES) return keepPrevious(`larger than ${MAX_FILE_BYTES} bytes`);
-
-    let docs;
-    try {
-      docs = parseAllDocuments(text, { prettyErrors: true });
-    } catch (err) {
-      return keepPrevious(`not YAML: ${(err as Error).message}`);
+    if ('refused' in read) {
+      const reason = read.category === 'limit' && budget < MAX_FILE_BYTES ? `${read.refused} (the directory's files together may hold ${MAX_DIR_BYTES} bytes)` : read.refused;
+      this.keepPrevious(file, reason, read.category);
+      return 0;
     }
-    const list = Array.isArray(docs) ? docs : [docs];
+    const parsed = parseManifests(read.text, file.endsWith('.json') ? 'json' : 'yaml');
     const objects = new Map<string, Obj>();
-    let broken = false;
-    for (const [index, doc] of list.entries()) {
-      const where = `${file}: document ${index}`;
-      if (doc.errors.length > 0) {
-        this.report({ where, reason: `YAML error: ${doc.errors[0]!.message.split('\n')[0]}` });
-        broken = true;
-        continue;
-      }
-      const js: unknown = doc.toJS({ maxAliasCount: 100 });
-      if (js === null || js === undefined) continue;
-      const items =
-        typeof js === 'object' && (js as { kind?: unknown }).kind === 'List' && Array.isArray((js as { items?: unknown }).items)
-          ? ((js as { items: unknown[] }).items)
-          : [js];
-      for (const [i, item] of items.entries()) {
-        const at = items.length > 1 || item !== js ? `${where}, item ${i}` : where;
-        this.readObject(item, at, objects, prev);
-      }
+    for (const e of parsed.entries) {
+      if ('reason' in e) this.report({ where: e.where ? `${file}: ${e.where}` : file, reason: e.reason, category: e.category });
+      else this.readObject(e.value, `${file}: ${e.where}`, objects, prev, e.beyondLimits);
     }
-    // A document that is not YAML at all may have held anything: keep what
+    // A part that is not YAML at all may have held anything: keep what
     // this file yielded before, on top of what still parses.
-    if (broken && prev) for (const [id, o] of prev.objects) if (!objects.has(id)) objects.set(id, o);
-    this.files.set(file, { objects, readable: !broken || (prev?.readable ?? false) });
+    if (parsed.broken && prev) for (const [id, o] of prev.objects) if (!objects.has(id)) objects.set(id, o);
+    this.files.set(file, { objects, readable: !parsed.broken || (prev?.readable ?? false) });
+    return Buffer.byteLength(read.text);
   }
 
-  private readObject(item: unknown, where: string, into: Map<string, Obj>, prev: FileState | undefined): void {
-    const kind = (item as { kind?: unknown } | null)?.kind;
+  private readObject(item: unknown, where: string, into: Map<string, Obj>, prev: FileState | undefined, beyondLimits?: string): void {
+    const kind = typeof item === 'object' && item !== null ? (item as { kind?: unknown }).kind : undefined;
     if (kind !== 'Service' && kind !== 'EndpointSlice') {
-      if (typeof kind !== 'string') this.report({ where, reason: 'not a Kubernetes object (no kind)' });
+      if (beyondLimits) this.report({ where, reason: beyondLimits, category: 'limit' });
+      else if (typeof kind !== 'string') this.report({ where, reason: 'not a Kubernetes object (no kind)', category: 'invalid' });
       return; // other kinds (Deployments, ConfigMaps…) are not ours
     }
-    const apiVersion = (item as { apiVersion?: unknown }).apiVersion;
-    if (kind === 'EndpointSlice' && apiVersion !== 'discovery.k8s.io/v1') {
-      this.report({ where, reason: `EndpointSlice apiVersion ${JSON.stringify(apiVersion)} is not discovery.k8s.io/v1` });
-      return;
-    }
-    const v = kind === 'Service' ? validateService(item) : validateEndpointSlice(item);
-    if (v.ok) {
-      const id = identity(kind, v.value.namespace, v.value.name);
-      into.set(id, { kind, value: v.value } as Obj);
-      return;
-    }
     const id = rawIdentity(kind, item);
-    const last = id ? prev?.objects.get(id) : undefined;
-    if (id && last) {
-      into.set(id, last);
-      this.report({ where, reason: `${v.reason} (keeping its last valid version)` });
-    } else {
-      this.report({ where, reason: v.reason });
+    const keepLast = (reason: string, category: Problem['category']): void => {
+      const last = id ? prev?.objects.get(id) : undefined;
+      if (id && last) into.set(id, last);
+      this.report({ where, reason: last ? `${reason} (keeping its last valid version)` : reason, category, kind, ...(id ? { object: id } : {}) });
+    };
+    if (beyondLimits) return keepLast(`${kind}: ${beyondLimits}`, 'limit');
+    let v;
+    try {
+      const apiVersion = (item as { apiVersion?: unknown }).apiVersion;
+      if (kind === 'EndpointSlice' && apiVersion !== 'discovery.k8s.io/v1') {
+        return keepLast(`EndpointSlice apiVersion ${JSON.stringify(apiVersion)?.slice(0, 100)} is not discovery.k8s.io/v1`, 'invalid');
+      }
+      v = kind === 'Service' ? validateService(item) : validateEndpointSlice(item);
+    } catch (err) {
+      // The boundary: a validator that throws reports this object, nothing more.
+      return keepLast(`${kind}: cannot be read: ${(err as Error)?.message ?? String(err)}`, 'error');
     }
+    if (v.ok) {
+      into.set(identity(kind, v.value.namespace, v.value.name), { kind, value: v.value } as Obj);
+      return;
+    }
+    keepLast(v.reason, 'invalid');
   }
 }

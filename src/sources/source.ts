@@ -26,10 +26,34 @@ export type SourceEvent =
 
 export type EventType = 'add' | 'update' | 'delete';
 
+/**
+ * What kind of bad input a problem is (the `reason` label of
+ * lbctl_skipped_objects_total: a fixed set, the text goes to the log).
+ */
+export type ProblemCategory =
+  /** An object that fails validation. */
+  | 'invalid'
+  /** Input beyond one of the limits (src/sources/limits.ts). */
+  | 'limit'
+  /** Text that is not YAML or JSON. */
+  | 'parse'
+  /** A file or directory that cannot be read, a watch stream that broke. */
+  | 'read'
+  /** The same object defined twice. */
+  | 'duplicate'
+  /** An exception while reading the object, turned into a report at the boundary. */
+  | 'error';
+
 /** A bad input, named precisely enough to find and fix. */
 export interface Problem {
+  /** File and document index, or the API resource. */
   readonly where: string;
   readonly reason: string;
+  readonly category: ProblemCategory;
+  /** The object's kind, when known ("Service", "EndpointSlice", "Node"). */
+  readonly kind?: string;
+  /** "Kind namespace/name" of the object, when known. */
+  readonly object?: string;
 }
 
 export interface Source {

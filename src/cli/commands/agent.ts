@@ -9,7 +9,7 @@ import { AgentMetrics, startMetricsServer } from '../../agent/metrics.js';
 import { ConfigError } from '../../errors.js';
 import { cgroup2Root } from '../../datapath/loader.js';
 import { FileSource } from '../../sources/file.js';
-import type { Source } from '../../sources/source.js';
+import type { Problem, Source } from '../../sources/source.js';
 
 import { VERSION } from '../../defaults.js';
 
@@ -35,10 +35,10 @@ export interface AgentCommandOptions {
 }
 
 async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
-  const onProblem = (p: { where: string; reason: string; kind?: string }): void => {
-    // A fixed label value: the reason text goes to the log, not into metric cardinality.
-    metrics.skipped(p.kind ?? 'File', 'invalid');
-    log.warn({ where: p.where, reason: p.reason }, 'bad input skipped');
+  const onProblem = (p: Problem): void => {
+    // Fixed label values (the category): the reason text goes to the log, not into metric cardinality.
+    metrics.skipped(p.kind ?? 'File', p.category);
+    log.warn({ where: p.where, ...(p.object ? { object: p.object } : {}), category: p.category, reason: p.reason }, 'bad input skipped');
   };
   const file = opts.source ? /^file:(.+)$/.exec(opts.source) : null;
   if (opts.source && !file) throw new ConfigError(`--source ${opts.source}: expected file:DIR (or use --kubeconfig)`);
