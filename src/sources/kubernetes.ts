@@ -1,9 +1,10 @@
 // The Kubernetes source: client-go's Reflector pattern for Services,
 // EndpointSlices (discovery.k8s.io/v1) and this node's Node: list (in pages),
 // then watch from the list's resourceVersion with bookmarks, through
-// @kubernetes/client-node's KubeConfig (auth, TLS, proxies) and Watch. Lists
-// are plain GETs made the way its Watch makes requests (node-fetch with the
-// KubeConfig's options), and the objects stay plain JSON: client-node's typed
+// @kubernetes/client-node's KubeConfig (auth, TLS, proxies). Lists and
+// watches are plain GETs made the way client-node's Watch makes requests
+// (node-fetch with the KubeConfig's options), and the objects stay plain
+// JSON: client-node's typed
 // API classes would bring its generated APIs, models and serializer into
 // the agent's bundle (6.0 MB of code instead of 3.0; RSS at 10,000 services
 // 172 instead of 165 MiB, docs/benchmarks.md "Memory"), only for the
@@ -17,10 +18,18 @@
 // longer there, so no deletion is lost. A bad object is reported and
 // counted, and the last valid version of it (if any) stays in force.
 // Handlers only record; the agent's runner turns changes into syncs.
-import { KubeConfig, Watch } from '@kubernetes/client-node';
-import fetch from 'node-fetch';
+//
+// The API server's input is bounded like a file's: a watch event longer than
+// MAX_WATCH_EVENT_BYTES or a list page over MAX_LIST_PAGE_BYTES is refused
+// (client-node's Watch buffers a line of any length, and drops lines that
+// are not JSON and exceptions of its callback without a word); a line that
+// is not JSON ends the watch, which resumes from the last version seen, so
+// no event is lost unseen; a validator that throws reports that object.
+import { KubeConfig } from '@kubernetes/client-node';
+import fetch, { type Response } from 'node-fetch';
 import { ConfigError } from '../errors.js';
 import {
+  HEADLESS_LABEL,
   validateEndpointSlice,
   validateNode,
   validateService,
@@ -30,17 +39,22 @@ import {
   type Service,
   type Validated,
 } from '../model/k8s.js';
+import { MAX_LIST_PAGE_BYTES, MAX_WATCH_EVENT_BYTES } from './limits.js';
 import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
-/** kube-proxy's informer filters: other proxies' services and headless endpoints are not ours. */
-export const SERVICE_LABEL_SELECTOR = `!${SERVICE_PROXY_NAME_LABEL}`;
-export const SLICE_LABEL_SELECTOR = `!${SERVICE_PROXY_NAME_LABEL},!service.kubernetes.io/headless`;
+/**
+ * kube-proxy's informer filters (cmd/kube-proxy/app/server.go: one label
+ * selector for its Service and EndpointSlice informers alike): other proxies' services
+ * and headless ones are not ours.
+ */
+export const SERVICE_LABEL_SELECTOR = `!${SERVICE_PROXY_NAME_LABEL},!${HEADLESS_LABEL}`;
+export const SLICE_LABEL_SELECTOR = SERVICE_LABEL_SELECTOR;
 
 export interface KubernetesSourceOptions {
   /** Path of a kubeconfig; undefined: in-cluster config (service account). */
   readonly kubeconfig?: string;
   readonly nodeName: string;
-  readonly onProblem?: (p: Problem & { kind: string; reason: string }) => void;
+  readonly onProblem?: (p: Problem) => void;
   readonly onWatchError?: (kind: string, err: unknown, retryInMs: number) => void;
   /** Backoff between informer restarts. */
   readonly backoffMinMs?: number;
@@ -49,9 +63,12 @@ export interface KubernetesSourceOptions {
 
 type Kind = SourceEvent['kind'];
 
-/** namespace/name; a cluster-scoped object (a Node): its name. */
-function objectId(meta: { namespace?: string; name?: string } | undefined): string {
-  return meta?.namespace ? `${meta.namespace}/${meta.name ?? ''}` : (meta?.name ?? '');
+/** namespace/name; a cluster-scoped object (a Node): its name. Anything else in metadata gives ''. */
+function objectId(meta: unknown): string {
+  if (typeof meta !== 'object' || meta === null) return '';
+  const { namespace, name } = meta as { namespace?: unknown; name?: unknown };
+  const n = typeof name === 'string' && name.length <= 253 ? name : '';
+  return typeof namespace === 'string' && namespace !== '' && namespace.length <= 63 ? `${namespace}/${n}` : n;
 }
 
 interface RawObject {
@@ -93,7 +110,6 @@ class Reflector<T> {
   constructor(
     readonly kind: Kind,
     private readonly kc: KubeConfig,
-    private readonly watcher: Watch,
     private readonly path: string,
     private readonly selectors: { labelSelector?: string; fieldSelector?: string },
     private readonly validate: (o: unknown) => Validated<T>,
@@ -151,61 +167,93 @@ class Reflector<T> {
   }
 
   /** One watch from the last resourceVersion; resolves when the server ends it. */
-  private watchOnce(): Promise<void> {
-    return new Promise((resolve, reject) => {
-      let failure: Error | undefined;
-      const params = {
-        ...this.selectors,
-        resourceVersion: this.resourceVersion,
-        allowWatchBookmarks: true,
-        // As client-go: the server ends the watch after 5-10 minutes, and it is resumed.
-        timeoutSeconds: Math.round(300 * (1 + Math.random())),
-      };
-      const onEvent = (type: string, obj: RawObject & { code?: number; message?: string }): void => {
-        if (this.stopped) return;
-        switch (type) {
-          case 'ADDED':
-          case 'MODIFIED':
-            this.upsert(obj);
-            break;
-          case 'DELETED':
-            this.remove(objectId(obj.metadata));
-            break;
-          case 'BOOKMARK':
-            break;
-          case 'ERROR':
-            failure = obj.code === 410 ? new GoneError(obj.message ?? 'resource version too old') : new Error(`watch error ${obj.code ?? ''}: ${obj.message ?? ''}`);
-            this.abort?.abort();
-            return;
-          default:
-            return;
+  private async watchOnce(): Promise<void> {
+    const params = {
+      ...this.selectors,
+      watch: 'true',
+      resourceVersion: this.resourceVersion,
+      allowWatchBookmarks: 'true',
+      // As client-go: the server ends the watch after 5-10 minutes, and it is resumed.
+      timeoutSeconds: Math.round(300 * (1 + Math.random())),
+    };
+    const abort = new AbortController();
+    this.abort = abort;
+    // A server that goes silent (no event, no bookmark, no end) past the
+    // watch's own timeout is given up on, and the watch started again.
+    const deadline = setTimeout(() => abort.abort(), (params.timeoutSeconds + 60) * 1000);
+    try {
+      const res = await apiGet(this.kc, this.path, params, abort.signal);
+      if (res.status !== 200) throw await httpError(res, this.path);
+      await readLines(res.body as unknown as AsyncIterable<Buffer>, MAX_WATCH_EVENT_BYTES, (line) => {
+        if (this.stopped) return false;
+        let event: { type?: unknown; object?: RawObject & { code?: number; message?: string } };
+        try {
+          event = JSON.parse(line) as typeof event;
+        } catch (err) {
+          throw new Error(`watch ${this.path}: the server sent a line that is not JSON (${line.length} bytes: ${(err as Error).message}); watching again from version ${this.resourceVersion}`);
         }
-        if (obj.metadata?.resourceVersion) this.resourceVersion = obj.metadata.resourceVersion;
-      };
-      const done = (err: unknown): void => {
-        this.abort = undefined;
-        const status = (err as { statusCode?: number } | null)?.statusCode;
-        if (failure) reject(failure);
-        else if (status === 410) reject(new GoneError((err as Error).message));
-        else if (err && !this.stopped) reject(err);
-        else resolve();
-      };
-      this.watcher.watch(this.path, params, onEvent, done).then(
-        (ctl) => {
-          this.abort = ctl;
-          if (this.stopped) ctl.abort();
-        },
-        reject,
-      );
-    });
+        return this.onWatchEvent(event);
+      });
+    } catch (err) {
+      if (this.stopped) return;
+      throw err;
+    } finally {
+      clearTimeout(deadline);
+      abort.abort(); // ends the request if an error left it open
+      this.abort = undefined;
+    }
   }
 
+  /** Applies one watch event; false ends the watch. */
+  private onWatchEvent(event: { type?: unknown; object?: RawObject & { code?: number; message?: string } }): boolean {
+    const obj = event.object;
+    if (typeof obj !== 'object' || obj === null) {
+      this.problem(`watch ${this.path}`, `a ${JSON.stringify(event.type)?.slice(0, 40)} event without an object`, 'invalid');
+      return true;
+    }
+    switch (event.type) {
+      case 'ADDED':
+      case 'MODIFIED':
+        this.upsert(obj);
+        break;
+      case 'DELETED':
+        this.remove(objectId(obj.metadata));
+        break;
+      case 'BOOKMARK':
+        break;
+      case 'ERROR':
+        throw obj.code === 410 ? new GoneError(String(obj.message ?? 'resource version too old')) : new Error(`watch error ${obj.code ?? ''}: ${String(obj.message ?? '')}`);
+      default:
+        this.problem(`watch ${this.path}`, `an event of unknown type ${JSON.stringify(event.type)?.slice(0, 40)}`, 'invalid');
+        return true;
+    }
+    const rv = obj.metadata?.resourceVersion;
+    if (typeof rv === 'string' && rv !== '') this.resourceVersion = rv;
+    return true;
+  }
+
+  private problem(where: string, reason: string, category: Problem['category'], object?: string): void {
+    this.opts.onProblem?.({ where, reason, category, kind: this.kind, ...(object ? { object } : {}) });
+  }
+
+  /**
+   * Validates and records one object. The boundary for API input: whatever
+   * the object holds, and whatever a validator does with it, it is reported
+   * and counted, and its last valid version stays.
+   */
   private upsert(o: RawObject): void {
-    const id = objectId(o.metadata);
-    const v = this.validate(o);
+    let id = '';
+    let v: Validated<T>;
+    try {
+      id = objectId(o.metadata);
+      v = this.validate(o);
+    } catch (err) {
+      v = { ok: false, reason: `${this.kind}: cannot be read: ${(err as Error)?.message ?? String(err)}` };
+    }
     const had = this.items.has(id);
     if (!v.ok) {
-      this.opts.onProblem?.({ where: `${this.kind} ${id}`, kind: this.kind, reason: had ? `${v.reason} (keeping its last valid version)` : v.reason });
+      const object = id ? `${this.kind} ${id}` : undefined;
+      this.problem(`${this.kind} ${id}`, had ? `${v.reason} (keeping its last valid version)` : v.reason, 'invalid', object);
       return;
     }
     this.items.set(id, v.value);
@@ -229,43 +277,87 @@ class Reflector<T> {
   }
 }
 
-/**
- * One page of a list: GET `path` with the selectors, limit and continue
- * token, authenticated as client-node's Watch does. A 410 (an expired
- * continue token) relists from the start.
- */
-async function listPage(kc: KubeConfig, path: string, query: Record<string, string | number | undefined>, stop: AbortSignal): Promise<Page> {
+type Query = Record<string, string | number | undefined>;
+
+/** GET `path` with `query`, authenticated as client-node's Watch does (the KubeConfig's TLS, tokens, proxies). */
+async function apiGet(kc: KubeConfig, path: string, query: Query, signal: AbortSignal, maxBytes = 0): Promise<Response> {
   const server = kc.getCurrentCluster()?.server;
   if (!server) throw new Error('no current cluster in the kubeconfig');
   const url = new URL(server + path);
   for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, String(v));
   const init = await kc.applyToFetchOptions({});
   init.method = 'GET';
-  const timeout = AbortSignal.timeout(LIST_TIMEOUT_MS);
-  init.signal = AbortSignal.any([stop, timeout]) as NonNullable<typeof init.signal>;
+  init.signal = signal as NonNullable<typeof init.signal>;
+  // node-fetch's cap on a body read with text() or json(): past it, they fail.
+  (init as { size?: number }).size = maxBytes;
+  return fetch(url, init);
+}
+
+/** An answer other than 200 as an error naming the request; 410 as GoneError. */
+async function httpError(res: Response, what: string): Promise<Error> {
+  const body = await res.text().catch(() => '');
+  let message = body.slice(0, 300);
   try {
-    const res = await fetch(url, init);
-    if (res.status !== 200) {
-      const body = await res.text().catch(() => '');
-      let message = body.slice(0, 300);
-      try {
-        message = (JSON.parse(body) as { message?: string }).message ?? message;
-      } catch {
-        // not a Status object: keep the text
-      }
-      const what = `list ${url.pathname}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
-      throw res.status === 410 ? new GoneError(what) : new Error(what);
+    const status = JSON.parse(body) as { message?: unknown };
+    if (typeof status.message === 'string') message = status.message.slice(0, 300);
+  } catch {
+    // not a Status object: keep the text
+  }
+  const text = `${what}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
+  if (res.status === 410) return new GoneError(text);
+  return Object.assign(new Error(text), { statusCode: res.status });
+}
+
+/**
+ * Calls `onLine` with each line of a stream, without the newline; stops
+ * when it returns false. A line longer than `maxBytes` is an error: what
+ * the stream holds is bounded by the cap, not by the sender.
+ */
+export async function readLines(body: AsyncIterable<Buffer>, maxBytes: number, onLine: (line: string) => boolean): Promise<void> {
+  let parts: Buffer[] = [];
+  let size = 0;
+  const tooLong = (): Error => new Error(`a line longer than ${maxBytes} bytes (the most lbctl reads as one event)`);
+  for await (const chunk of body) {
+    let from = 0;
+    for (let nl = chunk.indexOf(10, from); nl >= 0; nl = chunk.indexOf(10, from)) {
+      const piece = chunk.subarray(from, nl);
+      from = nl + 1;
+      if (size + piece.length > maxBytes) throw tooLong();
+      const line = size === 0 ? piece.toString('utf8') : Buffer.concat([...parts, piece]).toString('utf8');
+      parts = [];
+      size = 0;
+      if (line.trim() !== '' && !onLine(line)) return;
     }
-    const list = (await res.json()) as { items?: RawObject[] | null; metadata?: { resourceVersion?: string; continue?: string } };
-    if (!list || typeof list !== 'object' || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${url.pathname}: not a list`);
+    if (from < chunk.length) {
+      if (size + chunk.length - from > maxBytes) throw tooLong();
+      parts.push(chunk.subarray(from));
+      size += chunk.length - from;
+    }
+  }
+  if (size > 0) onLine(Buffer.concat(parts).toString('utf8'));
+}
+
+/**
+ * One page of a list: GET `path` with the selectors, limit and continue
+ * token. A 410 (an expired continue token) relists from the start.
+ */
+async function listPage(kc: KubeConfig, path: string, query: Query, stop: AbortSignal): Promise<Page> {
+  const timeout = AbortSignal.timeout(LIST_TIMEOUT_MS);
+  try {
+    const res = await apiGet(kc, path, query, AbortSignal.any([stop, timeout]), MAX_LIST_PAGE_BYTES);
+    if (res.status !== 200) throw await httpError(res, `list ${path}`);
+    const list = (await res.json()) as { items?: unknown; metadata?: { resourceVersion?: unknown; continue?: unknown } } | null;
+    if (typeof list !== 'object' || list === null || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${path}: not a list`);
+    const meta = typeof list.metadata === 'object' && list.metadata !== null ? list.metadata : {};
     return {
-      items: list.items ?? [],
-      resourceVersion: list.metadata?.resourceVersion ?? '',
-      ...(list.metadata?.continue ? { continue: list.metadata.continue } : {}),
+      items: (list.items ?? []) as RawObject[],
+      resourceVersion: typeof meta.resourceVersion === 'string' ? meta.resourceVersion : '',
+      ...(typeof meta.continue === 'string' && meta.continue !== '' ? { continue: meta.continue } : {}),
     };
   } catch (err) {
     // node-fetch reports every abort as "The user aborted a request".
-    if (timeout.aborted && !stop.aborted) throw new Error(`list ${url.pathname}: no answer in ${LIST_TIMEOUT_MS / 1000} s`, { cause: err });
+    if (timeout.aborted && !stop.aborted) throw new Error(`list ${path}: no answer in ${LIST_TIMEOUT_MS / 1000} s`, { cause: err });
+    if ((err as { type?: string }).type === 'max-size') throw new Error(`list ${path}: a page larger than ${MAX_LIST_PAGE_BYTES} bytes`, { cause: err });
     throw err;
   }
 }
@@ -293,16 +385,15 @@ export class KubernetesSource implements Source {
   async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
     const changed = (e?: SourceEvent): void => this.onChange(e);
-    const problem = (p: Problem & { kind: string; reason: string }): void => {
+    const problem = (p: Problem): void => {
       this.current.push(p);
       if (this.current.length > 1000) this.current.shift();
       this.opts.onProblem?.(p);
     };
     const opts = { ...this.opts, onProblem: problem };
 
-    const watch = new Watch(this.kc);
     const reflector = <T>(kind: Kind, path: string, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
-      new Reflector(kind, this.kc, watch, path, selectors, validate, opts, changed);
+      new Reflector(kind, this.kc, path, selectors, validate, opts, changed);
     this.services = reflector('Service', '/api/v1/services', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
     this.slices = reflector('EndpointSlice', '/apis/discovery.k8s.io/v1/endpointslices', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
     this.nodes = reflector('Node', '/api/v1/nodes', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);

@@ -192,6 +192,15 @@ export class FakeApiServer {
     }
   }
 
+  /**
+   * Writes `text` as it is to every open watch of `kind`: lines that are not
+   * JSON, events of unknown types, objects no API server would hold, lines
+   * too long to be an object (hostile-input tests).
+   */
+  sendRaw(kind: string, text: string | Buffer): void {
+    for (const w of this.watchers) if (w.resource.kind === kind) w.res.write(text);
+  }
+
   get openWatches(): number {
     return this.watchers.size;
   }
