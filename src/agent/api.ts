@@ -1,10 +1,13 @@
 // The agent's local API: HTTP over a unix socket (mode 0600), read only.
+// The socket is made in a private directory (0700) and renamed into place
+// with its mode already set, so no other user can reach it, not even for the
+// moment between listen() and chmod().
 // `lbctl status` and `lbctl service list` are its clients.
 //   GET /v1/status    every check with its result, syncs, counts, uptime, version
 //   GET /v1/services  desired versus realized per frontend (FrontendStatus[])
 import http from 'node:http';
 import net from 'node:net';
-import { chmod, lstat, mkdir, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, mkdtemp, rename, rmdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { LbError } from '../errors.js';
 import { Health, closeServer, type CheckResult, type HealthOptions } from './health.js';
@@ -94,7 +97,7 @@ function answers(socketPath: string): Promise<boolean> {
 
 /** Creates the directory; removes a socket left by an agent that died, refuses to touch anything else. */
 async function prepareSocketPath(socketPath: string): Promise<void> {
-  await mkdir(path.dirname(socketPath), { recursive: true, mode: 0o750 });
+  await mkdir(path.dirname(socketPath), { recursive: true, mode: 0o700 });
   let st;
   try {
     st = await lstat(socketPath);
@@ -135,19 +138,27 @@ export async function startApiServer(opts: ApiServerOptions): Promise<RunningApi
   const owned = opts.health ? undefined : new Health(opts);
   const health = opts.health ?? owned!;
   const server = http.createServer(apiHandler(opts.view, health, opts.version));
+  // mkdtemp makes the directory 0700, beside the socket's path (one file
+  // system, so the rename is atomic).
+  const privateDir = await mkdtemp(path.join(path.dirname(socketPath), `.${path.basename(socketPath)}.`));
+  const bound = path.join(privateDir, 'agent.sock');
   try {
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
-      server.listen(socketPath, () => {
+      server.listen(bound, () => {
         server.off('error', reject);
         resolve();
       });
     });
-    await chmod(socketPath, 0o600);
+    await chmod(bound, 0o600);
+    await rename(bound, socketPath);
   } catch (err) {
     owned?.close();
     server.close();
     throw err;
+  } finally {
+    await unlink(bound).catch(() => undefined);
+    await rmdir(privateDir).catch(() => undefined);
   }
   return {
     socketPath,
