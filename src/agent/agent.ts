@@ -50,6 +50,9 @@ export interface SyncReport extends Omit<SyncResult, 'phasesMs'> {
  */
 const BIG_SYNC_OPS = 20_000;
 
+/** Skips a sync logs one by one; the rest are summed up by reason. */
+const SKIPS_LISTED_PER_SYNC = 20;
+
 export class Agent implements AgentView {
   readonly startedAt = Date.now();
   private datapath: Datapath | undefined;
@@ -210,12 +213,19 @@ export class Agent implements AgentView {
     if (gc) setTimeout(gc, 1000).unref();
   }
 
-  /** Logs and counts a skip once, when it first appears. */
+  /**
+   * Logs and counts a skip once, when it first appears. A sync that finds
+   * many (a file of a thousand services on one address) logs the first few
+   * and sums up the rest by reason: every one is counted.
+   */
   private reportSkipped(skipped: readonly Skipped[]): void {
-    for (const s of skipped) {
+    const more = new Map<Skipped['reason'], number>();
+    for (const [i, s] of skipped.entries()) {
       this.opts.metrics?.skipped('Service', s.reason);
-      this.opts.log.info({ service: s.service, reason: s.reason, detail: s.detail }, 'service skipped');
+      if (i < SKIPS_LISTED_PER_SYNC) this.opts.log.info({ service: s.service, reason: s.reason, detail: s.detail }, 'service skipped');
+      else more.set(s.reason, (more.get(s.reason) ?? 0) + 1);
     }
+    for (const [reason, count] of more) this.opts.log.info({ reason, count }, `${count} more services skipped for the same reason (not listed one by one)`);
   }
 
   // ---------------------------------------------------------------- AgentView

@@ -126,8 +126,8 @@ export class AgentMetrics {
     else if (kind === 'EndpointSlice' || kind === 'Endpoints') this.endpointChanges.inc();
   }
 
-  skipped(kind: string, reason: string): void {
-    this.skippedObjects.inc({ kind, reason });
+  skipped(kind: string, reason: string, count = 1): void {
+    this.skippedObjects.inc({ kind, reason }, count);
   }
 
   /** Called by the health server. */

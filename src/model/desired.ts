@@ -7,11 +7,25 @@
 // writes nothing.
 //
 // Pure: no I/O. Conflicts (two services claiming one address:port/proto; the
-// API server prevents it, files do not) go to the first service by
-// namespace, then name, whatever the order the objects arrived in.
+// API server prevents it, files do not) leave the frontend with the service
+// that holds it while it still claims it, so a newcomer cannot take over a
+// served address; a frontend nobody holds yet goes to the first claimant by
+// namespace, then name, whatever the order the objects arrived in (so at
+// start, when nothing is held, the same objects give the same state).
+//
+// One service's computation is a boundary: if it throws (it should not: the
+// objects are validated), that service keeps the frontends it had and the
+// failure is reported as a skip; the others are computed as usual.
 import type { EndpointSlice, Node, Service } from './k8s.js';
 import { serviceFrontends, type Skipped } from './from-k8s.js';
 import type { Backend, DesiredState, Frontend, FrontendKey } from './types.js';
+
+/**
+ * EndpointSlices read per Service: the first ones by name. The EndpointSlice
+ * controller makes one per 100 endpoints, so this is 100,000 endpoints; more
+ * is a runaway controller or a hostile source, not a service.
+ */
+export const MAX_SLICES_PER_SERVICE = 1000;
 
 /** namespace/name of a Service, or the service an EndpointSlice belongs to. */
 export type ServiceId = string;
@@ -173,7 +187,21 @@ export class DesiredModel {
   /** One service's frontends; one equal to its previous version keeps the previous object. */
   private compute(svc: Service, id: ServiceId, before: Computed): Computed {
     const m = this.slicesBySvc.get(id);
-    const out = serviceFrontends(svc, m ? [...m.values()] : [], this.node);
+    let slices = m ? [...m.values()] : [];
+    const extra: Skipped[] = [];
+    if (slices.length > MAX_SLICES_PER_SERVICE) {
+      slices = slices.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)).slice(0, MAX_SLICES_PER_SERVICE);
+      extra.push({ service: id, reason: 'limit', detail: `${m!.size} EndpointSlices, more than ${MAX_SLICES_PER_SERVICE}: the first ${MAX_SLICES_PER_SERVICE} by name are used` });
+    }
+    let out: ReturnType<typeof serviceFrontends>;
+    try {
+      out = serviceFrontends(svc, slices, this.node);
+    } catch (err) {
+      // The boundary: this service keeps what it had; the failure is reported.
+      const detail = `its frontends could not be computed (${(err as Error)?.message ?? String(err)}); the last ones stay`;
+      return { frontends: before.frontends, skipped: [{ service: id, reason: 'error', detail }] };
+    }
+    if (extra.length > 0) out = { frontends: out.frontends, skipped: [...extra, ...out.skipped] };
     const frontends = new Map<FrontendKey, Frontend>();
     for (const fe of out.frontends) {
       const prev = before.frontends.get(fe.key);
@@ -190,13 +218,19 @@ export class DesiredModel {
     if (list.length === 0) this.claims.delete(key);
   }
 
-  /** The claimant that holds `key` (first by namespace, then name); the others' conflicts recorded. */
+  /**
+   * The claimant that holds `key`: the one holding it now while it still
+   * claims it, else the first by namespace, then name; the others'
+   * conflicts recorded.
+   */
   private settle(key: FrontendKey, newSkips: Skipped[]): ServiceId | undefined {
     const list = this.claims.get(key);
     const previous = this.conflicts.get(key);
     if (previous) this.conflicts.delete(key);
     if (!list || list.length === 0) return undefined;
     if (list.length === 1) return list[0];
+    const held = this.current.get(key);
+    const holder = held && serviceId(held.service.namespace, held.service.name);
     const svc = (id: ServiceId): Service => this.services.get(id)!;
     const before = (a: ServiceId, b: ServiceId): number => {
       const x = svc(a);
@@ -204,6 +238,7 @@ export class DesiredModel {
       return x.namespace === y.namespace ? (x.name < y.name ? -1 : x.name > y.name ? 1 : 0) : x.namespace < y.namespace ? -1 : 1;
     };
     list.sort(before);
+    if (holder !== undefined && list.includes(holder)) list.splice(0, 0, ...list.splice(list.indexOf(holder), 1));
     const [winner, ...losers] = list;
     const had = new Set((previous ?? []).map(skipKey));
     const skips = losers.map((id): Skipped => ({ service: id, reason: 'conflict', detail: `${key} is already served for ${winner}` }));

@@ -15,7 +15,17 @@ import {
 /** A service lbctl deliberately does not program, and why. */
 export interface Skipped {
   readonly service: string;
-  readonly reason: 'headless' | 'external-name' | 'no-ports' | 'unsupported-protocol' | 'conflict' | 'other-proxy';
+  readonly reason:
+    | 'headless'
+    | 'external-name'
+    | 'no-ports'
+    | 'unsupported-protocol'
+    | 'conflict'
+    | 'other-proxy'
+    /** Beyond a limit of the model's (EndpointSlices per Service): what fits is used. */
+    | 'limit'
+    /** Its computation threw: its last frontends stay in force. */
+    | 'error';
   readonly detail?: string;
 }
 

@@ -126,6 +126,18 @@ export type Validated<T> = { ok: true; value: T } | { ok: false; reason: string 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
 
+/**
+ * A value of the input, for a message: short whatever it is. Input is never
+ * serialized whole into a reason (a hostile object may be megabytes, or an
+ * alias graph that expands to billions of values).
+ */
+export function show(v: unknown): string {
+  if (typeof v === 'string') return v.length > 64 ? `${JSON.stringify(v.slice(0, 64))}… (${v.length} characters)` : JSON.stringify(v);
+  if (v === null || v === undefined || typeof v === 'number' || typeof v === 'boolean') return String(v);
+  if (Array.isArray(v)) return `a list of ${v.length}`;
+  return typeof v === 'object' ? 'an object' : typeof v;
+}
+
 function fail<T>(reason: string): Validated<T> {
   return { ok: false, reason };
 }
@@ -138,9 +150,9 @@ function checkMeta(meta: unknown, what: string): Validated<{ namespace: string; 
   if (!isObject(meta)) return fail(`${what}: metadata is missing`);
   const { name, namespace = 'default' } = meta as ObjectMeta;
   if (typeof name !== 'string' || name.length === 0) return fail(`${what}: metadata.name is missing`);
-  if (name.length > 253 || !DNS_SUBDOMAIN.test(name)) return fail(`${what}: metadata.name ${JSON.stringify(name)} is not a valid name`);
+  if (name.length > 253 || !DNS_SUBDOMAIN.test(name)) return fail(`${what}: metadata.name ${show(name)} is not a valid name`);
   if (typeof namespace !== 'string' || namespace.length > 63 || !DNS_LABEL.test(namespace)) {
-    return fail(`${what}: metadata.namespace ${JSON.stringify(namespace)} is not a valid namespace`);
+    return fail(`${what}: metadata.namespace ${show(namespace)} is not a valid namespace`);
   }
   return { ok: true, value: { namespace, name } };
 }
@@ -166,7 +178,7 @@ export function validateService(obj: unknown): Validated<Service> {
 
   const type = spec.type ?? 'ClusterIP';
   if (type !== 'ClusterIP' && type !== 'NodePort' && type !== 'LoadBalancer' && type !== 'ExternalName') {
-    return fail(`${id}: spec.type ${JSON.stringify(type)} is not a Service type`);
+    return fail(`${id}: spec.type ${show(type)} is not a Service type`);
   }
 
   const ports: ServicePort[] = [];
@@ -181,9 +193,9 @@ export function validateService(obj: unknown): Validated<Service> {
     if (!isObject(p)) return fail(`${id}: spec.ports[${i}] is not an object`);
     const name = p.name ?? '';
     if (typeof name !== 'string') return fail(`${id}: spec.ports[${i}].name is not a string`);
-    if (!checkPort(p.port)) return fail(`${id}: spec.ports[${i}].port ${JSON.stringify(p.port)} is not a port (1-65535)`);
+    if (!checkPort(p.port)) return fail(`${id}: spec.ports[${i}].port ${show(p.port)} is not a port (1-65535)`);
     const protocol = checkProtocol(p.protocol);
-    if (!protocol) return fail(`${id}: spec.ports[${i}].protocol ${JSON.stringify(p.protocol)} is not TCP, UDP or SCTP`);
+    if (!protocol) return fail(`${id}: spec.ports[${i}].protocol ${show(p.protocol)} is not TCP, UDP or SCTP`);
     const dup = `${p.port}/${protocol}`;
     if (seen.has(dup)) return fail(`${id}: spec.ports[${i}] repeats port ${dup}`);
     seen.add(dup);
@@ -203,14 +215,14 @@ export function validateService(obj: unknown): Validated<Service> {
     if (!headless) {
       for (const [i, text] of ips.entries()) {
         const ip = parseIp(text);
-        if (!ip) return fail(`${id}: spec.clusterIPs[${i}] ${JSON.stringify(text)} is not an IP address`);
+        if (!ip) return fail(`${id}: spec.clusterIPs[${i}] ${show(text)} is not an IP address`);
         if (clusterIPs.some((c) => c.family === ip.family)) return fail(`${id}: spec.clusterIPs has two IPv${ip.family} addresses`);
         clusterIPs.push(ip);
       }
       if (spec.clusterIP !== undefined && spec.clusterIPs !== undefined) {
         const first = parseIp(spec.clusterIP);
         if (!first || first.address !== clusterIPs[0]?.address) {
-          return fail(`${id}: spec.clusterIP ${JSON.stringify(spec.clusterIP)} differs from spec.clusterIPs[0]`);
+          return fail(`${id}: spec.clusterIP ${show(spec.clusterIP)} differs from spec.clusterIPs[0]`);
         }
       }
     }
@@ -221,14 +233,14 @@ export function validateService(obj: unknown): Validated<Service> {
   if (affinity === 'ClientIP') {
     const timeout = spec.sessionAffinityConfig?.clientIP?.timeoutSeconds ?? AFFINITY_TIMEOUT_DEFAULT;
     if (!Number.isInteger(timeout) || timeout < 1 || timeout > AFFINITY_TIMEOUT_MAX) {
-      return fail(`${id}: sessionAffinityConfig.clientIP.timeoutSeconds ${JSON.stringify(timeout)} is not in 1..${AFFINITY_TIMEOUT_MAX}`);
+      return fail(`${id}: sessionAffinityConfig.clientIP.timeoutSeconds ${show(timeout)} is not in 1..${AFFINITY_TIMEOUT_MAX}`);
     }
     affinityTimeout = timeout;
   } else if (affinity !== 'None') {
-    return fail(`${id}: spec.sessionAffinity ${JSON.stringify(affinity)} is not None or ClientIP`);
+    return fail(`${id}: spec.sessionAffinity ${show(affinity)} is not None or ClientIP`);
   }
   const itp = spec.internalTrafficPolicy ?? 'Cluster';
-  if (itp !== 'Cluster' && itp !== 'Local') return fail(`${id}: spec.internalTrafficPolicy ${JSON.stringify(itp)} is not Cluster or Local`);
+  if (itp !== 'Cluster' && itp !== 'Local') return fail(`${id}: spec.internalTrafficPolicy ${show(itp)} is not Cluster or Local`);
   const proxyName = raw.metadata?.labels?.[SERVICE_PROXY_NAME_LABEL];
   const headlessLabel = raw.metadata?.labels?.[HEADLESS_LABEL] !== undefined;
 
@@ -270,7 +282,7 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     return fail(`${id}: label ${SERVICE_NAME_LABEL} is missing`);
   }
   const family = raw.addressType === 'IPv4' ? 4 : raw.addressType === 'IPv6' ? 6 : undefined;
-  if (!family) return fail(`${id}: addressType ${JSON.stringify(raw.addressType)} is not IPv4 or IPv6`);
+  if (!family) return fail(`${id}: addressType ${show(raw.addressType)} is not IPv4 or IPv6`);
 
   const rawPorts = raw.ports ?? [];
   if (!Array.isArray(rawPorts)) return fail(`${id}: ports is not a list`);
@@ -282,9 +294,9 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     if (typeof name !== 'string') return fail(`${id}: ports[${i}].name is not a string`);
     // A nil port means "all ports" in the API; kube-proxy ignores such entries.
     if (p.port === undefined || p.port === null) continue;
-    if (!checkPort(p.port)) return fail(`${id}: ports[${i}].port ${JSON.stringify(p.port)} is not a port (1-65535)`);
+    if (!checkPort(p.port)) return fail(`${id}: ports[${i}].port ${show(p.port)} is not a port (1-65535)`);
     const protocol = checkProtocol(p.protocol);
-    if (!protocol) return fail(`${id}: ports[${i}].protocol ${JSON.stringify(p.protocol)} is not TCP, UDP or SCTP`);
+    if (!protocol) return fail(`${id}: ports[${i}].protocol ${show(p.protocol)} is not TCP, UDP or SCTP`);
     if (protocol === 'SCTP') continue;
     ports.push({ name, port: p.port, protocol });
   }
@@ -304,7 +316,7 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     let address = '';
     for (const [j, text] of e.addresses.entries()) {
       const ip = parseIp(text);
-      if (!ip) return fail(`${id}: endpoints[${i}].addresses[${j}] ${JSON.stringify(text)} is not an IP address`);
+      if (!ip) return fail(`${id}: endpoints[${i}].addresses[${j}] ${show(text)} is not an IP address`);
       if (ip.family !== family) return fail(`${id}: endpoints[${i}].addresses[${j}] ${text} is not ${raw.addressType}`);
       if (j === 0) address = ip.address;
     }

@@ -8,11 +8,11 @@
 // reported problem, and the limits in limits.ts bound what a file can cost.
 import { watch, type FSWatcher } from 'node:fs';
 import { constants as fsc } from 'node:fs';
-import { open, readdir } from 'node:fs/promises';
+import { open, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
-import { validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../model/k8s.js';
-import { MAX_DIR_BYTES, MAX_FILE_BYTES, MAX_FILES } from './limits.js';
+import { show, validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../model/k8s.js';
+import { MAX_DIR_BYTES, MAX_FILE_BYTES, MAX_FILES, MAX_PROBLEMS_LISTED_PER_FILE } from './limits.js';
 import { parseManifests } from './manifest.js';
 import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
@@ -25,6 +25,38 @@ interface FileState {
   objects: Map<string, Obj>;
   /** False when the last read failed as a whole and there was no earlier good read. */
   readable: boolean;
+  /** Problems of its last read (reported when they were found, not again). */
+  problems: Problem[];
+  /** Identity and change times of what was read; unchanged files are not read again. Unset: read it next time. */
+  stamp?: string;
+  /** Bytes it counts against the directory's budget. */
+  bytes: number;
+}
+
+/**
+ * The problems of one read of one file: the first few reported one by one,
+ * the rest summed up by category when the read ends.
+ */
+class FileProblems {
+  readonly listed: Problem[] = [];
+  private readonly more = new Map<Problem['category'], number>();
+
+  constructor(
+    private readonly file: string,
+    private readonly report: (p: Problem, into: Problem[]) => void,
+  ) {}
+
+  add(p: Problem): void {
+    if (this.listed.length < MAX_PROBLEMS_LISTED_PER_FILE) this.report(p, this.listed);
+    else this.more.set(p.category, (this.more.get(p.category) ?? 0) + 1);
+  }
+
+  summarize(): void {
+    for (const [category, count] of this.more) {
+      const reason = `${count} more problems of this kind in this file (the first ${MAX_PROBLEMS_LISTED_PER_FILE} of the file are listed one by one)`;
+      this.report({ where: this.file, reason, category, count }, this.listed);
+    }
+  }
 }
 
 export interface FileSourceOptions {
@@ -77,7 +109,9 @@ async function readBounded(file: string, max: number): Promise<{ text: string } 
 export class FileSource implements Source {
   readonly name: string;
   private readonly files = new Map<string, FileState>();
-  private current: Problem[] = [];
+  /** Problems of the directory itself, and duplicates across files, as of the last read. */
+  private dirProblems: Problem[] = [];
+  private duplicates: Problem[] = [];
   private dirReadable = true;
   private watcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -103,7 +137,7 @@ export class FileSource implements Source {
     await this.readAll();
     this.publish();
     this.watcher = watch(this.opts.dir, { persistent: true }, () => this.schedule());
-    this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}`, category: 'read' }));
+    this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}`, category: 'read' }, this.dirProblems));
   }
 
   async stop(): Promise<void> {
@@ -113,7 +147,9 @@ export class FileSource implements Source {
   }
 
   problems(): readonly Problem[] {
-    return this.current;
+    const out = [...this.dirProblems];
+    for (const st of this.files.values()) out.push(...st.problems);
+    return [...out, ...this.duplicates];
   }
 
   status(): SourceStatus {
@@ -169,8 +205,9 @@ export class FileSource implements Source {
     }, this.opts.debounceMs ?? 50);
   }
 
-  private report(p: Problem): void {
-    this.current.push(p);
+  /** Records a problem in `into` and reports it (a log line and a count, once per read that finds it). */
+  private report(p: Problem, into: Problem[]): void {
+    into.push(p);
     this.opts.onProblem?.(p);
   }
 
@@ -179,14 +216,18 @@ export class FileSource implements Source {
     return this.reading;
   }
 
+  /**
+   * Re-reads the directory: every file that changed since its last read
+   * (by inode, size and change times), so a file costs its parse once.
+   */
   private async doReadAll(): Promise<void> {
-    this.current = [];
+    this.dirProblems = [];
     let names: string[];
     try {
       names = (await readdir(this.opts.dir)).filter((n) => MANIFEST.test(n)).sort();
     } catch (err) {
       // The directory itself is gone or unreadable: keep everything.
-      this.report({ where: this.opts.dir, reason: `cannot list directory: ${(err as Error).message}`, category: 'read' });
+      this.report({ where: this.opts.dir, reason: `cannot list directory: ${(err as Error).message}`, category: 'read' }, this.dirProblems);
       this.dirReadable = false;
       return;
     }
@@ -222,6 +263,8 @@ export class FileSource implements Source {
       }
     }
     const fileOf = new Map<string, string>();
+    const reported = new Set(this.duplicates.map((p) => `${p.where}|${p.reason}`));
+    this.duplicates = [];
     for (const [id, files] of definers) {
       if (files.length === 1) {
         fileOf.set(id, files[0]!);
@@ -232,24 +275,37 @@ export class FileSource implements Source {
       fileOf.set(id, owner);
       for (const file of files) {
         if (file === owner) continue;
-        this.report({ where: file, reason: `${id} is also defined in ${owner}; the one in ${owner} is used`, category: 'duplicate', object: id });
+        const p: Problem = { where: file, reason: `${id} is also defined in ${owner}; the one in ${owner} is used`, category: 'duplicate', object: id };
+        // Reported when it appears, not on every read of the directory.
+        if (reported.has(`${p.where}|${p.reason}`)) this.duplicates.push(p);
+        else this.report(p, this.duplicates);
       }
     }
     this.fileOf = fileOf;
   }
 
   /** Reports a file that could not be read, and keeps the objects of its last good read. */
-  private keepPrevious(file: string, reason: string, category: Problem['category'], where = file): void {
+  /**
+   * Reports a file that could not be read, and keeps the objects of its last
+   * good read. With the file's stamp, it is not tried again until it
+   * changes; without, on the next read of the directory.
+   */
+  private keepPrevious(file: string, reason: string, category: Problem['category'], stamp?: string): void {
     const prev = this.files.get(file);
-    this.report({ where, reason: prev?.readable ? `${reason} (keeping the objects of its last good read)` : reason, category });
-    this.files.set(file, { objects: prev?.objects ?? new Map(), readable: prev?.readable ?? false });
+    const problems: Problem[] = [];
+    this.report({ where: file, reason: prev?.readable ? `${reason} (keeping the objects of its last good read)` : reason, category }, problems);
+    this.files.set(file, { objects: prev?.objects ?? new Map(), readable: prev?.readable ?? false, problems, bytes: prev?.bytes ?? 0, ...(stamp ? { stamp } : {}) });
   }
 
   /** Reads one file within `budget` bytes of the directory's; returns the bytes it took. */
   private async readFile(file: string, budget: number): Promise<number> {
     const prev = this.files.get(file);
     let read;
+    let stamp: string;
     try {
+      const st = await stat(file, { bigint: true });
+      stamp = `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+      if (prev?.stamp === stamp) return prev.bytes; // unchanged since its last read
       read = await readBounded(file, Math.min(MAX_FILE_BYTES, budget));
     } catch (err) {
       const e = err as NodeJS.ErrnoException;
@@ -261,42 +317,47 @@ export class FileSource implements Source {
       return 0;
     }
     if ('refused' in read) {
-      const reason = read.category === 'limit' && budget < MAX_FILE_BYTES ? `${read.refused} (the directory's files together may hold ${MAX_DIR_BYTES} bytes)` : read.refused;
-      this.keepPrevious(file, reason, read.category);
+      // Refused for the directory's budget: tried again next time (others may have shrunk).
+      const forBudget = read.category === 'limit' && budget < MAX_FILE_BYTES;
+      const reason = forBudget ? `${read.refused} (the directory's files together may hold ${MAX_DIR_BYTES} bytes)` : read.refused;
+      this.keepPrevious(file, reason, read.category, forBudget || read.category === 'read' ? undefined : stamp);
       return 0;
     }
     const parsed = parseManifests(read.text, file.endsWith('.json') ? 'json' : 'yaml');
     const objects = new Map<string, Obj>();
+    const problems = new FileProblems(file, (p, into) => this.report(p, into));
     for (const e of parsed.entries) {
-      if ('reason' in e) this.report({ where: e.where ? `${file}: ${e.where}` : file, reason: e.reason, category: e.category });
-      else this.readObject(e.value, `${file}: ${e.where}`, objects, prev, e.beyondLimits);
+      if ('reason' in e) problems.add({ where: e.where ? `${file}: ${e.where}` : file, reason: e.reason, category: e.category });
+      else this.readObject(e.value, `${file}: ${e.where}`, objects, prev, problems, e.beyondLimits);
     }
+    problems.summarize();
     // A part that is not YAML at all may have held anything: keep what
     // this file yielded before, on top of what still parses.
     if (parsed.broken && prev) for (const [id, o] of prev.objects) if (!objects.has(id)) objects.set(id, o);
-    this.files.set(file, { objects, readable: !parsed.broken || (prev?.readable ?? false) });
-    return Buffer.byteLength(read.text);
+    const bytes = Buffer.byteLength(read.text);
+    this.files.set(file, { objects, readable: !parsed.broken || (prev?.readable ?? false), problems: problems.listed, stamp, bytes });
+    return bytes;
   }
 
-  private readObject(item: unknown, where: string, into: Map<string, Obj>, prev: FileState | undefined, beyondLimits?: string): void {
+  private readObject(item: unknown, where: string, into: Map<string, Obj>, prev: FileState | undefined, problems: FileProblems, beyondLimits?: string): void {
     const kind = typeof item === 'object' && item !== null ? (item as { kind?: unknown }).kind : undefined;
     if (kind !== 'Service' && kind !== 'EndpointSlice') {
-      if (beyondLimits) this.report({ where, reason: beyondLimits, category: 'limit' });
-      else if (typeof kind !== 'string') this.report({ where, reason: 'not a Kubernetes object (no kind)', category: 'invalid' });
+      if (beyondLimits) problems.add({ where, reason: beyondLimits, category: 'limit' });
+      else if (typeof kind !== 'string') problems.add({ where, reason: 'not a Kubernetes object (no kind)', category: 'invalid' });
       return; // other kinds (Deployments, ConfigMaps…) are not ours
     }
     const id = rawIdentity(kind, item);
     const keepLast = (reason: string, category: Problem['category']): void => {
       const last = id ? prev?.objects.get(id) : undefined;
       if (id && last) into.set(id, last);
-      this.report({ where, reason: last ? `${reason} (keeping its last valid version)` : reason, category, kind, ...(id ? { object: id } : {}) });
+      problems.add({ where, reason: last ? `${reason} (keeping its last valid version)` : reason, category, kind, ...(id ? { object: id } : {}) });
     };
     if (beyondLimits) return keepLast(`${kind}: ${beyondLimits}`, 'limit');
     let v;
     try {
       const apiVersion = (item as { apiVersion?: unknown }).apiVersion;
       if (kind === 'EndpointSlice' && apiVersion !== 'discovery.k8s.io/v1') {
-        return keepLast(`EndpointSlice apiVersion ${JSON.stringify(apiVersion)?.slice(0, 100)} is not discovery.k8s.io/v1`, 'invalid');
+        return keepLast(`EndpointSlice apiVersion ${show(apiVersion)} is not discovery.k8s.io/v1`, 'invalid');
       }
       v = kind === 'Service' ? validateService(item) : validateEndpointSlice(item);
     } catch (err) {

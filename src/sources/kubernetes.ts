@@ -30,6 +30,7 @@ import fetch, { type Response } from 'node-fetch';
 import { ConfigError } from '../errors.js';
 import {
   HEADLESS_LABEL,
+  show,
   validateEndpointSlice,
   validateNode,
   validateService,
@@ -208,7 +209,7 @@ class Reflector<T> {
   private onWatchEvent(event: { type?: unknown; object?: RawObject & { code?: number; message?: string } }): boolean {
     const obj = event.object;
     if (typeof obj !== 'object' || obj === null) {
-      this.problem(`watch ${this.path}`, `a ${JSON.stringify(event.type)?.slice(0, 40)} event without an object`, 'invalid');
+      this.problem(`watch ${this.path}`, `a ${show(event.type)} event without an object`, 'invalid');
       return true;
     }
     switch (event.type) {
@@ -224,7 +225,7 @@ class Reflector<T> {
       case 'ERROR':
         throw obj.code === 410 ? new GoneError(String(obj.message ?? 'resource version too old')) : new Error(`watch error ${obj.code ?? ''}: ${String(obj.message ?? '')}`);
       default:
-        this.problem(`watch ${this.path}`, `an event of unknown type ${JSON.stringify(event.type)?.slice(0, 40)}`, 'invalid');
+        this.problem(`watch ${this.path}`, `an event of unknown type ${show(event.type)}`, 'invalid');
         return true;
     }
     const rv = obj.metadata?.resourceVersion;

@@ -15,6 +15,13 @@ export const MAX_DIR_BYTES = 256 * 1024 * 1024;
 /** Manifest files read from the directory; the rest, in name order, are refused. */
 export const MAX_FILES = 10_000;
 
+/**
+ * Problems of one file reported one by one (a log line each); the rest of
+ * that read are summed up by category in one report each, so a file of
+ * 100,000 bad documents costs a few log lines, not 100,000.
+ */
+export const MAX_PROBLEMS_LISTED_PER_FILE = 20;
+
 /** Objects in one file: its YAML documents, a List's items counted one by one. */
 export const MAX_OBJECTS_PER_FILE = 100_000;
 
@@ -27,6 +34,14 @@ export const MAX_DEPTH = 64;
  * endpoint EndpointSlice holds about 10,000.
  */
 export const MAX_VALUES_PER_OBJECT = 200_000;
+
+/**
+ * YAML values (mappings, sequences, scalars) the parser may build for one
+ * file. A manifest holds about 45 per object, 8 bytes of YAML each: a
+ * 16 MiB file of manifests about 2.1 million. A file of bare scalars
+ * (2 bytes each) is stopped here instead of costing seconds and 700 MiB.
+ */
+export const MAX_VALUES_PER_FILE = 3_000_000;
 
 /** Keys a merge (`<<`) may copy in one document (js-yaml counts them). */
 export const MAX_MERGE_KEYS_PER_DOCUMENT = 10_000;

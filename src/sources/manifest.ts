@@ -18,6 +18,7 @@ import {
   MAX_MERGE_KEYS_PER_DOCUMENT,
   MAX_OBJECTS_PER_FILE,
   MAX_STRING_CHARS,
+  MAX_VALUES_PER_FILE,
   MAX_VALUES_PER_OBJECT,
 } from './limits.js';
 
@@ -50,6 +51,8 @@ export interface ParsedManifests {
   readonly broken: boolean;
 }
 
+class TooManyValues extends Error {}
+
 /** YAML 1.2's core schema (as kubectl reads manifests: no timestamps, no binary), plus merge keys (`<<`). */
 const SCHEMA = yaml.CORE_SCHEMA.extend({ implicit: [yaml.types.merge] });
 
@@ -63,10 +66,13 @@ function firstLine(text: string): string {
   return nl < 0 ? text : text.slice(0, nl);
 }
 
-/** The YAML documents of a file, each with the line it starts on (1-based). */
-function splitDocuments(text: string): Array<{ text: string; line: number }> {
+/**
+ * The YAML documents of a file, each with the line it starts on (1-based);
+ * undefined when there are more than MAX_OBJECTS_PER_FILE of them.
+ */
+function splitDocuments(text: string): Array<{ text: string; line: number }> | undefined {
   const starts: number[] = [];
-  for (const m of text.matchAll(DOCUMENT_START)) starts.push(m.index);
+  for (const m of text.matchAll(DOCUMENT_START)) if (starts.push(m.index) > MAX_OBJECTS_PER_FILE) return undefined;
   if (starts[0] !== 0) {
     // Text before the first `---` is a document only if it holds something;
     // comments and directives there belong to the next document.
@@ -118,10 +124,10 @@ function pathOf(w: Walk | undefined): string {
  */
 export function shapeProblem(root: unknown): string | undefined {
   const stack: Walk[] = [{ v: root, depth: 0, key: undefined, parent: undefined }];
-  let values = 0;
+  // Counted when pushed, so the stack itself never holds more than the limit.
+  let values = 1;
   while (stack.length > 0) {
     const w = stack.pop()!;
-    if (++values > MAX_VALUES_PER_OBJECT) return `more than ${MAX_VALUES_PER_OBJECT} values with aliases expanded (at ${pathOf(w)})`;
     const v = w.v;
     if (typeof v === 'string') {
       if (v.length > MAX_STRING_CHARS) return `a string of ${v.length} characters at ${pathOf(w)}, more than ${MAX_STRING_CHARS}`;
@@ -129,16 +135,33 @@ export function shapeProblem(root: unknown): string | undefined {
     }
     if (typeof v !== 'object' || v === null) continue;
     if (w.depth >= MAX_DEPTH) return `nested deeper than ${MAX_DEPTH} levels (at ${pathOf(w)})`;
+    const tooMany = (n: number): string | undefined =>
+      (values += n) > MAX_VALUES_PER_OBJECT ? `more than ${MAX_VALUES_PER_OBJECT} values with aliases expanded (at ${pathOf(w)})` : undefined;
     if (Array.isArray(v)) {
+      const over = tooMany(v.length);
+      if (over) return over;
       for (let i = v.length - 1; i >= 0; i--) stack.push({ v: v[i], depth: w.depth + 1, key: i, parent: w });
     } else {
-      for (const k of Object.keys(v)) {
+      const keys = Object.keys(v);
+      const over = tooMany(keys.length);
+      if (over) return over;
+      for (const k of keys) {
         if (k.length > MAX_STRING_CHARS) return `a key of ${k.length} characters in ${pathOf(w)}, more than ${MAX_STRING_CHARS}`;
         stack.push({ v: (v as Record<string, unknown>)[k], depth: w.depth + 1, key: k, parent: w });
       }
     }
   }
   return undefined;
+}
+
+/** An upper bound on the values in a JSON text: one, plus one per comma, `[` and `{` (inside strings too: a bound, not a count). */
+function jsonValuesAtMost(text: string): number {
+  let n = 1;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 44 /* , */ || c === 91 /* [ */ || c === 123 /* { */) n++;
+  }
+  return n;
 }
 
 function isList(v: unknown): v is { kind: 'List'; items: unknown[] } {
@@ -171,6 +194,10 @@ export function parseManifests(text: string, format: 'yaml' | 'json'): ParsedMan
   const broken = (p: ManifestProblem): ParsedManifests => ({ entries: [p], broken: true });
 
   if (format === 'json') {
+    // Every JSON value but the first follows a comma or an opening bracket:
+    // their count bounds the values JSON.parse would build, before it does.
+    const most = jsonValuesAtMost(text);
+    if (most > MAX_VALUES_PER_FILE) return broken({ where: '', reason: `up to ${most} JSON values, more than the ${MAX_VALUES_PER_FILE} lbctl reads from one file`, category: 'limit' });
     let value: unknown;
     try {
       value = JSON.parse(text);
@@ -181,16 +208,23 @@ export function parseManifests(text: string, format: 'yaml' | 'json'): ParsedMan
     return out;
   }
 
+  // js-yaml tells every node it makes: the file's count stops a parse that
+  // would build more than any manifest holds.
+  let values = 0;
+  const countValue = (event: 'open' | 'close'): void => {
+    if (event === 'open' && ++values > MAX_VALUES_PER_FILE) throw new TooManyValues();
+  };
   const docs = splitDocuments(text);
-  if (docs.length > MAX_OBJECTS_PER_FILE) {
-    return broken({ where: '', reason: `${docs.length} YAML documents, more than the ${MAX_OBJECTS_PER_FILE} objects lbctl reads from one file`, category: 'limit' });
+  if (docs === undefined || docs.length > MAX_OBJECTS_PER_FILE) {
+    return broken({ where: '', reason: `more than ${MAX_OBJECTS_PER_FILE} YAML documents: more objects than lbctl reads from one file`, category: 'limit' });
   }
   for (const [index, doc] of docs.entries()) {
     const where = `document ${index}`;
     let value: unknown;
     try {
-      value = yaml.load(doc.text, { schema: SCHEMA, maxDepth: MAX_DEPTH, maxTotalMergeKeys: MAX_MERGE_KEYS_PER_DOCUMENT });
+      value = yaml.load(doc.text, { schema: SCHEMA, maxDepth: MAX_DEPTH, maxTotalMergeKeys: MAX_MERGE_KEYS_PER_DOCUMENT, listener: countValue });
     } catch (err) {
+      if (err instanceof TooManyValues) return broken({ where: '', reason: `more than ${MAX_VALUES_PER_FILE} YAML values in one file`, category: 'limit' });
       out.entries.push({ where, reason: firstLine(yamlError(err, doc.line)), category: 'parse' });
       out.broken = true;
       continue;

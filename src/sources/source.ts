@@ -54,6 +54,12 @@ export interface Problem {
   readonly kind?: string;
   /** "Kind namespace/name" of the object, when known. */
   readonly object?: string;
+  /**
+   * How many bad inputs this report stands for (default 1): past the first
+   * few of one file, problems are summed up by category in one report
+   * rather than logged one by one.
+   */
+  readonly count?: number;
 }
 
 export interface Source {

@@ -15,6 +15,8 @@ declare module 'js-yaml' {
     maxDepth?: number;
     /** Keys copied by merges (`<<`) in one load (default 10000). */
     maxTotalMergeKeys?: number;
+    /** Called as each node is opened and closed. */
+    listener?: (event: 'open' | 'close', state: unknown) => void;
   }
   export interface Mark {
     readonly line: number;

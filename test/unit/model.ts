@@ -1,5 +1,5 @@
 import t from 'tap';
-import { DesiredModel, desiredState, serviceId, type ModelInput } from '../../src/model/desired.js';
+import { DesiredModel, desiredState, MAX_SLICES_PER_SERVICE, serviceId, type ModelInput } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateNode, validateService, type EndpointSlice, type Node, type Service } from '../../src/model/k8s.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { service, slice } from '../fakes/objects.js';
@@ -230,22 +230,28 @@ t.test('model: a Node change recomputes every service only when its name or zone
   t.same(fe(m.frontends, '10.96.0.20:80/TCP').backends.map((b) => b.address), ['10.0.0.4'], 'n2: its endpoint');
 });
 
-t.test('model: incremental results equal a whole computation; conflicts settled by namespace/name in any order', async (t) => {
+t.test('model: incremental results equal a whole computation; a held frontend stays with its holder, a free one goes by namespace/name', async (t) => {
   const { web, dns, webSlice, dnsSlice, input } = cluster();
-  // b claims web:80 and wins it (b < web); z claims dns's 53/UDP and loses it (dns < z).
+  // b claims web:80 (b < web by name) and z claims dns's 53/UDP (dns < z).
   const b = svc(service('b', ['10.96.0.10'], [{ name: 'x', port: 80 }]));
   const z = svc(service('z', ['10.96.0.53'], [{ name: 'x', port: 53, protocol: 'UDP' }]));
-  const steps: ModelInput[] = [
-    input,
-    { services: [z, dns, web, b], slices: [dnsSlice, webSlice], node: input.node! },
-    { services: [z, dns, web], slices: [dnsSlice, webSlice], node: input.node! },
-    { services: [z, web, b], slices: [dnsSlice, webSlice], node: input.node! },
-    { services: [z, web, b, dns], slices: [webSlice, dnsSlice], node: input.node! },
+  const WEB = '10.96.0.10:80/TCP';
+  const DNS = '10.96.0.53:53/UDP';
+  // Each step, and who must hold the two contested frontends after it.
+  const steps: Array<[ModelInput, Record<string, string>]> = [
+    [input, { [WEB]: 'web', [DNS]: 'dns' }],
+    // b and z arrive: web and dns hold their frontends, so they keep them.
+    [{ services: [z, dns, web, b], slices: [dnsSlice, webSlice], node: input.node! }, { [WEB]: 'web', [DNS]: 'dns' }],
+    [{ services: [z, dns, web], slices: [dnsSlice, webSlice], node: input.node! }, { [WEB]: 'web', [DNS]: 'dns' }],
+    // dns goes: its frontend is free, and z, its only claimant, takes it.
+    [{ services: [z, web, b], slices: [dnsSlice, webSlice], node: input.node! }, { [WEB]: 'web', [DNS]: 'z' }],
+    // dns returns: z holds 53/UDP now and keeps it.
+    [{ services: [z, web, b, dns], slices: [webSlice, dnsSlice], node: input.node! }, { [WEB]: 'web', [DNS]: 'z' }],
   ];
   const m = new DesiredModel();
   m.setNode(input.node);
   let present = new Map<string, Service>();
-  for (const [i, step] of steps.entries()) {
+  for (const [i, [step, holders]] of steps.entries()) {
     const next = new Map([...step.services].map((s) => [id(s), s]));
     for (const [k] of present) if (!next.has(k)) m.setService(k, undefined);
     for (const [k, s] of next) if (present.get(k) !== s) m.setService(k, s);
@@ -254,15 +260,33 @@ t.test('model: incremental results equal a whole computation; conflicts settled 
     const before = new Map(m.frontends);
     const { changed } = m.flush();
     const whole = desiredState(step);
-    const sorted = (d: ReadonlyMap<string, Frontend>): Array<[string, Frontend]> => [...d.entries()].sort(([a], [b]) => (a < b ? -1 : 1));
-    t.same(sorted(m.frontends), sorted(whole.frontends), `step ${i}: same frontends`);
-    t.same(m.skipped().map((s) => `${s.service} ${s.reason}`).sort(), whole.skipped.map((s) => `${s.service} ${s.reason}`).sort(), `step ${i}: same skips`);
+    const uncontested = (d: ReadonlyMap<string, Frontend>): Array<[string, Frontend]> =>
+      [...d.entries()].filter(([k]) => !(k in holders)).sort(([a], [b]) => (a < b ? -1 : 1));
+    t.same(uncontested(m.frontends), uncontested(whole.frontends), `step ${i}: the uncontested frontends equal a whole computation`);
+    for (const [key, holder] of Object.entries(holders)) t.equal(fe(m.frontends, key).service.name, holder, `step ${i}: ${holder} holds ${key}`);
+    const claimants: Record<string, string[]> = { [WEB]: ['web', 'b'], [DNS]: ['dns', 'z'] };
+    const present_ = new Set([...step.services].map((s) => s.name));
+    const losers = Object.entries(holders).flatMap(([key, holder]) => claimants[key]!.filter((n) => n !== holder && present_.has(n)).map((n) => `default/${n}`));
+    t.same(
+      m.skipped().filter((s) => s.reason === 'conflict').map((s) => s.service).sort(),
+      losers.sort(),
+      `step ${i}: every other claimant is reported as a conflict`,
+    );
     for (const [key, f] of m.frontends) if (!changed.has(key)) t.equal(f, before.get(key), `step ${i}: ${key} unchanged, same object`);
     for (const key of before.keys()) if (!m.frontends.has(key)) t.ok(changed.has(key), `step ${i}: ${key} removed, named`);
   }
-  t.equal(fe(m.frontends, '10.96.0.10:80/TCP').service.name, 'b', 'b (first by name) holds web:80');
-  t.equal(fe(m.frontends, '10.96.0.53:53/UDP').service.name, 'dns', 'dns holds 53/UDP over z');
-  t.same(m.skipped().map((s) => `${s.service} ${s.reason}`).sort(), ['default/web conflict', 'default/z conflict']);
+  t.same(m.skipped().map((s) => `${s.service} ${s.reason}`).sort(), ['default/b conflict', 'default/dns conflict']);
+
+  // Nothing held yet (a start): the first by namespace/name, in any arrival order.
+  for (const order of [[z, dns, web, b], [b, web, dns, z]]) {
+    const cold = new DesiredModel();
+    cold.setNode(input.node);
+    for (const s of order) cold.setService(id(s), s);
+    for (const s of [dnsSlice, webSlice]) cold.setSlice(id(s), s);
+    cold.flush();
+    t.equal(fe(cold.frontends, WEB).service.name, 'b', `at start, b (first by name) takes ${WEB} (order ${order.map((s) => s.name).join(',')})`);
+    t.equal(fe(cold.frontends, DNS).service.name, 'dns', `at start, dns takes ${DNS} over z`);
+  }
 });
 
 t.test('model: a skip is reported by the flush where it first appears', async (t) => {
@@ -277,5 +301,42 @@ t.test('model: a skip is reported by the flush where it first appears', async (t
   m.setService(id(c), c);
   m.flush();
   m.setService(id(a), a);
-  t.same(m.flush().newSkips.map((s) => `${s.service} ${s.reason}`), ['default/c conflict'], 'c loses its frontend to a');
+  t.same(m.flush().newSkips.map((s) => `${s.service} ${s.reason}`), ['default/a conflict'], 'a newcomer is refused the frontend c holds, first by name or not');
+});
+
+t.test(`model: more than ${MAX_SLICES_PER_SERVICE} EndpointSlices for one Service: the first ${MAX_SLICES_PER_SERVICE} by name are used, and it is said`, async (t) => {
+  const m = new DesiredModel();
+  const web = svc(service('web', ['10.96.0.10'], [{ name: 'http', port: 80 }]));
+  m.setService(id(web), web);
+  // Added in reverse name order: which ones count must not depend on arrival.
+  for (let i = MAX_SLICES_PER_SERVICE + 4; i >= 0; i--) {
+    const s = eps(slice(`web-${String(i).padStart(5, '0')}`, 'web', 'IPv4', [{ name: 'http', port: 8080 }], [{ addresses: [`10.1.${i >> 8}.${i & 255}`] }]));
+    m.setSlice(id(s), s);
+  }
+  const { newSkips } = m.flush();
+  t.same(newSkips.map((s) => [s.service, s.reason]), [['default/web', 'limit']]);
+  t.match(newSkips[0]!.detail, `${MAX_SLICES_PER_SERVICE + 5} EndpointSlices, more than ${MAX_SLICES_PER_SERVICE}`);
+  const backends = fe(m.frontends, '10.96.0.10:80/TCP').backends;
+  t.equal(backends.length, MAX_SLICES_PER_SERVICE, 'one backend from each slice used');
+  t.notOk(backends.some((b) => b.address === `10.1.3.${(MAX_SLICES_PER_SERVICE + 4) & 255}`), 'the last slices by name are left out');
+});
+
+t.test('model: a Service whose computation throws keeps its frontends, is reported, and the others are computed', async (t) => {
+  const m = new DesiredModel();
+  const web = svc(service('web', ['10.96.0.10'], [{ name: 'http', port: 80 }]));
+  const dns = svc(service('dns', ['10.96.0.53'], [{ name: 'dns', port: 53, protocol: 'UDP' }]));
+  m.setService(id(web), web);
+  m.setService(id(dns), dns);
+  m.flush();
+  const held = fe(m.frontends, '10.96.0.10:80/TCP');
+  // An object the validators would never produce: its ports throw when read.
+  const poisoned = { ...web, get ports(): never { throw new Error('poisoned'); } } as Service;
+  const dns2 = svc(service('dns', ['10.96.0.54'], [{ name: 'dns', port: 53, protocol: 'UDP' }]));
+  m.setService(id(web), poisoned);
+  m.setService(id(dns2), dns2);
+  const { newSkips } = m.flush();
+  t.same(newSkips.map((s) => [s.service, s.reason]), [['default/web', 'error']]);
+  t.match(newSkips[0]!.detail, /poisoned/);
+  t.equal(m.frontends.get('10.96.0.10:80/TCP' as never), held, 'web keeps the frontend it had');
+  t.ok(m.frontends.has('10.96.0.54:53/UDP' as never), 'dns moved in the same flush');
 });

@@ -37,8 +37,8 @@ export interface AgentCommandOptions {
 async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
   const onProblem = (p: Problem): void => {
     // Fixed label values (the category): the reason text goes to the log, not into metric cardinality.
-    metrics.skipped(p.kind ?? 'File', p.category);
-    log.warn({ where: p.where, ...(p.object ? { object: p.object } : {}), category: p.category, reason: p.reason }, 'bad input skipped');
+    metrics.skipped(p.kind ?? 'File', p.category, p.count ?? 1);
+    log.warn({ where: p.where, ...(p.object ? { object: p.object } : {}), category: p.category, ...(p.count !== undefined ? { count: p.count } : {}), reason: p.reason }, 'bad input skipped');
   };
   const file = opts.source ? /^file:(.+)$/.exec(opts.source) : null;
   if (opts.source && !file) throw new ConfigError(`--source ${opts.source}: expected file:DIR (or use --kubeconfig)`);
