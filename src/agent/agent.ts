@@ -8,7 +8,6 @@
 // read (view.ts).
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { lb4_reverse_nat, u32 } from '../datapath/abi.gen.js';
 import { sumCounters } from '../datapath/counters.js';
 import { lbList } from '../datapath/listing.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
@@ -253,13 +252,9 @@ export class Agent implements AgentView {
   }
 
   canaryWrite(): CheckOutcome {
-    if (!this.datapath) return { ok: false, message: 'datapath not loaded yet' };
-    // Rev-NAT id 0 is never allocated: write it and take it back.
-    const map = this.datapath.object.map('lb4_reverse_nat');
-    const key = u32.encode(0);
+    if (!this.reconciler) return { ok: false, message: 'datapath not loaded yet' };
     try {
-      map.update(key, lb4_reverse_nat.encode({ address: 0, port: 0 }));
-      map.delete(key);
+      this.reconciler.probeWrite();
       return { ok: true };
     } catch (err) {
       return { ok: false, message: (err as Error).message };

@@ -44,7 +44,7 @@ export interface AgentView {
   desiredApplied(): boolean;
   /** Every program is attached through its pinned link. */
   datapathAttached(): CheckOutcome;
-  /** Writes and deletes a canary entry in a pinned map. */
+  /** A write to a pinned map that changes nothing the datapath reads (Reconciler.probeWrite); passes with the map full. */
   canaryWrite(): CheckOutcome;
   sync(): SyncStats;
   /** This node's Node object has a deletionTimestamp. */

@@ -79,6 +79,11 @@ export interface LbMaps {
   putSlot(fe: ServiceAddr, slot: number, backendId: number): void;
   deleteSlot(fe: ServiceAddr, slot: number): void;
   putRevNat(id: number, family: Family, entry: RevNatEntry): void;
+  /**
+   * Writes an entry that must already exist (BPF_EXIST): it fails with
+   * ENOENT rather than add one, and needs no free room in the map.
+   */
+  rewriteRevNat(id: number, family: Family, entry: RevNatEntry): void;
   deleteRevNat(id: number, family: Family): void;
   dump(): MapsDump;
 }

@@ -1,6 +1,7 @@
 // LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
 // moves bytes through the native addon. Nothing here knows a byte offset.
 import { ConfigError } from '../errors.js';
+import { BPF_ANY, BPF_EXIST } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../model/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../model/types.js';
 import {
@@ -172,9 +173,9 @@ export class KernelLbMaps implements LbMaps {
     }
   }
 
-  private put(w: LbWrite): void {
+  private put(w: LbWrite, flags = BPF_ANY): void {
     const [k, v] = this.encode(w);
-    this.target(w).update(k, v);
+    this.target(w).update(k, v, flags);
   }
 
   /** Encodes the whole batch into one key and one value buffer (no buffer per entry). */
@@ -231,6 +232,10 @@ export class KernelLbMaps implements LbMaps {
 
   putRevNat(id: number, family: Family, entry: RevNatEntry): void {
     this.put({ kind: 'put-revnat', id, family, entry });
+  }
+
+  rewriteRevNat(id: number, family: Family, entry: RevNatEntry): void {
+    this.put({ kind: 'put-revnat', id, family, entry }, BPF_EXIST);
   }
 
   deleteRevNat(id: number, family: Family): void {

@@ -121,6 +121,32 @@ export class Reconciler {
   }
 
   /**
+   * Liveness' write probe (src/agent/health.ts, "canary"), inside the
+   * reconciler's accounting rather than beside it: it rewrites one IPv4
+   * rev-NAT entry the realized state holds with exactly the bytes it holds
+   * (BPF_EXIST): a write the datapath cannot tell from no write, that needs
+   * no free room, so a full map does not fail liveness (a restart would not
+   * give it room). With no such entry (or one that drifted away), the map
+   * has room for id 0, which the allocators never hand out: it is written
+   * and deleted. Runs between syncs (a sync is synchronous), so no sync's
+   * write is ever interleaved with it. Throws the kernel's error.
+   */
+  probeWrite(): void {
+    for (const [id, entry] of this.realizedState.revNat[4]) {
+      try {
+        this.maps.rewriteRevNat(id, 4, entry);
+        return;
+      } catch (err) {
+        if ((err as { code?: string }).code !== 'ENOENT') throw err;
+        break; // drifted away: the next resync repairs it
+      }
+    }
+    const none = { address: '0.0.0.0', port: 0 };
+    this.maps.putRevNat(0, 4, none);
+    this.maps.deleteRevNat(0, 4);
+  }
+
+  /**
    * Re-reads the maps as the realized state, keeping the ids in use: the
    * next plan then repairs whatever changed behind the agent's back (drift).
    */

@@ -55,6 +55,11 @@ export class FakeLbMaps implements LbMaps {
     this.record('putRevNat', `${family}/${id}`);
     this.revNat.set(`${family}/${id}`, { id, family, ...entry });
   }
+  rewriteRevNat(id: number, family: Family, entry: RevNatEntry): void {
+    this.record('rewriteRevNat', `${family}/${id}`);
+    if (!this.revNat.has(`${family}/${id}`)) throw Object.assign(new Error(`rev-NAT ${family}/${id}: ENOENT`), { code: 'ENOENT' });
+    this.revNat.set(`${family}/${id}`, { id, family, ...entry });
+  }
   deleteRevNat(id: number, family: Family): void {
     this.record('deleteRevNat', `${family}/${id}`);
     this.revNat.delete(`${family}/${id}`);

@@ -491,3 +491,22 @@ t.test('change syncs over random transitions leave exactly what a full plan woul
   holdsExactly(t, m, d, 'after 200 change syncs');
   t.equal(m.backends.size, new Set([...d.values()].flatMap((f) => f.backends.map((b) => b.address))).size, 'no backend left that no frontend names');
 });
+
+t.test("liveness' write probe: a rewrite of a realized rev-NAT entry, else id 0 written and deleted; the maps unchanged", async (t) => {
+  const maps = new FakeLbMaps();
+  const r = new Reconciler(maps);
+  r.probeWrite();
+  t.same(maps.calls.map((c) => `${c.method} ${c.what}`), ['putRevNat 4/0', 'deleteRevNat 4/0'], 'nothing realized: id 0, never allocated');
+  t.equal(maps.revNat.size, 0);
+  sync(r, desired([{ name: 'web', ip: '10.96.0.10', backends: ['10.0.0.2'] }]), { prune: true });
+  const before = JSON.stringify(maps.dump());
+  maps.calls.length = 0;
+  r.probeWrite();
+  t.same(maps.calls.map((c) => c.method), ['rewriteRevNat'], 'one rewrite of an existing entry (BPF_EXIST: no room needed)');
+  t.equal(JSON.stringify(maps.dump()), before, 'with the bytes it held');
+  // Drift: the entry vanished behind the agent's back; the probe still works, and leaves the repair to the resync.
+  maps.revNat.clear();
+  maps.calls.length = 0;
+  r.probeWrite();
+  t.same(maps.calls.map((c) => `${c.method} ${c.what}`), ['rewriteRevNat 4/1', 'putRevNat 4/0', 'deleteRevNat 4/0']);
+});
