@@ -1,7 +1,7 @@
 import t from 'tap';
 import { spawnSync } from 'node:child_process';
 import net from 'node:net';
-import { mkdtempSync, rmSync, statSync, writeFileSync, existsSync } from 'node:fs';
+import { chmodSync, existsSync, lstatSync, mkdtempSync, readdirSync, rmSync, statSync, watch, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { AgentUnreachableError, apiGet, startApiServer, type AgentStatus } from '../../src/agent/api.js';
@@ -92,6 +92,31 @@ t.test('the socket: mode 0600, a live one or a file refused, removed on close', 
 
   writeFileSync(socketPath, 'not a socket');
   await t.rejects(startApiServer({ view, socketPath, version: 'c' }), { code: 'EEXIST' });
+});
+
+t.test('the socket is never reachable by others, not even for a moment: it is bound in a 0700 directory and renamed into place', async (t) => {
+  const dir = tempDir(t);
+  chmodSync(dir, 0o1777); // as /tmp: anyone may look in
+  const socketPath = path.join(dir, 'agent.sock');
+  // Every name that appears in the directory, looked at as it appears.
+  const seen: string[] = [];
+  const watcher = watch(dir, (_event, name) => {
+    if (!name) return;
+    try {
+      const st = lstatSync(path.join(dir, name));
+      seen.push(`${name} ${st.isSocket() ? 'socket' : st.isDirectory() ? 'dir' : 'file'} ${(st.mode & 0o777).toString(8)}`);
+    } catch {
+      // gone already (the private directory, once the socket left it)
+    }
+  });
+  t.teardown(() => watcher.close());
+  const srv = await startApiServer({ view: new FakeView(), socketPath, version: 'v' });
+  t.teardown(() => srv.close());
+  await new Promise((r) => setTimeout(r, 50));
+  t.ok(seen.some((s) => s === 'agent.sock socket 600'), `the socket appeared with mode 0600 (${seen.join(', ')})`);
+  t.ok(seen.some((s) => / dir 700$/.test(s)), 'it was bound inside a private 0700 directory first (a bind in place would be 0755 until chmod)');
+  for (const s of seen) t.match(s, / (socket 600|dir 700)$/, `no name was ever reachable by others: ${s}`);
+  t.same(readdirSync(dir), ['agent.sock'], 'the private directory is gone');
 });
 
 t.test('a stale socket file (nobody listening) is replaced', async (t) => {
