@@ -28,8 +28,12 @@ v_pass=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$out/
 v_fail=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$out/verifier.log")
 : "${v_pass:=0}" "${v_fail:=1}"
 
-# The suites were type-checked on the host; only transpile here.
-suites=${LBCTL_VMTEST_SUITES:-test/native test/bpf test/e2e}
+# The suites were type-checked on the host; only transpile here. Every e2e
+# file but hostile-input.ts, which tests how the agent reads its input
+# (nothing the kernel does): it runs on the host, where its 2,000 files and
+# 16 MiB parses take seconds instead of the guest's minutes under TCG.
+default_suites="test/native test/bpf $(ls test/e2e/*.ts | grep -v '/hostile-input\.ts$' | tr '\n' ' ')"
+suites=${LBCTL_VMTEST_SUITES:-$default_suites}
 tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-3000}
 TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
   node node_modules/.bin/tap -R tap --timeout 600 $suites >"$out/tap.log" 2>&1

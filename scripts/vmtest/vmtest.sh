@@ -10,7 +10,7 @@
 # Environment:
 #   VMTEST_KERNELS   names from the matrix to run (default: all), e.g. "bookworm-6.1"
 #   VMTEST_SKIP_HOST=1  leave out the host row (make test: its suites just ran)
-#   VMTEST_SUITES    tap paths to run (default: test/native test/bpf test/e2e)
+#   VMTEST_SUITES    tap paths to run (default: scripts/vmtest/suites.sh's: test/native, test/bpf, test/e2e but hostile-input)
 #   VMTEST_TIMEOUT   seconds one guest may run (default 3600)
 #   VMTEST_REFRESH=1 resolve Debian kernels again (a newer package may exist)
 set -euo pipefail
@@ -18,7 +18,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/scripts/vmtest
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/lbctl/vmtest
 mkdir -p "$cache"/{debs,trees,initramfs,resolved,logs}
-suites=${VMTEST_SUITES:-test/native test/bpf test/e2e}
+suites=${VMTEST_SUITES:-}
 timeout_s=${VMTEST_TIMEOUT:-3600}
 
 log() { printf 'vmtest: %s\n' "$*" >&2; }
