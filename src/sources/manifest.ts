@@ -120,9 +120,48 @@ function pathOf(w: Walk | undefined): string {
  * Why an object's shape is beyond the limits, or undefined: depth, values
  * (aliases expanded: a shared value is counted every time it is reached) and
  * string lengths. Iterative, and it stops at the first limit, so it costs at
- * most MAX_VALUES_PER_OBJECT steps whatever the object.
+ * most MAX_VALUES_PER_OBJECT steps whatever the object. The walk keeps no
+ * path (it runs for every object read); a walk that finds a problem runs
+ * again with paths, to say where.
  */
 export function shapeProblem(root: unknown): string | undefined {
+  return fastWalk(root) ? undefined : pathWalk(root);
+}
+
+/** True when the object is within the limits; no allocation per value. */
+function fastWalk(root: unknown): boolean {
+  const values: unknown[] = [root];
+  const depths: number[] = [0];
+  let count = 1;
+  while (values.length > 0) {
+    const v = values.pop();
+    const depth = depths.pop()!;
+    if (typeof v === 'string') {
+      if (v.length > MAX_STRING_CHARS) return false;
+      continue;
+    }
+    if (typeof v !== 'object' || v === null) continue;
+    if (depth >= MAX_DEPTH) return false;
+    if (Array.isArray(v)) {
+      if ((count += v.length) > MAX_VALUES_PER_OBJECT) return false;
+      for (let i = 0; i < v.length; i++) {
+        values.push(v[i]);
+        depths.push(depth + 1);
+      }
+    } else {
+      for (const k in v) {
+        if (!Object.hasOwn(v, k)) continue;
+        if (++count > MAX_VALUES_PER_OBJECT || k.length > MAX_STRING_CHARS) return false;
+        values.push((v as Record<string, unknown>)[k]);
+        depths.push(depth + 1);
+      }
+    }
+  }
+  return true;
+}
+
+/** The same walk with a path to every value: the message for an object fastWalk refused. */
+function pathWalk(root: unknown): string {
   const stack: Walk[] = [{ v: root, depth: 0, key: undefined, parent: undefined }];
   // Counted when pushed, so the stack itself never holds more than the limit.
   let values = 1;
@@ -151,7 +190,7 @@ export function shapeProblem(root: unknown): string | undefined {
       }
     }
   }
-  return undefined;
+  return 'beyond the limits';
 }
 
 /** An upper bound on the values in a JSON text: one, plus one per comma, `[` and `{` (inside strings too: a bound, not a count). */
@@ -168,8 +207,12 @@ function isList(v: unknown): v is { kind: 'List'; items: unknown[] } {
   return typeof v === 'object' && v !== null && (v as { kind?: unknown }).kind === 'List' && Array.isArray((v as { items?: unknown }).items);
 }
 
-/** Adds a document's objects (a List's items one by one), each checked against the shape limits. */
-function addDocument(value: unknown, where: string, out: ParsedManifests, count: { objects: number }): boolean {
+/**
+ * Adds a document's objects (a List's items one by one), each checked
+ * against the shape limits unless `withinLimits` says its text already
+ * bounds them.
+ */
+function addDocument(value: unknown, where: string, out: ParsedManifests, count: { objects: number }, withinLimits = false): boolean {
   if (value === null || value === undefined) return true;
   const items = isList(value) ? value.items : [value];
   if ((count.objects += items.length) > MAX_OBJECTS_PER_FILE) {
@@ -181,7 +224,7 @@ function addDocument(value: unknown, where: string, out: ParsedManifests, count:
     const at = isList(value) ? `${where}, item ${i}` : where;
     const item = items[i];
     // A List's own fields are not walked: its items are, one by one.
-    const problem = shapeProblem(item);
+    const problem = withinLimits ? undefined : shapeProblem(item);
     out.entries.push(problem ? { where: at, value: item, beyondLimits: problem } : { where: at, value: item });
   }
   return true;
@@ -229,7 +272,12 @@ export function parseManifests(text: string, format: 'yaml' | 'json'): ParsedMan
       out.broken = true;
       continue;
     }
-    if (!addDocument(value, where, out, count)) return { entries: out.entries, broken: true };
+    // A document without an alias holds no more values than its text has
+    // characters, no string longer than its text, and js-yaml bounded its
+    // depth: if its text is within both limits, nothing in it can be beyond
+    // one, and the walk is spared.
+    const withinLimits = doc.text.length <= Math.min(MAX_STRING_CHARS, MAX_VALUES_PER_OBJECT) && !doc.text.includes('*');
+    if (!addDocument(value, where, out, count, withinLimits)) return { entries: out.entries, broken: true };
   }
   return out;
 }
