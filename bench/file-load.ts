@@ -57,6 +57,8 @@ const run = new BenchRun();
 const world = run.world();
 const dir = mkdtempSync(path.join(os.tmpdir(), 'lbctl-bench-file-'));
 const results: Record<'yaml' | 'json', number[]> = { yaml: [], json: [] };
+/** Of each, the sync's own time (its 'sync done' durationMs): the rest is the debounce, reading, parsing and validating. */
+const syncMs: Record<'yaml' | 'json', number[]> = { yaml: [], json: [] };
 try {
   const agent = run.spawn(LBCTL, [
     'agent',
@@ -70,14 +72,14 @@ try {
     '--max-services', String(Math.ceil(n * 1.25)),
     '--max-backends', String(Math.ceil(n * 3.75)),
   ]);
-  const syncs: Array<{ frontends: number; at: number }> = [];
+  const syncs: Array<{ frontends: number; at: number; durationMs: number }> = [];
   let waiter: (() => void) | undefined;
   createInterface({ input: agent.stderr! }).on('line', (line) => {
     const at = performance.now();
     try {
-      const l = JSON.parse(line) as { msg?: string; frontends?: number };
+      const l = JSON.parse(line) as { msg?: string; frontends?: number; durationMs?: number };
       if (l.msg === 'sync done') {
-        syncs.push({ frontends: Number(l.frontends), at });
+        syncs.push({ frontends: Number(l.frontends), at, durationMs: Number(l.durationMs) });
         waiter?.();
       }
     } catch {
@@ -85,11 +87,11 @@ try {
     }
   });
   agent.stdout!.resume();
-  const until = async (frontends: number, from: number): Promise<number> => {
+  const until = async (frontends: number, from: number): Promise<{ at: number; durationMs: number }> => {
     const deadline = performance.now() + 120_000;
     for (;;) {
       const s = syncs.slice(from).find((x) => x.frontends === frontends);
-      if (s) return s.at;
+      if (s) return s;
       if (agent.exitCode !== null) throw new Error(`the agent exited ${agent.exitCode}`);
       if (performance.now() > deadline) throw new Error(`no sync with ${frontends} frontends within 120 s`);
       await new Promise<void>((resolve) => {
@@ -107,7 +109,9 @@ try {
       const from = syncs.length;
       const t0 = performance.now();
       renameSync(tmp, file);
-      results[format].push((await until(n, from)) - t0);
+      const done = await until(n, from);
+      results[format].push(done.at - t0);
+      syncMs[format].push(done.durationMs);
       const gone = syncs.length;
       unlinkSync(file);
       await until(0, gone);
@@ -126,10 +130,11 @@ const lines = [
   '',
   `A file of ${n} Services and ${n} EndpointSlices renamed into the agent's directory, to all ${n} frontends programmed (the 50 ms debounce included). Target: ${TARGET_MS} ms.`,
   '',
-  '| format | bytes | rename → programmed | runs | target |',
-  '|---|---:|---:|---|---|',
+  '| format | bytes | rename → programmed | of which the sync | runs | target |',
+  '|---|---:|---:|---:|---|---|',
   ...(['yaml', 'json'] as const).map(
-    (f) => `| ${f.toUpperCase()} | ${texts[f].length} | ${ms(median(results[f]))} | ${results[f].map(ms).join(', ')} | ${median(results[f]) <= TARGET_MS ? 'met' : `missed by ${ms(median(results[f]) - TARGET_MS)}`} |`,
+    (f) =>
+      `| ${f.toUpperCase()} | ${texts[f].length} | ${ms(median(results[f]))} | ${ms(median(syncMs[f]))} | ${results[f].map(ms).join(', ')} | ${median(results[f]) <= TARGET_MS ? 'met' : `missed by ${ms(median(results[f]) - TARGET_MS)}`} |`,
   ),
   '',
   'The parse alone, in the bench process (the file source parses YAML with js-yaml; `yaml` was its parser before):',
