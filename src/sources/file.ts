@@ -169,8 +169,8 @@ export class FileSource implements Source {
 
   /**
    * Sends what changed since the last publish: an event per object added,
-   * changed or gone (each re-read parses every file anew, so equal objects
-   * are compared by value), then one without an event for the status.
+   * changed or gone (a changed file is parsed anew, so its objects are
+   * compared by value), then one without an event for the status.
    */
   private publish(): void {
     const now = this.objects();
@@ -201,7 +201,9 @@ export class FileSource implements Source {
     if (this.timer) clearTimeout(this.timer);
     this.timer = setTimeout(() => {
       this.timer = undefined;
-      void this.readAll().then(() => this.publish());
+      void this.readAll()
+        .then(() => this.publish())
+        .catch((err: unknown) => this.report({ where: this.opts.dir, reason: `re-read failed: ${(err as Error)?.message ?? String(err)}`, category: 'error' }, this.dirProblems));
     }, this.opts.debounceMs ?? 50);
   }
 
@@ -212,8 +214,11 @@ export class FileSource implements Source {
   }
 
   private readAll(): Promise<void> {
-    this.reading = this.reading.then(() => this.doReadAll());
-    return this.reading;
+    // A read that failed (it should not: doReadAll reports what it meets)
+    // must not stop the reads after it, which chain on this promise.
+    const read = this.reading.then(() => this.doReadAll());
+    this.reading = read.catch((err: unknown) => this.report({ where: this.opts.dir, reason: `read failed: ${(err as Error)?.message ?? String(err)}`, category: 'error' }, this.dirProblems));
+    return read;
   }
 
   /**
