@@ -181,15 +181,19 @@ class Reflector<T> {
     this.abort = abort;
     // A server that goes silent (no event, no bookmark, no end) past the
     // watch's own timeout is given up on, and the watch started again.
-    const deadline = setTimeout(() => abort.abort(), (params.timeoutSeconds + 60) * 1000);
+    let silent = false;
+    const deadline = setTimeout(() => {
+      silent = true;
+      abort.abort();
+    }, (params.timeoutSeconds + 60) * 1000);
     try {
       const res = await apiGet(this.kc, this.path, params, abort.signal);
       if (res.status !== 200) throw await httpError(res, this.path);
       await readLines(res.body as unknown as AsyncIterable<Buffer>, MAX_WATCH_EVENT_BYTES, (line) => {
         if (this.stopped) return false;
-        let event: { type?: unknown; object?: RawObject & { code?: number; message?: string } };
+        let event: unknown;
         try {
-          event = JSON.parse(line) as typeof event;
+          event = JSON.parse(line);
         } catch (err) {
           throw new Error(`watch ${this.path}: the server sent a line that is not JSON (${line.length} bytes: ${(err as Error).message}); watching again from version ${this.resourceVersion}`);
         }
@@ -197,6 +201,7 @@ class Reflector<T> {
       });
     } catch (err) {
       if (this.stopped) return;
+      if (silent) throw new Error(`watch ${this.path}: the server did not end the watch within ${params.timeoutSeconds + 60} s of its ${params.timeoutSeconds} s timeout`);
       throw err;
     } finally {
       clearTimeout(deadline);
@@ -205,9 +210,14 @@ class Reflector<T> {
     }
   }
 
-  /** Applies one watch event; false ends the watch. */
-  private onWatchEvent(event: { type?: unknown; object?: RawObject & { code?: number; message?: string } }): boolean {
-    const obj = event.object;
+  /** Applies one watch event (any JSON value at all); false ends the watch. */
+  private onWatchEvent(line: unknown): boolean {
+    if (typeof line !== 'object' || line === null || Array.isArray(line)) {
+      this.problem(`watch ${this.path}`, `an event that is not an object: ${show(line)}`, 'invalid');
+      return true;
+    }
+    const event = line as { type?: unknown; object?: unknown };
+    const obj = event.object as (RawObject & { code?: unknown; message?: unknown }) | null | undefined;
     if (typeof obj !== 'object' || obj === null) {
       this.problem(`watch ${this.path}`, `a ${show(event.type)} event without an object`, 'invalid');
       return true;
@@ -222,13 +232,15 @@ class Reflector<T> {
         break;
       case 'BOOKMARK':
         break;
-      case 'ERROR':
-        throw obj.code === 410 ? new GoneError(String(obj.message ?? 'resource version too old')) : new Error(`watch error ${obj.code ?? ''}: ${String(obj.message ?? '')}`);
+      case 'ERROR': {
+        const message = typeof obj.message === 'string' ? obj.message.slice(0, 300) : '';
+        throw obj.code === 410 ? new GoneError(message || 'resource version too old') : new Error(`watch error ${show(obj.code)}: ${message}`);
+      }
       default:
         this.problem(`watch ${this.path}`, `an event of unknown type ${show(event.type)}`, 'invalid');
         return true;
     }
-    const rv = obj.metadata?.resourceVersion;
+    const rv = (obj.metadata as { resourceVersion?: unknown } | undefined)?.resourceVersion;
     if (typeof rv === 'string' && rv !== '') this.resourceVersion = rv;
     return true;
   }
