@@ -257,16 +257,20 @@ class Reflector<T> {
   private upsert(o: RawObject): void {
     let id = '';
     let v: Validated<T>;
+    let category: Problem['category'] = 'invalid';
     try {
       id = objectId(o.metadata);
       v = this.validate(o);
     } catch (err) {
       v = { ok: false, reason: `${this.kind}: cannot be read: ${(err as Error)?.message ?? String(err)}` };
+      category = 'error';
     }
     const had = this.items.has(id);
     if (!v.ok) {
       const object = id ? `${this.kind} ${id}` : undefined;
-      this.problem(`${this.kind} ${id}`, had ? `${v.reason} (keeping its last valid version)` : v.reason, 'invalid', object);
+      // An object without a usable name is named by where it came from.
+      const where = object ?? `${this.kind} without a name, from ${this.path}`;
+      this.problem(where, had ? `${v.reason} (keeping its last valid version)` : v.reason, category, object);
       return;
     }
     this.items.set(id, v.value);
