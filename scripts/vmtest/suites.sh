@@ -34,7 +34,7 @@ v_fail=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$out/
 # 16 MiB parses take seconds instead of the guest's minutes under TCG.
 default_suites="test/native test/bpf $(ls test/e2e/*.ts | grep -v '/hostile-input\.ts$' | tr '\n' ' ')"
 suites=${LBCTL_VMTEST_SUITES:-$default_suites}
-tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-3000}
+tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-3300}
 TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
   node node_modules/.bin/tap -R tap --timeout 600 $suites >"$out/tap.log" 2>&1
 tap_rc=$?
