@@ -330,7 +330,7 @@ async function httpError(res: Response, what: string): Promise<Error> {
  * when it returns false. A line longer than `maxBytes` is an error: what
  * the stream holds is bounded by the cap, not by the sender.
  */
-export async function readLines(body: AsyncIterable<Buffer>, maxBytes: number, onLine: (line: string) => boolean): Promise<void> {
+async function readLines(body: AsyncIterable<Buffer>, maxBytes: number, onLine: (line: string) => boolean): Promise<void> {
   let parts: Buffer[] = [];
   let size = 0;
   const tooLong = (): Error => new Error(`a line longer than ${maxBytes} bytes (the most lbctl reads as one event)`);
