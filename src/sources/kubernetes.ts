@@ -153,7 +153,7 @@ class Reflector<T> {
       const page = await listPage(this.kc, this.path, { ...this.selectors, limit: PAGE_SIZE, continue: cont }, this.listAbort.signal);
       if (this.stopped) return;
       for (const o of page.items) {
-        seen.add(objectId(o.metadata));
+        seen.add(objectId((o as RawObject | null)?.metadata));
         this.upsert(o);
       }
       cont = page.continue || undefined;
@@ -259,7 +259,7 @@ class Reflector<T> {
     let v: Validated<T>;
     let category: Problem['category'] = 'invalid';
     try {
-      id = objectId(o.metadata);
+      id = objectId((o as RawObject | null)?.metadata);
       v = this.validate(o);
     } catch (err) {
       v = { ok: false, reason: `${this.kind}: cannot be read: ${(err as Error)?.message ?? String(err)}` };

@@ -193,6 +193,12 @@ export class FakeApiServer {
   }
 
   /**
+   * Values added as they are to the first page of every list of a kind
+   * (hostile-input tests: items no API server would hold, null among them).
+   */
+  readonly rawListItems = new Map<string, unknown[]>();
+
+  /**
    * Writes `text` as it is to every open watch of `kind`: lines that are not
    * JSON, events of unknown types, objects no API server would hold, lines
    * too long to be an object (hostile-input tests).
@@ -333,7 +339,7 @@ export class FakeApiServer {
         kind: resource.listKind,
         apiVersion: resource.apiVersion,
         metadata: { resourceVersion: String(listRv), ...(next ? { continue: next } : {}) },
-        items,
+        items: after ? items : [...(this.rawListItems.get(resource.kind) ?? []), ...items],
       }),
     );
   }

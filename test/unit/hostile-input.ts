@@ -183,6 +183,8 @@ t.test('Kubernetes source: hostile watch events and lines are reported, the watc
   api.put(SENTINEL[0] as never);
   api.put(SENTINEL[1] as never);
   api.put({ apiVersion: 'v1', kind: 'Node', metadata: { name: 'n1' } });
+  // Items no API server would list: the list must still complete.
+  api.rawListItems.set('Service', [null, 7, 'x', [], { metadata: null }, { metadata: { name: { a: 1 } } }]);
   const problems: Problem[] = [];
   const watchErrors: string[] = [];
   const model = new DesiredModel();
@@ -209,6 +211,7 @@ t.test('Kubernetes source: hostile watch events and lines are reported, the watc
   model.flush();
   const sentinel = model.frontends.get(SENTINEL_KEY_)!;
   t.ok(sentinel, 'the sentinel is in the desired state');
+  t.equal(problems.filter((p) => p.kind === 'Service').length, 6, 'each item of the list that is not an object is reported');
 
   // Objects that are not the sentinel (the API server is the authority on
   // identity: an event naming the sentinel is its owner's update).
