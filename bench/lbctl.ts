@@ -10,7 +10,7 @@ import { createInterface } from 'node:readline';
 import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
 import { lb4_key, lb_service } from '../src/datapath/abi.gen.js';
-import { ipv4ToUint } from '../src/model/addr.js';
+import { ipv4ToUint } from '../src/lb/addr.js';
 import { LBCTL, type BenchRun, type World } from './world.js';
 import type { BenchService } from './kube-proxy.js';
 

@@ -15,7 +15,7 @@ import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { DesiredModel } from '../model/desired.js';
 import type { Skipped } from '../model/from-k8s.js';
-import { formatAddr } from '../model/types.js';
+import { formatAddr } from '../lb/types.js';
 import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
 import type { AgentMetrics } from './metrics.js';

@@ -1,15 +1,7 @@
 // The datapath as the reconciler sees it: typed operations on lbctl's maps,
 // addresses as text. Byte layouts stay in abi.gen.ts; the implementation over
 // pinned kernel maps is in maps.ts, a fake for tests in test/helpers.
-import type { Backend, Family, Protocol, ServiceType } from '../model/types.js';
-
-/** A service map key without its slot. Wildcards: port 0, protocol 'ANY'. */
-export interface ServiceAddr {
-  readonly address: string;
-  readonly family: Family;
-  readonly port: number;
-  readonly protocol: Protocol | 'ANY';
-}
+import type { Backend, Family, ServiceAddr, ServiceType } from '../lb/types.js';
 
 export type MasterType = ServiceType | 'Wildcard';
 
@@ -86,9 +78,4 @@ export interface LbMaps {
   rewriteRevNat(id: number, family: Family, entry: RevNatEntry): void;
   deleteRevNat(id: number, family: Family): void;
   dump(): MapsDump;
-}
-
-export function serviceAddrKey(fe: ServiceAddr): string {
-  const host = fe.family === 6 ? `[${fe.address}]` : fe.address;
-  return `${host}:${fe.port}/${fe.protocol}`;
 }

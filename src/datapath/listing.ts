@@ -1,8 +1,8 @@
 // Frontends with their backends as the maps hold them: the shape of
 // `lbctl bpf lb list -o json`, shared by the CLI and the agent's drift check.
-import type { MapsDump, ServiceAddr } from './lbmaps.js';
-import { serviceAddrKey } from './lbmaps.js';
-import { formatAddr } from '../model/types.js';
+import type { MapsDump } from './lbmaps.js';
+import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
+import { formatAddr } from '../lb/types.js';
 
 export interface LbListBackend {
   address: string;

@@ -2,8 +2,8 @@
 // moves bytes through the native addon. Nothing here knows a byte offset.
 import { ConfigError } from '../errors.js';
 import { BPF_ANY, BPF_EXIST } from '../native/bpf.js';
-import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../model/addr.js';
-import type { Backend, BackendState, Family, Protocol } from '../model/types.js';
+import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
+import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
 import {
   LbBackendState,
   LbSvcType,
@@ -20,7 +20,8 @@ import {
   type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import { PartialWriteError, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceAddr, type ServiceEntry } from './lbmaps.js';
+import { PartialWriteError, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
+import type { ServiceAddr } from '../lb/types.js';
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {

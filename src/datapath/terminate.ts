@@ -32,8 +32,8 @@ import { closeSync, fstatSync, openSync, readdirSync, readFileSync, readlinkSync
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
-import { ipFromBytes, ipv4ToUint, ipv6Bytes, parseIp } from '../model/addr.js';
-import { backendKey, type Family, type L3n4Addr } from '../model/types.js';
+import { ipFromBytes, ipv4ToUint, ipv6Bytes, parseIp } from '../lb/addr.js';
+import { backendKey, type Family, type L3n4Addr } from '../lb/types.js';
 import { BpfObject, inetDiagDestroy, inetDiagDump, isErrno, type BpfMap, type InetDiagSocket } from '../native/bpf.js';
 import { lb4_backend, lb4_sock_key, lb6_backend, lb6_sock_key, MapType, u32 } from './abi.gen.js';
 import { verifyMapLayout } from './maps.js';

@@ -18,7 +18,8 @@
 // failure is reported as a skip; the others are computed as usual.
 import type { EndpointSlice, Node, Service } from './k8s.js';
 import { serviceFrontends, type Skipped } from './from-k8s.js';
-import type { Backend, DesiredState, Frontend, FrontendKey } from './types.js';
+import type { Backend, FrontendKey } from '../lb/types.js';
+import type { DesiredState, Frontend } from './types.js';
 
 /**
  * EndpointSlices read per Service: the first ones by name. The EndpointSlice

@@ -4,13 +4,8 @@
 // filtered by node or zone hints or internalTrafficPolicy Local, falling
 // back to serving-and-terminating ones when none is left.
 import { HEADLESS_LABEL, type Endpoint, type EndpointSlice, type Node, type Service } from './k8s.js';
-import {
-  backendKey,
-  frontendKey,
-  type Backend,
-  type BackendKey,
-  type Frontend,
-} from './types.js';
+import { backendKey, frontendKey, type Backend, type BackendKey } from '../lb/types.js';
+import { type Frontend } from './types.js';
 
 /** A service lbctl deliberately does not program, and why. */
 export interface Skipped {

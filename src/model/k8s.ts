@@ -2,8 +2,8 @@
 // EndpointSlice), as they arrive in JSON or YAML, and their validation into
 // normalized forms. Pure: no I/O. Field names follow the API, so objects
 // from @kubernetes/client-node and from manifests fit alike.
-import { parseIp, type ParsedIp } from './addr.js';
-import type { Family, Protocol } from './types.js';
+import { parseIp, type ParsedIp } from '../lb/addr.js';
+import type { Family, Protocol } from '../lb/types.js';
 
 export interface ObjectMeta {
   name?: string;

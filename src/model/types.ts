@@ -1,27 +1,7 @@
 // Desired state: what the datapath should hold, in lbctl's own terms. Pure
 // data; no byte layouts (those live in datapath/abi.gen.ts).
 
-export type Protocol = 'TCP' | 'UDP';
-export type Family = 4 | 6;
-export type ServiceType = 'ClusterIP' | 'NodePort' | 'ExternalIP' | 'LoadBalancer';
-export type BackendState = 'active' | 'terminating' | 'quarantined';
-
-/** "10.96.0.10:53/UDP" or "[fd00::a]:80/TCP": the identity of a frontend. */
-export type FrontendKey = string & { readonly __brand: 'FrontendKey' };
-/** Same shape as FrontendKey, for a backend address. */
-export type BackendKey = string & { readonly __brand: 'BackendKey' };
-
-export interface L3n4Addr {
-  /** Canonical text form (RFC 5952 for IPv6). */
-  readonly address: string;
-  readonly family: Family;
-  readonly port: number;
-  readonly protocol: Protocol;
-}
-
-export interface Backend extends L3n4Addr {
-  readonly state: BackendState;
-}
+import type { Backend, FrontendKey, L3n4Addr, ServiceType } from '../lb/types.js';
 
 /** Where a frontend came from, for listings and error messages. */
 export interface ServiceRef {
@@ -48,19 +28,3 @@ export interface Frontend extends L3n4Addr {
 }
 
 export type DesiredState = ReadonlyMap<FrontendKey, Frontend>;
-
-export function formatAddr(address: string, family: Family, port: number): string {
-  return family === 6 ? `[${address}]:${port}` : `${address}:${port}`;
-}
-
-export function l3n4Key(a: L3n4Addr): string {
-  return `${formatAddr(a.address, a.family, a.port)}/${a.protocol}`;
-}
-
-export function frontendKey(a: L3n4Addr): FrontendKey {
-  return l3n4Key(a) as FrontendKey;
-}
-
-export function backendKey(a: L3n4Addr): BackendKey {
-  return l3n4Key(a) as BackendKey;
-}

@@ -15,9 +15,10 @@
 // change sync plans only the frontends that changed; the realized state's
 // reference counts tell which backends and wildcards that left unused, so
 // its cost follows the change, not the number of services.
-import type { Backend, DesiredState, Family, Frontend, FrontendKey } from '../model/types.js';
+import { serviceAddrKey, type Backend, type Family, type FrontendKey, type ServiceAddr } from '../lb/types.js';
+import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
-import { serviceAddrKey, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
+import type { MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
 import { heldSlots, isWildcard, type RealizedFrontend, type RealizedState } from './realized.js';
 
 export type MapOp =

@@ -4,8 +4,9 @@
 // tell whether a backend or an address is still in use without walking
 // every frontend: how many slots name each backend, and how many frontends
 // (wildcards aside) sit at each address.
-import type { Backend, Family } from '../model/types.js';
-import { serviceAddrKey, type MapsDump, type MasterEntry, type RevNatEntry, type ServiceAddr } from '../datapath/lbmaps.js';
+import type { Backend, Family } from '../lb/types.js';
+import type { MapsDump, MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
+import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 
 export interface RealizedFrontend {
   readonly fe: ServiceAddr;

@@ -3,10 +3,11 @@
 // holds, and the next sync (a full re-plan) finishes the job. Writes are
 // idempotent: re-running any prefix of a plan is harmless.
 import { LbError } from '../errors.js';
-import type { LbMaps, ServiceAddr } from '../datapath/lbmaps.js';
-import { PartialWriteError, serviceAddrKey, type LbWrite } from '../datapath/lbmaps.js';
-import { backendKey, type Backend, type BackendKey, type DesiredState, type Family, type Frontend, type FrontendKey, type L3n4Addr } from '../model/types.js';
-import { ipv4ToUint } from '../model/addr.js';
+import type { LbMaps } from '../datapath/lbmaps.js';
+import { PartialWriteError, type LbWrite } from '../datapath/lbmaps.js';
+import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family, type FrontendKey, type L3n4Addr, type ServiceAddr } from '../lb/types.js';
+import { type DesiredState, type Frontend } from '../model/types.js';
+import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
 import { opFamily, plan, type MapOp } from './plan.js';
 import { RealizedState } from './realized.js';

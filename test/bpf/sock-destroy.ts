@@ -16,10 +16,10 @@ import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { cgroup2Root } from '../../src/datapath/loader.js';
 import { lb4_sock_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat } from '../../src/datapath/abi.gen.js';
-import { ipv4ToUint, ipv6Bytes } from '../../src/model/addr.js';
+import { ipv4ToUint, ipv6Bytes } from '../../src/lb/addr.js';
 import { lacksSockDestroy, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
-import type { L3n4Addr } from '../../src/model/types.js';
+import type { L3n4Addr } from '../../src/lb/types.js';
 
 // Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
 if (process.getuid?.() !== 0) t.bailout('the BPF suites need root (CAP_BPF, CAP_NET_ADMIN): run `make test` as root');

@@ -1,8 +1,8 @@
 // An in-memory LbMaps that records every write and can be told to fail one,
 // for reconciler tests that check order and failure handling.
-import type { LbMaps, MapsDump, MasterEntry, RevNatEntry, ServiceAddr, ServiceEntry } from '../../src/datapath/lbmaps.js';
-import { serviceAddrKey } from '../../src/datapath/lbmaps.js';
-import type { Backend, Family } from '../../src/model/types.js';
+import type { LbMaps, MapsDump, MasterEntry, RevNatEntry, ServiceEntry } from '../../src/datapath/lbmaps.js';
+import { serviceAddrKey, type ServiceAddr } from '../../src/lb/types.js';
+import type { Backend, Family } from '../../src/lb/types.js';
 
 export interface Call {
   readonly method: string;

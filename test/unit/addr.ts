@@ -2,7 +2,7 @@
 // which still parses everything else.
 import t from 'tap';
 import ipaddr from 'ipaddr.js';
-import { ipv4ToUint, parseIp } from '../../src/model/addr.js';
+import { ipv4ToUint, parseIp } from '../../src/lb/addr.js';
 
 t.test('canonical IPv4 is kept as it is, and agrees with ipaddr.js', async (t) => {
   for (const a of ['0.0.0.0', '10.96.0.10', '255.255.255.255', '1.2.3.4', '192.168.100.200']) {

@@ -19,7 +19,8 @@ import fc from 'fast-check';
 import t from 'tap';
 import { DesiredModel, sameFrontend } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateNode, validateService } from '../../src/model/k8s.js';
-import type { Frontend, FrontendKey } from '../../src/model/types.js';
+import type { FrontendKey } from '../../src/lb/types.js';
+import type { Frontend } from '../../src/model/types.js';
 import { FileSource } from '../../src/sources/file.js';
 import { KubernetesSource } from '../../src/sources/kubernetes.js';
 import {

@@ -1,7 +1,8 @@
 import t, { type Test } from 'tap';
 import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
-import { frontendKey, type Backend, type DesiredState, type Frontend, type FrontendKey } from '../../src/model/types.js';
+import { frontendKey, serviceAddrKey, type Backend, type FrontendKey } from '../../src/lb/types.js';
+import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { Reconciler, backendIdKey, type SyncResult } from '../../src/reconcile/reconciler.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
 import { service, slice } from '../fakes/objects.js';
@@ -46,7 +47,7 @@ function sync(r: Reconciler, d: DesiredState, opts: { prune: boolean }): SyncRes
 function consistent(m: FakeLbMaps): string | undefined {
   for (const e of m.services.values()) {
     if (e.slot !== 0 || !e.master || e.master.type === 'Wildcard') continue;
-    const key = `${e.fe.family === 6 ? `[${e.fe.address}]` : e.fe.address}:${e.fe.port}/${e.fe.protocol}`;
+    const key = serviceAddrKey(e.fe);
     for (let s = 1; s <= e.master.count + e.master.qcount; s++) {
       const slot = m.services.get(`${key}#${s}`);
       if (!slot) return `${key} counts slot ${s}, which is missing`;

@@ -4,7 +4,7 @@
 // test/bpf/sock-destroy.ts and test/e2e/udp-destroy.ts.
 import t from 'tap';
 import { cgroupPids, diagMatch, lacksSockDestroy, parseCookies, removedUdpBackends } from '../../src/datapath/terminate.js';
-import { backendKey, type Backend, type L3n4Addr } from '../../src/model/types.js';
+import { backendKey, type Backend, type L3n4Addr } from '../../src/lb/types.js';
 
 const be = (address: string, port: number, protocol: 'TCP' | 'UDP' = 'UDP', state: Backend['state'] = 'active'): Backend => ({
   address,

@@ -1,0 +1,60 @@
+// lbctl's load-balancing vocabulary: addresses, families, protocols, and the
+// one text form of a frontend or backend key. Below both src/model (which
+// turns Kubernetes objects into these) and src/datapath (which encodes them
+// into map bytes), so neither imports the other for a word. Restart
+// adoption relies on the key form: a frontend read back from the maps must
+// get the key the model gives it, or every frontend is renumbered and every
+// socket's rev-NAT entry goes stale. Cilium keeps the same in
+// pkg/loadbalancer.
+
+export type Protocol = 'TCP' | 'UDP';
+export type Family = 4 | 6;
+export type ServiceType = 'ClusterIP' | 'NodePort' | 'ExternalIP' | 'LoadBalancer';
+/**
+ * How lbctl treats a backend. Slots decide selection (slots 1..count are
+ * selectable, count+1..count+qcount are kept for established flows only);
+ * the state is recorded in the backend entry for listings.
+ */
+export type BackendState = 'active' | 'terminating' | 'quarantined';
+
+/** "10.96.0.10:53/UDP" or "[fd00::a]:80/TCP": the identity of a frontend. */
+export type FrontendKey = string & { readonly __brand: 'FrontendKey' };
+/** Same shape as FrontendKey, for a backend address. */
+export type BackendKey = string & { readonly __brand: 'BackendKey' };
+
+export interface L3n4Addr {
+  /** Canonical text form (RFC 5952 for IPv6). */
+  readonly address: string;
+  readonly family: Family;
+  readonly port: number;
+  readonly protocol: Protocol;
+}
+
+/** A service map key without its slot. Wildcards: port 0, protocol 'ANY'. */
+export interface ServiceAddr {
+  readonly address: string;
+  readonly family: Family;
+  readonly port: number;
+  readonly protocol: Protocol | 'ANY';
+}
+
+export interface Backend extends L3n4Addr {
+  readonly state: BackendState;
+}
+
+export function formatAddr(address: string, family: Family, port: number): string {
+  return family === 6 ? `[${address}]:${port}` : `${address}:${port}`;
+}
+
+/** The key text of an address, port and protocol: the only definition of the form. */
+export function serviceAddrKey(a: ServiceAddr): string {
+  return `${formatAddr(a.address, a.family, a.port)}/${a.protocol}`;
+}
+
+export function frontendKey(a: L3n4Addr): FrontendKey {
+  return serviceAddrKey(a) as FrontendKey;
+}
+
+export function backendKey(a: L3n4Addr): BackendKey {
+  return serviceAddrKey(a) as BackendKey;
+}
