@@ -9,13 +9,12 @@
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
-import { lbList } from '../datapath/listing.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { DesiredModel } from '../model/desired.js';
 import type { Skipped } from '../model/from-k8s.js';
-import { formatAddr } from '../lb/types.js';
+import { frontendStatuses } from './drift.js';
 import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
 import type { AgentMetrics } from './metrics.js';
@@ -271,52 +270,7 @@ export class Agent implements AgentView {
 
   frontends(): FrontendStatus[] {
     if (!this.datapath) return [];
-    const realized = new Map(lbList(this.datapath.maps.dump()).map((e) => [e.frontend, e]));
-    const out: FrontendStatus[] = [];
-    for (const fe of this.model.frontends.values()) {
-      const want = {
-        backends: fe.backends.map((b) => formatAddr(b.address, b.family, b.port)),
-        terminating: fe.terminating.map((b) => formatAddr(b.address, b.family, b.port)),
-        revNatId: this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0,
-      };
-      const have = realized.get(fe.key);
-      realized.delete(fe.key);
-      const got = have && {
-        backends: have.backends.filter((b) => b.slot <= want.backends.length).map((b) => b.address),
-        terminating: have.backends.filter((b) => b.slot > want.backends.length).map((b) => b.address),
-        revNatId: have.revNatId,
-      };
-      const details: string[] = [];
-      if (!got) details.push('missing from the maps');
-      else {
-        if (got.revNatId !== want.revNatId) details.push(`rev-NAT id ${got.revNatId}, intended ${want.revNatId}`);
-        if (have.backends.length !== want.backends.length + want.terminating.length) {
-          details.push(`${have.backends.length} slots, intended ${want.backends.length + want.terminating.length}`);
-        }
-        const slots = [...want.backends, ...want.terminating];
-        have.backends.forEach((b, i) => {
-          if (slots[i] !== undefined && b.address !== slots[i]) details.push(`slot ${b.slot} is ${b.address}, intended ${slots[i]}`);
-          if (b.state === 'missing' || b.address === '<missing>') details.push(`slot ${b.slot} names missing backend ${b.id}`);
-        });
-      }
-      out.push({
-        frontend: fe.key,
-        service: `${fe.service.namespace}/${fe.service.name}:${fe.service.portName}`,
-        desired: want,
-        ...(got ? { realized: got } : {}),
-        drift: details.length > 0,
-        details,
-      });
-    }
-    for (const [frontend, have] of realized) {
-      out.push({
-        frontend,
-        realized: { backends: have.backends.map((b) => b.address), terminating: [], revNatId: have.revNatId },
-        drift: true,
-        details: ['in the maps but not intended'],
-      });
-    }
-    return out.sort((a, b) => (a.frontend < b.frontend ? -1 : 1));
+    return frontendStatuses(this.model.frontends.values(), (fe) => this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0, this.datapath.maps.dump());
   }
 
   datapathCounters(): Record<string, bigint> {

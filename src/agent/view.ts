@@ -22,8 +22,9 @@ export interface FrontendStatus {
   /** "namespace/name:portName" of the owning service; undefined for entries the agent does not intend. */
   readonly service?: string;
   readonly desired?: { readonly backends: readonly string[]; readonly terminating: readonly string[]; readonly revNatId: number };
+  /** What the maps hold, split by the maps' own master count (what the programs select from). */
   readonly realized?: { readonly backends: readonly string[]; readonly terminating: readonly string[]; readonly revNatId: number };
-  /** True when the maps disagree with the intent (missing, extra, or different). */
+  /** True when the maps disagree with the intent in anything the programs read (src/agent/drift.ts). */
   readonly drift: boolean;
   /** What differs, in words; empty when in sync. */
   readonly details: readonly string[];

@@ -183,7 +183,7 @@ t.test('drift behind the agent’s back is shown at once and repaired by the per
   t.equal(drifted.code, 1, 'service list exits 1');
   t.match(drifted.stderr, /3 frontends drift/, `and counts the drift on stderr: ${drifted.stderr.trim()}`);
   const by = new Map(drifted.list.map((f) => [f.frontend, f]));
-  t.match(by.get(`${WEB}:80/TCP`), { drift: true, details: ['2 slots, intended 3'] }, 'the deleted slot');
+  t.match(by.get(`${WEB}:80/TCP`), { drift: true, details: [`slot 3 is missing, intended ${sb.backends[2]!.v4}:${HTTP_PORT}`] }, 'the deleted slot');
   t.same(by.get(`${WEB}:80/TCP`)!.realized!.backends, sb.backends.slice(0, 2).map((b) => `${b.v4}:${HTTP_PORT}`), 'realized: the two slots left');
   t.match(
     by.get(`[${WEB6}]:80/TCP`),
@@ -193,7 +193,7 @@ t.test('drift behind the agent’s back is shown at once and repaired by the per
   t.match(by.get(`${STRAY}:80/TCP`), { drift: true, details: ['in the maps but not intended'] }, 'the stray frontend');
   t.notOk(by.get(`${STRAY}:80/TCP`)!.desired, 'with nothing desired');
   t.match(by.get(`${ECHO}:53000/UDP`), { drift: false, details: [] }, 'the untouched frontend does not drift');
-  t.match(text.stdout, /DRIFT: 2 slots, intended 3/, 'the text form flags it too');
+  t.match(text.stdout, /DRIFT: slot 3 is missing, intended /, 'the text form flags it too');
 
   // The next periodic resync re-reads the maps and repairs all three.
   const repair = await agent.waitForLog((l) => isSync('periodic')(l) && Number(l.planned) > 0, mark2, SYNC_PERIOD_MS * 3);
