@@ -1,6 +1,6 @@
 // The datapath as the reconciler sees it: typed operations on lbctl's maps,
 // addresses as text. Byte layouts stay in abi.gen.ts; the implementation over
-// pinned kernel maps is in maps.ts, a fake for tests in test/helpers.
+// pinned kernel maps is in maps.ts, a fake for tests in test/fakes/fake-maps.ts.
 import type { Backend, Family, ServiceAddr, ServiceType } from '../lb/types.js';
 
 export type MasterType = ServiceType | 'Wildcard';
