@@ -385,7 +385,6 @@ export class KubernetesSource implements Source {
   private services!: Reflector<Service>;
   private slices!: Reflector<EndpointSlice>;
   private nodes!: Reflector<Node>;
-  private current: Problem[] = [];
   private onChange: (e?: SourceEvent) => void = () => {};
 
   constructor(private readonly opts: KubernetesSourceOptions) {
@@ -402,15 +401,8 @@ export class KubernetesSource implements Source {
   async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
     const changed = (e?: SourceEvent): void => this.onChange(e);
-    const problem = (p: Problem): void => {
-      this.current.push(p);
-      if (this.current.length > 1000) this.current.shift();
-      this.opts.onProblem?.(p);
-    };
-    const opts = { ...this.opts, onProblem: problem };
-
     const reflector = <T>(kind: Kind, path: string, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
-      new Reflector(kind, this.kc, path, selectors, validate, opts, changed);
+      new Reflector(kind, this.kc, path, selectors, validate, this.opts, changed);
     this.services = reflector('Service', '/api/v1/services', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
     this.slices = reflector('EndpointSlice', '/apis/discovery.k8s.io/v1/endpointslices', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
     this.nodes = reflector('Node', '/api/v1/nodes', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
@@ -424,10 +416,6 @@ export class KubernetesSource implements Source {
     this.services?.stop();
     this.slices?.stop();
     this.nodes?.stop();
-  }
-
-  problems(): readonly Problem[] {
-    return this.current;
   }
 
   /** Complete once every informer has listed once; before that the agent must not prune. */
