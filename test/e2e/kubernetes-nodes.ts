@@ -141,3 +141,29 @@ t.test('the Node arriving later with a zone: hinted services are recomputed', as
   t.same(res.filter((r) => r.error), []);
   t.equal(new Set(res.map((r) => r.body)).size, 1, 'every connection goes to the endpoint of this zone');
 });
+
+t.test('internalTrafficPolicy Local and node hints need only --node-name: right without the Node, and after it is deleted', async (t) => {
+  const { sb, api } = await setup(t);
+  sb.sourceArgs.push('--node-sync-timeout', '0');
+  const [a, b] = sb.backends.map((x) => x.v4) as [string, string];
+  const LOCAL = '10.96.0.12';
+  const NEAR = '10.96.0.13';
+  api.apply(`${service('local', LOCAL, '  internalTrafficPolicy: Local\n')}---\n${slice('local', endpoint(a) + endpoint(b, { node: 'node-b' }))}`);
+  const nodeHint = (ip: string, node: string): string => `- addresses: [${ip}]\n  conditions: {ready: true}\n  nodeName: ${node}\n  hints: {forNodes: [{name: ${node}}]}\n`;
+  api.apply(`${service('near', NEAR, '  trafficDistribution: PreferSameNode\n')}---\n${slice('near', nodeHint(a, NODE) + nodeHint(b, 'node-b'))}`);
+  await sb.startAgent();
+  t.ok(sb.agent!.logs.some((l) => l.msg === GOING_ON), 'the Node is not there');
+  t.same(await backendsOf(sb, `${LOCAL}:80/TCP`), [`${a}:${HTTP_PORT}`], 'Local: this node’s endpoint');
+  t.same(await backendsOf(sb, `${NEAR}:80/TCP`), [`${a}:${HTTP_PORT}`], 'node hints: the endpoint hinted for this node');
+  const res = (await sb.client<{ results: Array<{ error?: string }> }>(['tcp', LOCAL, '80', '--count', '3'])).results;
+  t.same(res.filter((r) => r.error), [], 'the Local service is served');
+
+  // The Node arrives, then is deleted (a node re-registering): the node is still this one.
+  api.forbidden.delete('Node');
+  await sb.waitUntil(() => sb.agent!.logs.some((l) => l.msg === "this node's Node arrived: services are recomputed with its zone"), 'the Node arrived', 40_000);
+  const mark = sb.agent!.logs.length;
+  api.delete('Node', NODE);
+  await sb.agent!.waitForLog((l) => l.msg === 'sync done', mark);
+  t.same(await backendsOf(sb, `${LOCAL}:80/TCP`), [`${a}:${HTTP_PORT}`], 'Local keeps this node’s endpoint');
+  t.same(await backendsOf(sb, `${NEAR}:80/TCP`), [`${a}:${HTTP_PORT}`], 'node hints still apply');
+});

@@ -78,6 +78,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   const nodeName = opts.nodeName ?? process.env.NODE_NAME ?? os.hostname();
   agent = new Agent({
     source: await makeSource(opts, nodeName, log, metrics),
+    nodeName,
     datapath: {
       bpfRoot: opts.bpfRoot,
       cgroup: opts.cgroup ?? cgroup2Root(),
