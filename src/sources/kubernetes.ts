@@ -479,6 +479,12 @@ export class KubernetesSource implements Source {
     this.onChange(e);
   }
 
+  /**
+   * Ends the wait for the Node when its list answers (reporting a list
+   * without it), and starts the grace once Services and EndpointSlices have
+   * listed without it; when the grace runs out, the source is synced
+   * without the Node and says why.
+   */
   private watchNodeGrace(): void {
     if (this.nodes.synced && !this.nodeListSeen) {
       this.nodeListSeen = true;
