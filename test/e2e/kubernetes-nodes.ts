@@ -160,7 +160,8 @@ t.test('internalTrafficPolicy Local and node hints need only --node-name: right 
 
   // The Node arrives, then is deleted (a node re-registering): the node is still this one.
   api.forbidden.delete('Node');
-  await sb.waitUntil(() => sb.agent!.logs.some((l) => l.msg === "this node's Node arrived: services are recomputed with its zone"), 'the Node arrived', 40_000);
+  const arrived = await sb.agent!.waitForLog((l) => l.msg === "this node's Node arrived: services are recomputed with its zone", 0, 40_000);
+  await sb.agent!.waitForLog((l) => l.msg === 'sync done', sb.agent!.logs.indexOf(arrived)); // the arrival's own sync
   const mark = sb.agent!.logs.length;
   api.delete('Node', NODE);
   await sb.agent!.waitForLog((l) => l.msg === 'sync done', mark);
