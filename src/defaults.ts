@@ -8,3 +8,8 @@ export const DEFAULT_HEALTH_PORT = 10256;
 export const DEFAULT_METRICS_PORT = 10249;
 export const DEFAULT_METRICS_HOST = '127.0.0.1';
 export const DEFAULT_API_SOCKET = '/run/lbctl/agent.sock';
+/**
+ * How long the first sync waits for this node's Node once Services and
+ * EndpointSlices have listed (--node-sync-timeout; src/sources/kubernetes.ts).
+ */
+export const DEFAULT_NODE_SYNC_TIMEOUT_MS = 5_000;

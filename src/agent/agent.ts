@@ -14,6 +14,7 @@ import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { DesiredModel } from '../model/desired.js';
 import type { Skipped } from '../model/from-k8s.js';
+import type { Node } from '../model/k8s.js';
 import { frontendStatuses } from './drift.js';
 import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
@@ -30,6 +31,12 @@ export interface AgentOptions {
   readonly minSyncPeriodMs?: number;
   /** kube-proxy's syncPeriod: a full resync at least this often repairs drift (default 30 s). */
   readonly syncPeriodMs?: number;
+  /**
+   * This node's name (--node-name), as kube-proxy's hostname: what
+   * internalTrafficPolicy Local and node hints compare with, whether or not
+   * the source has this node's Node object (only its zone comes from there).
+   */
+  readonly nodeName?: string;
 }
 
 export interface SyncReport extends Omit<SyncResult, 'phasesMs'> {
@@ -65,6 +72,7 @@ export class Agent implements AgentView {
   private runQueued = false;
 
   constructor(private readonly opts: AgentOptions) {
+    this.model.setNode(this.nodeWithout());
     this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
       minIntervalMs: opts.minSyncPeriodMs ?? 0,
       maxIntervalMs: opts.syncPeriodMs ?? 30_000,
@@ -117,13 +125,19 @@ export class Agent implements AgentView {
       if (e.kind === 'Service') this.model.setService(e.id, e.object);
       else if (e.kind === 'EndpointSlice') this.model.setSlice(e.id, e.object);
       else {
-        this.model.setNode(e.object);
+        // A Node that is gone (or never came) takes its zone along, not the node's name.
+        this.model.setNode(e.object ?? this.nodeWithout());
         this.nodeGoing = e.object?.deleting ?? false;
       }
     }
     this.opts.metrics?.queued(now);
     this.stats.oldestPending ??= now;
     this.requestSync();
+  }
+
+  /** This node as known without its Node object: the name alone, no zone. */
+  private nodeWithout(): Node | undefined {
+    return this.opts.nodeName !== undefined ? { name: this.opts.nodeName, deleting: false } : undefined;
   }
 
   /**

@@ -9,6 +9,7 @@ import {
   DEFAULT_HEALTH_PORT,
   DEFAULT_METRICS_HOST,
   DEFAULT_METRICS_PORT,
+  DEFAULT_NODE_SYNC_TIMEOUT_MS,
   VERSION,
 } from '../defaults.js';
 
@@ -46,6 +47,7 @@ export function buildProgram(): Command {
     .option('--source <spec>', 'file:DIR, a directory of Kubernetes manifests (standalone mode)')
     .option('--kubeconfig <file>', 'watch the cluster this kubeconfig names (default in a pod: in-cluster config)')
     .option('--node-name <name>', 'this node, for internalTrafficPolicy Local and topology hints (default: $NODE_NAME or the hostname)')
+    .option('--node-sync-timeout <ms>', "Kubernetes: how long the first sync waits for this node's Node once Services and EndpointSlices are listed, then goes on without its zone (0: no wait)", nonNegativeInt, DEFAULT_NODE_SYNC_TIMEOUT_MS)
     .option('--cgroup <path>', 'cgroup v2 path to attach to (default: the cgroup v2 root, from /proc/mounts)')
     .option('--bpf-root <path>', 'bpffs directory for pinned maps and links', DEFAULT_BPF_ROOT)
     .option('--bpf-object <path>', 'the datapath object to load (default: the one built with lbctl); for upgrades and tests')

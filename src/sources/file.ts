@@ -25,8 +25,6 @@ interface FileState {
   objects: Map<string, Obj>;
   /** False when the last read failed as a whole and there was no earlier good read. */
   readable: boolean;
-  /** Problems of its last read (reported when they were found, not again). */
-  problems: Problem[];
   /** Identity and change times of what was read; unchanged files are not read again. Unset: read it next time. */
   stamp?: string;
   /** Bytes it counts against the directory's budget. */
@@ -38,23 +36,23 @@ interface FileState {
  * the rest summed up by category when the read ends.
  */
 class FileProblems {
-  readonly listed: Problem[] = [];
+  private listed = 0;
   private readonly more = new Map<Problem['category'], number>();
 
   constructor(
     private readonly file: string,
-    private readonly report: (p: Problem, into: Problem[]) => void,
+    private readonly report: (p: Problem) => void,
   ) {}
 
   add(p: Problem): void {
-    if (this.listed.length < MAX_PROBLEMS_LISTED_PER_FILE) this.report(p, this.listed);
+    if (this.listed++ < MAX_PROBLEMS_LISTED_PER_FILE) this.report(p);
     else this.more.set(p.category, (this.more.get(p.category) ?? 0) + 1);
   }
 
   summarize(): void {
     for (const [category, count] of this.more) {
       const reason = `${count} more problems of this kind in this file (the first ${MAX_PROBLEMS_LISTED_PER_FILE} of the file are listed one by one)`;
-      this.report({ where: this.file, reason, category, count }, this.listed);
+      this.report({ where: this.file, reason, category, count });
     }
   }
 }
@@ -109,9 +107,8 @@ async function readBounded(file: string, max: number): Promise<{ text: string } 
 export class FileSource implements Source {
   readonly name: string;
   private readonly files = new Map<string, FileState>();
-  /** Problems of the directory itself, and duplicates across files, as of the last read. */
-  private dirProblems: Problem[] = [];
-  private duplicates: Problem[] = [];
+  /** The duplicates across files as of the last read ("where|reason"): each is reported when it appears, not on every read. */
+  private duplicates = new Set<string>();
   private dirReadable = true;
   private watcher: FSWatcher | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -137,19 +134,13 @@ export class FileSource implements Source {
     await this.readAll();
     this.publish();
     this.watcher = watch(this.opts.dir, { persistent: true }, () => this.schedule());
-    this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}`, category: 'read' }, this.dirProblems));
+    this.watcher.on('error', (err) => this.report({ where: this.opts.dir, reason: `watch failed: ${err.message}`, category: 'read' }));
   }
 
   async stop(): Promise<void> {
     this.watcher?.close();
     if (this.timer) clearTimeout(this.timer);
     await this.reading;
-  }
-
-  problems(): readonly Problem[] {
-    const out = [...this.dirProblems];
-    for (const st of this.files.values()) out.push(...st.problems);
-    return [...out, ...this.duplicates];
   }
 
   status(): SourceStatus {
@@ -203,13 +194,12 @@ export class FileSource implements Source {
       this.timer = undefined;
       void this.readAll()
         .then(() => this.publish())
-        .catch((err: unknown) => this.report({ where: this.opts.dir, reason: `re-read failed: ${(err as Error)?.message ?? String(err)}`, category: 'error' }, this.dirProblems));
+        .catch((err: unknown) => this.report({ where: this.opts.dir, reason: `re-read failed: ${(err as Error)?.message ?? String(err)}`, category: 'error' }));
     }, this.opts.debounceMs ?? 50);
   }
 
-  /** Records a problem in `into` and reports it (a log line and a count, once per read that finds it). */
-  private report(p: Problem, into: Problem[]): void {
-    into.push(p);
+  /** Reports a problem (a log line and a count, once per read that finds it). */
+  private report(p: Problem): void {
     this.opts.onProblem?.(p);
   }
 
@@ -217,7 +207,7 @@ export class FileSource implements Source {
     // A read that failed (it should not: doReadAll reports what it meets)
     // must not stop the reads after it, which chain on this promise.
     const read = this.reading.then(() => this.doReadAll());
-    this.reading = read.catch((err: unknown) => this.report({ where: this.opts.dir, reason: `read failed: ${(err as Error)?.message ?? String(err)}`, category: 'error' }, this.dirProblems));
+    this.reading = read.catch((err: unknown) => this.report({ where: this.opts.dir, reason: `read failed: ${(err as Error)?.message ?? String(err)}`, category: 'error' }));
     return read;
   }
 
@@ -226,13 +216,12 @@ export class FileSource implements Source {
    * (by inode, size and change times), so a file costs its parse once.
    */
   private async doReadAll(): Promise<void> {
-    this.dirProblems = [];
     let names: string[];
     try {
       names = (await readdir(this.opts.dir)).filter((n) => MANIFEST.test(n)).sort();
     } catch (err) {
       // The directory itself is gone or unreadable: keep everything.
-      this.report({ where: this.opts.dir, reason: `cannot list directory: ${(err as Error).message}`, category: 'read' }, this.dirProblems);
+      this.report({ where: this.opts.dir, reason: `cannot list directory: ${(err as Error).message}`, category: 'read' });
       this.dirReadable = false;
       return;
     }
@@ -268,8 +257,8 @@ export class FileSource implements Source {
       }
     }
     const fileOf = new Map<string, string>();
-    const reported = new Set(this.duplicates.map((p) => `${p.where}|${p.reason}`));
-    this.duplicates = [];
+    const reported = this.duplicates;
+    this.duplicates = new Set();
     for (const [id, files] of definers) {
       if (files.length === 1) {
         fileOf.set(id, files[0]!);
@@ -281,15 +270,15 @@ export class FileSource implements Source {
       for (const file of files) {
         if (file === owner) continue;
         const p: Problem = { where: file, reason: `${id} is also defined in ${owner}; the one in ${owner} is used`, category: 'duplicate', object: id };
+        const key = `${p.where}|${p.reason}`;
+        this.duplicates.add(key);
         // Reported when it appears, not on every read of the directory.
-        if (reported.has(`${p.where}|${p.reason}`)) this.duplicates.push(p);
-        else this.report(p, this.duplicates);
+        if (!reported.has(key)) this.report(p);
       }
     }
     this.fileOf = fileOf;
   }
 
-  /** Reports a file that could not be read, and keeps the objects of its last good read. */
   /**
    * Reports a file that could not be read, and keeps the objects of its last
    * good read. With the file's stamp, it is not tried again until it
@@ -297,9 +286,8 @@ export class FileSource implements Source {
    */
   private keepPrevious(file: string, reason: string, category: Problem['category'], stamp?: string): void {
     const prev = this.files.get(file);
-    const problems: Problem[] = [];
-    this.report({ where: file, reason: prev?.readable ? `${reason} (keeping the objects of its last good read)` : reason, category }, problems);
-    this.files.set(file, { objects: prev?.objects ?? new Map(), readable: prev?.readable ?? false, problems, bytes: prev?.bytes ?? 0, ...(stamp ? { stamp } : {}) });
+    this.report({ where: file, reason: prev?.readable ? `${reason} (keeping the objects of its last good read)` : reason, category });
+    this.files.set(file, { objects: prev?.objects ?? new Map(), readable: prev?.readable ?? false, bytes: prev?.bytes ?? 0, ...(stamp ? { stamp } : {}) });
   }
 
   /** Reads one file within `budget` bytes of the directory's; returns the bytes it took. */
@@ -330,7 +318,7 @@ export class FileSource implements Source {
     }
     const parsed = parseManifests(read.text, file.endsWith('.json') ? 'json' : 'yaml');
     const objects = new Map<string, Obj>();
-    const problems = new FileProblems(file, (p, into) => this.report(p, into));
+    const problems = new FileProblems(file, (p) => this.report(p));
     for (const e of parsed.entries) {
       if ('reason' in e) problems.add({ where: e.where ? `${file}: ${e.where}` : file, reason: e.reason, category: e.category });
       else this.readObject(e.value, `${file}: ${e.where}`, objects, prev, problems, e.beyondLimits);
@@ -340,7 +328,7 @@ export class FileSource implements Source {
     // this file yielded before, on top of what still parses.
     if (parsed.broken && prev) for (const [id, o] of prev.objects) if (!objects.has(id)) objects.set(id, o);
     const bytes = Buffer.byteLength(read.text);
-    this.files.set(file, { objects, readable: !parsed.broken || (prev?.readable ?? false), problems: problems.listed, stamp, bytes });
+    this.files.set(file, { objects, readable: !parsed.broken || (prev?.readable ?? false), stamp, bytes });
     return bytes;
   }
 

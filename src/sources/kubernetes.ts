@@ -19,6 +19,18 @@
 // counted, and the last valid version of it (if any) stays in force.
 // Handlers only record; the agent's runner turns changes into syncs.
 //
+// Services and EndpointSlices gate the first sync; this node's Node does
+// not. The Node only gives the zone for topology hints and tells whether the
+// node is being deleted: the node's name, which internalTrafficPolicy Local
+// and node hints need, is the agent's own (--node-name). Once the other two
+// have listed, the first sync waits at most nodeSyncTimeoutMs more for the
+// Node, so that a start with the Node at hand programs its zone from the
+// first write; then the source counts as synced without it, says why once,
+// and the Node reflector keeps retrying. kube-proxy gates its first sync on
+// Services and EndpointSlices alone (isInitialized) and takes the node's
+// labels whenever they come; Cilium tries for its own Node a bounded number
+// of times and goes on without it when nothing requires it.
+//
 // The API server's input is bounded like a file's: a watch event longer than
 // MAX_WATCH_EVENT_BYTES or a list page over MAX_LIST_PAGE_BYTES is refused
 // (client-node's Watch buffers a line of any length, and drops lines that
@@ -27,6 +39,7 @@
 // no event is lost unseen; a validator that throws reports that object.
 import { KubeConfig } from '@kubernetes/client-node';
 import fetch, { type Response } from 'node-fetch';
+import { DEFAULT_NODE_SYNC_TIMEOUT_MS } from '../defaults.js';
 import { ConfigError } from '../errors.js';
 import {
   HEADLESS_LABEL,
@@ -60,6 +73,19 @@ export interface KubernetesSourceOptions {
   /** Backoff between informer restarts. */
   readonly backoffMinMs?: number;
   readonly backoffMaxMs?: number;
+  /**
+   * How long the first sync waits for this node's Node once Services and
+   * EndpointSlices have listed (default DEFAULT_NODE_SYNC_TIMEOUT_MS; 0: not at all).
+   */
+  readonly nodeSyncTimeoutMs?: number;
+  /**
+   * The source goes on without this node's Node: it could not be listed in
+   * time (`reason` names the last error), or the cluster has none of that name.
+   * Called once, until the Node arrives.
+   */
+  readonly onNodeMissing?: (reason: string) => void;
+  /** This node's Node arrived after onNodeMissing. */
+  readonly onNodeArrived?: (node: Node) => void;
 }
 
 type Kind = SourceEvent['kind'];
@@ -99,6 +125,8 @@ class GoneError extends Error {
 class Reflector<T> {
   readonly items = new Map<string, T>();
   synced = false;
+  /** The last list or watch error: the reason given when the source goes on without this kind. */
+  lastError: string | undefined;
   private resourceVersion: string | undefined;
   private failures = 0;
   private stopped = false;
@@ -286,6 +314,7 @@ class Reflector<T> {
     const max = this.opts.backoffMaxMs ?? 30_000;
     const base = Math.min(max, min * 2 ** this.failures++);
     const delay = Math.round(base / 2 + Math.random() * (base / 2)); // "equal jitter"
+    this.lastError = (err as Error)?.message ?? String(err);
     this.opts.onWatchError?.(this.kind, err, delay);
     return new Promise((resolve) => {
       this.wake = resolve;
@@ -385,8 +414,16 @@ export class KubernetesSource implements Source {
   private services!: Reflector<Service>;
   private slices!: Reflector<EndpointSlice>;
   private nodes!: Reflector<Node>;
-  private current: Problem[] = [];
   private onChange: (e?: SourceEvent) => void = () => {};
+  /** Counts down the Node's grace once Services and EndpointSlices have listed. */
+  private nodeTimer: NodeJS.Timeout | undefined;
+  /** The grace ran out before the Node list answered: synced without it. */
+  private nodeWaitOver = false;
+  /** The Node list's first answer was seen (and reported if it held no Node). */
+  private nodeListSeen = false;
+  /** onNodeMissing was called and the Node has not arrived since. */
+  private nodeMissing = false;
+  private stopped = false;
 
   constructor(private readonly opts: KubernetesSourceOptions) {
     try {
@@ -401,16 +438,9 @@ export class KubernetesSource implements Source {
 
   async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
-    const changed = (e?: SourceEvent): void => this.onChange(e);
-    const problem = (p: Problem): void => {
-      this.current.push(p);
-      if (this.current.length > 1000) this.current.shift();
-      this.opts.onProblem?.(p);
-    };
-    const opts = { ...this.opts, onProblem: problem };
-
+    const changed = (e?: SourceEvent): void => this.changed(e);
     const reflector = <T>(kind: Kind, path: string, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
-      new Reflector(kind, this.kc, path, selectors, validate, opts, changed);
+      new Reflector(kind, this.kc, path, selectors, validate, this.opts, changed);
     this.services = reflector('Service', '/api/v1/services', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
     this.slices = reflector('EndpointSlice', '/apis/discovery.k8s.io/v1/endpointslices', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
     this.nodes = reflector('Node', '/api/v1/nodes', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
@@ -421,18 +451,66 @@ export class KubernetesSource implements Source {
   }
 
   async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.nodeTimer) clearTimeout(this.nodeTimer);
     this.services?.stop();
     this.slices?.stop();
     this.nodes?.stop();
   }
 
-  problems(): readonly Problem[] {
-    return this.current;
+  /**
+   * Synced once Services and EndpointSlices have listed, and the Node has
+   * too or its grace is over; complete as soon as synced (the Node decides
+   * nothing about what may be removed).
+   */
+  status(): SourceStatus {
+    const synced = Boolean(this.services?.synced && this.slices?.synced && (this.nodes?.synced || this.nodeWaitOver));
+    return { synced, complete: synced };
   }
 
-  /** Complete once every informer has listed once; before that the agent must not prune. */
-  status(): SourceStatus {
-    const synced = Boolean(this.services?.synced && this.slices?.synced && this.nodes?.synced);
-    return { synced, complete: synced };
+  /** Every event and status change of the reflectors passes here on its way to the agent. */
+  private changed(e?: SourceEvent): void {
+    if (e?.kind === 'Node' && e.object && this.nodeMissing) {
+      this.nodeMissing = false;
+      this.opts.onNodeArrived?.(e.object);
+    }
+    // A reflector's first list (an event without an object) may start or end the Node's grace.
+    if (!e) this.watchNodeGrace();
+    this.onChange(e);
+  }
+
+  /**
+   * Ends the wait for the Node when its list answers (reporting a list
+   * without it), and starts the grace once Services and EndpointSlices have
+   * listed without it; when the grace runs out, the source is synced
+   * without the Node and says why.
+   */
+  private watchNodeGrace(): void {
+    if (this.nodes.synced && !this.nodeListSeen) {
+      this.nodeListSeen = true;
+      if (this.nodeTimer) clearTimeout(this.nodeTimer);
+      this.nodeTimer = undefined;
+      if (this.nodes.items.size === 0) this.reportNodeMissing(`the cluster has no Node named ${JSON.stringify(this.opts.nodeName)}`);
+    }
+    if (this.nodes.synced || this.nodeWaitOver || this.nodeTimer || !this.services.synced || !this.slices.synced) return;
+    const timeoutMs = this.opts.nodeSyncTimeoutMs ?? DEFAULT_NODE_SYNC_TIMEOUT_MS;
+    const giveUp = (): void => {
+      this.nodeTimer = undefined;
+      if (this.stopped || this.nodes.synced) return;
+      this.nodeWaitOver = true;
+      const waited = timeoutMs === 0 ? 'not waited for (--node-sync-timeout 0)' : `not listed within ${timeoutMs} ms of the Services and EndpointSlices`;
+      this.reportNodeMissing(`Node ${JSON.stringify(this.opts.nodeName)} ${waited}: ${this.nodes.lastError ?? 'no answer yet'}`);
+    };
+    if (timeoutMs === 0) return giveUp(); // the caller's onChange reports the new status
+    this.nodeTimer = setTimeout(() => {
+      giveUp();
+      if (this.nodeWaitOver) this.onChange();
+    }, timeoutMs);
+  }
+
+  private reportNodeMissing(reason: string): void {
+    if (this.nodeMissing) return;
+    this.nodeMissing = true;
+    this.opts.onNodeMissing?.(reason);
   }
 }

@@ -67,10 +67,10 @@ export interface Source {
   /**
    * Reads the initial state. `onChange` gets every object change, and a call
    * without an event when only the status changed; coalescing is the caller's job.
+   * Bad input goes to the source's own onProblem option, once, when found:
+   * the agent logs and counts it.
    */
   start(onChange: (event?: SourceEvent) => void): Promise<void>;
   status(): SourceStatus;
-  /** Problems in the current input, replaced on every re-read. */
-  problems(): readonly Problem[];
   stop(): Promise<void>;
 }

@@ -7,7 +7,9 @@
 //     events after the given resourceVersion, BOOKMARKs when asked for,
 //   - "410 Gone" (an ERROR event with a Status, code 410, reason Expired)
 //     when the resourceVersion is older than the compaction point,
-//   - dropWatches(): every open watch connection is cut mid-stream.
+//   - dropWatches(): every open watch connection is cut mid-stream,
+//   - forbidden: kinds whose list and watch get 403 Forbidden, as from RBAC
+//     that does not grant them.
 // Objects are real Kubernetes objects (from YAML manifests).
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
@@ -249,6 +251,12 @@ export class FakeApiServer {
   /** While unavailable, every request gets 503, as from an API server that is down. */
   available = true;
 
+  /**
+   * Kinds the client may not list or watch: 403 with the Status an API
+   * server's RBAC authorizer sends (a service account without that rule).
+   */
+  readonly forbidden = new Set<string>();
+
   private handle(req: IncomingMessage, res: ServerResponse): void {
     this.requests.push({ method: req.method ?? 'GET', url: req.url ?? '' });
     if (!this.available) return this.status(res, 503, 'ServiceUnavailable', 'the fake API server is down');
@@ -257,6 +265,12 @@ export class FakeApiServer {
     const route = this.route(url.pathname);
     if (req.method !== 'GET' || !route) return this.status(res, 404, 'NotFound', `the server could not find ${url.pathname}`);
     const { resource, namespace } = route;
+    if (this.forbidden.has(resource.kind)) {
+      const verb = url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1' ? 'watch' : 'list';
+      const scope = namespace ? `in the namespace "${namespace}"` : 'at the cluster scope';
+      const group = resource.apiVersion.includes('/') ? resource.apiVersion.split('/')[0] : '';
+      return this.status(res, 403, 'Forbidden', `${resource.plural} is forbidden: User "system:serviceaccount:kube-system:lbctl" cannot ${verb} resource "${resource.plural}" in API group "${group}" ${scope}`);
+    }
     const labels = labelMatcher(url.searchParams.get('labelSelector'));
     const fields = fieldMatcher(url.searchParams.get('fieldSelector'));
     const matches = (o: Obj): boolean => labels(o.metadata.labels) && fields(o);

@@ -115,3 +115,25 @@ t.test('a deleted file takes its objects with it', async (t) => {
   t.same(got.names(), ['web']);
   t.same(got.events.at(-1), { kind: 'Service', type: 'delete', id: 'default/dns' });
 });
+
+t.test('a problem is reported when it appears, not again on every re-read of the directory', async (t) => {
+  const { dir, src, write, problems, got } = setup(t);
+  write('a.yaml', SVC('web', '10.96.0.10'));
+  write('b.yaml', SVC('web', '10.96.0.10'));
+  write('c.yaml', SVC('bad', 'not-an-ip'));
+  await src.start(got.on);
+  const first = problems.map((p) => `${p.where}: ${p.category}`);
+  t.same(first.sort(), [`${path.join(dir, 'a.yaml')}: duplicate`, `${path.join(dir, 'c.yaml')}: document 0: invalid`]);
+  write('d.yaml', SVC('other', '10.96.0.20'));
+  await src.reload();
+  await src.reload();
+  t.equal(problems.length, first.length, 'neither the duplicate nor the unchanged bad file is reported again');
+  rmSync(path.join(dir, 'b.yaml'));
+  await src.reload();
+  t.equal(problems.length, first.length, 'a duplicate that went away is not reported');
+  write('b.yaml', SVC('web', '10.96.0.10'));
+  await src.reload();
+  t.match(problems.slice(first.length), [{ where: path.join(dir, 'b.yaml'), category: 'duplicate', reason: /also defined in .*a\.yaml/ }], 'one that comes back is reported again, once');
+  t.equal(problems.length, first.length + 1);
+  t.same(got.names(), ['other', 'web']);
+});

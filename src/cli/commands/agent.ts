@@ -17,6 +17,8 @@ export interface AgentCommandOptions {
   source?: string;
   kubeconfig?: string;
   nodeName?: string;
+  /** Kubernetes source: how long the first sync waits for this node's Node (ms). */
+  nodeSyncTimeout?: number;
   cgroup?: string;
   bpfRoot: string;
   /** A datapath object other than the built one (an upgrade, a test). */
@@ -34,7 +36,7 @@ export interface AgentCommandOptions {
   logLevel: string;
 }
 
-async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
+async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
   const onProblem = (p: Problem): void => {
     // Fixed label values (the category): the reason text goes to the log, not into metric cardinality.
     metrics.skipped(p.kind ?? 'File', p.category, p.count ?? 1);
@@ -53,9 +55,13 @@ async function makeSource(opts: AgentCommandOptions, log: pino.Logger, metrics: 
   const { KubernetesSource } = await import('../../sources/kubernetes.js');
   return new KubernetesSource({
     ...(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}),
-    nodeName: opts.nodeName ?? process.env.NODE_NAME ?? os.hostname(),
+    nodeName,
+    ...(opts.nodeSyncTimeout !== undefined ? { nodeSyncTimeoutMs: opts.nodeSyncTimeout } : {}),
     onProblem,
     onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'list or watch failed; retrying after backoff'),
+    onNodeMissing: (reason) =>
+      log.warn({ node: nodeName, reason }, "going on without this node's Node: its zone is unknown, so zone hints are ignored until it arrives"),
+    onNodeArrived: (node) => log.info({ node: node.name, zone: node.zone ?? null }, "this node's Node arrived: services are recomputed with its zone"),
   });
 }
 
@@ -69,8 +75,10 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   // The metrics read the datapath's counters through the agent, which reports into the metrics.
   let agent: Agent | undefined;
   const metrics = new AgentMetrics({ view: { datapathCounters: () => agent?.datapathCounters() ?? {} } });
+  const nodeName = opts.nodeName ?? process.env.NODE_NAME ?? os.hostname();
   agent = new Agent({
-    source: await makeSource(opts, log, metrics),
+    source: await makeSource(opts, nodeName, log, metrics),
+    nodeName,
     datapath: {
       bpfRoot: opts.bpfRoot,
       cgroup: opts.cgroup ?? cgroup2Root(),
