@@ -374,39 +374,41 @@ int test_affinity_keyed_by_wide_revnat_id(struct __sk_buff *skb)
 }
 
 /*
- * The socket rev-NAT entry is written only when missing or different. A
+ * A UDP socket's rev-NAT entry is written only when missing or different. A
  * hash map update always puts a new element in place of the old one, so
  * "not rewritten" shows as the same element (the same value pointer) before
  * and after; a rewrite gives another element.
  */
 #define SVC2_IP		bpf_htonl(0x0a60000b)	/* 10.96.0.11, also served by BE1 */
+#define DNS_PORT	bpf_htons(53)
 #define REVNAT2		8
 
-/* A second TCP service whose only slot names backend 1 (BE1, as SVC_IP's slot 1). */
-static __always_inline void put_svc2(void)
+/* A UDP service on port 53 whose only slot names backend 1 (BE1). */
+static __always_inline void put_udp_svc(__be32 addr, __u32 rev_nat_index)
 {
-	struct lb4_key key = { .address = SVC2_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP, .backend_slot = 1 };
+	struct lb4_key key = { .address = addr, .dport = DNS_PORT, .proto = IPPROTO_UDP, .backend_slot = 1 };
 	struct lb_service slot = { .backend_id = 1 };
 
 	bpf_map_update_elem(&lb4_services, &key, &slot, BPF_ANY);
-	put_master4_id(SVC2_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP, 0, 0, REVNAT2);
+	put_master4_id(addr, DNS_PORT, IPPROTO_UDP, 1, LB_SVC_CLUSTER_IP, 0, 0, rev_nat_index);
 }
 
-static __always_inline void clear_svc2(void)
+static __always_inline void clear_udp_svc(__be32 addr)
 {
-	struct lb4_key key = { .address = SVC2_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP };
+	struct lb4_key key = { .address = addr, .dport = DNS_PORT, .proto = IPPROTO_UDP };
 
 	bpf_map_delete_elem(&lb4_services, &key);
 	key.backend_slot = 1;
 	bpf_map_delete_elem(&lb4_services, &key);
 }
 
-static __always_inline int fwd_to(struct __sk_buff *skb, __be32 svc)
+/* One datagram (or UDP connect) to the service `svc`:53. */
+static __always_inline int udp_to(struct __sk_buff *skb, __be32 svc)
 {
 	__be32 addr = svc;
-	__be16 port = SVC_PORT;
+	__be16 port = DNS_PORT;
 
-	return __sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port);
+	return __sock4_xlate_fwd(skb, IPPROTO_UDP, &addr, &port);
 }
 
 SEC("tc")
@@ -418,12 +420,13 @@ int test_revnat_created_when_missing(struct __sk_buff *skb)
 	clear4();
 	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
 	put_backend4(1, 1, BE1_IP);
-	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	put_udp_svc(SVC_IP, REVNAT);
 	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
-	CHECK(fwd_to(skb, SVC_IP) == 0);
+	CHECK(udp_to(skb, SVC_IP) == 0);
 	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
-	CHECK(rev && rev->address == SVC_IP && rev->port == SVC_PORT && rev->rev_nat_index == REVNAT);
+	CHECK(rev && rev->address == SVC_IP && rev->port == DNS_PORT && rev->rev_nat_index == REVNAT);
 	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	clear_udp_svc(SVC_IP);
 	clear4();
 	return 0;
 }
@@ -432,28 +435,29 @@ SEC("tc")
 int test_revnat_identical_entry_not_rewritten(struct __sk_buff *skb)
 {
 	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
-	struct lb4_sock_revnat seed = { .address = SVC_IP, .port = SVC_PORT, .rev_nat_index = REVNAT };
+	struct lb4_sock_revnat seed = { .address = SVC_IP, .port = DNS_PORT, .rev_nat_index = REVNAT };
 	struct lb4_sock_revnat *before, *after;
 
 	clear4();
 	put_backend4(1, 1, BE1_IP);
-	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	put_udp_svc(SVC_IP, REVNAT);
 
 	/* an entry already there (as the last datagram to this backend left it) */
 	bpf_map_update_elem(&lb4_sock_revnat, &skey, &seed, BPF_ANY);
 	before = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
 	CHECK(before);
-	CHECK(fwd_to(skb, SVC_IP) == 0);
+	CHECK(udp_to(skb, SVC_IP) == 0);
 	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
 	CHECK(after == before);
 
-	/* and again: the second datagram of a socket leaves its first one's entry */
-	CHECK(fwd_to(skb, SVC_IP) == 0);
-	CHECK(fwd_to(skb, SVC_IP) == 0);
+	/* and again: later datagrams of the socket leave the first one's entry */
+	CHECK(udp_to(skb, SVC_IP) == 0);
+	CHECK(udp_to(skb, SVC_IP) == 0);
 	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
 	CHECK(after == before);
-	CHECK(after->address == SVC_IP && after->port == SVC_PORT && after->rev_nat_index == REVNAT);
+	CHECK(after->address == SVC_IP && after->port == DNS_PORT && after->rev_nat_index == REVNAT);
 	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	clear_udp_svc(SVC_IP);
 	clear4();
 	return 0;
 }
@@ -467,34 +471,58 @@ int test_revnat_rewritten_when_it_differs(struct __sk_buff *skb)
 
 	clear4();
 	put_backend4(1, 1, BE1_IP);
-	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
-	put_svc2();
+	put_udp_svc(SVC_IP, REVNAT);
+	put_udp_svc(SVC2_IP, REVNAT2);
 	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
 
-	CHECK(fwd_to(skb, SVC_IP) == 0);
+	CHECK(udp_to(skb, SVC_IP) == 0);
 	before = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
 	CHECK(before && before->address == SVC_IP && before->rev_nat_index == REVNAT);
 
-	CHECK(fwd_to(skb, SVC2_IP) == 0);
+	/* re-connected to the other service */
+	CHECK(udp_to(skb, SVC2_IP) == 0);
 	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
-	CHECK(after && after->address == SVC2_IP && after->port == SVC_PORT && after->rev_nat_index == REVNAT2);
+	CHECK(after && after->address == SVC2_IP && after->port == DNS_PORT && after->rev_nat_index == REVNAT2);
 
-	/* the same service under a new rev-NAT id (deleted and re-created) */
-	put_master4_id(SVC2_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP, 0, 0, WIDE_REVNAT);
-	CHECK(fwd_to(skb, SVC2_IP) == 0);
+	/* the same service deleted and re-created under a new rev-NAT id */
+	put_udp_svc(SVC2_IP, WIDE_REVNAT);
+	CHECK(udp_to(skb, SVC2_IP) == 0);
 	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
 	CHECK(after && after->address == SVC2_IP && after->rev_nat_index == WIDE_REVNAT);
 
-	/* and the reply is reported from the service the socket asked for last */
+	/* and a reply is reported from the service the socket asked for last */
 	{
 		__be32 addr = BE1_IP;
 		__be16 port = BE_PORT;
 
-		CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == 0);
-		CHECK(addr == SVC2_IP && port == SVC_PORT);
+		CHECK(__sock4_xlate_rev(skb, IPPROTO_UDP, &addr, &port) == 0);
+		CHECK(addr == SVC2_IP && port == DNS_PORT);
 	}
 	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
-	clear_svc2();
+	clear_udp_svc(SVC2_IP);
+	clear_udp_svc(SVC_IP);
+	clear4();
+	return 0;
+}
+
+/* TCP: a socket connects once, so its entry is written without a lookup, and written right. */
+SEC("tc")
+int test_revnat_tcp_written_on_connect(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat stale = { .address = SVC2_IP, .port = SVC_PORT, .rev_nat_index = REVNAT2 };
+	struct lb4_sock_revnat *rev;
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	bpf_map_update_elem(&lb4_sock_revnat, &skey, &stale, BPF_ANY);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
+	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(rev && rev->address == SVC_IP && rev->port == SVC_PORT && rev->rev_nat_index == REVNAT);
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
 	clear4();
 	return 0;
 }
