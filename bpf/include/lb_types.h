@@ -30,9 +30,10 @@ enum lb_svc_type {
 enum lb_svc_flags {
 	LB_SVC_F_AFFINITY = (1 << 0),		/* sessionAffinity ClientIP: read by lb*_select_backend */
 	/*
-	 * internalTrafficPolicy Local, written by the reconciler for listings.
-	 * No program reads it: the model already gave such a frontend only
-	 * node-local backends.
+	 * internalTrafficPolicy Local, written by the reconciler in the master
+	 * entry it compares (a policy change rewrites the entry). No program
+	 * reads it: the model already gave such a frontend only node-local
+	 * backends.
 	 */
 	LB_SVC_F_LOCAL_INTERNAL = (1 << 1),
 };
