@@ -74,11 +74,12 @@ static __always_inline int sys_refuse(void)
  * and an LRU hash update replaces the element even when the value is the
  * same (a new element from the free list, the old one freed). The lookup
  * itself marks the entry as recently used, so the LRU keeps it as before.
- * A TCP socket connects once, so its entry is always missing: there the
- * lookup would only add its cost (bench/revnat.ts measured connect4 1.13x
- * slower with it), and the entry is written straight away.
- * LB_REVNAT_ALWAYS_WRITE=1 builds the old unconditional write for UDP too:
- * the benchmark's baseline, never loaded by lbctl.
+ * A TCP socket connects once (again only after a failed connect, which
+ * BPF_ANY covers), so its entry is always missing: the lookup would only
+ * add its cost (bench/revnat.ts measured connect4 1.13x slower with it),
+ * and the entry is written straight away. LB_REVNAT_ALWAYS_WRITE=1 builds
+ * the old unconditional write for UDP as well: the benchmark's baseline,
+ * never loaded by lbctl.
  */
 #ifndef LB_REVNAT_ALWAYS_WRITE
 #define LB_REVNAT_ALWAYS_WRITE 0
