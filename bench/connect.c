@@ -8,6 +8,8 @@
 // One iteration, on a blocking socket:
 //   cc: socket(); connect(); close()
 //   rr: socket(); connect(); write(64-byte request); read(64-byte reply); close()
+//   us: sendto(64-byte datagram) on one unconnected UDP socket, made once
+//       (every datagram runs cgroup/sendmsg4 or 6; nothing needs to answer)
 //
 // What is timed (CLOCK_MONOTONIC), and reported as "timed" in the JSON:
 //   from just before connect() to just after close(). socket() and the
@@ -56,6 +58,7 @@ struct target {
 
 struct opts {
 	int rr;           /* 0: connect+close, 1: request/reply */
+	int udp;          /* 1: sendto on one UDP socket (mode us) */
 	int linger_rst;   /* close with SO_LINGER {1,0} */
 	struct timeval timeout; /* connect/send/recv timeout, 0 = none */
 };
@@ -68,7 +71,8 @@ static void usage(void)
 		"  -p PORT    server TCP port\n"
 		"  -n COUNT   timed iterations\n"
 		"  -w WARMUP  untimed iterations before measuring (default 1000)\n"
-		"  -m MODE    cc: connect+close (default); rr: connect+64B request/reply+close\n"
+		"  -m MODE    cc: connect+close (default); rr: connect+64B request/reply+close;\n"
+		"             us: 64B sendto() on one unconnected UDP socket\n"
 		"  -s SANITY  leading iterations that must all succeed (default 20)\n"
 		"  -l         normal FIN close instead of RST (SO_LINGER {1,0})\n"
 		"  -c CPU     pin to CPU with sched_setaffinity\n"
@@ -184,10 +188,31 @@ fail:
 	return -1;
 }
 
+/* Mode us: the one UDP socket every datagram goes out on. */
+static int udp_fd = -1;
+
+/* One datagram; returns the time sendto() took in ns, or -1 (last_err set). */
+static int64_t udp_iteration(const struct target *t)
+{
+	static const char datagram[MSG_SIZE] = { 'u' };
+	int64_t t0, t1;
+
+	t0 = now_ns();
+	if (sendto(udp_fd, datagram, sizeof(datagram), 0, (const struct sockaddr *)&t->ss, t->len) != sizeof(datagram)) {
+		set_err(t, "sendto", errno);
+		return -1;
+	}
+	t1 = now_ns();
+	return t1 - t0;
+}
+
 static int64_t run_once(const struct target *t, const struct opts *o)
 {
-	int fd = new_socket(t, o);
+	int fd;
 
+	if (o->udp)
+		return udp_iteration(t);
+	fd = new_socket(t, o);
 	return fd < 0 ? -1 : iteration(fd, t, o);
 }
 
@@ -249,8 +274,10 @@ int main(int argc, char **argv)
 				o.rr = 0;
 			else if (strcmp(optarg, "rr") == 0)
 				o.rr = 1;
+			else if (strcmp(optarg, "us") == 0)
+				o.udp = 1;
 			else {
-				fprintf(stderr, "%s: invalid mode '%s' (want cc or rr)\n", prog, optarg);
+				fprintf(stderr, "%s: invalid mode '%s' (want cc, rr or us)\n", prog, optarg);
 				return 1;
 			}
 			break;
@@ -307,8 +334,16 @@ int main(int argc, char **argv)
 	for (long i = 0; i < count; i++)
 		samples[i] = 0;
 
-	const char *mode = o.rr ? "rr" : "cc";
-	const char *timed = o.rr ? "connect()+write(64)+read(64)+close()" : "connect()+close()";
+	const char *mode = o.udp ? "us" : o.rr ? "rr" : "cc";
+	const char *timed = o.udp ? "sendto(64)" : o.rr ? "connect()+write(64)+read(64)+close()" : "connect()+close()";
+
+	if (o.udp) {
+		udp_fd = socket(t.family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (udp_fd < 0) {
+			fprintf(stderr, "%s: socket: %s\n", prog, strerror(errno));
+			return 1;
+		}
+	}
 
 	/* Sanity: every one must work, or the numbers would measure a broken
 	 * path (nothing listening, translation not in place, ...). */
@@ -332,8 +367,7 @@ int main(int argc, char **argv)
 	long failed = 0;
 
 	for (long i = 0; i < count; i++) {
-		int fd = new_socket(&t, &o);
-		int64_t ns = fd < 0 ? -1 : iteration(fd, &t, &o);
+		int64_t ns = run_once(&t, &o);
 
 		if (ns < 0) {
 			if (failed++ < 5)

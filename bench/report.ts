@@ -4,6 +4,7 @@
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { revnatTable, type RevnatProfile } from './revnat.js';
 
 export interface ConnStats {
   p50_us: number;
@@ -38,6 +39,7 @@ export interface Results {
   points: Point[];
   skipped: Array<{ mode: string; n: number; why: string }>;
   /** Per-program run time from the kernel's BPF accounting, per connect through lbctl. */
+  revnatProfile?: RevnatProfile;
   datapathProfile?: { n: number; connects: number; p50_us: number; programs: Array<{ program: string; runs: number; avgNs: number; nsPerConnect: number }> };
 }
 
@@ -188,6 +190,18 @@ export function report(r: Results, out: string): void {
       '|---|---:|---:|---:|',
       ...dp.programs.map((p) => `| ${p.program} | ${p.runs.toLocaleString('en')} | ${p.avgNs.toFixed(0)} | ${p.nsPerConnect.toFixed(0)} |`),
       `| all | | | ${dp.programs.reduce((a, p) => a + p.nsPerConnect, 0).toFixed(0)} |`,
+      '',
+    );
+  }
+  const rv = r.revnatProfile;
+  if (rv) {
+    lines.push(
+      '## The socket rev-NAT write: before and after (BPF programs)',
+      '',
+      `kernel.bpf_stats_enabled, medians of ${rv.reps} alternating measurements of each build, ${rv.count.toLocaleString('en')} operations each (bench/revnat.ts). ` +
+        '*before*: sock.c built with -DLB_REVNAT_ALWAYS_WRITE=1 (the entry rewritten on every connect and datagram); *after*: what lbctl loads (a UDP socket\'s entry is looked up and written only when missing or different).',
+      '',
+      ...revnatTable(rv),
       '',
     );
   }

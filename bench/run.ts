@@ -21,6 +21,7 @@ import { Command } from 'commander';
 import { iptablesRestoreAdd, iptablesRestoreFull, nftablesAdd, nftablesFull, type BenchService } from './kube-proxy.js';
 import { BenchAgent, MasterProbe, deleteServices, putServices, sliceObject, startCluster } from './lbctl.js';
 import { report, type ConnStats, type Results } from './report.js';
+import { revnatProfile } from './revnat.js';
 import { makeServices } from './services.js';
 import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type World } from './world.js';
 import type { FakeApiServer } from '../test/helpers/fake-apiserver.js';
@@ -281,6 +282,7 @@ async function main(): Promise<void> {
     const file = path.join(plan.out, 'results.json');
     const r = JSON.parse(readFileSync(file, 'utf8')) as Results;
     r.datapathProfile = await datapathProfile(plan);
+    r.revnatProfile = await revnatProfile(revnatPlan(plan));
     writeFileSync(file, `${JSON.stringify(r, null, 1)}\n`);
     report(r, plan.out);
     process.stdout.write(readFileSync(path.join(plan.out, 'results.md'), 'utf8'));
@@ -394,6 +396,8 @@ async function main(): Promise<void> {
   if (plan.modes.includes('lbctl')) {
     process.stderr.write('datapath profile: kernel.bpf_stats_enabled during 20,000 connects through lbctl\n');
     results.datapathProfile = await datapathProfile(plan);
+    process.stderr.write('socket rev-NAT write: the old build against the current one, kernel.bpf_stats_enabled\n');
+    results.revnatProfile = await revnatProfile(revnatPlan(plan));
   }
   save();
   report(results, plan.out);
@@ -459,6 +463,11 @@ async function datapathProfile(plan: Plan): Promise<NonNullable<Results['datapat
     await api.stop();
     void plan;
   }
+}
+
+/** bench/revnat.ts at this run's size: about 2.5 minutes (20 s in quick mode). */
+function revnatPlan(plan: Plan): { count: number; reps: number; log: (s: string) => void } {
+  return { count: plan.quick ? 5000 : 20_000, reps: plan.quick ? 4 : 8, log: (s) => process.stderr.write(s) };
 }
 
 function versions(): Record<string, string> {

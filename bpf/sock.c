@@ -17,10 +17,8 @@
 
 #include "include/lb_types.h"
 #include "include/lb_maps.h"
+#include "lib/addr.h"
 #include "lib/lb.h"
-
-#define AF_INET		2
-#define AF_INET6	10
 
 /* Verdicts of cgroup sock_addr programs. */
 #define SYS_REJECT	0
@@ -42,12 +40,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 static __always_inline bool proto_is_balanced(__u32 proto)
 {
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
-}
-
-/* ::ffff:a.b.c.d, as seen by a dual-stack (AF_INET6) socket */
-static __always_inline bool ip6_is_v4mapped(const __be32 *a)
-{
-	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0x0000ffff);
 }
 
 static __always_inline __be16 ctx_dst_port(const struct bpf_sock_addr *ctx)
@@ -75,8 +67,32 @@ static __always_inline int sys_refuse(void)
 	return SYS_REJECT;
 }
 
+/*
+ * A UDP socket's rev-NAT entry is written only when it is missing or says
+ * something else, as Cilium's sock4_update_revnat does. An unconnected UDP
+ * socket records the same entry for every datagram it sends to a backend,
+ * and an LRU hash update replaces the element even when the value is the
+ * same (a new element from the free list, the old one freed). The lookup
+ * itself marks the entry as recently used, so the LRU keeps it as before.
+ * A TCP socket connects once (again only after a failed connect, which
+ * BPF_ANY covers), so its entry is always missing: the lookup would only
+ * add its cost (bench/revnat.ts measured connect4 1.13x slower with it),
+ * and the entry is written straight away. LB_REVNAT_ALWAYS_WRITE=1 builds
+ * the old unconditional write for UDP as well: the benchmark's baseline,
+ * never loaded by lbctl.
+ */
+#ifndef LB_REVNAT_ALWAYS_WRITE
+#define LB_REVNAT_ALWAYS_WRITE 0
+#endif
+
 /* ------------------------------------------------------------------ IPv4 */
 
+static __always_inline bool sock4_revnat_same(const struct lb4_sock_revnat *a, const struct lb4_sock_revnat *b)
+{
+	return a->address == b->address && a->port == b->port && a->rev_nat_index == b->rev_nat_index;
+}
+
+/* 0 when the entry is in place (written or already there), else -errno. */
 static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_backend *backend,
 					       const struct lb4_key *svc_key, __u32 rev_nat_index)
 {
@@ -90,7 +106,13 @@ static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_ba
 		.port = svc_key->dport,
 		.rev_nat_index = rev_nat_index,
 	};
+	struct lb4_sock_revnat *old;
 
+	if (!LB_REVNAT_ALWAYS_WRITE && svc_key->proto == IPPROTO_UDP) {
+		old = bpf_map_lookup_elem(&lb4_sock_revnat, &key);
+		if (old && sock4_revnat_same(old, &val))
+			return 0;
+	}
 	return bpf_map_update_elem(&lb4_sock_revnat, &key, &val, BPF_ANY);
 }
 
@@ -187,14 +209,14 @@ static __always_inline int __sock4_xlate_rev(void *ctx, __u32 proto, __be32 *add
 
 /* ------------------------------------------------------------------ IPv6 */
 
-static __always_inline void ip6_copy(__be32 *dst, const __be32 *src)
+static __always_inline bool sock6_revnat_same(const struct lb6_sock_revnat *a, const struct lb6_sock_revnat *b)
 {
-	dst[0] = src[0];
-	dst[1] = src[1];
-	dst[2] = src[2];
-	dst[3] = src[3];
+	return a->address[0] == b->address[0] && a->address[1] == b->address[1] &&
+	       a->address[2] == b->address[2] && a->address[3] == b->address[3] &&
+	       a->port == b->port && a->rev_nat_index == b->rev_nat_index;
 }
 
+/* As sock4_record_revnat. */
 static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_backend *backend,
 					       const struct lb6_key *svc_key, __u32 rev_nat_index)
 {
@@ -206,9 +228,15 @@ static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_ba
 		.port = svc_key->dport,
 		.rev_nat_index = rev_nat_index,
 	};
+	struct lb6_sock_revnat *old;
 
 	ip6_copy(key.address, backend->address);
 	ip6_copy(val.address, svc_key->address);
+	if (!LB_REVNAT_ALWAYS_WRITE && svc_key->proto == IPPROTO_UDP) {
+		old = bpf_map_lookup_elem(&lb6_sock_revnat, &key);
+		if (old && sock6_revnat_same(old, &val))
+			return 0;
+	}
 	return bpf_map_update_elem(&lb6_sock_revnat, &key, &val, BPF_ANY);
 }
 

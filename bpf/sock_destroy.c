@@ -35,9 +35,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "include/lb_types.h"
-
-#define AF_INET		2
-#define AF_INET6	10
+#include "lib/addr.h"
 
 /* sk_state of a connected UDP socket */
 #define LB_TCP_ESTABLISHED	1
@@ -92,11 +90,6 @@ struct lb_sock_view {
 	__u8 state;		/* LB_TCP_ESTABLISHED when connected */
 	__u8 pad;
 };
-
-static __always_inline bool ip6_is_v4mapped(const __be32 *a)
-{
-	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0x0000ffff);
-}
 
 /* 0 when lbctl sent socket `cookie` to the removed IPv4 backend addr:port. */
 static __always_inline int __sock4_term_match(__u64 cookie, __be32 addr, __be16 port)

@@ -66,7 +66,12 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_backends SEC(".maps");
 
-/* rev-NAT id -> frontend address (reply translation at tc, listings) */
+/*
+ * rev-NAT id -> frontend address. No program reads it today: the socket
+ * programs translate back from their per-socket entries below. The agent
+ * writes it, reads it back when it restarts (its realized state, and the
+ * entries its liveness write probe rewrites) and prunes unused ids.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);

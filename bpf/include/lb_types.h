@@ -14,28 +14,40 @@
 
 #include <linux/types.h>
 
-/* Service types (struct lb_service.type, slot 0). */
+/*
+ * Service types (struct lb_service.type, slot 0). The model produces
+ * ClusterIP frontends only; the wildcard entries come from the reconciler.
+ * Backend slots carry 0. The numbers are what pinned maps hold, so a
+ * removed value is not reused: 5 stays the wildcard across upgrades.
+ */
 enum lb_svc_type {
-	LB_SVC_NONE = 0,
+	LB_SVC_NONE = 0,	/* a backend slot (slot > 0) */
 	LB_SVC_CLUSTER_IP = 1,
-	LB_SVC_NODE_PORT = 2,
-	LB_SVC_EXTERNAL_IP = 3,
-	LB_SVC_LOAD_BALANCER = 4,
 	LB_SVC_WILDCARD = 5,	/* address-only entry: port 0, proto 0 */
 };
 
 /* Service flags (struct lb_service.flags, slot 0). */
 enum lb_svc_flags {
-	LB_SVC_F_AFFINITY = (1 << 0),		/* sessionAffinity ClientIP */
-	LB_SVC_F_LOCAL_INTERNAL = (1 << 1),	/* internalTrafficPolicy Local */
-	LB_SVC_F_LOCAL_EXTERNAL = (1 << 2),	/* externalTrafficPolicy Local */
+	LB_SVC_F_AFFINITY = (1 << 0),		/* sessionAffinity ClientIP: read by lb*_select_backend */
+	/*
+	 * internalTrafficPolicy Local, written by the reconciler in the master
+	 * entry it compares (a policy change rewrites the entry). No program
+	 * reads it: the model already gave such a frontend only node-local
+	 * backends.
+	 */
+	LB_SVC_F_LOCAL_INTERNAL = (1 << 1),
 };
 
-/* Backend states (struct lb*_backend.state). Only ACTIVE is selectable. */
+/*
+ * Backend states (struct lb*_backend.state), for listings: no program reads
+ * the state. What decides selection is the backend's slot: slots 1..count of
+ * the master entry are selectable, slots count+1..count+qcount (terminating
+ * backends) are never picked for a new socket and are kept so the backend
+ * stays in the maps for the sockets already sent to it.
+ */
 enum lb_backend_state {
 	LB_BACKEND_ACTIVE = 0,
 	LB_BACKEND_TERMINATING = 1,
-	LB_BACKEND_QUARANTINED = 2,
 };
 
 /* Per-CPU datapath counters (lb_metrics index). */

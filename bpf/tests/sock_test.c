@@ -372,3 +372,209 @@ int test_affinity_keyed_by_wide_revnat_id(struct __sk_buff *skb)
 	clear4();
 	return 0;
 }
+
+/*
+ * A UDP socket's rev-NAT entry is written only when missing or different. A
+ * hash map update always puts a new element in place of the old one, so
+ * "not rewritten" shows as the same element (the same value pointer) before
+ * and after; a rewrite gives another element.
+ */
+#define SVC2_IP		bpf_htonl(0x0a60000b)	/* 10.96.0.11, also served by BE1 */
+#define DNS_PORT	bpf_htons(53)
+#define REVNAT2		8
+
+/* A UDP service on port 53 whose only slot names backend 1 (BE1). */
+static __always_inline void put_udp_svc(__be32 addr, __u32 rev_nat_index)
+{
+	struct lb4_key key = { .address = addr, .dport = DNS_PORT, .proto = IPPROTO_UDP, .backend_slot = 1 };
+	struct lb_service slot = { .backend_id = 1 };
+
+	bpf_map_update_elem(&lb4_services, &key, &slot, BPF_ANY);
+	put_master4_id(addr, DNS_PORT, IPPROTO_UDP, 1, LB_SVC_CLUSTER_IP, 0, 0, rev_nat_index);
+}
+
+static __always_inline void clear_udp_svc(__be32 addr)
+{
+	struct lb4_key key = { .address = addr, .dport = DNS_PORT, .proto = IPPROTO_UDP };
+
+	bpf_map_delete_elem(&lb4_services, &key);
+	key.backend_slot = 1;
+	bpf_map_delete_elem(&lb4_services, &key);
+}
+
+/* One datagram (or UDP connect) to the service `svc`:53. */
+static __always_inline int udp_to(struct __sk_buff *skb, __be32 svc)
+{
+	__be32 addr = svc;
+	__be16 port = DNS_PORT;
+
+	return __sock4_xlate_fwd(skb, IPPROTO_UDP, &addr, &port);
+}
+
+SEC("tc")
+int test_revnat_created_when_missing(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat *rev;
+
+	clear4();
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	put_backend4(1, 1, BE1_IP);
+	put_udp_svc(SVC_IP, REVNAT);
+	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
+	CHECK(udp_to(skb, SVC_IP) == 0);
+	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(rev && rev->address == SVC_IP && rev->port == DNS_PORT && rev->rev_nat_index == REVNAT);
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	clear_udp_svc(SVC_IP);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_revnat_identical_entry_not_rewritten(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat seed = { .address = SVC_IP, .port = DNS_PORT, .rev_nat_index = REVNAT };
+	struct lb4_sock_revnat *before, *after;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_udp_svc(SVC_IP, REVNAT);
+
+	/* an entry already there (as the last datagram to this backend left it) */
+	bpf_map_update_elem(&lb4_sock_revnat, &skey, &seed, BPF_ANY);
+	before = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(before);
+	CHECK(udp_to(skb, SVC_IP) == 0);
+	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(after == before);
+
+	/* and again: later datagrams of the socket leave the first one's entry */
+	CHECK(udp_to(skb, SVC_IP) == 0);
+	CHECK(udp_to(skb, SVC_IP) == 0);
+	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(after == before);
+	CHECK(after->address == SVC_IP && after->port == DNS_PORT && after->rev_nat_index == REVNAT);
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	clear_udp_svc(SVC_IP);
+	clear4();
+	return 0;
+}
+
+/* The same socket sent to the same backend through another service: the entry follows. */
+SEC("tc")
+int test_revnat_rewritten_when_it_differs(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat *before, *after;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_udp_svc(SVC_IP, REVNAT);
+	put_udp_svc(SVC2_IP, REVNAT2);
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+
+	CHECK(udp_to(skb, SVC_IP) == 0);
+	before = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(before && before->address == SVC_IP && before->rev_nat_index == REVNAT);
+
+	/* re-connected to the other service */
+	CHECK(udp_to(skb, SVC2_IP) == 0);
+	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(after && after->address == SVC2_IP && after->port == DNS_PORT && after->rev_nat_index == REVNAT2);
+
+	/* the same service deleted and re-created under a new rev-NAT id */
+	put_udp_svc(SVC2_IP, WIDE_REVNAT);
+	CHECK(udp_to(skb, SVC2_IP) == 0);
+	after = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(after && after->address == SVC2_IP && after->rev_nat_index == WIDE_REVNAT);
+
+	/* and a reply is reported from the service the socket asked for last */
+	{
+		__be32 addr = BE1_IP;
+		__be16 port = BE_PORT;
+
+		CHECK(__sock4_xlate_rev(skb, IPPROTO_UDP, &addr, &port) == 0);
+		CHECK(addr == SVC2_IP && port == DNS_PORT);
+	}
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	clear_udp_svc(SVC2_IP);
+	clear_udp_svc(SVC_IP);
+	clear4();
+	return 0;
+}
+
+/* TCP: a socket connects once, so its entry is written without a lookup, and written right. */
+SEC("tc")
+int test_revnat_tcp_written_on_connect(struct __sk_buff *skb)
+{
+	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
+	struct lb4_sock_revnat stale = { .address = SVC2_IP, .port = SVC_PORT, .rev_nat_index = REVNAT2 };
+	struct lb4_sock_revnat *rev;
+	__be32 addr = SVC_IP;
+	__be16 port = SVC_PORT;
+
+	clear4();
+	put_backend4(1, 1, BE1_IP);
+	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	bpf_map_update_elem(&lb4_sock_revnat, &skey, &stale, BPF_ANY);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
+	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	CHECK(rev && rev->address == SVC_IP && rev->port == SVC_PORT && rev->rev_nat_index == REVNAT);
+	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	clear4();
+	return 0;
+}
+
+SEC("tc")
+int test_revnat6_identical_entry_not_rewritten(struct __sk_buff *skb)
+{
+	struct lb6_key key = { .address = { bpf_htonl(0xfd000096), 0, 0, bpf_htonl(0x11) }, .dport = SVC_PORT,
+			       .proto = IPPROTO_UDP };
+	struct lb_service master = { .count = 1, .rev_nat_index = REVNAT, .type = LB_SVC_CLUSTER_IP };
+	struct lb_service slot = { .backend_id = 4 };
+	struct lb6_backend be = { .address = { bpf_htonl(0xfd000244), 0, 0, bpf_htonl(3) }, .port = BE_PORT,
+				  .proto = IPPROTO_UDP };
+	struct lb6_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .port = BE_PORT };
+	struct lb6_sock_revnat *before, *after;
+	__be32 addr[4];
+	__be16 port;
+	__u32 id = 4;
+
+	ip6_copy(skey.address, be.address);
+	bpf_map_delete_elem(&lb6_sock_revnat, &skey);
+	bpf_map_update_elem(&lb6_backends, &id, &be, BPF_ANY);
+	key.backend_slot = 1;
+	bpf_map_update_elem(&lb6_services, &key, &slot, BPF_ANY);
+	key.backend_slot = 0;
+	bpf_map_update_elem(&lb6_services, &key, &master, BPF_ANY);
+
+	ip6_copy(addr, key.address);
+	port = SVC_PORT;
+	CHECK(__sock6_xlate_fwd(skb, IPPROTO_UDP, addr, &port) == 0);
+	before = bpf_map_lookup_elem(&lb6_sock_revnat, &skey);
+	CHECK(before && before->address[3] == bpf_htonl(0x11) && before->rev_nat_index == REVNAT);
+
+	ip6_copy(addr, key.address);
+	port = SVC_PORT;
+	CHECK(__sock6_xlate_fwd(skb, IPPROTO_UDP, addr, &port) == 0);
+	after = bpf_map_lookup_elem(&lb6_sock_revnat, &skey);
+	CHECK(after == before);
+
+	/* a different value (re-created under another id) is rewritten */
+	master.rev_nat_index = REVNAT2;
+	bpf_map_update_elem(&lb6_services, &key, &master, BPF_ANY);
+	ip6_copy(addr, key.address);
+	port = SVC_PORT;
+	CHECK(__sock6_xlate_fwd(skb, IPPROTO_UDP, addr, &port) == 0);
+	after = bpf_map_lookup_elem(&lb6_sock_revnat, &skey);
+	CHECK(after && after->rev_nat_index == REVNAT2);
+
+	bpf_map_delete_elem(&lb6_sock_revnat, &skey);
+	bpf_map_delete_elem(&lb6_services, &key);
+	key.backend_slot = 1;
+	bpf_map_delete_elem(&lb6_services, &key);
+	bpf_map_delete_elem(&lb6_backends, &id);
+	return 0;
+}

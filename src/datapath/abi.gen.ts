@@ -409,7 +409,6 @@ export const lb6_sock_revnat: Codec<Lb6SockRevnat> = {
 export const LbBackendState = {
   LB_BACKEND_ACTIVE: 0,
   LB_BACKEND_TERMINATING: 1,
-  LB_BACKEND_QUARANTINED: 2,
 } as const;
 
 /** enum lb_metric */
@@ -430,16 +429,12 @@ export const LbMetric = {
 export const LbSvcFlags = {
   LB_SVC_F_AFFINITY: 1,
   LB_SVC_F_LOCAL_INTERNAL: 2,
-  LB_SVC_F_LOCAL_EXTERNAL: 4,
 } as const;
 
 /** enum lb_svc_type */
 export const LbSvcType = {
   LB_SVC_NONE: 0,
   LB_SVC_CLUSTER_IP: 1,
-  LB_SVC_NODE_PORT: 2,
-  LB_SVC_EXTERNAL_IP: 3,
-  LB_SVC_LOAD_BALANCER: 4,
   LB_SVC_WILDCARD: 5,
 } as const;
 

@@ -58,9 +58,6 @@ const PROTO_NAME = new Map<number, Protocol | 'ANY'>([
 
 const TYPE_NUM: Record<MasterType, number> = {
   ClusterIP: LbSvcType.LB_SVC_CLUSTER_IP,
-  NodePort: LbSvcType.LB_SVC_NODE_PORT,
-  ExternalIP: LbSvcType.LB_SVC_EXTERNAL_IP,
-  LoadBalancer: LbSvcType.LB_SVC_LOAD_BALANCER,
   Wildcard: LbSvcType.LB_SVC_WILDCARD,
 };
 const TYPE_NAME = new Map<number, MasterType>(Object.entries(TYPE_NUM).map(([k, v]) => [v, k as MasterType]));
@@ -68,9 +65,10 @@ const TYPE_NAME = new Map<number, MasterType>(Object.entries(TYPE_NUM).map(([k, 
 const STATE_NUM: Record<BackendState, number> = {
   active: LbBackendState.LB_BACKEND_ACTIVE,
   terminating: LbBackendState.LB_BACKEND_TERMINATING,
-  quarantined: LbBackendState.LB_BACKEND_QUARANTINED,
 };
 const STATE_NAME = new Map<number, BackendState>(Object.entries(STATE_NUM).map(([k, v]) => [v, k as BackendState]));
+/** A state no lbctl build writes reads as terminating: never shown as active; a sync rewrites it if the backend is. */
+const stateName = (n: number): BackendState => STATE_NAME.get(n) ?? 'terminating';
 
 /**
  * Checks that a kernel map has the layout lbctl's codecs expect. A mismatch
@@ -275,14 +273,14 @@ export function dumpMaps(m: LbMapSet): MapsDump {
     const b = lb4_backend.decode(v);
     const protocol = PROTO_NAME.get(b.proto);
     if (protocol === undefined || protocol === 'ANY') continue;
-    const state = STATE_NAME.get(b.state) ?? 'quarantined';
+    const state = stateName(b.state);
     backends.push({ id: u32.decode(k), backend: { address: uintToIpv4(b.address), family: 4, port: b.port, protocol, state } });
   }
   for (const [k, v] of m.lb6_backends.entries()) {
     const b = lb6_backend.decode(v);
     const protocol = PROTO_NAME.get(b.proto);
     if (protocol === undefined || protocol === 'ANY') continue;
-    const state = STATE_NAME.get(b.state) ?? 'quarantined';
+    const state = stateName(b.state);
     backends.push({ id: u32.decode(k), backend: { address: ipFromBytes(b.address), family: 6, port: b.port, protocol, state } });
   }
 

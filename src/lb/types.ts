@@ -9,13 +9,13 @@
 
 export type Protocol = 'TCP' | 'UDP';
 export type Family = 4 | 6;
-export type ServiceType = 'ClusterIP' | 'NodePort' | 'ExternalIP' | 'LoadBalancer';
+export type ServiceType = 'ClusterIP';
 /**
  * How lbctl treats a backend. Slots decide selection (slots 1..count are
  * selectable, count+1..count+qcount are kept for established flows only);
  * the state is recorded in the backend entry for listings.
  */
-export type BackendState = 'active' | 'terminating' | 'quarantined';
+export type BackendState = 'active' | 'terminating';
 
 /** "10.96.0.10:53/UDP" or "[fd00::a]:80/TCP": the identity of a frontend. */
 export type FrontendKey = string & { readonly __brand: 'FrontendKey' };

@@ -3,7 +3,8 @@
 import { mkdirSync, readFileSync, rmdirSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
-import { COMPAT_OBJECT, cgroup2Root, cleanupDatapath, lacksSetRetval, loadDatapath, openPinnedMaps } from '../../src/datapath/loader.js';
+import { execFileSync } from 'node:child_process';
+import { COMPAT_OBJECT, DEFAULT_OBJECT, cgroup2Root, cleanupDatapath, lacksSetRetval, loadDatapath, openPinnedMaps } from '../../src/datapath/loader.js';
 import { dumpMaps, verifyMapLayout, type ByteMap } from '../../src/datapath/maps.js';
 import { mapSpecs } from '../../src/datapath/abi.gen.js';
 import { desiredState } from '../../src/model/desired.js';
@@ -12,6 +13,7 @@ import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { lbList } from '../../src/cli/commands/lb-list.js';
 import { pinnedLinkInfo } from '../../src/native/bpf.js';
 import { service, slice } from '../fakes/objects.js';
+import { createSandbox } from '../helpers/sandbox.js';
 
 // Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
 if (process.getuid?.() !== 0) t.bailout('the BPF suites need root (CAP_BPF, CAP_NET_ADMIN): run `make test` as root');
@@ -206,13 +208,96 @@ t.test('the object carries no map lbctl has no codec for', async (t) => {
   t.ok(readFileSync('/proc/mounts', 'utf8').includes(' bpf '));
 });
 
-t.test('the compat object (no bpf_set_retval, for kernels before 5.18) passes the verifier and shares the maps', async (t) => {
-  const root = `${bpfRoot}-compat`;
-  t.teardown(() => cleanupDatapath(root));
-  const dp = await loadDatapath({ bpfRoot: root, cgroup, object: COMPAT_OBJECT });
-  t.equal(dp.programs.length, 9);
-  t.equal(dp.variant, 'custom');
-  dp.close();
-  t.ok(lacksSetRetval({ log: 'call unknown#187\ninvalid func unknown#187' }), 'old kernels are recognised');
-  t.notOk(lacksSetRetval({ log: 'R1 invalid mem access' }));
+// The verifier's own words for a helper call it refuses, from a three-instruction
+// program (call HELPER; r0 = 0; exit) loaded with BPF_PROG_LOAD through python3's
+// ctypes: no BPF object and no compiler needed, so it runs in the vmtest guests too.
+const PROBE_PY = String.raw`
+import ctypes, json, os, struct, sys
+helper, prog_type, attach = (int(a) for a in sys.argv[1:4])
+insns = b"".join(struct.pack("<BBhi", code, 0, 0, imm) for code, imm in ((0x85, helper), (0xb7, 0), (0x95, 0)))
+ib = ctypes.create_string_buffer(insns, len(insns))
+lic = ctypes.create_string_buffer(b"GPL")
+log = ctypes.create_string_buffer(1 << 16)
+attr = ctypes.create_string_buffer(struct.pack("<IIQQIIQII16sII", prog_type, 3, ctypes.addressof(ib), ctypes.addressof(lic),
+                                               1, len(log), ctypes.addressof(log), 0, 0, b"lbctl_probe", 0, attach), 128)
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall(321, 5, attr, 128)  # bpf(BPF_PROG_LOAD), x86_64
+err = ctypes.get_errno()
+if fd >= 0:
+    os.close(fd)
+print(json.dumps({"loaded": fd >= 0, "errno": err, "log": log.value.decode()}))
+`;
+const BPF_PROG_TYPE_SOCKET_FILTER = 1;
+const BPF_PROG_TYPE_CGROUP_SOCK_ADDR = 18;
+const BPF_CGROUP_INET4_CONNECT = 10;
+const SET_RETVAL = 187;
+
+function verifierSays(helper: number, progType: number, attachType = 0): { loaded: boolean; errno: number; log: string } {
+  return JSON.parse(execFileSync('python3', ['-c', PROBE_PY, String(helper), String(progType), String(attachType)], { encoding: 'utf8' }));
+}
+
+/** A helper id no kernel has (the verifier checks ids against its own __BPF_FUNC_MAX_ID). */
+const NO_SUCH_HELPER = 100_000;
+
+t.test("the set_retval detection, against the verifier's real words", async (t) => {
+  // A kernel without the helper (before 5.18) refuses every id at or above its
+  // own helper count with one format, "invalid func %s#%d", where %s is
+  // "unknown" for an id it has no name for. This kernel says it for an id no
+  // kernel has; a kernel before 5.18 says it, in the same words, for #187.
+  const missing = verifierSays(NO_SUCH_HELPER, BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_CGROUP_INET4_CONNECT);
+  t.notOk(missing.loaded, 'a call to a helper the kernel lacks is refused');
+  t.match(missing.log, new RegExp(`^invalid func unknown#${NO_SUCH_HELPER}$`, 'm'), 'in these words');
+  t.notOk(lacksSetRetval({ log: missing.log }), 'another missing helper is not taken for set_retval');
+  t.ok(lacksSetRetval({ log: missing.log.replaceAll(`#${NO_SUCH_HELPER}`, `#${SET_RETVAL}`) }), 'the same words for #187 are');
+
+  // The helper itself, where this kernel refuses it: a program type without
+  // it (6.18: "program of this type cannot use helper bpf_set_retval#187";
+  // 6.1: "unknown func bpf_set_retval#187").
+  const elsewhere = verifierSays(SET_RETVAL, BPF_PROG_TYPE_SOCKET_FILTER);
+  t.notOk(elsewhere.loaded);
+  t.match(elsewhere.log, /bpf_set_retval#187/, `the kernel names it: ${elsewhere.log.split('\n').find((l) => l.includes('#187') && !l.includes('call'))}`);
+  t.ok(lacksSetRetval({ log: elsewhere.log }), 'recognised');
+
+  // And where lbctl calls it, the kernel has it or not: the verdict decides which object the loader uses.
+  const here = verifierSays(SET_RETVAL, BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_CGROUP_INET4_CONNECT);
+  t.equal(lacksSetRetval({ log: here.log }), !here.loaded, here.loaded ? 'cgroup/connect4 may call bpf_set_retval on this kernel' : 'this kernel lacks bpf_set_retval');
+  t.notOk(lacksSetRetval({ log: 'R1 invalid mem access' }), 'an unrelated verifier error is not');
+});
+
+t.test('refusals through each object, with real sockets: ECONNREFUSED (standard), EPERM (compat)', async (t) => {
+  const hasSetRetval = verifierSays(SET_RETVAL, BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_CGROUP_INET4_CONNECT).loaded;
+  // Its own cgroup, client netns (no default route) and bpf root, removed at teardown.
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  const cases = [
+    { name: 'standard', object: DEFAULT_OBJECT, errno: 'ECONNREFUSED' },
+    { name: 'compat', object: COMPAT_OBJECT, errno: 'EPERM' },
+  ];
+  for (const c of cases) {
+    await t.test(`${c.name} object`, async (t) => {
+      if (c.name === 'standard' && !hasSetRetval) {
+        // A kernel before 5.18: the standard object must be refused, in words the loader recognises.
+        const err = await loadDatapath({ bpfRoot: sb.bpfRoot, cgroup: sb.cgroup, object: c.object }).then(
+          (dp) => (dp.close(), undefined),
+          (e: unknown) => e,
+        );
+        t.ok(err && lacksSetRetval(err), 'the standard object is refused for want of bpf_set_retval, and the loader sees why');
+        cleanupDatapath(sb.bpfRoot);
+        return;
+      }
+      const dp = await loadDatapath({ bpfRoot: sb.bpfRoot, cgroup: sb.cgroup, object: c.object });
+      try {
+        // One service at 10.96.0.0:80/TCP with no endpoint, and the address's wildcard entry.
+        new Reconciler(dp.maps).sync(model(1, 0), { prune: true });
+        const refused = async (args: string[]): Promise<string | null> => (await sb.client<{ error: string | null }>(['refused', ...args])).error;
+        t.equal(await refused(['10.96.0.0', '80', '--proto', 'tcp']), c.errno, `TCP connect() to a service without backends: ${c.errno}`);
+        t.equal(await refused(['10.96.0.0', '5353', '--proto', 'udp']), c.errno, `UDP sendto() to an unserved port of a service address: ${c.errno}`);
+        t.equal(await refused(['::ffff:10.96.0.0', '80', '--proto', 'tcp']), c.errno, `the same through connect6 (v4-mapped): ${c.errno}`);
+        // Not refused by lbctl: an address that is no service fails as the netns makes it (no route).
+        t.equal(await refused(['10.98.0.1', '80', '--proto', 'tcp']), 'ENETUNREACH', 'an address that is no service is left to the kernel');
+      } finally {
+        dp.close();
+        cleanupDatapath(sb.bpfRoot);
+      }
+    });
+  }
 });

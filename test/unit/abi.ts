@@ -59,3 +59,11 @@ t.test('every struct codec leaves no stale byte in a reused buffer (padding and 
     t.same([...dirty.subarray(4 + c.size)], [0xff, 0xff, 0xff, 0xff], `${c.name}: nothing written past its end`);
   }
 });
+
+t.test('the ABI enums hold only what lbctl produces, at the numbers pinned maps already carry', async (t) => {
+  // NodePort, ExternalIP and LoadBalancer types, the externalTrafficPolicy
+  // flag and a quarantined state were declared but written by nothing.
+  t.same(abi.LbSvcType, { LB_SVC_NONE: 0, LB_SVC_CLUSTER_IP: 1, LB_SVC_WILDCARD: 5 }, 'wildcards stay 5 across upgrades');
+  t.same(abi.LbSvcFlags, { LB_SVC_F_AFFINITY: 1, LB_SVC_F_LOCAL_INTERNAL: 2 });
+  t.same(abi.LbBackendState, { LB_BACKEND_ACTIVE: 0, LB_BACKEND_TERMINATING: 1 });
+});
