@@ -69,8 +69,8 @@ t.test('orphaned slots beyond count + qcount are drift', async (t) => {
 t.test('flags, type, affinity timeout and rev-NAT id of the master are compared', async (t) => {
   const { maps, check } = programmed();
   const m = maps.services.get(`${WEB.key}#0`)!;
-  maps.services.set(`${WEB.key}#0`, { ...m, master: { ...m.master!, flags: 1, type: 'NodePort', affinityTimeout: 30, revNatId: 7 } });
-  t.same(webDetails(check()), ['rev-NAT id 7, intended 1', 'type NodePort, intended ClusterIP', 'flags 0x1, intended 0x0', 'affinity timeout 30 s, intended 0 s', 'rev-NAT entry 7 is missing']);
+  maps.services.set(`${WEB.key}#0`, { ...m, master: { ...m.master!, flags: 1, type: 'Wildcard', affinityTimeout: 30, revNatId: 7 } });
+  t.same(webDetails(check()), ['rev-NAT id 7, intended 1', 'type Wildcard, intended ClusterIP', 'flags 0x1, intended 0x0', 'affinity timeout 30 s, intended 0 s', 'rev-NAT entry 7 is missing']);
 });
 
 t.test('a missing or wrong rev-NAT entry is drift (replies would not be translated back)', async (t) => {
