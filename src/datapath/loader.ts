@@ -1,14 +1,17 @@
 // Loads the datapath object, adopts pinned maps, attaches its programs to a
 // cgroup through pinned links, and takes it all down on request. Attach is
 // idempotent: a second load finds the pinned links and switches them to the
-// new programs atomically (BPF_LINK_UPDATE), so a restarted or upgraded
-// agent never leaves sockets unbalanced.
+// new programs (BPF_LINK_UPDATE, atomic per link), so a restarted or upgraded
+// agent never leaves sockets unbalanced. The switch of all the links is all or
+// nothing: a failure at any link switches the ones already switched back to
+// the programs they ran, detaches the links this load created, and removes
+// the staging maps, so the old datapath keeps serving as it was.
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError } from '../errors.js';
-import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, unpin, type BpfMap } from '../native/bpf.js';
+import { ConfigError, LbError } from '../errors.js';
+import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, isErrno, openPinnedMap, unpin, type AttachResult, type BpfMap, type HeldLink } from '../native/bpf.js';
 import { mapSpecs, type MapName } from './abi.gen.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
 
@@ -33,11 +36,18 @@ export const DEFAULT_SIZES: MapSizes = {
   sockRevNat: mapSpecs.lb4_sock_revnat.maxEntries,
 };
 
+/** Attaches one program through the link pinned at linkPin (BpfObject.attachCgroup's contract). */
+export type AttachFn = (object: BpfObject, program: string, cgroup: string, linkPin: string) => AttachResult;
+
+export const attachCgroup: AttachFn = (object, program, cgroup, linkPin) => object.attachCgroup(program, cgroup, linkPin);
+
 export interface DatapathOptions {
   readonly bpfRoot: string;
   readonly cgroup: string;
   readonly object?: string;
   readonly sizes?: Partial<MapSizes>;
+  /** How each program is attached (default: attachCgroup); a test wraps it to fail at a chosen link. */
+  readonly attach?: AttachFn;
 }
 
 export interface AttachedProgram {
@@ -176,6 +186,13 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
     mkdirSync(pinRoot, { recursive: true });
   }
   const reuseMaps = Object.fromEntries([...kept].map(([name, m]) => [name, m.fd]));
+  // Maps this load pins beside the adopted ones (a first load, a map new in
+  // this object) are its own, removed again if it fails.
+  const pinnedBefore = new Set(readdirSync(mapsDir(opts.bpfRoot)));
+  const unpinNew = (): void => {
+    if (migrating) return;
+    for (const name of readdirSync(mapsDir(opts.bpfRoot))) if (!pinnedBefore.has(name)) rmSync(path.join(mapsDir(opts.bpfRoot), name), { force: true });
+  };
 
   let variant: Datapath['variant'] = opts.object ? 'custom' : 'standard';
   let object: BpfObject;
@@ -204,32 +221,119 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
       throw err;
     }
   }
+  let links: LinkSwitch | undefined;
+  let maps: KernelLbMaps;
   try {
     const set = {} as LbMapSet;
     for (const name of LB_MAP_NAMES) set[name] = object.map(name);
     for (const name of Object.keys(mapSpecs) as MapName[]) verifyMapLayout(object.map(name), mapSpecs[name]);
-    const maps = new KernelLbMaps(set);
-
-    const programs: AttachedProgram[] = [];
-    for (const name of object.programNames()) {
-      const r = object.attachCgroup(name, opts.cgroup, path.join(linksDir(opts.bpfRoot), name));
-      programs.push({ name, linkId: r.linkId, updated: r.updated });
-    }
+    maps = new KernelLbMaps(set);
+    links = switchLinks(object, opts.cgroup, linksDir(opts.bpfRoot), opts.attach ?? attachCgroup);
     if (migrating) {
       // A resized traffic map: sockets connected between the copy and the
       // switch recorded their reverse translation in the old map; carry those
       // over too. (Maps the agent writes are not written during a load.)
       const again = TRAFFIC_MAPS.filter((n) => resized.includes(n));
       if (again.length > 0) copyPinnedInto(object, mapsDir(opts.bpfRoot), again, true);
-      for (const name of readdirSync(pinRoot)) renameSync(path.join(pinRoot, name), path.join(mapsDir(opts.bpfRoot), name));
-      rmdirSync(pinRoot);
     }
-    const loaded = object;
-    return { maps, variant, programs, object, migrated, close: () => loaded.close() };
   } catch (err) {
+    // Nothing is committed yet: the old programs and maps take over again.
+    const notReverted = links?.revert() ?? [];
+    links?.release();
     object.close();
+    if (notReverted.length === 0) {
+      if (migrating) rmSync(pinRoot, { recursive: true, force: true });
+      else unpinNew();
+    }
+    if (notReverted.length > 0) throw new LinkSwitchError(`${(err as Error).message}; ${describeNotReverted(notReverted)}`, notReverted, { cause: err });
     throw err;
   }
+  links.release();
+  if (migrating) {
+    // The commit: the new maps take the pins (a rename replaces a pin atomically).
+    for (const name of readdirSync(pinRoot)) renameSync(path.join(pinRoot, name), path.join(mapsDir(opts.bpfRoot), name));
+    rmdirSync(pinRoot);
+  }
+  const loaded = object;
+  return { maps, variant, programs: links.programs, object, migrated, close: () => loaded.close() };
+}
+
+/** A switch of the pinned links that failed; `notReverted` names links left on the new programs (normally none). */
+export class LinkSwitchError extends LbError {
+  constructor(message: string, readonly notReverted: readonly string[] = [], options?: ErrorOptions) {
+    super(message, 'ELINKSWITCH', options);
+  }
+}
+
+function describeNotReverted(notReverted: readonly string[]): string {
+  return `could NOT switch back: ${notReverted.join('; ')} (those links run the new programs; the staging maps stay pinned; run the agent again or lbctl cleanup)`;
+}
+
+interface LinkSwitch {
+  readonly programs: AttachedProgram[];
+  /** Every link back to where it was before the switch; returns what could not be reverted ("program: error"). */
+  revert(): string[];
+  /** Releases the held links (after a commit or a revert). */
+  release(): void;
+}
+
+/**
+ * Switches every program of the object onto its pinned link (creating the
+ * links that do not exist yet), all or nothing. Before the first switch it
+ * holds each existing link and, by fd, the program it runs: a program that
+ * loses its last link is freed by the kernel, and the fd keeps it alive to be
+ * switched back to. If the n-th attach fails, the links are put back as they
+ * were (held ones restored to their programs, new ones unpinned, which
+ * detaches them), and the error names the program and the kernel's error.
+ */
+function switchLinks(object: BpfObject, cgroup: string, dir: string, attach: AttachFn): LinkSwitch {
+  const names = object.programNames();
+  const held = new Map<string, HeldLink>();
+  const release = (): void => {
+    for (const h of held.values()) h.close();
+    held.clear();
+  };
+  try {
+    for (const name of names) {
+      const pin = path.join(dir, name);
+      if (existsSync(pin)) held.set(name, holdPinnedLink(pin));
+    }
+  } catch (err) {
+    release();
+    throw err;
+  }
+  const revert = (): string[] => {
+    const failed: string[] = [];
+    for (const name of [...names].reverse()) {
+      const pin = path.join(dir, name);
+      try {
+        const h = held.get(name);
+        // Restoring a link that was never switched is a no-op update.
+        if (h) h.restore();
+        else if (existsSync(pin)) unpin(pin);
+      } catch (err) {
+        failed.push(`${name}: ${(err as Error).message}`);
+      }
+    }
+    return failed;
+  };
+  const programs: AttachedProgram[] = [];
+  for (const [i, name] of names.entries()) {
+    try {
+      const r = attach(object, name, cgroup, path.join(dir, name));
+      programs.push({ name, linkId: r.linkId, updated: r.updated });
+    } catch (err) {
+      const failed = revert();
+      const pinnedBefore = held.size;
+      release();
+      const what = `switching the pinned links to ${object.path}: program ${name} (link ${i + 1} of ${names.length}, ${path.join(dir, name)}) failed: ${(err as Error).message}`;
+      const outcome = failed.length === 0
+        ? `every link was switched back to the program it ran (${i} switched, ${pinnedBefore} pinned before), links made by this load were removed`
+        : describeNotReverted(failed);
+      throw new LinkSwitchError(`${what}; ${outcome}`, failed, { cause: err });
+    }
+  }
+  return { programs, revert, release };
 }
 
 export interface MapMigration {
