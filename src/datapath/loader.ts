@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { ConfigError, LbError } from '../errors.js';
 import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, isErrno, openPinnedMap, unpin, type AttachResult, type BpfMap, type HeldLink } from '../native/bpf.js';
 import { mapSpecs, type MapName } from './abi.gen.js';
+import { convertPerCpu, converter, type Converter } from './layout.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -59,7 +60,7 @@ export interface AttachedProgram {
 
 export interface Datapath {
   readonly maps: KernelLbMaps;
-  /** Maps resized at this load, with the entries carried over. */
+  /** Maps resized or converted to a new layout at this load, with the entries carried over. */
   readonly migrated: readonly MapMigration[];
   /** Which object is loaded: the standard one, or the compat one (refusals are EPERM). */
   readonly variant: 'standard' | 'compat' | 'custom';
@@ -128,20 +129,55 @@ function maxEntries(sizes: MapSizes): Record<string, number> {
   };
 }
 
-/** Pinned maps whose size differs from what this load asks for. */
-function sizeMismatches(bpfRoot: string, wanted: Record<string, number>): string[] {
-  const out: string[] = [];
-  for (const [name, n] of Object.entries(wanted)) {
-    const p = path.join(mapsDir(bpfRoot), name);
-    if (!existsSync(p)) continue;
-    const m = openPinnedMap(p);
-    try {
-      if (m.maxEntries !== n) out.push(name);
-    } finally {
-      m.close();
+/** The pinned maps this load cannot adopt as they are: resized ones, and those whose layout changed (with their converters). */
+interface MigrationPlan {
+  readonly resized: readonly string[];
+  readonly relaid: ReadonlyMap<string, MapConverters>;
+  /** Every map that is made anew in the staging directory and takes the pin at the end. */
+  readonly changed: readonly string[];
+}
+
+interface MapConverters {
+  readonly key: Converter;
+  readonly value: Converter;
+}
+
+/**
+ * Compares every pinned map of ours with what the object declares: its size
+ * (what this load asks for) and its key and value layouts (BTF). libbpf would
+ * reuse a pinned map whose layout changed but whose sizes did not, and the new
+ * programs would read the old bytes in the new layout, so layouts are
+ * compared here, before the load. A layout that cannot be converted, or a
+ * pinned map without BTF, is an error naming the map, before anything moves.
+ */
+function planMigration(bpfRoot: string, objectPath: string, wanted: Record<string, number>): MigrationPlan {
+  const resized: string[] = [];
+  const relaid = new Map<string, MapConverters>();
+  const object = BpfObject.open(objectPath);
+  try {
+    for (const name of object.mapNames()) {
+      const p = path.join(mapsDir(bpfRoot), name);
+      if (!(name in mapSpecs) || !existsSync(p)) continue;
+      const declared = object.mapLayout(name);
+      const m = openPinnedMap(p);
+      try {
+        if (name in wanted && m.maxEntries !== wanted[name]) resized.push(name);
+        if (!declared.key || !declared.value) continue; // an object without BTF: sizes are all libbpf and we can compare
+        const pinned = m.layout();
+        if (!pinned?.key || !pinned.value) {
+          throw new ConfigError(`map ${name} pinned at ${p} has no BTF, so its key and value layout cannot be compared with ${objectPath}'s; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
+        }
+        const key = converter(pinned.key, declared.key, `map ${name} key`);
+        const value = converter(pinned.value, declared.value, `map ${name} value`);
+        if (!key.identical || !value.identical) relaid.set(name, { key, value });
+      } finally {
+        m.close();
+      }
     }
+  } finally {
+    object.close();
   }
-  return out;
+  return { resized, relaid, changed: [...new Set([...resized, ...relaid.keys()])] };
 }
 
 /**
@@ -174,13 +210,15 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   mkdirSync(linksDir(opts.bpfRoot), { recursive: true });
 
   const wanted = maxEntries(sizes);
-  // A map size changed (a flag): load into fresh maps beside the pinned ones
-  // (sharing every map that keeps its size), copy the resized maps' entries,
-  // switch the links, then move the new pins into place.
-  const resized = sizeMismatches(opts.bpfRoot, wanted);
-  const migrating = resized.length > 0;
+  // A map size changed (a flag), or its layout (an upgrade): load into fresh
+  // maps beside the pinned ones (sharing every map that stays as it is), copy
+  // (and convert) the changed maps' entries, switch the links, then move the
+  // new pins into place.
+  const plan = planMigration(opts.bpfRoot, objectPath, wanted);
+  const changed = plan.changed;
+  const migrating = changed.length > 0;
   const pinRoot = migrating ? stagingDir(opts.bpfRoot) : mapsDir(opts.bpfRoot);
-  const kept = migrating ? openKept(opts.bpfRoot, resized) : new Map<string, BpfMap>();
+  const kept = migrating ? openKept(opts.bpfRoot, changed) : new Map<string, BpfMap>();
   if (migrating) {
     rmSync(pinRoot, { recursive: true, force: true });
     mkdirSync(pinRoot, { recursive: true });
@@ -214,7 +252,7 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   let migrated: MapMigration[] = [];
   if (migrating) {
     try {
-      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot), resized);
+      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot), changed, plan.relaid);
     } catch (err) {
       object.close();
       rmSync(pinRoot, { recursive: true, force: true });
@@ -230,11 +268,11 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
     maps = new KernelLbMaps(set);
     links = switchLinks(object, opts.cgroup, linksDir(opts.bpfRoot), opts.attach ?? attachCgroup);
     if (migrating) {
-      // A resized traffic map: sockets connected between the copy and the
+      // A migrated traffic map: sockets connected between the copy and the
       // switch recorded their reverse translation in the old map; carry those
       // over too. (Maps the agent writes are not written during a load.)
-      const again = TRAFFIC_MAPS.filter((n) => resized.includes(n));
-      if (again.length > 0) copyPinnedInto(object, mapsDir(opts.bpfRoot), again, true);
+      const again = TRAFFIC_MAPS.filter((n) => changed.includes(n));
+      if (again.length > 0) copyPinnedInto(object, mapsDir(opts.bpfRoot), again, plan.relaid, true);
     }
   } catch (err) {
     // Nothing is committed yet: the old programs and maps take over again.
@@ -341,14 +379,26 @@ export interface MapMigration {
   readonly from: number;
   readonly to: number;
   readonly entries: number;
+  /** The key or value layout changed: every entry was converted field by field. */
+  readonly converted: boolean;
+  /** Fields of the old layout that the new one dropped, and new fields (zero in every entry). */
+  readonly dropped?: readonly string[];
+  readonly added?: readonly string[];
 }
 
 /**
  * Copies every entry of the maps `names` pinned in `dir` into the object's
- * maps of the same name (with `keepNewer`, entries already present win).
- * An entry that does not fit (a shrunk map) fails the whole migration.
+ * maps of the same name (with `keepNewer`, entries already present win),
+ * converting the entries of maps whose layout changed. An entry that does not
+ * fit (a shrunk map, a narrowed field) fails the whole migration.
  */
-function copyPinnedInto(object: BpfObject, dir: string, names: readonly string[], keepNewer = false): MapMigration[] {
+function copyPinnedInto(
+  object: BpfObject,
+  dir: string,
+  names: readonly string[],
+  relaid: ReadonlyMap<string, MapConverters>,
+  keepNewer = false,
+): MapMigration[] {
   const out: MapMigration[] = [];
   for (const name of object.mapNames()) {
     if (!(name in mapSpecs) || !names.includes(name)) continue;
@@ -356,21 +406,32 @@ function copyPinnedInto(object: BpfObject, dir: string, names: readonly string[]
     if (!existsSync(file)) continue;
     const from = openPinnedMap(file);
     const to = object.map(name);
+    const conv = relaid.get(name);
     try {
-      if (from.keySize !== to.keySize || from.valueBufSize !== to.valueBufSize) {
-        throw new ConfigError(`map ${name}: the pinned map's layout differs from the new one; migration needs lbctl cleanup`);
+      if (!conv && (from.keySize !== to.keySize || from.valueBufSize !== to.valueBufSize)) {
+        throw new ConfigError(`map ${name}: the pinned map's key or value size differs from the new one's, and neither has a layout to convert by`);
       }
+      // A converted key could collide with another converted key (a dropped
+      // key field): never let one entry overwrite another.
+      const keyChanged = conv !== undefined && !conv.key.identical;
+      const cpus = from.perCpu ? from.valueBufSize / Math.ceil(from.valueSize / 8) / 8 : 1;
       let entries = 0;
       for (const [k, v] of from.entries()) {
+        const key = conv ? conv.key.convert(k) : k;
+        const value = !conv ? v : from.perCpu ? convertPerCpu(conv.value, v, cpus) : conv.value.convert(v);
         try {
-          to.update(k, v, keepNewer ? BPF_NOEXIST : BPF_ANY);
+          to.update(key, value, keepNewer || keyChanged ? BPF_NOEXIST : BPF_ANY);
           entries++;
         } catch (err) {
           if (keepNewer && isErrno(err, 'EEXIST')) continue;
+          if (keyChanged && isErrno(err, 'EEXIST')) {
+            throw new ConfigError(`map ${name}: two entries of the pinned map convert to the same key ${key.toString('hex')} (dropped key fields: ${conv.key.dropped.join(', ') || 'none'})`, { cause: err });
+          }
           throw new ConfigError(`map ${name}: cannot carry ${from.maxEntries}-entry contents into ${to.maxEntries} entries: ${(err as Error).message}`, { cause: err });
         }
       }
-      out.push({ map: name, from: from.maxEntries, to: to.maxEntries, entries });
+      const m: MapMigration = { map: name, from: from.maxEntries, to: to.maxEntries, entries, converted: conv !== undefined };
+      out.push(conv ? { ...m, dropped: [...conv.key.dropped, ...conv.value.dropped], added: [...conv.key.added, ...conv.value.added] } : m);
     } finally {
       from.close();
     }
