@@ -162,7 +162,7 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
       const m = openPinnedMap(p);
       try {
         if (name in wanted && m.maxEntries !== wanted[name]) resized.push(name);
-        if (!declared.key || !declared.value) continue; // an object without BTF: sizes are all libbpf and we can compare
+        if (!declared.key || !declared.value) continue; // an object without BTF for this map: only libbpf's size checks apply
         const pinned = m.layout();
         if (!pinned?.key || !pinned.value) {
           throw new ConfigError(`map ${name} pinned at ${p} has no BTF, so its key and value layout cannot be compared with ${objectPath}'s; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
@@ -304,7 +304,7 @@ export class LinkSwitchError extends LbError {
 }
 
 function describeNotReverted(notReverted: readonly string[]): string {
-  return `could NOT switch back: ${notReverted.join('; ')} (those links run the new programs; the staging maps stay pinned; run the agent again or lbctl cleanup)`;
+  return `could NOT switch back: ${notReverted.join('; ')} (those links run the new programs; staging maps, if any, stay pinned under maps-next since those programs use them; start the agent again, or lbctl cleanup)`;
 }
 
 interface LinkSwitch {
