@@ -309,7 +309,7 @@ Napi::Value BpfObject::Map(const Napi::CallbackInfo& info) {
 }
 
 // mapLayout(name): the BTF layouts of a map's key and value as this object
-// declares them ({ key, value }, each null without BTF). Works before load,
+// declares them ({ key, value, type, flags }; key and value null without BTF). Works before load,
 // so a loader can compare them with pinned maps before libbpf reuses those.
 Napi::Value BpfObject::MapLayout(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -327,6 +327,8 @@ Napi::Value BpfObject::MapLayout(const Napi::CallbackInfo& info) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("key", btfTypeLayout(env, btf, bpf_map__btf_key_type_id(m)));
   o.Set("value", btfTypeLayout(env, btf, bpf_map__btf_value_type_id(m)));
+  o.Set("type", Napi::Number::New(env, bpf_map__type(m)));
+  o.Set("flags", Napi::Number::New(env, bpf_map__map_flags(m)));
   return o;
 }
 

@@ -129,11 +129,14 @@ function maxEntries(sizes: MapSizes): Record<string, number> {
   };
 }
 
-/** The pinned maps this load cannot adopt as they are: resized ones, and those whose layout changed (with their converters). */
+/** BPF_MAP_TYPE_PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH. */
+const PERCPU_TYPES = new Set([5, 6, 10]);
+
+/** The pinned maps this load cannot adopt as they are: resized ones, redefined ones (type, flags), and those whose layout changed (with their converters). */
 interface MigrationPlan {
   readonly resized: readonly string[];
   readonly relaid: ReadonlyMap<string, MapConverters>;
-  /** Every map that is made anew in the staging directory and takes the pin at the end. */
+  /** Every map that is made anew in the staging directory and takes the pin at the end (resized, redefined or relaid). */
   readonly changed: readonly string[];
 }
 
@@ -152,6 +155,7 @@ interface MapConverters {
  */
 function planMigration(bpfRoot: string, objectPath: string, wanted: Record<string, number>): MigrationPlan {
   const resized: string[] = [];
+  const redefined: string[] = [];
   const relaid = new Map<string, MapConverters>();
   const object = BpfObject.open(objectPath);
   try {
@@ -162,6 +166,15 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
       const m = openPinnedMap(p);
       try {
         if (name in wanted && m.maxEntries !== wanted[name]) resized.push(name);
+        // Another map type or flags (an LRU that was a hash, BPF_F_NO_PREALLOC):
+        // libbpf would refuse the pin, so the map is made anew and its entries
+        // copied. Values shared by all CPUs cannot become per-CPU ones, or back.
+        if (m.type !== declared.type || m.flags !== declared.flags) {
+          if (PERCPU_TYPES.has(m.type) !== PERCPU_TYPES.has(declared.type)) {
+            throw new ConfigError(`map ${name} pinned at ${p} is ${PERCPU_TYPES.has(m.type) ? '' : 'not '}per-CPU and ${objectPath} declares it ${PERCPU_TYPES.has(declared.type) ? '' : 'not '}per-CPU: its values cannot be carried over; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
+          }
+          redefined.push(name);
+        }
         if (!declared.key || !declared.value) continue; // an object without BTF for this map: only libbpf's size checks apply
         const pinned = m.layout();
         if (!pinned?.key || !pinned.value) {
@@ -177,7 +190,7 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
   } finally {
     object.close();
   }
-  return { resized, relaid, changed: [...new Set([...resized, ...relaid.keys()])] };
+  return { resized, relaid, changed: [...new Set([...resized, ...redefined, ...relaid.keys()])] };
 }
 
 /**

@@ -6,10 +6,10 @@
  */
 import { LbError } from '../errors.js';
 import { loadBinding } from './binding.js';
-import type { InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink } from './native.js';
+import type { DeclaredMapLayout, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink } from './native.js';
 
 export type { InetDiagSocket, OpenOptions } from './native.js';
-export type { MapLayout, TypeLayout } from './native.js';
+export type { DeclaredMapLayout, MapLayout, TypeLayout } from './native.js';
 
 /** bpf_map_update_elem flags. */
 export const BPF_ANY = 0;
@@ -184,8 +184,8 @@ export class BpfObject {
   map(name: string): BpfMap { return new BpfMap(guard(() => this.raw.map(name)), this); }
   progFd(name: string): number { return guard(() => this.raw.progFd(name)); }
   progInfo(name: string): ProgInfo { return guard(() => this.raw.progInfo(name)); }
-  /** A map's key and value layouts as this object declares them (BTF); works before load. */
-  mapLayout(name: string): MapLayout { return guard(() => this.raw.mapLayout(name)); }
+  /** A map's key and value layouts (BTF), type and flags as this object declares them; works before load. */
+  mapLayout(name: string): DeclaredMapLayout { return guard(() => this.raw.mapLayout(name)); }
 
   /**
    * Attach a cgroup program through a link pinned at linkPinPath, idempotently:

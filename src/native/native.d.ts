@@ -38,7 +38,7 @@ export interface RawBpfObject {
   /** bpf_object__close; idempotent. */
   close(): void;
   /** The BTF layouts of a map's key and value as this object declares them (also before load). */
-  mapLayout(name: string): MapLayout;
+  mapLayout(name: string): DeclaredMapLayout;
 }
 
 export interface RawBpfMap {
@@ -101,6 +101,12 @@ export interface TypeLayout {
 export interface MapLayout {
   readonly key: TypeLayout | null;
   readonly value: TypeLayout | null;
+}
+
+/** What an object declares for a map: its layouts, and the map type and flags it would be created with. */
+export interface DeclaredMapLayout extends MapLayout {
+  readonly type: number;
+  readonly flags: number;
 }
 
 /** A pinned link held open together with the program it ran when held (which that fd keeps alive). */

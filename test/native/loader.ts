@@ -75,3 +75,64 @@ t.test('a pinned map without BTF is refused by name, with lbctl cleanup as the w
   t.equal(pinnedLinkInfo(link).progId, before, 'lb_connect4 still runs its program');
   t.notOk(existsSync(path.join(bpfRoot, 'maps-next')), 'nothing was staged');
 });
+
+t.test('a pinned map of another type or flags is made anew with its entries; per-CPU against shared values is refused', async (t) => {
+  cleanupDatapath(bpfRoot);
+  // An "old" lb4_reverse_nat in the standard layout, created without BPF_F_NO_PREALLOC.
+  const src = path.join(tmp, 'prealloc_revnat.bpf.c');
+  writeFileSync(src, `#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "include/lb_types.h"
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb4_reverse_nat);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb4_reverse_nat SEC(".maps");
+char LICENSE[] SEC("license") = "GPL";
+`);
+  const obj = path.join(tmp, 'prealloc_revnat.o');
+  const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
+  const bpfDir = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..', '..', 'bpf');
+  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, `-I${bpfDir}`, '-c', src, '-o', obj]);
+  const old = BpfObject.open(obj, { pinRoot: path.join(bpfRoot, 'maps') });
+  await old.load();
+  const key = Buffer.from([7, 0, 0, 0]);
+  const value = Buffer.from([10, 96, 0, 10, 0, 80, 0, 0]);
+  old.map('lb4_reverse_nat').update(key, value);
+  t.equal(old.map('lb4_reverse_nat').flags, 0, 'the old map is preallocated');
+  old.close();
+
+  const dp = await loadDatapath({ bpfRoot, cgroup });
+  t.match(dp.migrated.find((m) => m.map === 'lb4_reverse_nat'), { entries: 1, converted: false }, 'lb4_reverse_nat was made anew with its entry');
+  dp.close();
+  const m = openPinnedMap(path.join(bpfRoot, 'maps', 'lb4_reverse_nat'));
+  t.equal(m.flags, 1, 'the pinned map now has BPF_F_NO_PREALLOC');
+  t.same(m.lookup(key), value, 'and the entry');
+  m.close();
+  t.notOk(existsSync(path.join(bpfRoot, 'maps-next')), 'the migration committed');
+
+  // lb_metrics (per-CPU) pinned as a plain array: refused by name.
+  cleanupDatapath(bpfRoot);
+  mkdirSync(path.join(bpfRoot, 'maps'), { recursive: true });
+  const metrics = path.join(tmp, 'shared_metrics.bpf.c');
+  writeFileSync(metrics, `#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 9);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_metrics SEC(".maps");
+char LICENSE[] SEC("license") = "GPL";
+`);
+  const mobj = path.join(tmp, 'shared_metrics.o');
+  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, '-c', metrics, '-o', mobj]);
+  const o2 = BpfObject.open(mobj, { pinRoot: path.join(bpfRoot, 'maps') });
+  await o2.load();
+  o2.close();
+  await t.rejects(loadDatapath({ bpfRoot, cgroup }), { code: 'ECONFIG', message: /map lb_metrics pinned at .* is not per-CPU and .* declares it per-CPU.*lbctl cleanup/ });
+  t.notOk(existsSync(path.join(bpfRoot, 'maps-next')), 'nothing was staged');
+});
