@@ -35,7 +35,11 @@ bootstrap $(STAMP):
 
 build: bootstrap bpf native ts check-gen
 
-bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(BPF_TEST_OBJS)
+# A variant with other map layouts, for test/e2e/upgrade-layout.ts only: not an
+# input of the ABI generator and never loaded by the agent unless told to.
+LAYOUT_TEST_OBJ := $(OUT)/sock_layout_test.bpf.o
+
+bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(BPF_TEST_OBJS) $(LAYOUT_TEST_OBJ)
 
 $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
@@ -43,6 +47,9 @@ $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 # Kernels before 5.18 lack bpf_set_retval: same programs, refusals are EPERM.
 $(OUT)/sock_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -DLB_HAVE_SET_RETVAL=0 -c $< -o $@
+
+$(LAYOUT_TEST_OBJ): bpf/sock.c $(BPF_HDRS) | $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -DLB_LAYOUT_TEST -c $< -o $@
 
 $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	@mkdir -p $(OUT)/tests

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "common.h"
 #include "errors.h"
@@ -103,6 +104,69 @@ Napi::Value PinnedLinkUpdate(const Napi::CallbackInfo& info) {
     throwBpfError(env, "bpf_link_update", errFromRet(r), c);
   }
   return env.Undefined();
+}
+
+// ---- held links: what a link ran before a switch, kept so it can be restored ----
+
+// A pinned link and the program it ran when it was held, both by fd: the fd on
+// the program keeps it alive after the link is switched away from it (without
+// one, the kernel frees a program once its last link lets go, and there would
+// be nothing to switch back to).
+struct HeldLink {
+  UniqueFd link;
+  UniqueFd prog;
+  std::string path;
+  uint32_t progId = 0;
+};
+
+// holdPinnedLink(path): { id, progId, type, attachType?, cgroupId?, restore(), close() }.
+// restore() switches the link back to progId (bpf_link_update); close()
+// releases both fds (also done when the object is collected).
+Napi::Value HoldPinnedLink(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = argString(info, 0, "path");
+  auto held = std::make_shared<HeldLink>();
+  held->path = path;
+  held->link = openPinnedLink(env, path);
+  struct bpf_link_info li;
+  ErrCtx c;
+  c.path = path;
+  if (int e = linkInfoByFd(held->link.get(), &li)) throwBpfError(env, "bpf_obj_get_info_by_fd", e, c);
+  int pfd = bpf_prog_get_fd_by_id(li.prog_id);
+  if (pfd < 0) {
+    c.detail = "prog id " + std::to_string(li.prog_id);
+    throwBpfError(env, "bpf_prog_get_fd_by_id", errFromRet(pfd), c);
+  }
+  held->prog.reset(pfd);
+  held->progId = li.prog_id;
+  Napi::Object o = linkInfoObject(env, li);
+  o.Set("restore", Napi::Function::New(env, [held](const Napi::CallbackInfo& ci) -> Napi::Value {
+    ErrCtx rc;
+    rc.path = held->path;
+    rc.detail = "back to prog id " + std::to_string(held->progId);
+    if (!held->link.valid()) {
+      rc.reason = "held link is closed";
+      throwBpfError(ci.Env(), "bpf_link_update", EBADF, rc);
+    }
+    int r = bpf_link_update(held->link.get(), held->prog.get(), nullptr);
+    if (r != 0) throwBpfError(ci.Env(), "bpf_link_update", errFromRet(r), rc);
+    return ci.Env().Undefined();
+  }, "restore"));
+  o.Set("close", Napi::Function::New(env, [held](const Napi::CallbackInfo& ci) -> Napi::Value {
+    held->link.reset();
+    held->prog.reset();
+    return ci.Env().Undefined();
+  }, "close"));
+  // Collecting the object releases the fds (the functions' own references may
+  // outlive it; they then report EBADF).
+  o.AddFinalizer(
+      [](Napi::Env, std::shared_ptr<HeldLink>* h) {
+        (*h)->link.reset();
+        (*h)->prog.reset();
+        delete h;
+      },
+      new std::shared_ptr<HeldLink>(held));
+  return o;
 }
 
 Napi::Value Unpin(const Napi::CallbackInfo& info) {
@@ -220,6 +284,7 @@ void InitLink(Napi::Env env, Napi::Object exports) {
   exports.Set("pinnedLinkInfo", Napi::Function::New(env, PinnedLinkInfo, "pinnedLinkInfo"));
   exports.Set("pinnedLinkUpdate", Napi::Function::New(env, PinnedLinkUpdate, "pinnedLinkUpdate"));
   exports.Set("unpin", Napi::Function::New(env, Unpin, "unpin"));
+  exports.Set("holdPinnedLink", Napi::Function::New(env, HoldPinnedLink, "holdPinnedLink"));
 }
 
 }  // namespace lbn

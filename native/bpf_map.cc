@@ -1,8 +1,10 @@
 #include "bpf_map.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 
 #include <algorithm>
+#include <memory>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -71,6 +73,7 @@ Napi::Function BpfMap::Define(Napi::Env env) {
           InstanceMethod<&BpfMap::Keys>("keys"),
           InstanceMethod<&BpfMap::Entries>("entries"),
           InstanceMethod<&BpfMap::BatchUpdate>("batchUpdate"),
+          InstanceMethod<&BpfMap::Layout>("layout"),
           InstanceMethod<&BpfMap::Close>("close"),
       });
 }
@@ -376,6 +379,98 @@ Napi::Value BpfMap::Close(const Napi::CallbackInfo& info) {
   fd_ = -1;
   open_ = false;
   return info.Env().Undefined();
+}
+
+// ---- BTF layouts ----
+
+namespace {
+
+constexpr int kMaxLayoutDepth = 16;
+
+Napi::Value layoutOf(Napi::Env env, const struct btf* btf, uint32_t id, int depth) {
+  Napi::Object o = Napi::Object::New(env);
+  std::string name;
+  const struct btf_type* t = btf__type_by_id(btf, id);
+  // Peel typedefs and qualifiers, keeping the first typedef's name.
+  while (t != nullptr && (btf_is_typedef(t) || btf_is_mod(t))) {
+    if (name.empty() && btf_is_typedef(t)) name = btf__name_by_offset(btf, t->name_off);
+    id = t->type;
+    t = btf__type_by_id(btf, id);
+  }
+  if (t == nullptr || depth > kMaxLayoutDepth) {
+    o.Set("kind", "other");
+    o.Set("name", name);
+    o.Set("size", 0);
+    return o;
+  }
+  if (name.empty()) name = btf__name_by_offset(btf, t->name_off);
+  o.Set("name", name);
+  __s64 sz = btf__resolve_size(btf, id);
+  o.Set("size", Napi::Number::New(env, sz < 0 ? 0 : static_cast<double>(sz)));
+  if (btf_is_int(t)) {
+    o.Set("kind", "int");
+    o.Set("signed", Napi::Boolean::New(env, (btf_int_encoding(t) & BTF_INT_SIGNED) != 0));
+  } else if (btf_is_enum(t) || btf_is_enum64(t)) {
+    o.Set("kind", "enum");
+    o.Set("signed", Napi::Boolean::New(env, btf_kflag(t)));
+  } else if (btf_is_struct(t) || btf_is_union(t)) {
+    o.Set("kind", btf_is_struct(t) ? "struct" : "union");
+    Napi::Array members = Napi::Array::New(env);
+    const struct btf_member* m = btf_members(t);
+    for (uint32_t i = 0; i < btf_vlen(t); i++, m++) {
+      Napi::Object mo = Napi::Object::New(env);
+      uint32_t bitOff = btf_member_bit_offset(t, i);
+      uint32_t bitSize = btf_member_bitfield_size(t, i);
+      mo.Set("name", btf__name_by_offset(btf, m->name_off));
+      mo.Set("offset", Napi::Number::New(env, bitOff / 8));
+      if (bitSize != 0 || bitOff % 8 != 0) mo.Set("bitfield", Napi::Boolean::New(env, true));
+      mo.Set("type", layoutOf(env, btf, m->type, depth + 1));
+      members.Set(i, mo);
+    }
+    o.Set("members", members);
+  } else if (btf_is_array(t)) {
+    const struct btf_array* a = btf_array(t);
+    o.Set("kind", "array");
+    o.Set("count", Napi::Number::New(env, a->nelems));
+    o.Set("elem", layoutOf(env, btf, a->type, depth + 1));
+  } else {
+    o.Set("kind", "other");
+  }
+  return o;
+}
+
+}  // namespace
+
+Napi::Value btfTypeLayout(Napi::Env env, const struct btf* btf, uint32_t typeId) {
+  if (btf == nullptr || typeId == 0) return env.Null();
+  return layoutOf(env, btf, typeId, 0);
+}
+
+// layout(): the BTF layouts of this map's key and value, from the BTF the
+// kernel keeps with the map (bpf_map_info.btf_id), or null when the map was
+// created without BTF.
+Napi::Value BpfMap::Layout(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int mfd = fd("bpf_obj_get_info_by_fd");
+  struct bpf_map_info mi;
+  std::memset(&mi, 0, sizeof mi);
+  __u32 len = sizeof mi;
+  ErrCtx c;
+  c.map = meta_.name;
+  int r = bpf_obj_get_info_by_fd(mfd, &mi, &len);
+  if (r != 0) throwBpfError(env, "bpf_obj_get_info_by_fd", errFromRet(r), c);
+  if (mi.btf_id == 0) return env.Null();
+  errno = 0;
+  struct btf* btf = btf__load_from_kernel_by_id(mi.btf_id);
+  if (btf == nullptr) {
+    c.detail = "btf id " + std::to_string(mi.btf_id);
+    throwBpfError(env, "btf__load_from_kernel_by_id", errFromErrno(), c);
+  }
+  std::unique_ptr<struct btf, void (*)(struct btf*)> guard(btf, btf__free);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("key", btfTypeLayout(env, btf, mi.btf_key_type_id));
+  o.Set("value", btfTypeLayout(env, btf, mi.btf_value_type_id));
+  return o;
 }
 
 // openPinnedMap(path): bpf_obj_get + info; the returned map owns the fd.

@@ -58,6 +58,7 @@ class BpfMap : public Napi::ObjectWrap<BpfMap> {
   Napi::Value Keys(const Napi::CallbackInfo& info);
   Napi::Value Entries(const Napi::CallbackInfo& info);
   Napi::Value BatchUpdate(const Napi::CallbackInfo& info);
+  Napi::Value Layout(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);
 
   std::shared_ptr<ObjState> owner_;  // set for object maps
@@ -71,5 +72,19 @@ class BpfMap : public Napi::ObjectWrap<BpfMap> {
 
 // Map info from the kernel for any map fd (bpf_obj_get_info_by_fd).
 int mapInfoByFd(int fd, MapMeta* out);
+
+}  // namespace lbn
+
+// ---- BTF layouts (map key/value types), for layout migration ----
+struct btf;
+namespace lbn {
+
+// The layout of BTF type `typeId` as a JS object:
+//   { kind: 'int'|'enum'|'struct'|'union'|'array'|'other', name, size,
+//     signed? (int), members? [{ name, offset, bitfield?, type }], elem?, count? }
+// `name` is the outermost typedef's name when there is one (so __be32 stays
+// visible as such), else the type's own name ('' when anonymous). Offsets
+// and sizes are in bytes. Nothing lbctl-specific: it reports what BTF says.
+Napi::Value btfTypeLayout(Napi::Env env, const struct btf* btf, uint32_t typeId);
 
 }  // namespace lbn

@@ -1,6 +1,7 @@
 #include "bpf_object.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -108,6 +109,7 @@ Napi::Function BpfObject::Define(Napi::Env env) {
                          InstanceMethod<&BpfObject::MapNames>("mapNames"),
                          InstanceMethod<&BpfObject::ProgramNames>("programNames"),
                          InstanceMethod<&BpfObject::Map>("map"),
+                         InstanceMethod<&BpfObject::MapLayout>("mapLayout"),
                          InstanceMethod<&BpfObject::ProgFd>("progFd"),
                          InstanceMethod<&BpfObject::ProgInfo>("progInfo"),
                          InstanceMethod<&BpfObject::AttachCgroup>("attachCgroup"),
@@ -304,6 +306,30 @@ Napi::Value BpfObject::Map(const Napi::CallbackInfo& info) {
     throwBpfError(info.Env(), "bpf_object__find_map_by_name", ENOENT, c);
   }
   return BpfMap::FromObject(info.Env(), st_, m);
+}
+
+// mapLayout(name): the BTF layouts of a map's key and value as this object
+// declares them ({ key, value, type, flags }; key and value null without BTF). Works before load,
+// so a loader can compare them with pinned maps before libbpf reuses those.
+Napi::Value BpfObject::MapLayout(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string name = argString(info, 0, "name");
+  struct bpf_object* obj = require("bpf_object__btf", false);
+  struct bpf_map* m = bpf_object__find_map_by_name(obj, name.c_str());
+  if (m == nullptr) {
+    ErrCtx c;
+    c.map = name;
+    c.path = st_->path;
+    c.reason = "no map named '" + name + "' in " + st_->path;
+    throwBpfError(env, "bpf_object__find_map_by_name", ENOENT, c);
+  }
+  const struct btf* btf = bpf_object__btf(obj);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("key", btfTypeLayout(env, btf, bpf_map__btf_key_type_id(m)));
+  o.Set("value", btfTypeLayout(env, btf, bpf_map__btf_value_type_id(m)));
+  o.Set("type", Napi::Number::New(env, bpf_map__type(m)));
+  o.Set("flags", Napi::Number::New(env, bpf_map__map_flags(m)));
+  return o;
 }
 
 static int progFdOrThrow(Napi::Env env, struct bpf_program* p, const std::string& path) {

@@ -46,6 +46,7 @@ class BpfObject : public Napi::ObjectWrap<BpfObject> {
   Napi::Value MapNames(const Napi::CallbackInfo& info);
   Napi::Value ProgramNames(const Napi::CallbackInfo& info);
   Napi::Value Map(const Napi::CallbackInfo& info);
+  Napi::Value MapLayout(const Napi::CallbackInfo& info);
   Napi::Value ProgFd(const Napi::CallbackInfo& info);
   Napi::Value ProgInfo(const Napi::CallbackInfo& info);
   Napi::Value AttachCgroup(const Napi::CallbackInfo& info);

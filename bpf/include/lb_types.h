@@ -84,6 +84,7 @@ struct lb6_key {
 	__u8 pad[3];
 };
 
+#ifndef LB_LAYOUT_TEST
 /*
  * Service value, shared by both families. In the master entry (slot 0)
  * backend_id is 0 and the rest describes the service; in a backend slot only
@@ -108,6 +109,33 @@ struct lb4_backend {
 	__u8 proto;		/* IPPROTO_TCP/UDP */
 	__u8 state;		/* enum lb_backend_state */
 };
+#else
+/*
+ * LB_LAYOUT_TEST: a deliberately different layout of the same two values,
+ * built only as bpf/.output/sock_layout_test.bpf.o for the upgrade test
+ * (test/e2e/upgrade-layout.ts), which pins it as the "old" datapath and
+ * upgrades to the standard layout above under load. lb_service reorders its
+ * ids, has a wider count and a field the standard layout drops (24 bytes);
+ * lb4_backend is reordered at the same size, which libbpf alone would reuse.
+ */
+struct lb_service {
+	__u32 rev_nat_index;
+	__u32 backend_id;
+	__u32 affinity_timeout;
+	__u32 count;
+	__u16 qcount;
+	__u8 type;
+	__u8 flags;
+	__u32 weight;		/* dropped by the standard layout */
+};
+
+struct lb4_backend {
+	__u8 state;
+	__u8 proto;
+	__be16 port;
+	__be32 address;
+};
+#endif
 
 /* Backend, IPv6. */
 struct lb6_backend {
@@ -183,7 +211,11 @@ _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb_affinity_key) == 16, "lb_affinity_key size");
 _Static_assert(sizeof(struct lb_affinity_val) == 16, "lb_affinity_val size");
 _Static_assert(sizeof(struct lb6_key) == 24, "lb6_key size");
+#ifndef LB_LAYOUT_TEST
 _Static_assert(sizeof(struct lb_service) == 20, "lb_service size");
+#else
+_Static_assert(sizeof(struct lb_service) == 24, "lb_service size (LB_LAYOUT_TEST)");
+#endif
 _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
 _Static_assert(sizeof(struct lb6_backend) == 20, "lb6_backend size");
 _Static_assert(sizeof(struct lb4_reverse_nat) == 8, "lb4_reverse_nat size");

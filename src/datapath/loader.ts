@@ -1,15 +1,19 @@
 // Loads the datapath object, adopts pinned maps, attaches its programs to a
 // cgroup through pinned links, and takes it all down on request. Attach is
 // idempotent: a second load finds the pinned links and switches them to the
-// new programs atomically (BPF_LINK_UPDATE), so a restarted or upgraded
-// agent never leaves sockets unbalanced.
+// new programs (BPF_LINK_UPDATE, atomic per link), so a restarted or upgraded
+// agent never leaves sockets unbalanced. The switch of all the links is all or
+// nothing: a failure at any link switches the ones already switched back to
+// the programs they ran, detaches the links this load created, and removes
+// the staging maps, so the old datapath keeps serving as it was.
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError } from '../errors.js';
-import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, unpin, type BpfMap } from '../native/bpf.js';
+import { ConfigError, LbError } from '../errors.js';
+import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, isErrno, openPinnedMap, unpin, type AttachResult, type BpfMap, type HeldLink } from '../native/bpf.js';
 import { mapSpecs, type MapName } from './abi.gen.js';
+import { convertPerCpu, converter, type Converter } from './layout.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -33,11 +37,18 @@ export const DEFAULT_SIZES: MapSizes = {
   sockRevNat: mapSpecs.lb4_sock_revnat.maxEntries,
 };
 
+/** Attaches one program through the link pinned at linkPin (BpfObject.attachCgroup's contract). */
+export type AttachFn = (object: BpfObject, program: string, cgroup: string, linkPin: string) => AttachResult;
+
+export const attachCgroup: AttachFn = (object, program, cgroup, linkPin) => object.attachCgroup(program, cgroup, linkPin);
+
 export interface DatapathOptions {
   readonly bpfRoot: string;
   readonly cgroup: string;
   readonly object?: string;
   readonly sizes?: Partial<MapSizes>;
+  /** How each program is attached (default: attachCgroup); a test wraps it to fail at a chosen link. */
+  readonly attach?: AttachFn;
 }
 
 export interface AttachedProgram {
@@ -49,7 +60,7 @@ export interface AttachedProgram {
 
 export interface Datapath {
   readonly maps: KernelLbMaps;
-  /** Maps resized at this load, with the entries carried over. */
+  /** Maps resized or converted to a new layout at this load, with the entries carried over. */
   readonly migrated: readonly MapMigration[];
   /** Which object is loaded: the standard one, or the compat one (refusals are EPERM). */
   readonly variant: 'standard' | 'compat' | 'custom';
@@ -118,20 +129,68 @@ function maxEntries(sizes: MapSizes): Record<string, number> {
   };
 }
 
-/** Pinned maps whose size differs from what this load asks for. */
-function sizeMismatches(bpfRoot: string, wanted: Record<string, number>): string[] {
-  const out: string[] = [];
-  for (const [name, n] of Object.entries(wanted)) {
-    const p = path.join(mapsDir(bpfRoot), name);
-    if (!existsSync(p)) continue;
-    const m = openPinnedMap(p);
-    try {
-      if (m.maxEntries !== n) out.push(name);
-    } finally {
-      m.close();
+/** BPF_MAP_TYPE_PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH. */
+const PERCPU_TYPES = new Set([5, 6, 10]);
+
+/** The pinned maps this load cannot adopt as they are: resized ones, redefined ones (type, flags), and those whose layout changed (with their converters). */
+interface MigrationPlan {
+  readonly resized: readonly string[];
+  readonly relaid: ReadonlyMap<string, MapConverters>;
+  /** Every map that is made anew in the staging directory and takes the pin at the end (resized, redefined or relaid). */
+  readonly changed: readonly string[];
+}
+
+interface MapConverters {
+  readonly key: Converter;
+  readonly value: Converter;
+}
+
+/**
+ * Compares every pinned map of ours with what the object declares: its size
+ * (what this load asks for) and its key and value layouts (BTF). libbpf would
+ * reuse a pinned map whose layout changed but whose sizes did not, and the new
+ * programs would read the old bytes in the new layout, so layouts are
+ * compared here, before the load. A layout that cannot be converted, or a
+ * pinned map without BTF, is an error naming the map, before anything moves.
+ */
+function planMigration(bpfRoot: string, objectPath: string, wanted: Record<string, number>): MigrationPlan {
+  const resized: string[] = [];
+  const redefined: string[] = [];
+  const relaid = new Map<string, MapConverters>();
+  const object = BpfObject.open(objectPath);
+  try {
+    for (const name of object.mapNames()) {
+      const p = path.join(mapsDir(bpfRoot), name);
+      if (!(name in mapSpecs) || !existsSync(p)) continue;
+      const declared = object.mapLayout(name);
+      const m = openPinnedMap(p);
+      try {
+        if (name in wanted && m.maxEntries !== wanted[name]) resized.push(name);
+        // Another map type or flags (an LRU that was a hash, BPF_F_NO_PREALLOC):
+        // libbpf would refuse the pin, so the map is made anew and its entries
+        // copied. Values shared by all CPUs cannot become per-CPU ones, or back.
+        if (m.type !== declared.type || m.flags !== declared.flags) {
+          if (PERCPU_TYPES.has(m.type) !== PERCPU_TYPES.has(declared.type)) {
+            throw new ConfigError(`map ${name} pinned at ${p} is ${PERCPU_TYPES.has(m.type) ? '' : 'not '}per-CPU and ${objectPath} declares it ${PERCPU_TYPES.has(declared.type) ? '' : 'not '}per-CPU: its values cannot be carried over; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
+          }
+          redefined.push(name);
+        }
+        if (!declared.key || !declared.value) continue; // an object without BTF for this map: only libbpf's size checks apply
+        const pinned = m.layout();
+        if (!pinned?.key || !pinned.value) {
+          throw new ConfigError(`map ${name} pinned at ${p} has no BTF, so its key and value layout cannot be compared with ${objectPath}'s; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
+        }
+        const key = converter(pinned.key, declared.key, `map ${name} key`);
+        const value = converter(pinned.value, declared.value, `map ${name} value`);
+        if (!key.identical || !value.identical) relaid.set(name, { key, value });
+      } finally {
+        m.close();
+      }
     }
+  } finally {
+    object.close();
   }
-  return out;
+  return { resized, relaid, changed: [...new Set([...resized, ...redefined, ...relaid.keys()])] };
 }
 
 /**
@@ -164,18 +223,27 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   mkdirSync(linksDir(opts.bpfRoot), { recursive: true });
 
   const wanted = maxEntries(sizes);
-  // A map size changed (a flag): load into fresh maps beside the pinned ones
-  // (sharing every map that keeps its size), copy the resized maps' entries,
-  // switch the links, then move the new pins into place.
-  const resized = sizeMismatches(opts.bpfRoot, wanted);
-  const migrating = resized.length > 0;
+  // A map size changed (a flag), or its layout (an upgrade): load into fresh
+  // maps beside the pinned ones (sharing every map that stays as it is), copy
+  // (and convert) the changed maps' entries, switch the links, then move the
+  // new pins into place.
+  const plan = planMigration(opts.bpfRoot, objectPath, wanted);
+  const changed = plan.changed;
+  const migrating = changed.length > 0;
   const pinRoot = migrating ? stagingDir(opts.bpfRoot) : mapsDir(opts.bpfRoot);
-  const kept = migrating ? openKept(opts.bpfRoot, resized) : new Map<string, BpfMap>();
+  const kept = migrating ? openKept(opts.bpfRoot, changed) : new Map<string, BpfMap>();
   if (migrating) {
     rmSync(pinRoot, { recursive: true, force: true });
     mkdirSync(pinRoot, { recursive: true });
   }
   const reuseMaps = Object.fromEntries([...kept].map(([name, m]) => [name, m.fd]));
+  // Maps this load pins beside the adopted ones (a first load, a map new in
+  // this object) are its own, removed again if it fails.
+  const pinnedBefore = new Set(readdirSync(mapsDir(opts.bpfRoot)));
+  const unpinNew = (): void => {
+    if (migrating) return;
+    for (const name of readdirSync(mapsDir(opts.bpfRoot))) if (!pinnedBefore.has(name)) rmSync(path.join(mapsDir(opts.bpfRoot), name), { force: true });
+  };
 
   let variant: Datapath['variant'] = opts.object ? 'custom' : 'standard';
   let object: BpfObject;
@@ -197,39 +265,126 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   let migrated: MapMigration[] = [];
   if (migrating) {
     try {
-      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot), resized);
+      migrated = copyPinnedInto(object, mapsDir(opts.bpfRoot), changed, plan.relaid);
     } catch (err) {
       object.close();
       rmSync(pinRoot, { recursive: true, force: true });
       throw err;
     }
   }
+  let links: LinkSwitch | undefined;
+  let maps: KernelLbMaps;
   try {
     const set = {} as LbMapSet;
     for (const name of LB_MAP_NAMES) set[name] = object.map(name);
     for (const name of Object.keys(mapSpecs) as MapName[]) verifyMapLayout(object.map(name), mapSpecs[name]);
-    const maps = new KernelLbMaps(set);
-
-    const programs: AttachedProgram[] = [];
-    for (const name of object.programNames()) {
-      const r = object.attachCgroup(name, opts.cgroup, path.join(linksDir(opts.bpfRoot), name));
-      programs.push({ name, linkId: r.linkId, updated: r.updated });
-    }
+    maps = new KernelLbMaps(set);
+    links = switchLinks(object, opts.cgroup, linksDir(opts.bpfRoot), opts.attach ?? attachCgroup);
     if (migrating) {
-      // A resized traffic map: sockets connected between the copy and the
+      // A migrated traffic map: sockets connected between the copy and the
       // switch recorded their reverse translation in the old map; carry those
       // over too. (Maps the agent writes are not written during a load.)
-      const again = TRAFFIC_MAPS.filter((n) => resized.includes(n));
-      if (again.length > 0) copyPinnedInto(object, mapsDir(opts.bpfRoot), again, true);
-      for (const name of readdirSync(pinRoot)) renameSync(path.join(pinRoot, name), path.join(mapsDir(opts.bpfRoot), name));
-      rmdirSync(pinRoot);
+      const again = TRAFFIC_MAPS.filter((n) => changed.includes(n));
+      if (again.length > 0) copyPinnedInto(object, mapsDir(opts.bpfRoot), again, plan.relaid, true);
     }
-    const loaded = object;
-    return { maps, variant, programs, object, migrated, close: () => loaded.close() };
   } catch (err) {
+    // Nothing is committed yet: the old programs and maps take over again.
+    const notReverted = links?.revert() ?? [];
+    links?.release();
     object.close();
+    if (notReverted.length === 0) {
+      if (migrating) rmSync(pinRoot, { recursive: true, force: true });
+      else unpinNew();
+    }
+    if (notReverted.length > 0) throw new LinkSwitchError(`${(err as Error).message}; ${describeNotReverted(notReverted)}`, notReverted, { cause: err });
     throw err;
   }
+  links.release();
+  if (migrating) {
+    // The commit: the new maps take the pins (a rename replaces a pin atomically).
+    for (const name of readdirSync(pinRoot)) renameSync(path.join(pinRoot, name), path.join(mapsDir(opts.bpfRoot), name));
+    rmdirSync(pinRoot);
+  }
+  const loaded = object;
+  return { maps, variant, programs: links.programs, object, migrated, close: () => loaded.close() };
+}
+
+/** A switch of the pinned links that failed; `notReverted` names links left on the new programs (normally none). */
+export class LinkSwitchError extends LbError {
+  constructor(message: string, readonly notReverted: readonly string[] = [], options?: ErrorOptions) {
+    super(message, 'ELINKSWITCH', options);
+  }
+}
+
+function describeNotReverted(notReverted: readonly string[]): string {
+  return `could NOT switch back: ${notReverted.join('; ')} (those links run the new programs; staging maps, if any, stay pinned under maps-next since those programs use them; start the agent again, or lbctl cleanup)`;
+}
+
+interface LinkSwitch {
+  readonly programs: AttachedProgram[];
+  /** Every link back to where it was before the switch; returns what could not be reverted ("program: error"). */
+  revert(): string[];
+  /** Releases the held links (after a commit or a revert). */
+  release(): void;
+}
+
+/**
+ * Switches every program of the object onto its pinned link (creating the
+ * links that do not exist yet), all or nothing. Before the first switch it
+ * holds each existing link and, by fd, the program it runs: a program that
+ * loses its last link is freed by the kernel, and the fd keeps it alive to be
+ * switched back to. If the n-th attach fails, the links are put back as they
+ * were (held ones restored to their programs, new ones unpinned, which
+ * detaches them), and the error names the program and the kernel's error.
+ */
+function switchLinks(object: BpfObject, cgroup: string, dir: string, attach: AttachFn): LinkSwitch {
+  const names = object.programNames();
+  const held = new Map<string, HeldLink>();
+  const release = (): void => {
+    for (const h of held.values()) h.close();
+    held.clear();
+  };
+  try {
+    for (const name of names) {
+      const pin = path.join(dir, name);
+      if (existsSync(pin)) held.set(name, holdPinnedLink(pin));
+    }
+  } catch (err) {
+    release();
+    throw err;
+  }
+  const revert = (): string[] => {
+    const failed: string[] = [];
+    for (const name of [...names].reverse()) {
+      const pin = path.join(dir, name);
+      try {
+        const h = held.get(name);
+        // Restoring a link that was never switched is a no-op update.
+        if (h) h.restore();
+        else if (existsSync(pin)) unpin(pin);
+      } catch (err) {
+        failed.push(`${name}: ${(err as Error).message}`);
+      }
+    }
+    return failed;
+  };
+  const programs: AttachedProgram[] = [];
+  for (const [i, name] of names.entries()) {
+    try {
+      const r = attach(object, name, cgroup, path.join(dir, name));
+      programs.push({ name, linkId: r.linkId, updated: r.updated });
+    } catch (err) {
+      const failed = revert();
+      const pinnedBefore = held.size;
+      release();
+      const what = `switching the pinned links to ${object.path}: program ${name} (link ${i + 1} of ${names.length}, ${path.join(dir, name)}) failed: ${(err as Error).message}`;
+      const outcome = failed.length === 0
+        ? `every link was switched back to the program it ran (${i} switched, ${pinnedBefore} pinned before), links made by this load were removed`
+        : describeNotReverted(failed);
+      throw new LinkSwitchError(`${what}; ${outcome}`, failed, { cause: err });
+    }
+  }
+  return { programs, revert, release };
 }
 
 export interface MapMigration {
@@ -237,14 +392,26 @@ export interface MapMigration {
   readonly from: number;
   readonly to: number;
   readonly entries: number;
+  /** The key or value layout changed: every entry was converted field by field. */
+  readonly converted: boolean;
+  /** Fields of the old layout that the new one dropped, and new fields (zero in every entry). */
+  readonly dropped?: readonly string[];
+  readonly added?: readonly string[];
 }
 
 /**
  * Copies every entry of the maps `names` pinned in `dir` into the object's
- * maps of the same name (with `keepNewer`, entries already present win).
- * An entry that does not fit (a shrunk map) fails the whole migration.
+ * maps of the same name (with `keepNewer`, entries already present win),
+ * converting the entries of maps whose layout changed. An entry that does not
+ * fit (a shrunk map, a narrowed field) fails the whole migration.
  */
-function copyPinnedInto(object: BpfObject, dir: string, names: readonly string[], keepNewer = false): MapMigration[] {
+function copyPinnedInto(
+  object: BpfObject,
+  dir: string,
+  names: readonly string[],
+  relaid: ReadonlyMap<string, MapConverters>,
+  keepNewer = false,
+): MapMigration[] {
   const out: MapMigration[] = [];
   for (const name of object.mapNames()) {
     if (!(name in mapSpecs) || !names.includes(name)) continue;
@@ -252,21 +419,32 @@ function copyPinnedInto(object: BpfObject, dir: string, names: readonly string[]
     if (!existsSync(file)) continue;
     const from = openPinnedMap(file);
     const to = object.map(name);
+    const conv = relaid.get(name);
     try {
-      if (from.keySize !== to.keySize || from.valueBufSize !== to.valueBufSize) {
-        throw new ConfigError(`map ${name}: the pinned map's layout differs from the new one; migration needs lbctl cleanup`);
+      if (!conv && (from.keySize !== to.keySize || from.valueBufSize !== to.valueBufSize)) {
+        throw new ConfigError(`map ${name}: the pinned map's key or value size differs from the new one's, and neither has a layout to convert by`);
       }
+      // A converted key could collide with another converted key (a dropped
+      // key field): never let one entry overwrite another.
+      const keyChanged = conv !== undefined && !conv.key.identical;
+      const cpus = from.perCpu ? from.valueBufSize / Math.ceil(from.valueSize / 8) / 8 : 1;
       let entries = 0;
       for (const [k, v] of from.entries()) {
+        const key = conv ? conv.key.convert(k) : k;
+        const value = !conv ? v : from.perCpu ? convertPerCpu(conv.value, v, cpus) : conv.value.convert(v);
         try {
-          to.update(k, v, keepNewer ? BPF_NOEXIST : BPF_ANY);
+          to.update(key, value, keepNewer || keyChanged ? BPF_NOEXIST : BPF_ANY);
           entries++;
         } catch (err) {
           if (keepNewer && isErrno(err, 'EEXIST')) continue;
+          if (keyChanged && isErrno(err, 'EEXIST')) {
+            throw new ConfigError(`map ${name}: two entries of the pinned map convert to the same key ${key.toString('hex')} (dropped key fields: ${conv.key.dropped.join(', ') || 'none'})`, { cause: err });
+          }
           throw new ConfigError(`map ${name}: cannot carry ${from.maxEntries}-entry contents into ${to.maxEntries} entries: ${(err as Error).message}`, { cause: err });
         }
       }
-      out.push({ map: name, from: from.maxEntries, to: to.maxEntries, entries });
+      const m: MapMigration = { map: name, from: from.maxEntries, to: to.maxEntries, entries, converted: conv !== undefined };
+      out.push(conv ? { ...m, dropped: [...conv.key.dropped, ...conv.value.dropped], added: [...conv.key.added, ...conv.value.added] } : m);
     } finally {
       from.close();
     }

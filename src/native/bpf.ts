@@ -6,9 +6,10 @@
  */
 import { LbError } from '../errors.js';
 import { loadBinding } from './binding.js';
-import type { InetDiagSocket, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject } from './native.js';
+import type { DeclaredMapLayout, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink } from './native.js';
 
 export type { InetDiagSocket, OpenOptions } from './native.js';
+export type { DeclaredMapLayout, MapLayout, TypeLayout } from './native.js';
 
 /** bpf_map_update_elem flags. */
 export const BPF_ANY = 0;
@@ -153,6 +154,8 @@ export class BpfMap {
   }
   /** Closes the fd if this map owns it (opened by path); idempotent. */
   close(): void { guard(() => this.raw.close()); }
+  /** Key and value layouts from the BTF the kernel keeps with the map; null when it was created without BTF. */
+  layout(): MapLayout | null { return guard(() => this.raw.layout()); }
 }
 
 /** A BPF ELF object: open, load, then use its maps and programs. */
@@ -181,6 +184,8 @@ export class BpfObject {
   map(name: string): BpfMap { return new BpfMap(guard(() => this.raw.map(name)), this); }
   progFd(name: string): number { return guard(() => this.raw.progFd(name)); }
   progInfo(name: string): ProgInfo { return guard(() => this.raw.progInfo(name)); }
+  /** A map's key and value layouts (BTF), type and flags as this object declares them; works before load. */
+  mapLayout(name: string): DeclaredMapLayout { return guard(() => this.raw.mapLayout(name)); }
 
   /**
    * Attach a cgroup program through a link pinned at linkPinPath, idempotently:
@@ -218,6 +223,22 @@ export function pinnedLinkInfo(path: string): PinnedLinkInfo {
 /** Atomically replace the program of a pinned link. */
 export function pinnedLinkUpdate(path: string, progFd: number): void {
   guard(() => native().pinnedLinkUpdate(path, progFd));
+}
+
+/** A pinned link and the program it ran when held: restore() switches it back. close() it. */
+export class HeldLink {
+  /** @internal use holdPinnedLink() */
+  constructor(private readonly raw: RawHeldLink, readonly path: string) {}
+  get id(): number { return this.raw.id; }
+  /** The program the link ran when it was held. */
+  get progId(): number { return this.raw.progId; }
+  restore(): void { guard(() => this.raw.restore()); }
+  close(): void { guard(() => this.raw.close()); }
+}
+
+/** Holds the pinned link at `path` and (by fd) the program it runs now, so that program can be restored after a switch. */
+export function holdPinnedLink(path: string): HeldLink {
+  return new HeldLink(guard(() => native().holdPinnedLink(path)), path);
 }
 
 /** Remove a bpffs pin (a pinned link with no other holder detaches). Throws ENOENT if absent. */

@@ -37,6 +37,8 @@ export interface RawBpfObject {
   runIter(progName: string, netnsFd?: number): Buffer;
   /** bpf_object__close; idempotent. */
   close(): void;
+  /** The BTF layouts of a map's key and value as this object declares them (also before load). */
+  mapLayout(name: string): DeclaredMapLayout;
 }
 
 export interface RawBpfMap {
@@ -58,6 +60,8 @@ export interface RawBpfMap {
   batchUpdate(keys: Buffer, values: Buffer, count: number, flags?: number): number;
   /** Closes only an fd this wrapper owns (maps opened by path). */
   close(): void;
+  /** The BTF layouts of key and value from the kernel's BTF of this map; null when it has none. */
+  layout(): MapLayout | null;
 }
 
 /** One socket of an inet_diag dump (struct inet_diag_msg). */
@@ -77,7 +81,50 @@ export interface InetDiagSocket {
   id: Buffer;
 }
 
+// ---- BTF layouts and held links (layout migration, all-or-nothing link switch) ----
+
+/** A BTF type as laid out in memory: offsets and sizes in bytes. */
+export interface TypeLayout {
+  readonly kind: 'int' | 'enum' | 'struct' | 'union' | 'array' | 'other';
+  /** The outermost typedef's name when there is one (`__be32`), else the type's name ('' if anonymous). */
+  readonly name: string;
+  readonly size: number;
+  /** int and enum: signed encoding */
+  readonly signed?: boolean;
+  /** struct and union */
+  readonly members?: ReadonlyArray<{ readonly name: string; readonly offset: number; readonly bitfield?: boolean; readonly type: TypeLayout }>;
+  /** array */
+  readonly elem?: TypeLayout;
+  readonly count?: number;
+}
+
+export interface MapLayout {
+  readonly key: TypeLayout | null;
+  readonly value: TypeLayout | null;
+}
+
+/** What an object declares for a map: its layouts, and the map type and flags it would be created with. */
+export interface DeclaredMapLayout extends MapLayout {
+  readonly type: number;
+  readonly flags: number;
+}
+
+/** A pinned link held open together with the program it ran when held (which that fd keeps alive). */
+export interface RawHeldLink {
+  readonly id: number;
+  readonly progId: number;
+  readonly type: number;
+  readonly attachType?: number;
+  readonly cgroupId?: number;
+  /** bpf_link_update back to progId. */
+  restore(): void;
+  /** Releases the link and program fds; idempotent. */
+  close(): void;
+}
+
 export interface NativeBinding {
+  /** Opens a pinned link and the program it runs now (bpf_prog_get_fd_by_id), to restore it after a switch. */
+  holdPinnedLink(path: string): RawHeldLink;
   libbpfVersion(): string;
   numPossibleCpus(): number;
   openObject(path: string, opts?: OpenOptions): RawBpfObject;
