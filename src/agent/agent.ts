@@ -88,7 +88,8 @@ export class Agent implements AgentView {
       log.warn('this kernel has no bpf_set_retval (before 5.18): refused connections fail with EPERM instead of ECONNREFUSED');
     }
     for (const m of this.datapath.migrated) {
-      if (m.from !== m.to) log.info(m, 'map resized: entries carried over, links switched');
+      if (m.converted) log.info(m, 'map layout changed: entries converted field by field, links switched');
+      else if (m.from !== m.to) log.info(m, 'map resized: entries carried over, links switched');
     }
     for (const p of this.datapath.programs) {
       log.info({ program: p.name, linkId: p.linkId, updated: p.updated }, p.updated ? 'program replaced on pinned link' : 'program attached');
