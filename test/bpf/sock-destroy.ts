@@ -233,6 +233,34 @@ t.test('addon argument and lookup errors', async (t) => {
   t.throws(() => unit.runIter('test_connected_udp_to_removed_backend_matches'), /bpf_program__attach_iter/, 'runIter needs an iterator program');
 });
 
+const btfText = (file: string): string => execFileSync('bpftool', ['btf', 'dump', 'file', file], { encoding: 'utf8', maxBuffer: 1 << 30 });
+
+/**
+ * A struct's size and members (name@bits_offset) as `bpftool btf dump`
+ * prints them; undefined when absent. The kernel's pointer members are
+ * anonymous unions (__bpf_md_ptr): their names print as "(anon)" and are
+ * compared by offset only.
+ */
+function structLayout(btf: string, name: string, namesLike?: string): string | undefined {
+  const m = new RegExp(`STRUCT '${name}' size=(\\d+) vlen=\\d+\n((?:\t.*\n?)*)`).exec(btf);
+  if (!m) return undefined;
+  const like = namesLike?.split(' ').slice(2);
+  const members = [...m[2]!.matchAll(/'([^']*)' type_id=\d+ bits_offset=(\d+)/g)].map((x, i) =>
+    like?.[i]?.startsWith('(anon)@') ? `(anon)@${x[2]}` : `${x[1]}@${x[2]}`,
+  );
+  return `size ${m[1]}: ${members.join(' ')}`;
+}
+
+t.test("the iterator's context struct has the kernel's layout", async (t) => {
+  const kernel = btfText('/sys/kernel/btf/vmlinux');
+  const ours = btfText(SOCK_DESTROY_OBJECT);
+  // (bpf_iter_meta is only a forward declaration in the object's BTF: the
+  // program reads just its first member, seq, at offset 0.)
+  const want = structLayout(kernel, 'bpf_iter__udp');
+  t.ok(want, `the kernel's BTF has struct bpf_iter__udp (${want})`);
+  t.equal(structLayout(ours, 'bpf_iter__udp', want), want, "bpf/sock_destroy.c's struct bpf_iter__udp has the same size and member offsets");
+});
+
 t.test('this kernel: bpf_sock_destroy if present, else inet_diag', async (t) => {
   t.comment(`detected ${detected.mechanism}: ${detected.reason}`);
   const btf = execFileSync('bpftool', ['btf', 'dump', 'file', '/sys/kernel/btf/vmlinux'], { encoding: 'utf8', maxBuffer: 1 << 30 });
