@@ -18,7 +18,7 @@ import { cgroup2Root } from '../../src/datapath/loader.js';
 import { lb4_sock_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat } from '../../src/datapath/abi.gen.js';
 import { ipv4ToUint, ipv6Bytes } from '../../src/lb/addr.js';
 import { lacksSockDestroy, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
-import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
+import { BpfObject, inetDiagDestroy, iterRun, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import type { L3n4Addr } from '../../src/lb/types.js';
 
 // Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
@@ -202,9 +202,10 @@ async function exercise(t: Test, mechanism: UdpTerminationMechanism): Promise<vo
   t.teardown(() => term.close());
   t.equal(term.mechanism, mechanism, `mechanism ${term.mechanism}: ${term.detection.reason}`);
 
-  const r = term.destroyConnectedTo(removed);
+  const r = await term.destroyConnectedTo(removed);
   t.comment(`mechanism ${r.mechanism}: ${r.destroyed} destroyed in ${r.netns} netns, ${r.ms} ms`);
   t.same(r.errors, [], 'no errors');
+  t.equal(r.limit, undefined, 'no bound hit');
   t.equal(r.backends, 2, 'the two UDP backends were looked for (the TCP one is ignored)');
   t.equal(r.netns, 1, "one network namespace searched: the cgroup's process's");
   const want = DESTROYED.map((n) => String(inCgroup.cookies[n])).sort();
@@ -221,16 +222,18 @@ async function exercise(t: Test, mechanism: UdpTerminationMechanism): Promise<vo
     const present = map.lookup(key) !== null;
     t.equal(present, !DESTROYED.includes(name), `${name}: rev-NAT entry ${DESTROYED.includes(name) ? 'removed with the socket' : 'kept'}`);
   }
-  const again = term.destroyConnectedTo(removed);
+  const again = await term.destroyConnectedTo(removed);
   t.equal(again.destroyed, 0, 'a second run finds nothing left to destroy');
   for (const m of [revNat[4], revNat[6]]) for (const k of m.keys()) m.delete(k);
 }
 
 t.test('addon argument and lookup errors', async (t) => {
-  const { inetDiagDestroy } = await import('../../src/native/bpf.js');
-  t.throws(() => inetDiagDestroy(2, 17, Buffer.alloc(3)), { code: 'EINVAL', op: 'argument' }, 'an inet_diag_sockid is 48 bytes');
+  await t.rejects(inetDiagDestroy(2, 17, [Buffer.alloc(3)]), { code: 'EINVAL', op: 'argument' }, 'an inet_diag_sockid is 48 bytes');
+  t.same(await inetDiagDestroy(2, 17, [Buffer.alloc(48), Buffer.alloc(48)]), [2, 2], 'an id that names no socket: ENOENT, one errno per id');
   t.throws(() => BpfObject.open(SOCK_DESTROY_OBJECT, { reuseMaps: { no_such_map: revNat[4].fd } }), { code: 'ENOENT', op: 'bpf_map__reuse_fd' }, 'reuseMaps names a map of the object');
   t.throws(() => unit.runIter('test_connected_udp_to_removed_backend_matches'), /bpf_program__attach_iter/, 'runIter needs an iterator program');
+  await t.rejects(iterRun(unit.progFd('test_connected_udp_to_removed_backend_matches')), { message: /bpf_link_create\(BPF_TRACE_ITER\)/ }, 'iterRun needs an iterator program too');
+  await t.rejects(iterRun(-1), { code: 'EINVAL', op: 'argument' }, 'iterRun needs a program fd');
 });
 
 const btfText = (file: string): string => execFileSync('bpftool', ['btf', 'dump', 'file', file], { encoding: 'utf8', maxBuffer: 1 << 30 });
@@ -263,7 +266,7 @@ t.test("the iterator's context struct has the kernel's layout", async (t) => {
 
 t.test('this kernel: bpf_sock_destroy if present, else inet_diag', async (t) => {
   t.comment(`detected ${detected.mechanism}: ${detected.reason}`);
-  const btf = execFileSync('bpftool', ['btf', 'dump', 'file', '/sys/kernel/btf/vmlinux'], { encoding: 'utf8', maxBuffer: 1 << 30 });
+  const btf = btfText('/sys/kernel/btf/vmlinux');
   const hasKfunc = /FUNC 'bpf_sock_destroy'/.test(btf);
   t.equal(detected.mechanism, hasKfunc ? 'bpf-sock-destroy' : 'inet-diag', `vmlinux BTF ${hasKfunc ? 'has' : 'lacks'} bpf_sock_destroy`);
   if (!hasKfunc) {
@@ -283,6 +286,48 @@ t.test('bpf_sock_destroy iterator destroys exactly the stale sockets', async (t)
 
 t.test('inet_diag SOCK_DESTROY fallback destroys exactly the stale sockets', async (t) => {
   await exercise(t, 'inet-diag');
+});
+
+t.test('each bound stops a run and is reported', async (t) => {
+  const spec: Spec = { one: [4, REMOVED4, PORT], two: [4, REMOVED4, PORT] };
+  const hs = [await holder(nsA, true, spec), await holder(nsB, true, spec)];
+  const keys = hs.flatMap((h) => [v4Key(h.cookies.one!, REMOVED4, PORT), v4Key(h.cookies.two!, REMOVED4, PORT)]);
+  for (const k of keys) revNat[4].update(k, Buffer.alloc(lb4_sock_revnat.size));
+  t.teardown(() => {
+    for (const k of keys) revNat[4].delete(k);
+  });
+  const gone = [removed[0]!];
+  // A destroyed socket's recv() reports ECONNABORTED once (then it just
+  // waits, disconnected): count every report so far, per holder.
+  const seen = hs.map(() => new Set<string>());
+  const aborted = async (): Promise<number[]> => {
+    for (const [i, h] of hs.entries()) for (const [n, o] of Object.entries(await h.check())) if (o === 'ECONNABORTED') seen[i]!.add(n);
+    return seen.map((s) => s.size);
+  };
+
+  const late = await UdpTerminator.open({ revNat, cgroup, limits: { ms: 0 } });
+  t.teardown(() => late.close());
+  const r0 = await late.destroyConnectedTo(gone);
+  t.match(r0.limit, /^wall time 0 ms: /, `wall time: ${r0.limit}`);
+  t.equal(r0.destroyed, 0, 'nothing destroyed');
+
+  const few = await UdpTerminator.open({ revNat, cgroup, mechanism: 'inet-diag', limits: { sockets: 1 } });
+  t.teardown(() => few.close());
+  const r1 = await few.destroyConnectedTo(gone);
+  t.match(r1.limit, /^1 sockets examined: netns \d+ .* had more/, `sockets: ${r1.limit}`);
+  t.equal(r1.examined, 1, 'one socket examined');
+  t.ok(r1.destroyed <= 1, `at most that one destroyed (${r1.destroyed})`);
+  t.ok((await aborted()).reduce((a, b) => a + b) <= 1, 'the other sockets are untouched');
+
+  const narrow = await UdpTerminator.open({ revNat, cgroup, limits: { netns: 1 } });
+  t.teardown(() => narrow.close());
+  const r2 = await narrow.destroyConnectedTo(gone);
+  t.match(r2.limit, /^1 network namespaces: those of \d+ more processes were not searched$/, `netns: ${r2.limit}`);
+  t.equal(r2.netns, 1, 'one namespace searched');
+  t.same(r2.errors, []);
+  const counts = await aborted();
+  t.equal(r1.destroyed + r2.destroyed, counts.reduce((a, b) => a + b), 'each run destroyed what it reported');
+  t.ok(counts.includes(2) && counts.some((c) => c <= 1), `one namespace's sockets destroyed, not the other's (${counts.join(', ')})`);
 });
 
 t.test('a socket iterator sees only the namespace it was created in', async (t) => {
