@@ -45,7 +45,7 @@ import { constants } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
-import { ipFromBytes, ipv4ToUint, ipv6Bytes, parseIp } from '../lb/addr.js';
+import { ipFromBytes, ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
 import { backendKey, type Family, type L3n4Addr } from '../lb/types.js';
 import { BpfObject, inetDiagDestroy, inetDiagDump, iterRun, type BpfMap, type InetDiagSocket } from '../native/bpf.js';
 import { lb4_backend, lb4_sock_key, lb6_backend, lb6_sock_key, MapType, u32 } from './abi.gen.js';

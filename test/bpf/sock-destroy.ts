@@ -6,7 +6,13 @@
 //     cgroup and a network namespace of this test: exactly the connected UDP
 //     sockets with a rev-NAT entry for a removed backend are destroyed
 //     (ECONNABORTED), nothing else;
-//   - a socket iterator sees only the namespace it was created in.
+//   - each bound of a run stops it and is reported;
+//   - a sock_diag socket (every kernel) and a socket iterator (6.5+; before
+//     that, its object must be refused) reach only the namespace they were
+//     made in;
+//   - the iterator's context struct has the running kernel's layout.
+// Every test proves something on each kernel it runs on: where the kernel
+// lacks bpf_sock_destroy (6.1), what runs instead (inet_diag) is exercised.
 // Everything runs in namespaces and a cgroup this file creates and removes.
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, rmdirSync } from 'node:fs';
@@ -17,8 +23,8 @@ import t, { type Test } from 'tap';
 import { cgroup2Root } from '../../src/datapath/loader.js';
 import { lb4_sock_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat } from '../../src/datapath/abi.gen.js';
 import { ipv4ToUint, ipv6Bytes } from '../../src/lb/addr.js';
-import { lacksSockDestroy, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
-import { BpfObject, inetDiagDestroy, iterRun, progTestRun, type BpfMap } from '../../src/native/bpf.js';
+import { lacksSockDestroy, parseCookies, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
+import { BpfObject, inetDiagDestroy, inetDiagDump, iterRun, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import type { L3n4Addr } from '../../src/lb/types.js';
 
 // Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
@@ -330,32 +336,51 @@ t.test('each bound stops a run and is reported', async (t) => {
   t.ok(counts.includes(2) && counts.some((c) => c <= 1), `one namespace's sockets destroyed, not the other's (${counts.join(', ')})`);
 });
 
-t.test('a socket iterator sees only the namespace it was created in', async (t) => {
-  if (detected.mechanism !== 'bpf-sock-destroy') {
-    t.pass('no iterator object on this kernel (the inet_diag sockets are per namespace the same way)');
-    return;
-  }
-  const h = await holder(nsA, true, { balanced: [4, REMOVED4, PORT] });
-  revNat[4].update(v4Key(h.cookies.balanced!, REMOVED4, PORT), Buffer.alloc(lb4_sock_revnat.size));
-  const obj = BpfObject.open(SOCK_DESTROY_OBJECT, { reuseMaps: { lb4_sock_revnat: revNat[4].fd, lb6_sock_revnat: revNat[6].fd } });
-  t.teardown(() => obj.close());
-  await obj.load();
-  const term4 = obj.map('lb4_sock_term');
-  const key = Buffer.alloc(8);
-  key.writeUInt32BE(ipv4ToUint(REMOVED4), 0);
-  key.writeUInt16BE(PORT, 4);
-  key.writeUInt8(17, 6);
-  term4.update(key, Buffer.from([1, 0, 0, 0]));
-  const fdB = openSync(`/run/netns/${nsB}`, 'r');
+// A socket iterator and a sock_diag socket each reach only the namespace
+// they were made in. inet_diag runs on every kernel; the iterator where the
+// kernel has bpf_sock_destroy, and elsewhere its object must be refused.
+t.test('each mechanism reaches only the namespace it was made in', async (t) => {
+  const h = await holder(nsA, true, { inet: [4, REMOVED4, PORT], iter: [4, REMOVED4, PORT] });
   const fdA = openSync(`/run/netns/${nsA}`, 'r');
-  try {
-    t.equal(obj.runIter('lb_udp_destroy', fdB).length, 0, 'created in the other namespace: it never sees the socket');
-    t.equal((await h.check()).balanced, 'TimeoutError', 'the socket is untouched');
-    t.equal(obj.runIter('lb_udp_destroy', fdA).length, 8, "created in the socket's namespace: one cookie out");
-    t.equal((await h.check()).balanced, 'ECONNABORTED', 'and the socket is destroyed');
-  } finally {
+  const fdB = openSync(`/run/netns/${nsB}`, 'r');
+  t.teardown(() => {
     closeSync(fdA);
     closeSync(fdB);
-    revNat[4].delete(v4Key(h.cookies.balanced!, REMOVED4, PORT));
+  });
+  const connected = 1 << 1; // TCP_ESTABLISHED
+  const find = async (fd?: number) => (await inetDiagDump(2, 17, connected, fd)).sockets.find((s) => s.cookie === h.cookies.inet);
+
+  t.equal(await find(fdB), undefined, 'inet_diag: a dump made in the other namespace does not list the socket');
+  t.equal(await find(), undefined, "nor does one made in the test's own");
+  const sock = await find(fdA);
+  t.ok(sock, "a dump made in the socket's namespace lists it");
+  t.same(await inetDiagDestroy(2, 17, [sock!.id], fdB), [2], 'SOCK_DESTROY of its exact id, made in the other namespace: ENOENT');
+  t.same(await h.check(), { inet: 'TimeoutError', iter: 'TimeoutError' }, 'both sockets untouched');
+  t.same(await inetDiagDestroy(2, 17, [sock!.id], fdA), [0], "made in the socket's namespace: destroyed");
+  t.same(await h.check(), { inet: 'ECONNABORTED', iter: 'TimeoutError' }, 'that socket, and only it, is aborted');
+
+  const obj = BpfObject.open(SOCK_DESTROY_OBJECT, { reuseMaps: { lb4_sock_revnat: revNat[4].fd, lb6_sock_revnat: revNat[6].fd } });
+  t.teardown(() => obj.close());
+  if (detected.mechanism !== 'bpf-sock-destroy') {
+    await t.rejects(
+      obj.load().catch((err) => Promise.reject(lacksSockDestroy(err) ? new Error('kfunc missing') : err)),
+      { message: 'kfunc missing' },
+      'no iterator on this kernel: its object is refused for want of bpf_sock_destroy, so inet_diag (above) is what runs here',
+    );
+    return;
   }
+  await obj.load();
+  const key = v4Key(h.cookies.iter!, REMOVED4, PORT);
+  revNat[4].update(key, Buffer.alloc(lb4_sock_revnat.size));
+  t.teardown(() => revNat[4].delete(key));
+  const termKey = Buffer.alloc(8);
+  termKey.writeUInt32BE(ipv4ToUint(REMOVED4), 0);
+  termKey.writeUInt16BE(PORT, 4);
+  termKey.writeUInt8(17, 6);
+  obj.map('lb4_sock_term').update(termKey, Buffer.from([1, 0, 0, 0]));
+  const prog = obj.progFd('lb_udp_destroy');
+  t.equal((await iterRun(prog, fdB)).length, 0, 'iterator: created in the other namespace, it never sees the socket');
+  t.equal((await h.check()).iter, 'TimeoutError', 'the socket is untouched');
+  t.same(parseCookies(await iterRun(prog, fdA)), [h.cookies.iter], "created in the socket's namespace: its cookie out");
+  t.equal((await h.check()).iter, 'ECONNABORTED', 'and the socket is destroyed');
 });
