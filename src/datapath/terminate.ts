@@ -460,6 +460,8 @@ export class TerminationQueue<R> {
 export class UdpTerminator {
   private readonly queue = new TerminationQueue<UdpTerminationResult>((wanted) => this.terminate(wanted));
   private readonly limits: UdpTerminationLimits;
+  /** Runs in progress (queued ones and direct destroyConnectedTo calls). */
+  private readonly active = new Set<Promise<UdpTerminationResult>>();
   private closing = false;
 
   private constructor(
@@ -528,11 +530,19 @@ export class UdpTerminator {
     if (this.closing) return;
     this.closing = true;
     this.queue.stop();
-    void this.queue.idle().then(() => this.object?.close());
+    void Promise.all([this.queue.idle(), ...this.active]).then(() => this.object?.close());
   }
 
-  /** One run. `wanted` may shrink while it runs (backends that came back). */
-  private async terminate(wanted: Map<string, L3n4Addr>): Promise<UdpTerminationResult> {
+  /** One run, queued or not; close() waits for it before releasing the object. */
+  private terminate(wanted: Map<string, L3n4Addr>): Promise<UdpTerminationResult> {
+    const run = this.run(wanted);
+    this.active.add(run);
+    void run.finally(() => this.active.delete(run));
+    return run;
+  }
+
+  /** `wanted` may shrink while it runs (backends that came back). */
+  private async run(wanted: Map<string, L3n4Addr>): Promise<UdpTerminationResult> {
     const t0 = performance.now();
     const backends = wanted.size;
     const budget = new Budget(this.limits, () => this.closing);

@@ -334,6 +334,13 @@ t.test('each bound stops a run and is reported', async (t) => {
   const counts = await aborted();
   t.equal(r1.destroyed + r2.destroyed, counts.reduce((a, b) => a + b), 'each run destroyed what it reported');
   t.ok(counts.includes(2) && counts.some((c) => c <= 1), `one namespace's sockets destroyed, not the other's (${counts.join(', ')})`);
+
+  const closing = await UdpTerminator.open({ revNat, cgroup });
+  const running = closing.destroyConnectedTo(gone);
+  closing.close();
+  const r3 = await running;
+  t.match(r3.limit, /^the terminator closed: /, `close() stops a run at its next step: ${r3.limit}`);
+  t.same(r3.errors, [], 'without errors');
 });
 
 // A socket iterator and a sock_diag socket each reach only the namespace

@@ -308,6 +308,7 @@ async function manyNamespaces(t: Test, force?: 'inet-diag'): Promise<void> {
   const held = JSON.parse((await holder).stdout) as { outcomes: Record<string, string> };
   finished = true;
 
+  if (force) t.equal(line['mechanism'], force, `forced to ${force}`);
   t.comment(`agent: ${JSON.stringify({ mechanism: line['mechanism'], destroyed: line.destroyed, netns: line.netns, ms: line.ms, limit: line.limit })}`);
   t.same(line.errors, [], 'no errors');
   t.equal(line.limit, undefined, 'no bound hit');
@@ -332,3 +333,5 @@ async function manyNamespaces(t: Test, force?: 'inet-diag'): Promise<void> {
 }
 
 t.test('a termination over many namespaces does not stall /livez (auto mechanism)', (t) => manyNamespaces(t));
+
+t.test('a termination over many namespaces through the inet_diag fallback does not stall /livez either', (t) => manyNamespaces(t, 'inet-diag'));
