@@ -396,7 +396,8 @@ export class TerminationQueue<R> {
   /**
    * After a sync: `removed` (the backends it deleted; UDP ones count) are
    * terminated in the background, and backends in `current` (what the maps
-   * hold now; read only when something waits or runs) are no longer. The
+   * hold now; read only when something is removed, waits or runs) are taken
+   * off any termination that waits or runs. The
    * promise settles with the run that covers the removed backends, and only
    * the call that first queued them gets it (undefined otherwise), so each
    * run is reported once. It never rejects.
