@@ -191,7 +191,12 @@ struct sock {
 	__u16 sk_protocol;
 } __attribute__((preserve_access_index));
 
-/* The iter/udp context (offsets fixed by the kernel's bpf_iter__udp). */
+/*
+ * The iter/udp context, laid out as the kernel's bpf_iter__udp
+ * (net/ipv4/udp.c): pointers are 64-bit __bpf_md_ptr fields, and uid and
+ * bucket are each __aligned(8), so bucket is at offset 24, not 20.
+ * test/bpf/sock-destroy.ts compares this layout with the running kernel's BTF.
+ */
 struct bpf_iter_meta {
 	struct seq_file *seq;
 	__u64 session_id;
@@ -201,8 +206,8 @@ struct bpf_iter_meta {
 struct bpf_iter__udp {
 	struct bpf_iter_meta *meta;
 	struct sock *udp_sk;	/* struct udp_sock *, which begins with its struct sock */
-	__u32 uid;
-	int bucket;
+	__u32 uid __attribute__((aligned(8)));
+	int bucket __attribute__((aligned(8)));
 };
 
 extern int bpf_sock_destroy(struct sock_common *sk) __ksym;

@@ -12,6 +12,7 @@
 
 #include "common.h"
 #include "errors.h"
+#include "netns.h"
 
 namespace lbn {
 
@@ -104,6 +105,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   lbn::InitObject(env, exports);
   lbn::InitLink(env, exports);
   lbn::InitSockDiag(env, exports);
+  lbn::InitNetns(env, exports);
   return exports;
 }
 

@@ -178,9 +178,10 @@ export class Agent implements AgentView {
       this.reportSkipped(newSkips);
       const desired = this.model.frontends;
       const result = this.reconciler!.sync(desired, { prune: snap.complete, changed });
-      const removedUdp = result.removedBackends.filter((b) => b.protocol === 'UDP');
-      const closed = removedUdp.length ? this.terminator?.destroyRemoved(removedUdp, this.reconciler!.realized.backends.values()) : undefined;
-      if (closed) this.opts.log[closed.errors.length ? 'warn' : 'info'](closed, 'connected UDP sockets of removed backends destroyed');
+      // In the background, one termination at a time: this sync and the next do not wait for it.
+      void this.terminator?.destroyRemoved(result.removedBackends, this.reconciler!.realized.backends.values())?.then((closed) => {
+        if (closed) this.opts.log[closed.errors.length || closed.limit ? 'warn' : 'info'](closed, 'connected UDP sockets of removed backends destroyed');
+      });
       ok = true;
       this.synced = true;
       this.stats.lastSuccess = Date.now();

@@ -246,15 +246,45 @@ export function unpin(path: string): void {
   guard(() => native().unpin(path));
 }
 
-/** inet_diag: the sockets of one family and protocol in `states` (1 << TCP_* bits), in netnsFd's namespace when given. */
-export function inetDiagDump(family: number, protocol: number, states: number, netnsFd?: number): InetDiagSocket[] {
-  return guard(() => native().inetDiagDump(family, protocol, states, netnsFd));
+// ---- Stale-socket termination: asynchronous, off the JavaScript thread (native/netns.cc, native/sock_diag.cc).
+
+/** Run an asynchronous addon call; raw errors (thrown or rejected) become BpfError with the caller's stack. */
+async function guardAsync<T>(fn: () => Promise<T>): Promise<T> {
+  const caller = new Error();
+  try {
+    return await fn();
+  } catch (err) {
+    throw toBpfError(err, caller);
+  }
 }
 
-/** SOCK_DESTROY over inet_diag of exactly the socket `id` names (ENOENT if it is gone or its cookie differs). */
-export function inetDiagDestroy(family: number, protocol: number, id: Buffer, netnsFd?: number): void {
-  guard(() => native().inetDiagDestroy(family, protocol, id, netnsFd));
+/**
+ * inet_diag: the sockets of one family and protocol in `states` (1 << TCP_* bits),
+ * in netnsFd's namespace when given; at most `limit` (truncated when there were more).
+ */
+export function inetDiagDump(family: number, protocol: number, states: number, netnsFd?: number, limit?: number): Promise<{ sockets: InetDiagSocket[]; truncated: boolean }> {
+  return guardAsync(() => native().inetDiagDump(family, protocol, states, netnsFd, limit));
 }
+
+/**
+ * SOCK_DESTROY over inet_diag of exactly the sockets `ids` name, over one netlink socket:
+ * one errno per id, 0 when destroyed (ENOENT when a socket is gone or its cookie differs).
+ */
+export function inetDiagDestroy(family: number, protocol: number, ids: Buffer[], netnsFd?: number): Promise<number[]> {
+  return guardAsync(() => native().inetDiagDestroy(family, protocol, ids, netnsFd));
+}
+
+/**
+ * One run of a loaded iterator program, given its fd (BpfObject.progFd): its
+ * iterator is created inside the network namespace `netnsFd` when given
+ * (socket iterators only walk the namespace they were created in) and read
+ * to EOF on the libuv pool. Resolves with what the program wrote.
+ */
+export function iterRun(progFd: number, netnsFd?: number): Promise<Buffer> {
+  return guardAsync(() => native().iterRun(progFd, netnsFd));
+}
+
+// ---- end of stale-socket termination
 
 export function progTestRun(progFd: number, opts: TestRunOptions = {}): TestRunResult {
   return guard(() => native().progTestRun(progFd, opts));

@@ -134,10 +134,24 @@ export interface NativeBinding {
   pinnedLinkUpdate(path: string, progFd: number): void;
   /** unlink a pinned object; throws on any error (including ENOENT) */
   unpin(path: string): void;
-  /** NETLINK_SOCK_DIAG dump of one family and protocol, sockets in `states` (a 1 << TCP_* mask); in netnsFd's namespace when given. */
-  inetDiagDump(family: number, protocol: number, states: number, netnsFd?: number): InetDiagSocket[];
-  /** SOCK_DESTROY of exactly the socket `id` names (cookie checked by the kernel); EOPNOTSUPP without CONFIG_INET_DIAG_DESTROY. */
-  inetDiagDestroy(family: number, protocol: number, id: Buffer, netnsFd?: number): void;
+  // ---- off the JavaScript thread: stale-socket termination (native/netns.cc, native/sock_diag.cc).
+  // Each runs on the libuv pool; a namespace is joined by a short-lived native thread only.
+  /**
+   * NETLINK_SOCK_DIAG dump of one family and protocol, sockets in `states` (a 1 << TCP_* mask),
+   * in netnsFd's namespace when given; at most `limit` sockets (truncated: the dump had more).
+   */
+  inetDiagDump(family: number, protocol: number, states: number, netnsFd?: number, limit?: number): Promise<{ sockets: InetDiagSocket[]; truncated: boolean }>;
+  /**
+   * SOCK_DESTROY of exactly the sockets `ids` name (cookie checked by the kernel), over one netlink socket:
+   * one errno per id, 0 when destroyed (ENOENT: gone; EOPNOTSUPP: no CONFIG_INET_DIAG_DESTROY).
+   */
+  inetDiagDestroy(family: number, protocol: number, ids: Buffer[], netnsFd?: number): Promise<number[]>;
+  /**
+   * One run of a loaded iterator program (by fd): a bpf_link for the run, the iterator created
+   * inside netnsFd's namespace when given, read to EOF. What the program wrote.
+   */
+  iterRun(progFd: number, netnsFd?: number): Promise<Buffer>;
+  // ---- end of stale-socket termination
   progTestRun(
     progFd: number,
     opts: { data?: Buffer; ctx?: Buffer; repeat?: number; dataSizeOut?: number },

@@ -6,7 +6,13 @@
 //     cgroup and a network namespace of this test: exactly the connected UDP
 //     sockets with a rev-NAT entry for a removed backend are destroyed
 //     (ECONNABORTED), nothing else;
-//   - a socket iterator sees only the namespace it was created in.
+//   - each bound of a run stops it and is reported;
+//   - a sock_diag socket (every kernel) and a socket iterator (6.5+; before
+//     that, its object must be refused) reach only the namespace they were
+//     made in;
+//   - the iterator's context struct has the running kernel's layout.
+// Every test proves something on each kernel it runs on: where the kernel
+// lacks bpf_sock_destroy (6.1), what runs instead (inet_diag) is exercised.
 // Everything runs in namespaces and a cgroup this file creates and removes.
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { closeSync, existsSync, mkdirSync, openSync, rmdirSync } from 'node:fs';
@@ -17,8 +23,8 @@ import t, { type Test } from 'tap';
 import { cgroup2Root } from '../../src/datapath/loader.js';
 import { lb4_sock_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat } from '../../src/datapath/abi.gen.js';
 import { ipv4ToUint, ipv6Bytes } from '../../src/lb/addr.js';
-import { lacksSockDestroy, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
-import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
+import { lacksSockDestroy, parseCookies, SOCK_DESTROY_OBJECT, UdpTerminator, type UdpTerminationMechanism } from '../../src/datapath/terminate.js';
+import { BpfObject, inetDiagDestroy, inetDiagDump, iterRun, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import type { L3n4Addr } from '../../src/lb/types.js';
 
 // Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
@@ -202,9 +208,10 @@ async function exercise(t: Test, mechanism: UdpTerminationMechanism): Promise<vo
   t.teardown(() => term.close());
   t.equal(term.mechanism, mechanism, `mechanism ${term.mechanism}: ${term.detection.reason}`);
 
-  const r = term.destroyConnectedTo(removed);
+  const r = await term.destroyConnectedTo(removed);
   t.comment(`mechanism ${r.mechanism}: ${r.destroyed} destroyed in ${r.netns} netns, ${r.ms} ms`);
   t.same(r.errors, [], 'no errors');
+  t.equal(r.limit, undefined, 'no bound hit');
   t.equal(r.backends, 2, 'the two UDP backends were looked for (the TCP one is ignored)');
   t.equal(r.netns, 1, "one network namespace searched: the cgroup's process's");
   const want = DESTROYED.map((n) => String(inCgroup.cookies[n])).sort();
@@ -221,21 +228,51 @@ async function exercise(t: Test, mechanism: UdpTerminationMechanism): Promise<vo
     const present = map.lookup(key) !== null;
     t.equal(present, !DESTROYED.includes(name), `${name}: rev-NAT entry ${DESTROYED.includes(name) ? 'removed with the socket' : 'kept'}`);
   }
-  const again = term.destroyConnectedTo(removed);
+  const again = await term.destroyConnectedTo(removed);
   t.equal(again.destroyed, 0, 'a second run finds nothing left to destroy');
   for (const m of [revNat[4], revNat[6]]) for (const k of m.keys()) m.delete(k);
 }
 
 t.test('addon argument and lookup errors', async (t) => {
-  const { inetDiagDestroy } = await import('../../src/native/bpf.js');
-  t.throws(() => inetDiagDestroy(2, 17, Buffer.alloc(3)), { code: 'EINVAL', op: 'argument' }, 'an inet_diag_sockid is 48 bytes');
+  await t.rejects(inetDiagDestroy(2, 17, [Buffer.alloc(3)]), { code: 'EINVAL', op: 'argument' }, 'an inet_diag_sockid is 48 bytes');
+  t.same(await inetDiagDestroy(2, 17, [Buffer.alloc(48), Buffer.alloc(48)]), [2, 2], 'an id that names no socket: ENOENT, one errno per id');
   t.throws(() => BpfObject.open(SOCK_DESTROY_OBJECT, { reuseMaps: { no_such_map: revNat[4].fd } }), { code: 'ENOENT', op: 'bpf_map__reuse_fd' }, 'reuseMaps names a map of the object');
   t.throws(() => unit.runIter('test_connected_udp_to_removed_backend_matches'), /bpf_program__attach_iter/, 'runIter needs an iterator program');
+  await t.rejects(iterRun(unit.progFd('test_connected_udp_to_removed_backend_matches')), { message: /bpf_link_create\(BPF_TRACE_ITER\)/ }, 'iterRun needs an iterator program too');
+  await t.rejects(iterRun(-1), { code: 'EINVAL', op: 'argument' }, 'iterRun needs a program fd');
+});
+
+const btfText = (file: string): string => execFileSync('bpftool', ['btf', 'dump', 'file', file], { encoding: 'utf8', maxBuffer: 1 << 30 });
+
+/**
+ * A struct's size and members (name@bits_offset) as `bpftool btf dump`
+ * prints them; undefined when absent. The kernel's pointer members are
+ * anonymous unions (__bpf_md_ptr): their names print as "(anon)" and are
+ * compared by offset only.
+ */
+function structLayout(btf: string, name: string, namesLike?: string): string | undefined {
+  const m = new RegExp(`STRUCT '${name}' size=(\\d+) vlen=\\d+\n((?:\t.*\n?)*)`).exec(btf);
+  if (!m) return undefined;
+  const like = namesLike?.split(' ').slice(2);
+  const members = [...m[2]!.matchAll(/'([^']*)' type_id=\d+ bits_offset=(\d+)/g)].map((x, i) =>
+    like?.[i]?.startsWith('(anon)@') ? `(anon)@${x[2]}` : `${x[1]}@${x[2]}`,
+  );
+  return `size ${m[1]}: ${members.join(' ')}`;
+}
+
+t.test("the iterator's context struct has the kernel's layout", async (t) => {
+  const kernel = btfText('/sys/kernel/btf/vmlinux');
+  const ours = btfText(SOCK_DESTROY_OBJECT);
+  // (bpf_iter_meta is only a forward declaration in the object's BTF: the
+  // program reads just its first member, seq, at offset 0.)
+  const want = structLayout(kernel, 'bpf_iter__udp');
+  t.ok(want, `the kernel's BTF has struct bpf_iter__udp (${want})`);
+  t.equal(structLayout(ours, 'bpf_iter__udp', want), want, "bpf/sock_destroy.c's struct bpf_iter__udp has the same size and member offsets");
 });
 
 t.test('this kernel: bpf_sock_destroy if present, else inet_diag', async (t) => {
   t.comment(`detected ${detected.mechanism}: ${detected.reason}`);
-  const btf = execFileSync('bpftool', ['btf', 'dump', 'file', '/sys/kernel/btf/vmlinux'], { encoding: 'utf8', maxBuffer: 1 << 30 });
+  const btf = btfText('/sys/kernel/btf/vmlinux');
   const hasKfunc = /FUNC 'bpf_sock_destroy'/.test(btf);
   t.equal(detected.mechanism, hasKfunc ? 'bpf-sock-destroy' : 'inet-diag', `vmlinux BTF ${hasKfunc ? 'has' : 'lacks'} bpf_sock_destroy`);
   if (!hasKfunc) {
@@ -257,32 +294,100 @@ t.test('inet_diag SOCK_DESTROY fallback destroys exactly the stale sockets', asy
   await exercise(t, 'inet-diag');
 });
 
-t.test('a socket iterator sees only the namespace it was created in', async (t) => {
-  if (detected.mechanism !== 'bpf-sock-destroy') {
-    t.pass('no iterator object on this kernel (the inet_diag sockets are per namespace the same way)');
-    return;
-  }
-  const h = await holder(nsA, true, { balanced: [4, REMOVED4, PORT] });
-  revNat[4].update(v4Key(h.cookies.balanced!, REMOVED4, PORT), Buffer.alloc(lb4_sock_revnat.size));
-  const obj = BpfObject.open(SOCK_DESTROY_OBJECT, { reuseMaps: { lb4_sock_revnat: revNat[4].fd, lb6_sock_revnat: revNat[6].fd } });
-  t.teardown(() => obj.close());
-  await obj.load();
-  const term4 = obj.map('lb4_sock_term');
-  const key = Buffer.alloc(8);
-  key.writeUInt32BE(ipv4ToUint(REMOVED4), 0);
-  key.writeUInt16BE(PORT, 4);
-  key.writeUInt8(17, 6);
-  term4.update(key, Buffer.from([1, 0, 0, 0]));
-  const fdB = openSync(`/run/netns/${nsB}`, 'r');
+t.test('each bound stops a run and is reported', async (t) => {
+  const spec: Spec = { one: [4, REMOVED4, PORT], two: [4, REMOVED4, PORT] };
+  const hs = [await holder(nsA, true, spec), await holder(nsB, true, spec)];
+  const keys = hs.flatMap((h) => [v4Key(h.cookies.one!, REMOVED4, PORT), v4Key(h.cookies.two!, REMOVED4, PORT)]);
+  for (const k of keys) revNat[4].update(k, Buffer.alloc(lb4_sock_revnat.size));
+  t.teardown(() => {
+    for (const k of keys) revNat[4].delete(k);
+  });
+  const gone = [removed[0]!];
+  // A destroyed socket's recv() reports ECONNABORTED once (then it just
+  // waits, disconnected): count every report so far, per holder.
+  const seen = hs.map(() => new Set<string>());
+  const aborted = async (): Promise<number[]> => {
+    for (const [i, h] of hs.entries()) for (const [n, o] of Object.entries(await h.check())) if (o === 'ECONNABORTED') seen[i]!.add(n);
+    return seen.map((s) => s.size);
+  };
+
+  const late = await UdpTerminator.open({ revNat, cgroup, limits: { ms: 0 } });
+  t.teardown(() => late.close());
+  const r0 = await late.destroyConnectedTo(gone);
+  t.match(r0.limit, /^wall time 0 ms: /, `wall time: ${r0.limit}`);
+  t.equal(r0.destroyed, 0, 'nothing destroyed');
+
+  const few = await UdpTerminator.open({ revNat, cgroup, mechanism: 'inet-diag', limits: { sockets: 1 } });
+  t.teardown(() => few.close());
+  const r1 = await few.destroyConnectedTo(gone);
+  t.match(r1.limit, /^1 sockets examined: netns \d+ .* had more/, `sockets: ${r1.limit}`);
+  t.equal(r1.examined, 1, 'one socket examined');
+  t.ok(r1.destroyed <= 1, `at most that one destroyed (${r1.destroyed})`);
+  t.ok((await aborted()).reduce((a, b) => a + b) <= 1, 'the other sockets are untouched');
+
+  const narrow = await UdpTerminator.open({ revNat, cgroup, limits: { netns: 1 } });
+  t.teardown(() => narrow.close());
+  const r2 = await narrow.destroyConnectedTo(gone);
+  t.match(r2.limit, /^1 network namespaces: those of \d+ more processes were not searched$/, `netns: ${r2.limit}`);
+  t.equal(r2.netns, 1, 'one namespace searched');
+  t.same(r2.errors, []);
+  const counts = await aborted();
+  t.equal(r1.destroyed + r2.destroyed, counts.reduce((a, b) => a + b), 'each run destroyed what it reported');
+  t.ok(counts.includes(2) && counts.some((c) => c <= 1), `one namespace's sockets destroyed, not the other's (${counts.join(', ')})`);
+
+  const closing = await UdpTerminator.open({ revNat, cgroup });
+  const running = closing.destroyConnectedTo(gone);
+  closing.close();
+  const r3 = await running;
+  t.match(r3.limit, /^the terminator closed: /, `close() stops a run at its next step: ${r3.limit}`);
+  t.same(r3.errors, [], 'without errors');
+});
+
+// A socket iterator and a sock_diag socket each reach only the namespace
+// they were made in. inet_diag runs on every kernel; the iterator where the
+// kernel has bpf_sock_destroy, and elsewhere its object must be refused.
+t.test('each mechanism reaches only the namespace it was made in', async (t) => {
+  const h = await holder(nsA, true, { inet: [4, REMOVED4, PORT], iter: [4, REMOVED4, PORT] });
   const fdA = openSync(`/run/netns/${nsA}`, 'r');
-  try {
-    t.equal(obj.runIter('lb_udp_destroy', fdB).length, 0, 'created in the other namespace: it never sees the socket');
-    t.equal((await h.check()).balanced, 'TimeoutError', 'the socket is untouched');
-    t.equal(obj.runIter('lb_udp_destroy', fdA).length, 8, "created in the socket's namespace: one cookie out");
-    t.equal((await h.check()).balanced, 'ECONNABORTED', 'and the socket is destroyed');
-  } finally {
+  const fdB = openSync(`/run/netns/${nsB}`, 'r');
+  t.teardown(() => {
     closeSync(fdA);
     closeSync(fdB);
-    revNat[4].delete(v4Key(h.cookies.balanced!, REMOVED4, PORT));
+  });
+  const connected = 1 << 1; // TCP_ESTABLISHED
+  const find = async (fd?: number) => (await inetDiagDump(2, 17, connected, fd)).sockets.find((s) => s.cookie === h.cookies.inet);
+
+  t.equal(await find(fdB), undefined, 'inet_diag: a dump made in the other namespace does not list the socket');
+  t.equal(await find(), undefined, "nor does one made in the test's own");
+  const sock = await find(fdA);
+  t.ok(sock, "a dump made in the socket's namespace lists it");
+  t.same(await inetDiagDestroy(2, 17, [sock!.id], fdB), [2], 'SOCK_DESTROY of its exact id, made in the other namespace: ENOENT');
+  t.same(await h.check(), { inet: 'TimeoutError', iter: 'TimeoutError' }, 'both sockets untouched');
+  t.same(await inetDiagDestroy(2, 17, [sock!.id], fdA), [0], "made in the socket's namespace: destroyed");
+  t.same(await h.check(), { inet: 'ECONNABORTED', iter: 'TimeoutError' }, 'that socket, and only it, is aborted');
+
+  const obj = BpfObject.open(SOCK_DESTROY_OBJECT, { reuseMaps: { lb4_sock_revnat: revNat[4].fd, lb6_sock_revnat: revNat[6].fd } });
+  t.teardown(() => obj.close());
+  if (detected.mechanism !== 'bpf-sock-destroy') {
+    await t.rejects(
+      obj.load().catch((err) => Promise.reject(lacksSockDestroy(err) ? new Error('kfunc missing') : err)),
+      { message: 'kfunc missing' },
+      'no iterator on this kernel: its object is refused for want of bpf_sock_destroy, so inet_diag (above) is what runs here',
+    );
+    return;
   }
+  await obj.load();
+  const key = v4Key(h.cookies.iter!, REMOVED4, PORT);
+  revNat[4].update(key, Buffer.alloc(lb4_sock_revnat.size));
+  t.teardown(() => revNat[4].delete(key));
+  const termKey = Buffer.alloc(8);
+  termKey.writeUInt32BE(ipv4ToUint(REMOVED4), 0);
+  termKey.writeUInt16BE(PORT, 4);
+  termKey.writeUInt8(17, 6);
+  obj.map('lb4_sock_term').update(termKey, Buffer.from([1, 0, 0, 0]));
+  const prog = obj.progFd('lb_udp_destroy');
+  t.equal((await iterRun(prog, fdB)).length, 0, 'iterator: created in the other namespace, it never sees the socket');
+  t.equal((await h.check()).iter, 'TimeoutError', 'the socket is untouched');
+  t.same(parseCookies(await iterRun(prog, fdA)), [h.cookies.iter], "created in the socket's namespace: its cookie out");
+  t.equal((await h.check()).iter, 'ECONNABORTED', 'and the socket is destroyed');
 });
