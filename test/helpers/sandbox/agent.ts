@@ -232,12 +232,12 @@ export class AgentSlot {
     return code;
   }
 
-  /** SIGKILL (or another signal) by pid: a crash. Resolves with how it ended. */
+  /** SIGKILL (or another signal) by pid: a crash (SIGKILL 10 s, scaled, after another signal). Resolves with how it ended. */
   async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
     const agent = this.requireAgent();
     if (!agent.running) throw new Error('the agent is not running');
     killPid(agent.pid, signal);
-    const timer = setTimeout(() => killPid(agent.pid, 'SIGKILL'), 10_000);
+    const timer = setTimeout(() => killPid(agent.pid, 'SIGKILL'), 10_000 * SLOW);
     const code = await agent.exited;
     clearTimeout(timer);
     return { code, signal: agent.exitSignal ?? null };

@@ -41,7 +41,7 @@ import {
   type AgentProcess, type LbListEntry, type LogLine, type PinnedLink, type SyncReport,
 } from './agent.js';
 import { startLoad, type LoadOptions, type LoadRun } from './load.js';
-import { CLIENT_PY, how, killPid, python, runInCgroupNetns, Servers, waitUntil, type ExecResult } from './run.js';
+import { CLIENT_PY, how, killPid, python, runInCgroupNetns, Servers, SLOW, waitUntil, type ExecResult } from './run.js';
 import {
   backendAddrs, BPFFS, cgroup2Mount, dnsAddrs, ensureBpffs, makeNetworks, PREFIX, removeBpfRoot, removeCgroup, removeNetns,
   startBackendServers, startDnsServers, sweepLeftovers, type BackendAddrs,
@@ -210,13 +210,14 @@ export class Sandbox {
 
   /**
    * Runs a client in the test cgroup and the client netns. The shell joins
-   * the cgroup first: `ip netns exec` remounts /sys, hiding cgroupfs.
+   * the cgroup first: `ip netns exec` remounts /sys, hiding cgroupfs. The
+   * deadline (default 30 s) scales with SLOW, as every wait here does.
    */
   exec(cmd: readonly string[], opts: { timeoutMs?: number } = {}): Promise<ExecResult> {
-    return runInCgroupNetns(this.cgroup, this.clientNs, cmd, opts.timeoutMs ?? 30_000, this.clients);
+    return runInCgroupNetns(this.cgroup, this.clientNs, cmd, (opts.timeoutMs ?? 30_000) * SLOW, this.clients);
   }
 
-  /** client.py SUBCOMMAND ARGS… in the client's place; its JSON output, parsed. */
+  /** client.py SUBCOMMAND ARGS… in the client's place; its JSON output, parsed. The deadline scales with SLOW. */
   async client<T = Record<string, unknown>>(args: readonly string[], timeoutMs = 60_000): Promise<T> {
     const r = await this.exec([this.python, CLIENT_PY, ...args], { timeoutMs });
     if (r.code !== 0) throw new Error(`client.py ${args.join(' ')} failed (${r.code ?? r.signal}): ${r.stderr}`);
@@ -262,7 +263,10 @@ export class Sandbox {
    * Killed at teardown if the test never stops it.
    */
   startLoad(opts: LoadOptions): LoadRun {
-    return startLoad({ runDir: this.runDir, python: this.python, exec: (cmd, o) => this.exec(cmd, o), cleanups: this.cleanups }, opts);
+    // The load sets its own deadline (its run time plus a scaled grace), so its exec does not scale it again.
+    const exec = (cmd: readonly string[], o: { timeoutMs?: number }): Promise<ExecResult> =>
+      runInCgroupNetns(this.cgroup, this.clientNs, cmd, o.timeoutMs ?? 30_000 * SLOW, this.clients);
+    return startLoad({ runDir: this.runDir, python: this.python, exec, cleanups: this.cleanups }, opts);
   }
 
   /**

@@ -65,7 +65,7 @@ export interface LoadHost {
   /** Its stop and progress files go here. */
   readonly runDir: string;
   readonly python: string;
-  /** Runs a command in the client's place. */
+  /** Runs a command in the client's place, with `timeoutMs` as it is (the load scales its own). */
   exec(cmd: readonly string[], opts: { timeoutMs?: number }): Promise<ExecResult>;
   /** Undone at teardown if the test never stops the load. */
   readonly cleanups: Set<() => void>;

@@ -94,7 +94,10 @@ export function how(r: ExecResult): string {
   return `(${r.code !== null ? `exit ${r.code}` : `killed by ${r.signal}`} after ${Math.round(r.ms)} ms)`;
 }
 
-/** Runs a command with a deadline (SIGKILL by pid when it passes). */
+/**
+ * Runs a command with a deadline (SIGTERM by pid when it passes, SIGKILL
+ * later). `timeoutMs` is taken as it is: callers scale it (exec() does).
+ */
 export function run(cmd: string, args: readonly string[], timeoutMs: number, track?: Set<number>): Promise<ExecResult> {
   const t0 = performance.now();
   return new Promise((resolve, reject) => {
@@ -105,15 +108,15 @@ export function run(cmd: string, args: readonly string[], timeoutMs: number, tra
     let stderr = '';
     proc.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
     proc.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    // SIGTERM first, so a script's cleanup trap runs; SIGKILL 10 s later.
+    // SIGTERM first, so a script's cleanup trap runs; SIGKILL 10 s (scaled) later.
     let hard: NodeJS.Timeout | undefined;
     const timer = setTimeout(() => {
       killPid(pid, 'SIGTERM');
-      hard = setTimeout(() => killPid(pid), 10_000);
+      hard = setTimeout(() => killPid(pid), 10_000 * SLOW);
     }, timeoutMs);
     // A grandchild that outlives the process can hold its pipes open: once
-    // the process itself has exited, stop waiting for them after 5 s.
-    proc.on('exit', () => setTimeout(() => (proc.stdout.destroy(), proc.stderr.destroy()), 5_000).unref());
+    // the process itself has exited, stop waiting for them after 5 s (scaled).
+    proc.on('exit', () => setTimeout(() => (proc.stdout.destroy(), proc.stderr.destroy()), 5_000 * SLOW).unref());
     proc.on('error', (err) => {
       clearTimeout(timer);
       clearTimeout(hard);
@@ -130,9 +133,10 @@ export function run(cmd: string, args: readonly string[], timeoutMs: number, tra
 
 /**
  * Runs a client in `cgroup` and network namespace `netns`, its pid kept in
- * `track` while it runs. The shell joins the cgroup first: `ip netns exec`
- * remounts /sys, hiding cgroupfs. An external client (a netns outside the
- * test cgroup) would be the same without the first step.
+ * `track` while it runs; `timeoutMs` as it is (unscaled). The shell joins
+ * the cgroup first: `ip netns exec` remounts /sys, hiding cgroupfs. An
+ * external client (a netns outside the test cgroup) would be the same
+ * without the first step.
  */
 export function runInCgroupNetns(cgroup: string, netns: string, cmd: readonly string[], timeoutMs: number, track: Set<number>): Promise<ExecResult> {
   const script = 'cg=$1; ns=$2; shift 2; echo $$ > "$cg/cgroup.procs" && exec ip netns exec "$ns" "$@"';

@@ -17,7 +17,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, rmSync, rmdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { BACKEND_PY, CLI_TIMEOUT_MS, cmdline, killPid, LBCTL, pidAlive, recordedPids, run, sleep, sleepSync, type Servers } from './run.js';
+import { BACKEND_PY, CLI_TIMEOUT_MS, cmdline, killPid, LBCTL, pidAlive, recordedPids, run, sleep, sleepSync, SLOW, type Servers } from './run.js';
 
 export const PREFIX = 'lbctl-test-';
 export const BPFFS = '/sys/fs/bpf';
@@ -68,10 +68,14 @@ function cgroupPids(cg: string): number[] {
   }
 }
 
-/** Kills what is left in a test cgroup (only our clients ever join one) and removes it. */
+/**
+ * Kills what is left in a test cgroup (only our clients ever join one) and
+ * removes it, retrying while the killed processes leave it (2.5 s, scaled).
+ */
 export function removeCgroup(cg: string): void {
   if (!existsSync(cg)) return;
-  for (let i = 0; i < 50; i++) {
+  const tries = Math.ceil(50 * SLOW);
+  for (let i = 0; i < tries; i++) {
     const pids = cgroupPids(cg);
     for (const pid of pids) killPid(pid);
     try {
@@ -79,7 +83,7 @@ export function removeCgroup(cg: string): void {
       return;
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
-      if (i === 49) throw err;
+      if (i === tries - 1) throw err;
     }
     sleepSync(50);
   }
@@ -163,7 +167,7 @@ export async function startBackendServers(servers: Servers, backendNs: string, p
   let stderr = '';
   proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
   await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`backend servers not ready in 10 s: ${stderr}`)), 10_000);
+    const timer = setTimeout(() => reject(new Error(`backend servers not ready in ${10 * SLOW} s: ${stderr}`)), 10_000 * SLOW);
     proc.stdout!.once('data', () => {
       clearTimeout(timer);
       resolve();
@@ -188,10 +192,11 @@ export async function startDnsServers(servers: Servers, backendNs: string, runDi
     proc.stderr!.resume();
   }
   for (const addr of dnsBackends) {
-    for (let i = 0; ; i++) {
-      const r = await run('ip', ['netns', 'exec', backendNs, 'dig', `@${addr}`, DNS_NAME, '+short', '+time=1', '+tries=1'], 5_000);
+    const deadline = Date.now() + 15_000 * SLOW;
+    for (;;) {
+      const r = await run('ip', ['netns', 'exec', backendNs, 'dig', `@${addr}`, DNS_NAME, '+short', `+time=${Math.ceil(SLOW)}`, '+tries=1'], 5_000 * SLOW);
       if (r.stdout.trim() === DNS_ANSWER) break;
-      if (i >= 50) throw new Error(`dnsmasq on ${addr} does not answer: ${r.stdout} ${r.stderr}`);
+      if (Date.now() > deadline) throw new Error(`dnsmasq on ${addr} does not answer within ${15 * SLOW} s: ${r.stdout} ${r.stderr}`);
       await sleep(100);
     }
   }
