@@ -9,7 +9,7 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
-import { CLIENT_PY, createSandbox, UDP_PORT, type LogLine, type Sandbox } from '../helpers/sandbox.js';
+import { CLIENT_PY, createSandbox, SLOW, UDP_PORT, type LogLine, type Sandbox } from '../helpers/sandbox.js';
 import { serviceWithBackends } from '../helpers/manifests.js';
 
 const VIP = '10.96.0.53';
@@ -44,7 +44,7 @@ function manifest(addresses: readonly string[]): string {
 function longClient(sb: Sandbox, tag: string): { progress(): Progress | undefined; stop(): Promise<LongResult> } {
   const stopFile = path.join(sb.runDir, `udp-long-${tag}.stop`);
   const progressFile = path.join(sb.runDir, `udp-long-${tag}.progress`);
-  const done = sb.exec([sb.python, CLIENT_PY, 'udp-long', VIP, String(PORT), '--interval', '0.05', '--seconds', '60', '--stop-file', stopFile, '--progress', progressFile], {
+  const done = sb.exec([sb.python, CLIENT_PY, 'udp-long', VIP, String(PORT), '--interval', '0.05', '--seconds', String(60 * SLOW), '--stop-file', stopFile, '--progress', progressFile], {
     timeoutMs: 90_000,
   });
   return {
