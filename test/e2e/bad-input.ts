@@ -3,7 +3,7 @@
 // is still served; and a file that turns bad later keeps its services
 // programmed (bad input never flushes the maps).
 import t from 'tap';
-import { createSandbox, HTTP_PORT, type LogLine, type Sandbox } from '../helpers/sandbox.js';
+import { createSandbox, HTTP_PORT, SLOW, type LogLine, type Sandbox } from '../helpers/sandbox.js';
 import { serviceObject, sliceObject, yamlDocs } from '../helpers/manifests.js';
 
 const BROKEN_YAML = 'apiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: default\nspec:\n  ports: [{port: 80\n';
@@ -16,7 +16,7 @@ function web(sb: Sandbox, name: string, ip: string, port = 80): object[] {
 }
 
 async function reachable(sb: Sandbox, ip: string): Promise<boolean> {
-  const r = await sb.exec(['curl', '-sS', '--max-time', '3', `http://${ip}/`]);
+  const r = await sb.exec(['curl', '-sS', '--max-time', String(3 * SLOW), `http://${ip}/`]);
   return r.code === 0 && r.stdout.startsWith('10.244.1.');
 }
 

@@ -4,7 +4,7 @@
 // reverse translation: dig 9.18 connect()s its UDP socket, so it reads
 // replies without looking at their source and works even without recvmsg4.
 import t from 'tap';
-import { createSandbox, DNS_ANSWER, DNS_NAME, DNS_PORT } from '../helpers/sandbox.js';
+import { createSandbox, DNS_ANSWER, DNS_NAME, DNS_PORT, SLOW } from '../helpers/sandbox.js';
 import { serviceWithBackends } from '../helpers/manifests.js';
 
 const VIP = '10.96.0.10';
@@ -43,7 +43,7 @@ t.test('dig through a UDP+TCP DNS service', async (t) => {
   t.equal(sync.frontends, 2, 'UDP and TCP frontends programmed');
 
   const dig = (...args: string[]) =>
-    sb.exec(['dig', `@${VIP}`, '-p', '53', ...args, '+short', '+time=2', '+tries=1'], { timeoutMs: 10_000 });
+    sb.exec(['dig', `@${VIP}`, '-p', '53', ...args, '+short', `+time=${Math.ceil(2 * SLOW)}`, '+tries=1'], { timeoutMs: 10_000 });
 
   const udp = await dig(DNS_NAME);
   t.equal(udp.code, 0, `dig over UDP exits 0 (${udp.stderr.trim()})`);

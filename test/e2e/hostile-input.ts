@@ -11,7 +11,7 @@ import t from 'tap';
 t.setTimeout(300_000);
 import { asYaml, hostileText, SENTINEL_IP, service, slice } from '../helpers/hostile.js';
 import { MAX_FILE_BYTES } from '../../src/sources/limits.js';
-import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, run, type LogLine, type Sandbox } from '../helpers/sandbox.js';
+import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, run, SLOW, type LogLine, type Sandbox } from '../helpers/sandbox.js';
 
 /** Hostile files written into the running agent's directory. */
 const FILES = 2000;
@@ -24,7 +24,7 @@ function vmKiB(pid: number, field: 'VmHWM' | 'VmRSS'): number {
 }
 
 async function reachable(sb: Sandbox): Promise<boolean> {
-  const r = await sb.exec(['curl', '-sS', '--max-time', '3', `http://${SENTINEL_IP}/`]);
+  const r = await sb.exec(['curl', '-sS', '--max-time', String(3 * SLOW), `http://${SENTINEL_IP}/`]);
   return r.code === 0 && r.stdout.startsWith('10.244.1.');
 }
 

@@ -4,7 +4,7 @@
 // IPv4 tables and getpeername() shows the mapped service address; UDP works
 // for both, including the mapped sendto() path (sendmsg4, then recvmsg6).
 import t, { type Test } from 'tap';
-import { createSandbox, HTTP_PORT, UDP_PORT, type Sandbox } from '../helpers/sandbox.js';
+import { createSandbox, HTTP_PORT, SLOW, UDP_PORT, type Sandbox } from '../helpers/sandbox.js';
 import { serviceWithBackends } from '../helpers/manifests.js';
 
 const VIP4 = '10.96.0.10';
@@ -61,7 +61,7 @@ t.test('curl over IPv6 reaches the IPv6 backends', async (t) => {
   const v6Backends = sb.backends.map((b) => `[${b.v6}]:${HTTP_PORT}`);
   const seen = new Set<string>();
   for (let i = 0; i < 30; i++) {
-    const r = await sb.exec(['curl', '-g', '-sS', '--max-time', '5', '-w', '\n%{remote_ip}', `http://[${VIP6}]:80/`]);
+    const r = await sb.exec(['curl', '-g', '-sS', '--max-time', String(5 * SLOW), '-w', '\n%{remote_ip}', `http://[${VIP6}]:80/`]);
     t.equal(r.code, 0, `request ${i}: curl exits 0 ${r.stderr.trim()}`);
     const lines = r.stdout.trim().split('\n');
     t.equal(lines.at(-1), VIP6, `request ${i}: curl's remote_ip is the service`);

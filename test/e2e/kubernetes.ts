@@ -149,13 +149,14 @@ t.test('watches ask for bookmarks: a quiet watch resumes after compaction withou
   api.apply(webSlice(endpoint(a) + endpoint(b)));
   await sb.waitUntil(async () => (await backendsOf(sb, `${WEB}:80/TCP`)).length === 2, 'the slice change applied');
   await sb.waitUntil(() => api.openWatches >= 3, 'watches open');
-  api.bookmark();
-  await new Promise((r) => setTimeout(r, 300));
+  await api.bookmark();
   const mark = api.requests.length;
   api.compact();
   api.dropWatches();
   await sb.waitUntil(() => api.requests.slice(mark).filter((r) => r.url.includes('watch=true')).length >= 3, 'the watches resumed');
-  await new Promise((r) => setTimeout(r, 500));
+  // Each resumed watch is open, none refused with 410 Gone (after which the
+  // agent would relist): so every relist that could happen has happened.
+  await sb.waitUntil(() => api.openWatches >= 3, 'the resumed watches open');
   const lists = api.requests.slice(mark).filter((r) => !r.url.includes('watch=true'));
   t.same(lists, [], 'no relist: each watch resumed from its bookmark, newer than the compaction');
   t.same(await backendsOf(sb, `${WEB}:80/TCP`), [`${a}:${HTTP_PORT}`, `${b}:${HTTP_PORT}`], 'the maps are unchanged');

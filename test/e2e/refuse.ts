@@ -3,7 +3,7 @@
 // and sendto() at once with ECONNREFUSED (no SYN retries, no timeout), and
 // the datapath counts each refusal.
 import t from 'tap';
-import { createSandbox, HTTP_PORT } from '../helpers/sandbox.js';
+import { createSandbox, HTTP_PORT, SLOW } from '../helpers/sandbox.js';
 import { serviceWithBackends, yamlDocs, serviceObject, sliceObject } from '../helpers/manifests.js';
 
 const EMPTY = '10.96.0.40';
@@ -51,7 +51,7 @@ t.test('refused at once: no backends, or an unserved port', async (t) => {
   const m0 = await sb.metrics();
 
   // curl: exit 7 (couldn't connect), well under a second.
-  const curl = await sb.exec(['curl', '-sS', '--max-time', '5', '-o', '/dev/null', '-w', '%{time_total}', `http://${EMPTY}/`]);
+  const curl = await sb.exec(['curl', '-sS', '--max-time', String(5 * SLOW), '-o', '/dev/null', '-w', '%{time_total}', `http://${EMPTY}/`]);
   t.equal(curl.code, 7, `curl to a service without backends exits 7 (${curl.stderr.trim()})`);
   t.match(curl.stderr, /Connection refused|Couldn't connect/, 'curl reports the refusal');
   t.ok(Number(curl.stdout) < 0.5, `curl gave up after ${curl.stdout} s`);
@@ -73,7 +73,7 @@ t.test('refused at once: no backends, or an unserved port', async (t) => {
   t.ok(m1.no_service_port! - m0.no_service_port! >= 2, `no_service_port went up by the two refusals (${m0.no_service_port} -> ${m1.no_service_port})`);
 
   // The served port of the same address still works.
-  const ok = await sb.exec(['curl', '-sS', '--max-time', '5', `http://${WEB}/`]);
+  const ok = await sb.exec(['curl', '-sS', '--max-time', String(5 * SLOW), `http://${WEB}/`]);
   t.equal(ok.code, 0, 'the served port of that address still answers');
 });
 

@@ -154,30 +154,45 @@ t.test('drift behind the agent’s back is shown at once and repaired by the per
 
   // Right after a periodic resync, so the next one is a whole period away.
   const agent = sb.agent!;
-  const mark = agent.logs.length;
-  await agent.waitForLog(isSync('periodic'), mark, SYNC_PERIOD_MS * 3);
-  const tampered = Date.now();
-  const mark2 = agent.logs.length;
-  // 1. A slot deleted.
-  await sb.bpftool(['map', 'delete', 'pinned', `${maps}/lb4_services`, 'key', 'hex', ...hex(serviceKey(WEB, 80, 3, 'TCP'))]);
-  // 2. A slot changed: slot 1 of the IPv6 frontend names slot 2's backend.
-  const slot2 = web6.backends.find((b) => b.slot === 2)!;
-  await sb.bpftool([
-    'map', 'update', 'pinned', `${maps}/lb6_services`,
-    'key', 'hex', ...hex(serviceKey(WEB6, 80, 1, 'TCP')),
-    'value', 'hex', ...hex(serviceValue({ backendId: slot2.id })),
-  ]);
-  // 3. A frontend nobody intends.
-  await sb.bpftool([
-    'map', 'update', 'pinned', `${maps}/lb4_services`,
-    'key', 'hex', ...hex(serviceKey(STRAY, 80, 0, 'TCP')),
-    'value', 'hex', ...hex(serviceValue({ count: 0, revNat: 77, type: 1 })),
-  ]);
+  let mark = agent.logs.length;
+  let tampered = 0;
+  let mark2 = 0;
+  let drifted: Awaited<ReturnType<typeof serviceList>>;
+  let text: ExecResult;
+  let elapsed = 0;
+  // Tampering and the two CLI starts can outlast a period on a busy machine
+  // or in the TCG guest: a sync logged in between (it repaired the drift
+  // before it was read), or the period gone by. Then the race was lost, not
+  // the behaviour: go again right after the next periodic resync (3 tries).
+  for (let attempt = 1; ; attempt++) {
+    await agent.waitForLog(isSync('periodic'), mark, SYNC_PERIOD_MS * 3);
+    tampered = Date.now();
+    mark2 = agent.logs.length;
+    // 1. A slot deleted.
+    await sb.bpftool(['map', 'delete', 'pinned', `${maps}/lb4_services`, 'key', 'hex', ...hex(serviceKey(WEB, 80, 3, 'TCP'))]);
+    // 2. A slot changed: slot 1 of the IPv6 frontend names slot 2's backend.
+    const slot2 = web6.backends.find((b) => b.slot === 2)!;
+    await sb.bpftool([
+      'map', 'update', 'pinned', `${maps}/lb6_services`,
+      'key', 'hex', ...hex(serviceKey(WEB6, 80, 1, 'TCP')),
+      'value', 'hex', ...hex(serviceValue({ backendId: slot2.id })),
+    ]);
+    // 3. A frontend nobody intends.
+    await sb.bpftool([
+      'map', 'update', 'pinned', `${maps}/lb4_services`,
+      'key', 'hex', ...hex(serviceKey(STRAY, 80, 0, 'TCP')),
+      'value', 'hex', ...hex(serviceValue({ count: 0, revNat: 77, type: 1 })),
+    ]);
 
-  // Both forms at once: each CLI start costs seconds in a TCG guest, and
-  // both must read the drift before the next periodic resync repairs it.
-  const [drifted, text] = await Promise.all([serviceList(sb), lbctl(['service', 'list', '--api-socket', sb.apiSocket])]);
-  const elapsed = Date.now() - tampered;
+    // Both forms at once: each CLI start costs seconds in a TCG guest, and
+    // both must read the drift before the next periodic resync repairs it.
+    [drifted, text] = await Promise.all([serviceList(sb), lbctl(['service', 'list', '--api-socket', sb.apiSocket])]);
+    elapsed = Date.now() - tampered;
+    const raced = agent.logs.slice(mark2).some((l) => l.msg === 'sync done') || elapsed >= SYNC_PERIOD_MS;
+    if (!raced || attempt === 3) break;
+    t.comment(`attempt ${attempt}: read ${elapsed} ms after tampering, a sync in between or the period gone by; again after the next periodic resync`);
+    mark = agent.logs.length;
+  }
   t.ok(elapsed < SYNC_PERIOD_MS, `checked ${elapsed} ms after tampering, before the next periodic resync`);
   t.notOk(agent.logs.slice(mark2).some((l) => l.msg === 'sync done'), 'no sync ran in between');
   t.equal(drifted.code, 1, 'service list exits 1');
@@ -267,6 +282,7 @@ t.test('drift is repaired within a sync period even while changes keep coming', 
   while (Date.now() < deadline && (repairs().length === 0 || changes < 3)) {
     sb.writeManifest('other.yaml', other(1000 + changes++));
     await sb.waitForSync();
+    // The pace of the changes is what is tested (several a sync period), not a wait for the agent.
     await new Promise((r) => setTimeout(r, SYNC_PERIOD_MS / 3));
   }
   const changeSyncs = sb.agent!.logs.slice(mark).filter((l) => l.msg === 'sync done' && l.reason === 'change');

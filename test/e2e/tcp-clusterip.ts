@@ -1,7 +1,7 @@
 // TCP through a ClusterIP service with three backends, driven by curl from
 // the client netns inside the attached cgroup.
 import t from 'tap';
-import { createSandbox, HTTP_PORT } from '../helpers/sandbox.js';
+import { createSandbox, HTTP_PORT, SLOW } from '../helpers/sandbox.js';
 import { serviceWithBackends } from '../helpers/manifests.js';
 
 const VIP = '10.96.0.10';
@@ -31,7 +31,7 @@ t.test('curl through a ClusterIP service reaches every backend', async (t) => {
   const remotes = new Set<string>();
   const failures: string[] = [];
   for (let i = 0; i < REQUESTS; i++) {
-    const r = await sb.exec(['curl', '-sS', '--max-time', '5', '-w', '\n%{remote_ip}:%{remote_port}', `http://${VIP}/`]);
+    const r = await sb.exec(['curl', '-sS', '--max-time', String(5 * SLOW), '-w', '\n%{remote_ip}:%{remote_port}', `http://${VIP}/`]);
     if (r.code !== 0) {
       failures.push(`request ${i}: curl exit ${r.code}: ${r.stderr.trim()}`);
       continue;
@@ -58,6 +58,6 @@ t.test('without the agent programming it, the service address is unreachable', a
   // Control: proves the client netns has no route to the service range, so
   // the success above is the datapath's doing.
   const sb = await createSandbox(t, { backends: 1 });
-  const r = await sb.exec(['curl', '-sS', '--max-time', '3', `http://${VIP}/`]);
+  const r = await sb.exec(['curl', '-sS', '--max-time', String(3 * SLOW), `http://${VIP}/`]);
   t.not(r.code, 0, `curl fails (exit ${r.code}: ${r.stderr.trim()})`);
 });

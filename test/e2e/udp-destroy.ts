@@ -45,7 +45,7 @@ function manifest(addresses: readonly string[]): string {
 function longClient(sb: Sandbox, tag: string): { progress(): Progress | undefined; stop(): Promise<LongResult> } {
   const stopFile = path.join(sb.runDir, `udp-long-${tag}.stop`);
   const progressFile = path.join(sb.runDir, `udp-long-${tag}.progress`);
-  const done = sb.exec([sb.python, CLIENT_PY, 'udp-long', VIP, String(PORT), '--interval', '0.05', '--seconds', '60', '--stop-file', stopFile, '--progress', progressFile], {
+  const done = sb.exec([sb.python, CLIENT_PY, 'udp-long', VIP, String(PORT), '--interval', '0.05', '--seconds', String(60 * SLOW), '--stop-file', stopFile, '--progress', progressFile], {
     timeoutMs: 90_000,
   });
   return {

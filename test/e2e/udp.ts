@@ -2,7 +2,7 @@
 // (connect4 + getpeername4) and unconnected ones (sendmsg4 per datagram,
 // recvmsg4 translating each reply's source back to the service).
 import t, { type Test } from 'tap';
-import { createSandbox, UDP_PORT, type Sandbox } from '../helpers/sandbox.js';
+import { createSandbox, SLOW, UDP_PORT, type Sandbox } from '../helpers/sandbox.js';
 import { serviceWithBackends } from '../helpers/manifests.js';
 
 const VIP = '10.96.0.20';
@@ -42,7 +42,9 @@ t.test('connected UDP: connect(), send/recv, getpeername', async (t) => {
 
 t.test('connected UDP with socat', async (t) => {
   const sb = await echoSandbox(t);
-  const r = await sb.exec(['sh', '-c', `printf hello | socat -T 3 - UDP:${VIP}:${PORT}`], { timeoutMs: 10_000 });
+  // -T: socat ends after that long without traffic, so it is both how long
+  // the echo may take (scaled) and how socat ends once it has come.
+  const r = await sb.exec(['sh', '-c', `printf hello | socat -T ${3 * SLOW} - UDP:${VIP}:${PORT}`], { timeoutMs: 10_000 });
   t.equal(r.code, 0, `socat exits 0 (${r.stderr.trim()})`);
   const [server, echoed] = r.stdout.split('|');
   t.ok(backendAddrs(sb).includes(server!), `a backend answered (${server})`);

@@ -186,12 +186,20 @@ export class FakeApiServer {
     this.watchers.clear();
   }
 
-  /** Sends a BOOKMARK with the current resourceVersion to every watch that asked for them. */
-  bookmark(): void {
+  /**
+   * Sends a BOOKMARK with the current resourceVersion to every watch that
+   * asked for them. Resolves once each is handed to the kernel: from then on
+   * the client reads it before whatever follows on its connection, even the
+   * end of one that dropWatches() cuts.
+   */
+  bookmark(): Promise<void> {
+    const sent: Array<Promise<void>> = [];
     for (const w of this.watchers) {
       if (!w.bookmarks) continue;
-      this.send(w, { type: 'BOOKMARK', object: { kind: w.resource.kind, apiVersion: w.resource.apiVersion, metadata: { resourceVersion: String(this.rv) } } });
+      const event = { type: 'BOOKMARK', object: { kind: w.resource.kind, apiVersion: w.resource.apiVersion, metadata: { resourceVersion: String(this.rv) } } };
+      sent.push(new Promise((resolve) => w.res.write(JSON.stringify(event) + '\n', () => resolve())));
     }
+    return Promise.all(sent).then(() => undefined);
   }
 
   /**

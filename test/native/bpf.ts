@@ -23,6 +23,7 @@ import {
   unpin,
 } from '../../src/native/bpf.js';
 import { loadBinding } from '../../src/native/binding.js';
+import { SLOW } from '../helpers/sandbox/run.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const fixtures = path.resolve(here, '..', 'fixtures');
@@ -93,8 +94,9 @@ function cgroupProgIds(cgroup: string): number[] {
   return rows.map((r) => r.id);
 }
 
+/** Polls `cond` until it holds or `ms` (scaled by SLOW) have passed. */
 async function until(cond: () => boolean, ms = 3000): Promise<boolean> {
-  const end = Date.now() + ms;
+  const end = Date.now() + ms * SLOW;
   while (Date.now() < end) {
     if (cond()) return true;
     await new Promise((r) => setTimeout(r, 50));

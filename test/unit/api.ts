@@ -112,7 +112,11 @@ t.test('the socket is never reachable by others, not even for a moment: it is bo
   t.teardown(() => watcher.close());
   const srv = await startApiServer({ view: new FakeView(), socketPath, version: 'v' });
   t.teardown(() => srv.close());
-  await new Promise((r) => setTimeout(r, 50));
+  // The rename into place is the last name the server makes appear; inotify
+  // reports in order, so once it is seen every earlier name has been too.
+  for (const end = Date.now() + 5000; !seen.some((s) => s.startsWith('agent.sock ')) && Date.now() < end; ) {
+    await new Promise((r) => setTimeout(r, 10));
+  }
   t.ok(seen.some((s) => s === 'agent.sock socket 600'), `the socket appeared with mode 0600 (${seen.join(', ')})`);
   t.ok(seen.some((s) => / dir 700$/.test(s)), 'it was bound inside a private 0700 directory first (a bind in place would be 0755 until chmod)');
   for (const s of seen) t.match(s, / (socket 600|dir 700)$/, `no name was ever reachable by others: ${s}`);
