@@ -9,8 +9,17 @@
 //      entry, whose count makes them selectable; slots beyond a shrunk count
 //      are deleted only after the master stops counting them;
 //   3. wildcard (address-only) entries follow their frontends;
-//   4. removals run in reverse: master first (no new selection), then its
+//   4. a removal runs in reverse: master first (no new selection), then its
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
+// Removals of what is no longer desired come first, before any put: nothing
+// replaces them, and when a map is full the room they free is what lets the
+// puts in. A backend delete is planned on the assumption that the plan's
+// slot writes succeed, so the reconciler checks at apply time that no
+// realized slot still names it (and retries it after the puts); a rev-NAT
+// entry that a live master still names (it moves to a new id) is deleted
+// after the puts, only once that master no longer names it. Puts may fail
+// for want of room: the reconciler then skips the rest of that frontend
+// (its master stays as it was), so the order above holds per frontend.
 // Only differences are written, so a plan over unchanged state is empty. A
 // change sync plans only the frontends that changed; the realized state's
 // reference counts tell which backends and wildcards that left unused, so
@@ -24,8 +33,9 @@ import { heldSlots, isWildcard, type RealizedFrontend, type RealizedState } from
 export type MapOp =
   | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
   | { readonly kind: 'delete-backend'; readonly id: number; readonly family: Family }
-  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
-  | { readonly kind: 'delete-revnat'; readonly id: number; readonly family: Family }
+  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry; readonly key: FrontendKey }
+  /** namedBy: a live frontend whose realized master names this id (it moves to another): delete only once it no longer does. */
+  | { readonly kind: 'delete-revnat'; readonly id: number; readonly family: Family; readonly namedBy?: string }
   | { readonly kind: 'put-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
   | { readonly kind: 'delete-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number }
   | { readonly kind: 'put-master'; readonly key: string; readonly fe: ServiceAddr; readonly master: MasterEntry }
@@ -100,6 +110,12 @@ export interface PlanScope {
   readonly changed?: Iterable<FrontendKey>;
   /** Remove what the desired state does not hold. False: add and update only. */
   readonly prune: boolean;
+  /**
+   * Desired frontends to leave exactly as the maps hold them (they could not
+   * get their ids): neither written nor removed, and nothing they use in
+   * the maps (backends, rev-NAT entry, wildcard) is deleted.
+   */
+  readonly hold?: ReadonlySet<string>;
 }
 
 function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
@@ -129,12 +145,24 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const slotDelta = full ? undefined : new Map<number, number>();
   const addrDelta = full ? undefined : new Map<string, number>();
 
+  const hold = scope.hold;
+  /** Rev-NAT ids that held frontends' masters name: a full plan keeps them. */
+  const heldRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+  const keep = (fe: Frontend): void => {
+    wildcardsSeen.add(fe.address);
+    const have = r.frontends.get(fe.key);
+    if (!have) return;
+    for (const [, id] of heldSlots(have)) planned.add(id);
+    if (have.master) heldRevNat[fe.family].add(have.master.revNatId);
+  };
+
   const update = (fe: Frontend): void => {
+    if (hold?.has(fe.key)) return keep(fe);
     const revNatId = ids.revNatId(fe);
     const have = r.frontends.get(fe.key);
     const rn = r.revNat[fe.family].get(revNatId);
     if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      revNatPuts[fe.family].push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
+      revNatPuts[fe.family].push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port }, key: fe.key });
     }
     // Slots: selectable backends, then terminating ones.
     let slot = 0;
@@ -210,6 +238,65 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   }
 
   const ops: MapOp[] = [];
+  const lateRevNatDeletes: MapOp[] = [];
+  if (scope.prune) {
+    // Removals, in reverse order of creation: frontends (master first, so no
+    // new selection, then slots), their rev-NAT entries, wildcards of
+    // addresses left with no frontend, backends no slot names any more.
+    append(ops, removals);
+    if (full) {
+      const used: Record<Family, Set<number>> = { 4: heldRevNat[4], 6: heldRevNat[6] };
+      /** Rev-NAT ids that live masters name now, by the frontend naming them. */
+      const named: Record<Family, Map<number, string>> = { 4: new Map(), 6: new Map() };
+      for (const fe of desired.values()) {
+        if (hold?.has(fe.key)) continue;
+        used[fe.family].add(ids.revNatId(fe));
+        const id = r.frontends.get(fe.key)?.master?.revNatId;
+        if (id !== undefined) named[fe.family].set(id, fe.key);
+      }
+      for (const family of [4, 6] as const) {
+        for (const id of r.revNat[family].keys()) {
+          if (used[family].has(id)) continue;
+          const namedBy = named[family].get(id);
+          if (namedBy === undefined) revNatDeletes.push({ kind: 'delete-revnat', id, family });
+          else lateRevNatDeletes.push({ kind: 'delete-revnat', id, family, namedBy });
+        }
+      }
+    }
+    append(ops, revNatDeletes);
+    const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
+    const dropWildcard = (key: string, have: RealizedFrontend): void => {
+      if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
+      for (const [s, old] of heldSlots(have)) {
+        ops.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
+        bump(slotDelta, old, -1);
+      }
+    };
+    if (full) {
+      for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
+    } else {
+      for (const [addr, d] of addrDelta!) {
+        if (d >= 0 || !unused(addr)) continue;
+        const family: Family = addr.includes(':') ? 6 : 4;
+        const wild = wildcardOf(addr, family);
+        const key = serviceAddrKey(wild);
+        const have = r.frontends.get(key);
+        if (have) dropWildcard(key, have);
+      }
+    }
+    // Backends: a full plan looks at every one, a change sync at those it unlinked.
+    // (Unused once this plan's slot writes are done: the reconciler checks
+    // at apply time that no slot still names one.)
+    const unlinked = (id: number): boolean => !planned.has(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
+    if (full) {
+      for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+    } else {
+      for (const [id, d] of slotDelta!) {
+        const b = r.backends.get(id);
+        if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+      }
+    }
+  }
   for (const list of [backendPuts, revNatPuts, slotPuts, masterPuts]) {
     append(ops, list[4]);
     append(ops, list[6]);
@@ -217,49 +304,6 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   append(ops, shrinks);
   append(ops, wildcardPuts[4]);
   append(ops, wildcardPuts[6]);
-  if (!scope.prune) return ops;
-
-  // Removals, in reverse order of creation: frontends (master first, so no
-  // new selection, then slots), their rev-NAT entries, wildcards of
-  // addresses left with no frontend, backends no slot names any more.
-  append(ops, removals);
-  if (full) {
-    const used: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
-    for (const fe of desired.values()) used[fe.family].add(ids.revNatId(fe));
-    for (const family of [4, 6] as const) {
-      for (const id of r.revNat[family].keys()) if (!used[family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family });
-    }
-  }
-  append(ops, revNatDeletes);
-  const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
-  const dropWildcard = (key: string, have: RealizedFrontend): void => {
-    if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
-    for (const [s, old] of heldSlots(have)) {
-      ops.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
-      bump(slotDelta, old, -1);
-    }
-  };
-  if (full) {
-    for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
-  } else {
-    for (const [addr, d] of addrDelta!) {
-      if (d >= 0 || !unused(addr)) continue;
-      const family: Family = addr.includes(':') ? 6 : 4;
-      const wild = wildcardOf(addr, family);
-      const key = serviceAddrKey(wild);
-      const have = r.frontends.get(key);
-      if (have) dropWildcard(key, have);
-    }
-  }
-  // Backends: a full plan looks at every one, a change sync at those it unlinked.
-  const unlinked = (id: number): boolean => !planned.has(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
-  if (full) {
-    for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
-  } else {
-    for (const [id, d] of slotDelta!) {
-      const b = r.backends.get(id);
-      if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
-    }
-  }
+  append(ops, lateRevNatDeletes);
   return ops;
 }
