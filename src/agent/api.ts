@@ -10,7 +10,8 @@ import net from 'node:net';
 import { chmod, lstat, mkdir, mkdtemp, rename, rmdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { LbError } from '../errors.js';
-import { Health, closeServer, type CheckResult, type HealthOptions } from './health.js';
+import { Health, type CheckResult, type HealthOptions } from './health.js';
+import { closeServer } from './http.js';
 import type { AgentView } from './view.js';
 
 import { DEFAULT_API_SOCKET } from '../defaults.js';
