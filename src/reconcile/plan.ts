@@ -28,7 +28,7 @@ import { serviceAddrKey, type Backend, type Family, type FrontendKey, type Servi
 import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import type { MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
-import { heldSlots, isWildcard, type RealizedFrontend, type RealizedState } from './realized.js';
+import { heldSlots, isWildcard, type LbMapName, type RealizedFrontend, type RealizedState } from './realized.js';
 
 export type MapOp =
   | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
@@ -116,6 +116,14 @@ export interface PlanScope {
    * the maps (backends, rev-NAT entry, wildcard) is deleted.
    */
   readonly hold?: ReadonlySet<string>;
+  /**
+   * max_entries of the maps: a frontend whose new entries do not fit in the
+   * room left (after the removals this plan makes first, and the frontends
+   * planned before it) is held as the maps have it and listed in
+   * Plan.refused, rather than written in part. Maps not named: no limit
+   * (the kernel's E2BIG is then the reconciler's matter).
+   */
+  readonly maxEntries?: Partial<Record<LbMapName, number>>;
 }
 
 function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
@@ -124,7 +132,34 @@ function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
 
 const byFamily = (): Record<Family, MapOp[]> => ({ 4: [], 6: [] });
 
-export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): MapOp[] {
+/** A frontend the plan left as the maps hold it: its new entries do not fit in `map`. */
+export interface Refusal {
+  readonly map: LbMapName;
+  readonly reason: string;
+}
+
+export interface Plan {
+  readonly ops: MapOp[];
+  /** By frontend key: frontends left out because their new entries do not fit (PlanScope.maxEntries). */
+  readonly refused: ReadonlyMap<string, Refusal>;
+}
+
+/** The map an op writes. */
+export function opMapName(op: MapOp): LbMapName {
+  const f = opFamily(op);
+  switch (op.kind) {
+    case 'put-backend':
+    case 'delete-backend':
+      return `lb${f}_backends`;
+    case 'put-revnat':
+    case 'delete-revnat':
+      return `lb${f}_reverse_nat`;
+    default:
+      return `lb${f}_services`;
+  }
+}
+
+export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): Plan {
   const full = scope.changed === undefined;
   const backendPuts = byFamily();
   const revNatPuts = byFamily();
@@ -148,65 +183,15 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const hold = scope.hold;
   /** Rev-NAT ids that held frontends' masters name: a full plan keeps them. */
   const heldRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+  /** Addresses of held frontends: their wildcards stay (but are not written for them). */
+  const wildcardsKept = new Set<string>();
+  const refused = new Map<string, Refusal>();
   const keep = (fe: Frontend): void => {
-    wildcardsSeen.add(fe.address);
+    wildcardsKept.add(fe.address);
     const have = r.frontends.get(fe.key);
     if (!have) return;
     for (const [, id] of heldSlots(have)) planned.add(id);
     if (have.master) heldRevNat[fe.family].add(have.master.revNatId);
-  };
-
-  const update = (fe: Frontend): void => {
-    if (hold?.has(fe.key)) return keep(fe);
-    const revNatId = ids.revNatId(fe);
-    const have = r.frontends.get(fe.key);
-    const rn = r.revNat[fe.family].get(revNatId);
-    if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      revNatPuts[fe.family].push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port }, key: fe.key });
-    }
-    // Slots: selectable backends, then terminating ones.
-    let slot = 0;
-    const put = (b: Backend): void => {
-      const id = ids.backendId(b);
-      if (!planned.has(id)) {
-        planned.add(id);
-        const hb = r.backends.get(id);
-        if (!hb || !sameBackend(hb, b)) backendPuts[b.family].push({ kind: 'put-backend', id, backend: b });
-      }
-      slot++;
-      const old = have?.slots[slot];
-      if (old === id) return;
-      slotPuts[fe.family].push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
-      bump(slotDelta, id, 1);
-      if (old !== undefined) bump(slotDelta, old, -1);
-    };
-    for (const b of fe.backends) put(b);
-    for (const b of fe.terminating) put(b);
-    const master: MasterEntry = {
-      count: fe.backends.length,
-      qcount: fe.terminating.length,
-      revNatId,
-      type: fe.type,
-      flags: masterFlags(fe),
-      affinityTimeout: fe.affinityTimeout,
-    };
-    if (!have?.master || !sameMaster(have.master, master)) masterPuts[fe.family].push({ kind: 'put-master', key: fe.key, fe, master });
-    if (have) {
-      for (const [s, old] of heldSlots(have)) {
-        if (s <= slot) continue;
-        shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
-        bump(slotDelta, old, -1);
-      }
-    } else {
-      bump(addrDelta, fe.address, 1);
-    }
-    if (!wildcardsSeen.has(fe.address)) {
-      wildcardsSeen.add(fe.address);
-      const wild = wildcardOf(fe.address, fe.family);
-      const wkey = serviceAddrKey(wild);
-      const hw = r.frontends.get(wkey);
-      if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) wildcardPuts[fe.family].push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
-    }
   };
 
   const remove = (key: string, have: RealizedFrontend): void => {
@@ -221,19 +206,127 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     if (!full && id !== undefined && r.revNat[have.fe.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.fe.family });
   };
 
+  // Removals first: the room they free counts for the puts.
+  if (scope.prune) {
+    if (full) {
+      for (const [key, have] of r.frontends) if (!isWildcard(have.fe) && !desired.has(key as FrontendKey)) remove(key, have);
+    } else {
+      for (const key of scope.changed!) {
+        const have = desired.has(key) ? undefined : r.frontends.get(key);
+        if (have) remove(key, have);
+      }
+    }
+  }
+
+  /**
+   * Free entries per map of known size: max_entries minus what the maps
+   * hold, plus what the removals above delete (the rest of what this plan
+   * deletes is not counted: a frontend that fits only then waits for the
+   * next sync).
+   */
+  const room = new Map<LbMapName, number>();
+  for (const [map, max] of Object.entries(scope.maxEntries ?? {}) as Array<[LbMapName, number]>) room.set(map, max - r.entries(map));
+  for (const op of removals) room.set(opMapName(op), (room.get(opMapName(op)) ?? Number.POSITIVE_INFINITY) + 1);
+  for (const op of revNatDeletes) room.set(opMapName(op), (room.get(opMapName(op)) ?? Number.POSITIVE_INFINITY) + 1);
+
+  const update = (fe: Frontend): void => {
+    if (hold?.has(fe.key)) return keep(fe);
+    const revNatId = ids.revNatId(fe);
+    const have = r.frontends.get(fe.key);
+    const f = fe.family;
+    // This frontend's writes, and the new keys they add per map: committed
+    // only if they all fit, so a frontend is written whole or not at all.
+    const mine: { backend: MapOp[]; revNat: MapOp[]; slot: MapOp[]; master: MapOp[]; shrink: MapOp[]; wildcard: MapOp[] } = {
+      backend: [], revNat: [], slot: [], master: [], shrink: [], wildcard: [],
+    };
+    const need = new Map<LbMapName, number>();
+    const add = (map: LbMapName): void => void need.set(map, (need.get(map) ?? 0) + 1);
+    const slotBumps: Array<[number, number]> = [];
+    const newBackends: number[] = [];
+
+    const rn = r.revNat[f].get(revNatId);
+    if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
+      mine.revNat.push({ kind: 'put-revnat', id: revNatId, family: f, entry: { address: fe.address, port: fe.port }, key: fe.key });
+      if (!rn) add(`lb${f}_reverse_nat`);
+    }
+    // Slots: selectable backends, then terminating ones.
+    let slot = 0;
+    const put = (b: Backend): void => {
+      const id = ids.backendId(b);
+      if (!planned.has(id) && !newBackends.includes(id)) {
+        const hb = r.backends.get(id);
+        if (!hb || !sameBackend(hb, b)) {
+          mine.backend.push({ kind: 'put-backend', id, backend: b });
+          if (!hb) add(`lb${b.family}_backends`);
+        }
+        newBackends.push(id);
+      }
+      slot++;
+      const old = have?.slots[slot];
+      if (old === id) return;
+      mine.slot.push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
+      if (old === undefined) add(`lb${f}_services`);
+      slotBumps.push([id, 1]);
+      if (old !== undefined) slotBumps.push([old, -1]);
+    };
+    for (const b of fe.backends) put(b);
+    for (const b of fe.terminating) put(b);
+    const master: MasterEntry = {
+      count: fe.backends.length,
+      qcount: fe.terminating.length,
+      revNatId,
+      type: fe.type,
+      flags: masterFlags(fe),
+      affinityTimeout: fe.affinityTimeout,
+    };
+    if (!have?.master || !sameMaster(have.master, master)) {
+      mine.master.push({ kind: 'put-master', key: fe.key, fe, master });
+      if (!have?.master) add(`lb${f}_services`);
+    }
+    if (have) {
+      for (const [s, old] of heldSlots(have)) {
+        if (s <= slot) continue;
+        mine.shrink.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
+        slotBumps.push([old, -1]);
+      }
+    }
+    const wildcardNew = !wildcardsSeen.has(fe.address);
+    if (wildcardNew) {
+      const wild = wildcardOf(fe.address, f);
+      const wkey = serviceAddrKey(wild);
+      const hw = r.frontends.get(wkey);
+      if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) {
+        mine.wildcard.push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
+        if (!hw?.master) add(`lb${f}_services`);
+      }
+    }
+
+    for (const [map, n] of need) {
+      const free = room.get(map);
+      if (free === undefined || n <= free) continue;
+      refused.set(fe.key, { map, reason: `${map} is full: ${Math.max(0, free)} free of ${scope.maxEntries![map]} entries, ${fe.key} needs ${n} more` });
+      return keep(fe);
+    }
+    for (const [map, n] of need) if (room.has(map)) room.set(map, room.get(map)! - n);
+    for (const id of newBackends) planned.add(id);
+    for (const [id, by] of slotBumps) bump(slotDelta, id, by);
+    if (!have) bump(addrDelta, fe.address, 1);
+    if (wildcardNew) wildcardsSeen.add(fe.address);
+    append(backendPuts[4], mine.backend.filter((o) => opFamily(o) === 4));
+    append(backendPuts[6], mine.backend.filter((o) => opFamily(o) === 6));
+    append(revNatPuts[f], mine.revNat);
+    append(slotPuts[f], mine.slot);
+    append(masterPuts[f], mine.master);
+    append(shrinks, mine.shrink);
+    append(wildcardPuts[f], mine.wildcard);
+  };
+
   if (full) {
     for (const fe of desired.values()) update(fe);
-    for (const [key, have] of r.frontends) {
-      if (!isWildcard(have.fe) && !desired.has(key as FrontendKey) && scope.prune) remove(key, have);
-    }
   } else {
     for (const key of scope.changed!) {
       const fe = desired.get(key);
       if (fe) update(fe);
-      else if (scope.prune) {
-        const have = r.frontends.get(key);
-        if (have) remove(key, have);
-      }
     }
   }
 
@@ -264,7 +357,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       }
     }
     append(ops, revNatDeletes);
-    const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
+    const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && !wildcardsKept.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
     const dropWildcard = (key: string, have: RealizedFrontend): void => {
       if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
       for (const [s, old] of heldSlots(have)) {
@@ -305,5 +398,5 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   append(ops, wildcardPuts[4]);
   append(ops, wildcardPuts[6]);
   append(ops, lateRevNatDeletes);
-  return ops;
+  return { ops, refused };
 }

@@ -3,11 +3,14 @@
 // holds, and the next sync (a full re-plan) finishes the job. Writes are
 // idempotent: re-running any prefix of a plan is harmless.
 //
-// "No room" (a full map answers E2BIG to a new key; an id allocator out of
-// ids) fails one frontend, not the sync: the rest of that frontend is
-// skipped (its master is not written, so it stays unselectable or keeps its
-// previous version), the sync goes on with the others, and the result names
-// what was not programmed and why. Any other write error stops the sync.
+// "No room" fails one frontend, not the sync. With the maps' sizes known, a
+// frontend whose ids run out, or whose new entries do not fit in the room
+// left, is not written at all (the plan holds it as the maps have it). A put
+// the kernel still refuses (E2BIG/ENOSPC: entries written behind the agent's
+// back, sizes unknown) skips the rest of that frontend (its master is not
+// written, so it stays unselectable or keeps its previous version). Either
+// way the sync goes on with the others, and the result names what was not
+// programmed and why. Any other write error stops the sync.
 import { LbError } from '../errors.js';
 import type { LbMaps } from '../datapath/lbmaps.js';
 import { PartialWriteError, type LbWrite } from '../datapath/lbmaps.js';
@@ -15,7 +18,7 @@ import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family,
 import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
-import { opFamily, plan, type MapOp } from './plan.js';
+import { opFamily, opMapName, plan, type MapOp } from './plan.js';
 import { RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
@@ -84,19 +87,7 @@ export function isNoRoom(err: unknown): boolean {
 }
 
 /** The map an op writes. */
-export function opMap(op: MapOp): LbMapName {
-  const f = opFamily(op);
-  switch (op.kind) {
-    case 'put-backend':
-    case 'delete-backend':
-      return `lb${f}_backends`;
-    case 'put-revnat':
-    case 'delete-revnat':
-      return `lb${f}_reverse_nat`;
-    default:
-      return `lb${f}_services`;
-  }
-}
+export const opMap = opMapName;
 
 const MAP_NAMES: readonly LbMapName[] = ['lb4_services', 'lb6_services', 'lb4_backends', 'lb6_backends', 'lb4_reverse_nat', 'lb6_reverse_nat'];
 
@@ -312,15 +303,16 @@ export class Reconciler {
       for (const fe of desired.values()) acquire(fe);
     }
     const t1 = performance.now();
-    const ops = plan(
+    const { ops, refused: tooBig } = plan(
       this.realizedState,
       desired,
       {
         backendId: (b) => backendIds.get(b)!,
         revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
       },
-      { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}) },
+      { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}), maxEntries: this.maxEntries },
     );
+    for (const [frontend, { map, reason }] of tooBig) refused.frontends.set(frontend, { frontend, map, reason });
 
     const t2 = performance.now();
     const byKind: Record<string, number> = {};

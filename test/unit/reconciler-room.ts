@@ -190,50 +190,55 @@ t.test('ids: rev-NAT ids 1..max_entries of the rev-NAT map, backend ids 1..the r
   t.same(unlimited.pressure(), [], 'and no pressure to report');
 });
 
-t.test('restore renumbers ids outside the maps’ range (maps written with larger sizes)', async (t) => {
+t.test('restore renumbers ids outside the maps’ range (maps written by a wider range)', async (t) => {
   const m = new FakeLbMaps();
   const wide = new Reconciler(m);
   const fes = range(1, 6).map(svc);
   wide.sync(state(...fes), { prune: true });
-  // The frontends with rev-NAT ids 5 and 6, and backends 5 and 6, are now out of range.
-  const caps = { lb4_reverse_nat: 4, lb6_reverse_nat: 4, lb4_backends: 2, lb6_backends: 2 };
-  m.maxEntries = { ...caps, lb4_reverse_nat: 8, lb4_backends: 8 }; // room enough to move them
+  const keep = state(...fes.slice(4)); // svc 5 and 6 stay, with rev-NAT ids 5, 6 and backend ids 5, 6
+  wide.sync(keep, { prune: true });
+  // Backend ids 1..4 (3 + 1); a move needs a free entry for the new id
+  // before the old one goes (make before break), so with one free entry
+  // the second backend moves on the next sync.
+  const caps = { lb4_reverse_nat: 4, lb6_reverse_nat: 4, lb4_backends: 3, lb6_backends: 1 };
+  m.maxEntries = caps;
   const r = new Reconciler(m, { maxEntries: caps });
   r.restore();
-  const keep = state(...fes.slice(2)); // 1 and 2 removed: their ids free
-  let res = r.sync(keep, { prune: true });
-  if (res.notProgrammed.length > 0) res = r.sync(keep, { prune: true });
-  t.same(res.notProgrammed, [], 'everything programmed');
+  let violation: string | undefined;
+  m.failWhen = () => ((violation ??= consistent(m)), false);
+  const first = r.sync(keep, { prune: true });
+  t.same(first.notProgrammed.map((n) => n.map), ['lb4_backends'], 'the second move waits for room');
+  const res = r.sync(keep, { prune: true });
+  t.equal(violation, undefined, 'no half-written service at any point');
+  t.same(res.notProgrammed, [], 'everything programmed on the next sync');
   t.equal(consistent(m), undefined, 'consistent');
   t.ok([...m.revNat.values()].every((e) => e.id <= 4), `rev-NAT ids within 1..4: ${[...m.revNat.values()].map((e) => e.id).join(',')}`);
-  t.ok([...m.backends.keys()].every((id) => id <= 4), `backend ids within 1..4: ${[...m.backends.keys()].join(',')}`);
-  t.same(served(m), fes.slice(2).map((f) => f.key).sort(), 'the same services served');
+  t.ok([...m.backends.keys()].every((id) => id <= 4), `backend ids within 1..4 (3 + 1): ${[...m.backends.keys()].join(',')}`);
+  t.same(served(m), fes.slice(4).map((f) => f.key).sort(), 'the same services served');
   t.equal(r.sync(keep, { prune: true }).planned, 0, 'converged');
 });
 
 t.test('a rev-NAT entry a live master still names is deleted only after that master moved', async (t) => {
   const m = new FakeLbMaps();
   const wide = new Reconciler(m);
-  const fes = range(1, 3).map(svc);
-  wide.sync(state(...fes), { prune: true });
-  // Restored with a 2-entry range: svc 3 (id 3) must move to a new id.
-  const r = new Reconciler(m, { maxEntries: { lb4_reverse_nat: 2, lb6_reverse_nat: 2 } });
+  wide.sync(state(...range(1, 4).map(svc)), { prune: true });
+  wide.sync(state(svc(3), svc(4)), { prune: true }); // ids 3 and 4 left
+  // Restored with a 3-entry map: svc 4 (id 4) must move to an id in 1..3.
+  const caps = { lb4_reverse_nat: 3, lb6_reverse_nat: 3 };
+  m.maxEntries = caps;
+  const r = new Reconciler(m, { maxEntries: caps });
   r.restore();
   m.calls.length = 0;
   // Observe every write: a master never names a missing rev-NAT entry.
   let violation: string | undefined;
   m.failWhen = () => ((violation ??= consistent(m)), false);
-  const first = r.sync(state(svc(1), svc(3)), { prune: true });
-  t.same(first.notProgrammed.map((n) => n.map), ['lb4_reverse_nat'], 'svc 3 waits for an id in range (svc 2’s is freed after this sync)');
-  t.ok(m.services.has('10.96.0.3:80/TCP#0') && m.revNat.has('4/3'), 'meanwhile it is served as before, with its old id');
-  m.calls.length = 0;
-  const res = r.sync(state(svc(1), svc(3)), { prune: true });
+  const res = r.sync(state(svc(3), svc(4)), { prune: true });
   violation ??= consistent(m);
   t.equal(violation, undefined, 'no master names a missing rev-NAT entry at any point');
   t.same(res.notProgrammed, [], 'programmed');
   const calls = m.calls.map((c) => `${c.method} ${c.what}`);
-  t.ok(calls.includes('deleteRevNat 4/3') && calls.indexOf('putMaster 10.96.0.3:80/TCP') < calls.indexOf('deleteRevNat 4/3'), `the old entry goes after the master moved: ${calls.join(', ')}`);
-  t.equal(m.services.get('10.96.0.3:80/TCP#0')?.master?.revNatId, 2, 'svc 3 now uses id 2 (freed by svc 2)');
+  t.ok(calls.includes('deleteRevNat 4/4') && calls.indexOf('putMaster 10.96.0.4:80/TCP') < calls.indexOf('deleteRevNat 4/4'), `the old entry goes after the master moved: ${calls.join(', ')}`);
+  t.equal(m.services.get('10.96.0.4:80/TCP#0')?.master?.revNatId, 1, 'svc 4 now uses id 1');
 });
 
 t.test('map pressure: entries the realized state holds / max_entries, per map', async (t) => {
@@ -279,3 +284,17 @@ t.test('a frontend out of ids is held as the maps have it, and nothing it uses i
 
 // The key type is only used to build the states above.
 void (null as unknown as FrontendKey);
+
+t.test('with the sizes known, a frontend is written whole or not at all: no slots of frontends whose master cannot fit', async (t) => {
+  // Each frontend needs 3 services-map entries (master, slot, wildcard): 8 entries hold 2.
+  const caps = { lb4_services: 8 };
+  const m = new FakeLbMaps(caps);
+  const r = new Reconciler(m, { maxEntries: caps });
+  const res = r.sync(state(...range(1, 6).map(svc)), { prune: true });
+  t.same(served(m), ['10.96.0.1:80/TCP', '10.96.0.2:80/TCP'], 'the first two are served');
+  t.equal(m.services.size, 6, 'and nothing else sits in the services map (no orphan slots)');
+  t.same(res.notProgrammed.map((n) => n.frontend), range(3, 6).map((i) => `10.96.0.${i}:80/TCP`), 'the other four are reported');
+  t.match(res.notProgrammed[0]!.reason, /lb4_services is full: 2 free of 8 entries, 10\.96\.0\.3:80\/TCP needs 3 more/);
+  t.equal(m.backends.size, 2, 'their backends are not written either');
+  t.equal(m.revNat.size, 2, 'nor their rev-NAT entries');
+});
