@@ -6,7 +6,7 @@
 // key, as test/native/maps.ts shows the kernel's does).
 import t from 'tap';
 import { PartialWriteError, type LbWrite } from '../../src/datapath/lbmaps.js';
-import { frontendKey, serviceAddrKey, type Backend, type FrontendKey } from '../../src/lb/types.js';
+import { frontendKey, serviceAddrKey, type Backend } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import type { LbMapName } from '../../src/reconcile/realized.js';
@@ -282,8 +282,6 @@ t.test('a frontend out of ids is held as the maps have it, and nothing it uses i
   t.equal(m.backends.size, 1, 'its backend stays');
 });
 
-// The key type is only used to build the states above.
-void (null as unknown as FrontendKey);
 
 t.test('with the sizes known, a frontend is written whole or not at all: no slots of frontends whose master cannot fit', async (t) => {
   // Each frontend needs 3 services-map entries (master, slot, wildcard): 8 entries hold 2.
