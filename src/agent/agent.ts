@@ -55,6 +55,7 @@ const BIG_SYNC_OPS = 20_000;
 
 /** Skips a sync logs one by one; the rest are summed up by reason. */
 const SKIPS_LISTED_PER_SYNC = 20;
+const DELETES = ['delete-master', 'delete-slot', 'delete-revnat', 'delete-backend'];
 /** Frontends not programmed that a sync logs one by one; the rest are summed up by map. */
 const NOT_PROGRAMMED_LISTED_PER_SYNC = 20;
 /** Frontends not programmed that readiness and the status name (the count is always complete). */
@@ -182,6 +183,7 @@ export class Agent implements AgentView {
     this.stats.lastAttempt = started;
     let ok = false;
     let left: readonly NotProgrammed[] = [];
+    let freed = false;
     try {
       // Periodic and retry runs re-read the maps first, repairing drift.
       if (reason !== 'change') this.reconciler!.resync();
@@ -192,6 +194,7 @@ export class Agent implements AgentView {
       const desired = this.model.frontends;
       const result = this.reconciler!.sync(desired, { prune: snap.complete, changed });
       left = result.notProgrammed;
+      freed = DELETES.some((kind) => (result.byKind[kind] ?? 0) > 0);
       this.reportNotProgrammed(left);
       const removedUdp = result.removedBackends.filter((b) => b.protocol === 'UDP');
       const closed = removedUdp.length ? this.terminator?.destroyRemoved(removedUdp, this.reconciler!.realized.backends.values()) : undefined;
@@ -229,8 +232,12 @@ export class Agent implements AgentView {
       this.opts.metrics?.observeSync((performance.now() - t0) / 1000, { full: reason !== 'change', ok });
       if (this.reconciler) this.opts.metrics?.setMapPressure(this.reconciler.pressure());
     }
-    // Retried with the runner's backoff until there is room.
-    if (left.length > 0) throw new NotProgrammedError(left);
+    if (left.length === 0) return;
+    // What this sync deleted (and the ids it freed) is room the next one can
+    // use at once: run it now. Otherwise retry with the runner's backoff
+    // (each retry a full resync) until room appears.
+    if (freed) this.requestSync();
+    else throw new NotProgrammedError(left);
   }
 
   /**
