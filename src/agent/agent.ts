@@ -87,6 +87,9 @@ export class Agent implements AgentView {
   private notProgrammed = new Map<string, NotProgrammed>();
   private nodeGoing = false;
   private runQueued = false;
+  /** Resolves when the first sync that found the source synced has ended, whatever its outcome. */
+  private attempted!: () => void;
+  private readonly firstAttempted = new Promise<void>((resolve) => (this.attempted = resolve));
 
   constructor(private readonly opts: AgentOptions) {
     this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
@@ -125,7 +128,11 @@ export class Agent implements AgentView {
     // now (a source still listing defers it; the maps keep serving).
     if (this.stats.count === 0) this.requestSync();
     await new Promise((resolve) => setImmediate(resolve));
-    await this.runner.idle();
+    // Until that sync has run (or nothing is left to run), not until it
+    // succeeded: a sync retried with backoff (a failure, or frontends left
+    // out for want of room) must not hold start(), and with it the CLI's
+    // SIGTERM handling, for as long as the retries go on.
+    await Promise.race([this.runner.idle(), this.firstAttempted]);
   }
 
 
@@ -229,6 +236,7 @@ export class Agent implements AgentView {
     } finally {
       this.stats.count++;
       this.stats.inProgress = false;
+      this.attempted();
       this.opts.metrics?.observeSync((performance.now() - t0) / 1000, { full: reason !== 'change', ok });
       if (this.reconciler) this.opts.metrics?.setMapPressure(this.reconciler.pressure());
     }

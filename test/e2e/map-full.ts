@@ -106,3 +106,17 @@ t.test('--max-services 4: 2 services, 38 more, then the 38 removed and one added
   t.ok(livez.length >= 5 * Math.min(1, 1 / SLOW), `/livez was probed ${livez.length} times`);
   t.same([...new Set(livez)], [200], '/livez answered 200 every time');
 });
+
+t.test('an agent that starts over the maps’ room serves what fits, and still stops at once on SIGTERM', async (t) => {
+  const sb = await createSandbox(t, { backends: 1, agent: false });
+  const backend = `${sb.backends[0]!.v4}:${HTTP_PORT}`;
+  sb.writeManifest('all.yaml', services(sb, 1, 6));
+  const first = await sb.startAgent(['--max-services', '4']);
+  t.equal(first.notProgrammed, 2, 'the first sync leaves 2 of 6 out');
+  t.same(await reachable(sb, vip(1)), [backend, backend, backend], 'what fits is served');
+  await sb.agent!.waitForLog((l) => typeof l.msg === 'string' && /retrying/.test(l.msg));
+  const t0 = Date.now();
+  const code = await sb.stopAgent(10_000);
+  t.equal(code, 0, `SIGTERM: the agent exited by itself (code ${code}) in ${Date.now() - t0} ms, while its retries were pending`);
+  t.ok(Date.now() - t0 < 5000 * SLOW, 'and promptly');
+});
