@@ -402,6 +402,10 @@ export class Agent implements AgentView {
     return this.datapath ? sumCounters(this.datapath.object.map('lb_metrics')) : {};
   }
 
+  mapPressure(): ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }> {
+    return this.reconciler?.pressure() ?? [];
+  }
+
   counts(): { services: number; frontends: number; backends: number } {
     // Every sync sets these gauges: each is kept as a count, nothing is walked.
     // Backends are unique per address, port and protocol in the maps (one id each).

@@ -40,6 +40,8 @@ export interface AgentStatus {
     readonly oldestPending?: string;
   };
   readonly counts: { readonly services: number; readonly frontends: number; readonly backends: number };
+  /** Each map the agent writes: entries in use and max_entries (absent from older agents). */
+  readonly maps?: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
 }
 
 const rfc3339 = (ms: number): string => new Date(ms).toISOString();
@@ -69,6 +71,7 @@ export function agentStatus(view: AgentView, health: Health, version: string, no
       ...opt('oldestPending', s.oldestPending),
     },
     counts: { ...view.counts() },
+    maps: view.mapPressure().map((m) => ({ map: m.map, entries: m.entries, maxEntries: m.maxEntries })),
   };
 }
 

@@ -66,6 +66,8 @@ export interface AgentView {
   frontends(): FrontendStatus[];
   /** The datapath's per-CPU counters, summed (lb_metrics). */
   datapathCounters(): Record<string, bigint>;
+  /** Each map the agent writes: entries in use (its realized state) and max_entries. */
+  mapPressure(): ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
   /** Counts of what is programmed now. */
   counts(): { readonly services: number; readonly frontends: number; readonly backends: number };
 }

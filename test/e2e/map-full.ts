@@ -84,6 +84,7 @@ t.test('--max-services 4: 2 services, 38 more, then the 38 removed and one added
   t.equal(status.code, 1, 'lbctl status exits 1 while frontends are left out');
   t.match(status.stdout, /\[-\]synced failed: 36 frontends not programmed for want of room: 10\.96\.0\.5:80\/TCP \(lb4_reverse_nat\)/, 'readiness names them');
   t.match(status.stdout, /Liveness: +ok/, 'liveness is ok');
+  t.match(status.stdout, /Maps: .*lb4_reverse_nat 4\/4 \(100%, FULL\)/, 'and the rev-NAT map is shown full');
 
   // The 38 removed, one added.
   sb.removeManifest('more.yaml');
