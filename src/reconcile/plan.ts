@@ -312,8 +312,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     for (const [id, by] of slotBumps) bump(slotDelta, id, by);
     if (!have) bump(addrDelta, fe.address, 1);
     if (wildcardNew) wildcardsSeen.add(fe.address);
-    append(backendPuts[4], mine.backend.filter((o) => opFamily(o) === 4));
-    append(backendPuts[6], mine.backend.filter((o) => opFamily(o) === 6));
+    for (const o of mine.backend) backendPuts[opFamily(o)].push(o);
     append(revNatPuts[f], mine.revNat);
     append(slotPuts[f], mine.slot);
     append(masterPuts[f], mine.master);

@@ -86,9 +86,6 @@ export function isNoRoom(err: unknown): boolean {
   return code === 'E2BIG' || code === 'ENOSPC';
 }
 
-/** The map an op writes. */
-export const opMap = opMapName;
-
 const MAP_NAMES: readonly LbMapName[] = ['lb4_services', 'lb6_services', 'lb4_backends', 'lb6_backends', 'lb4_reverse_nat', 'lb6_reverse_nat'];
 
 /** Per-sync record of what failed for want of room. */
@@ -441,7 +438,7 @@ export class Reconciler {
 
   /** Records a put the kernel refused for want of room: its frontend (for a backend: each frontend a slot of this plan would point at it) is not programmed. */
   private refuse(op: MapOp, err: unknown, refused: Refusals): void {
-    const map = opMap(op);
+    const map = opMapName(op);
     refused.full.add(map);
     const reason = `${describeOp(op)}: ${(err as Error).message}`;
     if (op.kind === 'put-backend') refused.backends.set(op.id, { map, reason });
@@ -459,7 +456,7 @@ export class Reconciler {
     const first = ops[i]!;
     const kind = first.kind;
     if (kind !== 'put-backend' && kind !== 'put-revnat' && kind !== 'put-slot' && kind !== 'put-master') return i + 1;
-    if (refused.full.has(opMap(first))) return i + 1;
+    if (refused.full.has(opMapName(first))) return i + 1;
     const fam = opFamily(first);
     const end = Math.min(ops.length, i + MAX_BATCH);
     let j = i + 1;
