@@ -16,7 +16,9 @@ import { DesiredModel } from '../model/desired.js';
 import type { Skipped } from '../model/from-k8s.js';
 import type { Node } from '../model/k8s.js';
 import { frontendStatuses } from './drift.js';
-import { Reconciler, SyncError, type SyncResult } from '../reconcile/reconciler.js';
+import { LB_MAP_NAMES } from '../datapath/maps.js';
+import { LbError } from '../errors.js';
+import { Reconciler, SyncError, type NotProgrammed, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
 import type { AgentMetrics } from './metrics.js';
 import { BoundedFrequencyRunner, type RunReason } from './runner.js';
@@ -39,7 +41,9 @@ export interface AgentOptions {
   readonly nodeName?: string;
 }
 
-export interface SyncReport extends Omit<SyncResult, 'phasesMs'> {
+export interface SyncReport extends Omit<SyncResult, 'phasesMs' | 'notProgrammed'> {
+  /** How many frontends the sync left out for want of room (each is logged by name once, when it first is). */
+  readonly notProgrammed: number;
   /** Where the time went, in ms: re-reading the maps (full resyncs), the model's flush, then the reconciler's phases. */
   readonly phasesMs: SyncResult['phasesMs'] & { readonly resync: number; readonly model: number };
   readonly reason: RunReason;
@@ -57,6 +61,23 @@ const BIG_SYNC_OPS = 20_000;
 
 /** Skips a sync logs one by one; the rest are summed up by reason. */
 const SKIPS_LISTED_PER_SYNC = 20;
+const DELETES = ['delete-master', 'delete-slot', 'delete-revnat', 'delete-backend'];
+/** Frontends not programmed that a sync logs one by one; the rest are summed up by map. */
+const NOT_PROGRAMMED_LISTED_PER_SYNC = 20;
+/** Frontends not programmed that readiness and the status name (the count is always complete). */
+const NOT_PROGRAMMED_SHOWN = 5;
+
+/**
+ * A sync that wrote what fits but left frontends out for want of room: the
+ * runner retries it with backoff (a full resync), so they are programmed
+ * once room appears. Not a failed sync: what it wrote stands.
+ */
+export class NotProgrammedError extends LbError {
+  constructor(readonly frontends: readonly NotProgrammed[]) {
+    const maps = [...new Set(frontends.map((f) => f.map))].join(', ');
+    super(`${frontends.length} frontend${frontends.length === 1 ? '' : 's'} not programmed: no room in ${maps}`, 'ENOSPC');
+  }
+}
 
 export class Agent implements AgentView {
   readonly startedAt = Date.now();
@@ -68,16 +89,23 @@ export class Agent implements AgentView {
   private readonly model = new DesiredModel();
   private stats: { -readonly [K in keyof SyncStats]: SyncStats[K] } = { count: 0, inProgress: false };
   private synced = false;
+  /** Frontends the last sync could not program, by key (logged once when they first appear). */
+  private notProgrammed = new Map<string, NotProgrammed>();
   private nodeGoing = false;
   private runQueued = false;
+  /** Resolves when the first sync that found the source synced has ended, whatever its outcome. */
+  private attempted!: () => void;
+  private readonly firstAttempted = new Promise<void>((resolve) => (this.attempted = resolve));
 
   constructor(private readonly opts: AgentOptions) {
     this.model.setNode(this.nodeWithout());
     this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
       minIntervalMs: opts.minSyncPeriodMs ?? 0,
       maxIntervalMs: opts.syncPeriodMs ?? 30_000,
-      onError: (err, retryInMs) =>
-        opts.log.error({ err: err instanceof SyncError ? err.message : err, retryInMs }, 'sync failed; the maps keep their last good state'),
+      onError: (err, retryInMs) => {
+        if (err instanceof NotProgrammedError) opts.log.warn({ notProgrammed: err.frontends.length, retryInMs }, `${err.message}; retrying`);
+        else opts.log.error({ err: err instanceof SyncError ? err.message : err, retryInMs }, 'sync failed; the maps keep their last good state');
+      },
     });
   }
 
@@ -94,7 +122,9 @@ export class Agent implements AgentView {
     for (const p of this.datapath.programs) {
       log.info({ program: p.name, linkId: p.linkId, updated: p.updated }, p.updated ? 'program replaced on pinned link' : 'program attached');
     }
-    this.reconciler = new Reconciler(this.datapath.maps);
+    // The ids' ranges follow the loaded maps' sizes (--max-services, --max-backends).
+    const maxEntries = Object.fromEntries(LB_MAP_NAMES.map((name) => [name, this.datapath!.object.map(name).maxEntries]));
+    this.reconciler = new Reconciler(this.datapath.maps, { maxEntries });
     const restored = this.reconciler.restore();
     log.info({ ...restored, bpfRoot: this.opts.datapath.bpfRoot, cgroup: this.opts.datapath.cgroup }, 'datapath ready; state restored from pinned maps');
     const revNat = { 4: this.datapath.object.map('lb4_sock_revnat'), 6: this.datapath.object.map('lb6_sock_revnat') };
@@ -106,7 +136,11 @@ export class Agent implements AgentView {
     // now (a source still listing defers it; the maps keep serving).
     if (this.stats.count === 0) this.requestSync();
     await new Promise((resolve) => setImmediate(resolve));
-    await this.runner.idle();
+    // Until that sync has run (or nothing is left to run), not until it
+    // succeeded: a sync retried with backoff (a failure, or frontends left
+    // out for want of room) must not hold start(), and with it the CLI's
+    // SIGTERM handling, for as long as the retries go on.
+    await Promise.race([this.runner.idle(), this.firstAttempted]);
   }
 
 
@@ -169,6 +203,8 @@ export class Agent implements AgentView {
     this.stats.inProgress = true;
     this.stats.lastAttempt = started;
     let ok = false;
+    let left: readonly NotProgrammed[] = [];
+    let freed = false;
     try {
       // Periodic and retry runs re-read the maps first, repairing drift.
       if (reason !== 'change') this.reconciler!.resync();
@@ -178,6 +214,9 @@ export class Agent implements AgentView {
       this.reportSkipped(newSkips);
       const desired = this.model.frontends;
       const result = this.reconciler!.sync(desired, { prune: snap.complete, changed });
+      left = result.notProgrammed;
+      freed = DELETES.some((kind) => (result.byKind[kind] ?? 0) > 0);
+      this.reportNotProgrammed(left);
       // In the background, one termination at a time: this sync and the next do not wait for it.
       void this.terminator?.destroyRemoved(result.removedBackends, this.reconciler!.realized.backends.values())?.then((closed) => {
         if (closed) this.opts.log[closed.errors.length || closed.limit ? 'warn' : 'info'](closed, 'connected UDP sockets of removed backends destroyed');
@@ -188,8 +227,10 @@ export class Agent implements AgentView {
       this.stats.lastError = undefined;
       if (pendingSince !== undefined) this.opts.metrics?.networkProgramming((Date.now() - pendingSince) / 1000);
       this.opts.metrics?.setCounts(this.counts());
+      const { notProgrammed: _listed, ...counts } = result;
       const report: SyncReport = {
-        ...result,
+        ...counts,
+        notProgrammed: left.length,
         reason,
         frontends: desired.size,
         pruned: snap.complete,
@@ -210,8 +251,40 @@ export class Agent implements AgentView {
     } finally {
       this.stats.count++;
       this.stats.inProgress = false;
+      this.attempted();
       this.opts.metrics?.observeSync((performance.now() - t0) / 1000, { full: reason !== 'change', ok });
+      if (this.reconciler) this.opts.metrics?.setMapPressure(this.reconciler.pressure());
     }
+    if (left.length === 0) return;
+    // What this sync deleted (and the ids it freed) is room the next one can
+    // use at once: run it now. Otherwise retry with the runner's backoff
+    // (each retry a full resync) until room appears.
+    if (freed) this.requestSync();
+    else throw new NotProgrammedError(left);
+  }
+
+  /**
+   * Logs each frontend left out for want of room once, when it first is
+   * (the first few by name, the rest summed up by map), and when the last of
+   * them is programmed; counts them by map in a gauge; keeps the first few
+   * for readiness and the status.
+   */
+  private reportNotProgrammed(list: readonly NotProgrammed[]): void {
+    const { log, metrics } = this.opts;
+    const before = this.notProgrammed;
+    this.notProgrammed = new Map(list.map((n) => [n.frontend, n]));
+    const fresh = list.filter((n) => !before.has(n.frontend));
+    const more = new Map<string, number>();
+    for (const [i, n] of fresh.entries()) {
+      if (i < NOT_PROGRAMMED_LISTED_PER_SYNC) log.warn({ frontend: n.frontend, map: n.map, reason: n.reason }, 'frontend not programmed: no room');
+      else more.set(n.map, (more.get(n.map) ?? 0) + 1);
+    }
+    for (const [map, count] of more) log.warn({ map, count }, `${count} more frontends not programmed for want of room in ${map} (not listed one by one)`);
+    if (before.size > 0 && list.length === 0) log.info({ frontends: before.size }, 'every frontend left out for want of room is programmed now');
+    const byMap: Record<string, number> = {};
+    for (const n of list) byMap[n.map] = (byMap[n.map] ?? 0) + 1;
+    metrics?.setNotProgrammed(byMap);
+    this.stats.notProgrammed = list.length > 0 ? { count: list.length, first: list.slice(0, NOT_PROGRAMMED_SHOWN) } : undefined;
   }
 
   /**
@@ -249,7 +322,13 @@ export class Agent implements AgentView {
   }
 
   desiredApplied(): boolean {
-    return this.synced && this.stats.lastError === undefined && this.stats.oldestPending === undefined && !this.stats.inProgress;
+    return (
+      this.synced &&
+      this.stats.lastError === undefined &&
+      this.stats.oldestPending === undefined &&
+      this.stats.notProgrammed === undefined &&
+      !this.stats.inProgress
+    );
   }
 
   datapathAttached(): CheckOutcome {
@@ -291,6 +370,10 @@ export class Agent implements AgentView {
 
   datapathCounters(): Record<string, bigint> {
     return this.datapath ? sumCounters(this.datapath.object.map('lb_metrics')) : {};
+  }
+
+  mapPressure(): ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }> {
+    return this.reconciler?.pressure() ?? [];
   }
 
   counts(): { services: number; frontends: number; backends: number } {

@@ -10,7 +10,8 @@ import net from 'node:net';
 import { chmod, lstat, mkdir, mkdtemp, rename, rmdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { LbError } from '../errors.js';
-import { Health, closeServer, type CheckResult, type HealthOptions } from './health.js';
+import { Health, type CheckResult, type HealthOptions } from './health.js';
+import { closeServer } from './http.js';
 import type { AgentView } from './view.js';
 
 import { DEFAULT_API_SOCKET } from '../defaults.js';
@@ -39,6 +40,8 @@ export interface AgentStatus {
     readonly oldestPending?: string;
   };
   readonly counts: { readonly services: number; readonly frontends: number; readonly backends: number };
+  /** Each map the agent writes: entries in use and max_entries (absent from older agents). */
+  readonly maps?: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
 }
 
 const rfc3339 = (ms: number): string => new Date(ms).toISOString();
@@ -68,6 +71,7 @@ export function agentStatus(view: AgentView, health: Health, version: string, no
       ...opt('oldestPending', s.oldestPending),
     },
     counts: { ...view.counts() },
+    maps: view.mapPressure().map((m) => ({ map: m.map, entries: m.entries, maxEntries: m.maxEntries })),
   };
 }
 

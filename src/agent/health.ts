@@ -2,9 +2,11 @@
 // the process works (the event loop runs, the programs are attached, a map
 // takes a write); /readyz that what the agent knows is in the maps; /healthz
 // answers as kube-proxy's does. Every check is synchronous and fast: none asks
-// the API server or anything else outside this node.
+// the API server or anything else outside this node. A full map never fails
+// /livez (a restart would not make room): readiness and the pressure metric
+// report it. The HTTP plumbing shared with the other servers is in http.ts.
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { closeServer, listen, send, type RunningServer } from './http.js';
 import type { AgentMetrics } from './metrics.js';
 import type { AgentView, CheckOutcome } from './view.js';
 
@@ -175,6 +177,11 @@ export class Health {
     if (view.desiredApplied()) return { ok: true };
     const s = view.sync();
     if (s.lastError !== undefined) return { ok: false, message: `the last sync failed: ${s.lastError}` };
+    if (s.notProgrammed !== undefined) {
+      const { count, first } = s.notProgrammed;
+      const named = first.map((n) => `${n.frontend} (${n.map})`).join(', ');
+      return { ok: false, message: `${count} frontend${count === 1 ? '' : 's'} not programmed for want of room: ${named}${count > first.length ? `, …` : ''}` };
+    }
     if (s.lastSuccess === undefined) return { ok: false, message: 'no sync has succeeded yet' };
     if (s.oldestPending !== undefined) {
       const age = this.now() - s.oldestPending;
@@ -272,34 +279,7 @@ export interface HealthServerOptions extends Partial<HealthOptions> {
   readonly metrics?: AgentMetrics;
 }
 
-export interface RunningServer {
-  readonly port: number;
-  close(): Promise<void>;
-}
-
-export async function listen(server: http.Server, port: number, host: string): Promise<number> {
-  await new Promise<void>((resolve, reject) => {
-    const onError = (err: Error): void => reject(err);
-    server.once('error', onError);
-    server.listen(port, host, () => {
-      server.off('error', onError);
-      resolve();
-    });
-  });
-  return (server.address() as AddressInfo).port;
-}
-
-export function closeServer(server: http.Server): Promise<void> {
-  return new Promise((resolve) => {
-    server.close(() => resolve());
-    server.closeAllConnections();
-  });
-}
-
-function send(res: http.ServerResponse, status: number, body: string, type = 'text/plain; charset=utf-8'): void {
-  res.writeHead(status, { 'Content-Type': type, 'X-Content-Type-Options': 'nosniff', 'Cache-Control': 'no-store' });
-  res.end(body);
-}
+export type { RunningServer };
 
 /** The health port: /livez, /readyz (and /<group>/<check>), /healthz. */
 export function healthHandler(health: Health, metrics?: AgentMetrics): http.RequestListener {

@@ -4,7 +4,7 @@
 // AgentMetrics, never prom-client's global one.
 import http from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, exponentialBuckets, linearBuckets } from 'prom-client';
-import { closeServer, listen, type RunningServer } from './health.js';
+import { closeServer, listen, type RunningServer } from './http.js';
 import type { AgentView } from './view.js';
 
 import { DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT } from '../defaults.js';
@@ -45,6 +45,9 @@ export class AgentMetrics {
   private readonly frontends: Gauge;
   private readonly backends: Gauge;
   private readonly mapErrors: Counter<'map'>;
+  private readonly mapPressure: Gauge<'map_name'>;
+  private readonly notProgrammed: Gauge<'map_name'>;
+  private readonly notProgrammedMaps = new Set<string>();
   private readonly events: Counter<'kind' | 'type'>;
   private readonly skippedObjects: Counter<'kind' | 'reason'>;
 
@@ -68,6 +71,8 @@ export class AgentMetrics {
     this.frontends = new Gauge({ name: 'lbctl_frontends', help: 'Frontends (address:port/protocol) programmed in the maps', registers });
     this.backends = new Gauge({ name: 'lbctl_backends', help: 'Backends programmed in the maps', registers });
     this.mapErrors = new Counter({ name: 'lbctl_map_operation_errors_total', help: 'Failed BPF map operations, by map', labelNames: ['map'], registers });
+    this.mapPressure = new Gauge({ name: 'lbctl_bpf_map_pressure', help: 'Fill of each BPF map the agent writes: entries in use / max_entries (1 is full)', labelNames: ['map_name'], registers });
+    this.notProgrammed = new Gauge({ name: 'lbctl_frontends_not_programmed', help: 'Frontends the last sync left out of the maps for want of room, by the map that had none', labelNames: ['map_name'], registers });
     this.events = new Counter({ name: 'lbctl_source_events_total', help: 'Objects added, updated or deleted in the source, by kind and type', labelNames: ['kind', 'type'], registers });
     this.skippedObjects = new Counter({ name: 'lbctl_skipped_objects_total', help: 'Objects left out of the desired state, by kind and reason', labelNames: ['kind', 'reason'], registers });
     const view = opts.view;
@@ -113,6 +118,20 @@ export class AgentMetrics {
     this.services.set(c.services);
     this.frontends.set(c.frontends);
     this.backends.set(c.backends);
+  }
+
+  /** After every sync: each map's entries in use / max_entries (Reconciler.pressure). */
+  setMapPressure(maps: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>): void {
+    for (const m of maps) if (m.maxEntries > 0) this.mapPressure.set({ map_name: m.map }, m.entries / m.maxEntries);
+  }
+
+  /** After every sync: frontends left out for want of room, by map (maps no longer named drop to 0). */
+  setNotProgrammed(byMap: Readonly<Record<string, number>>): void {
+    for (const map_name of this.notProgrammedMaps) this.notProgrammed.set({ map_name }, 0);
+    for (const [map_name, n] of Object.entries(byMap)) {
+      this.notProgrammed.set({ map_name }, n);
+      this.notProgrammedMaps.add(map_name);
+    }
   }
 
   mapError(map: string): void {

@@ -13,6 +13,14 @@ export interface SyncStats {
   /** Epoch ms of the oldest change not yet in the maps; undefined when none waits. */
   readonly oldestPending?: number;
   readonly inProgress: boolean;
+  /**
+   * Frontends the last sync could not program for want of room (a full map,
+   * or ids out): how many, and the first few by name. Undefined when none.
+   */
+  readonly notProgrammed?: {
+    readonly count: number;
+    readonly first: ReadonlyArray<{ readonly frontend: string; readonly map: string; readonly reason: string }>;
+  };
 }
 
 /** One frontend: what the agent intends versus what the maps hold. */
@@ -41,11 +49,16 @@ export interface AgentView {
   readonly startedAt: number;
   /** The source has delivered a complete initial state (informers synced / files read). */
   sourceSynced(): boolean;
-  /** Every change seen so far is in the maps and the last sync succeeded. */
+  /** Every change seen so far is in the maps, the last sync succeeded and left no frontend out for want of room. */
   desiredApplied(): boolean;
   /** Every program is attached through its pinned link. */
   datapathAttached(): CheckOutcome;
-  /** A write to a pinned map that changes nothing the datapath reads (Reconciler.probeWrite); passes with the map full. */
+  /**
+   * A write to a pinned map that changes nothing the datapath reads
+   * (Reconciler.probeWrite): proves the kernel takes the agent's map writes.
+   * Never fails for want of room: a full map is readiness' and the
+   * pressure metric's matter, not a reason to restart.
+   */
   canaryWrite(): CheckOutcome;
   sync(): SyncStats;
   /** This node's Node object has a deletionTimestamp. */
@@ -54,6 +67,8 @@ export interface AgentView {
   frontends(): FrontendStatus[];
   /** The datapath's per-CPU counters, summed (lb_metrics). */
   datapathCounters(): Record<string, bigint>;
+  /** Each map the agent writes: entries in use (its realized state) and max_entries. */
+  mapPressure(): ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
   /** Counts of what is programmed now. */
   counts(): { readonly services: number; readonly frontends: number; readonly backends: number };
 }

@@ -3,6 +3,12 @@
 // rather than lowest-free, so a freed id is not reused at once (a socket's
 // rev-NAT entry that names an old id is then detected as stale, not
 // mistaken for a new service). On start, ids are adopted from the maps.
+//
+// The range is the room of the maps the ids index (Reconciler: rev-NAT ids
+// 1..max_entries of the family's rev-NAT map; backend ids 1..the room of
+// both backend maps), so there are never more ids out than entries fit, and
+// freed ids come round again. An allocator out of ids is "no room", the same
+// as a full map: the caller leaves that frontend out and reports it.
 import { LbError } from '../errors.js';
 
 export class IdAllocator<K> {
@@ -12,9 +18,10 @@ export class IdAllocator<K> {
 
   constructor(
     readonly what: string,
-    private readonly min: number,
-    private readonly max: number,
+    readonly min: number,
+    readonly max: number,
   ) {
+    if (!Number.isInteger(min) || !Number.isInteger(max) || min < 0 || max < min) throw new RangeError(`${what} ids: bad range ${min}..${max}`);
     this.next = min;
   }
 
@@ -30,23 +37,37 @@ export class IdAllocator<K> {
     return this.byKey.entries();
   }
 
-
   /** Claims `id` for `key` (restore). False when either is already taken. */
   adopt(key: K, id: number): boolean {
-    if (id < this.min || id > this.max || this.byId.has(id) || this.byKey.has(key)) return false;
+    if (!this.inRange(id) || this.byId.has(id) || this.byKey.has(key)) return false;
     this.byKey.set(key, id);
     this.byId.set(id, key);
     if (id >= this.next) this.next = id === this.max ? this.min : id + 1;
     return true;
   }
 
+  /** How many ids the range holds. */
+  get span(): number {
+    return this.max - this.min + 1;
+  }
+
+  /** True when `id` is one this allocator could hand out. */
+  inRange(id: number): boolean {
+    return Number.isInteger(id) && id >= this.min && id <= this.max;
+  }
+
+  /** The id of `key`, or a new one; throws LbError ENOSPC when every id is in use. */
   acquire(key: K): number {
+    const id = this.tryAcquire(key);
+    if (id === undefined) throw new LbError(`out of ${this.what} ids: all ${this.span} are in use`, 'ENOSPC');
+    return id;
+  }
+
+  /** As acquire, but undefined when every id is in use. */
+  tryAcquire(key: K): number | undefined {
     const have = this.byKey.get(key);
     if (have !== undefined) return have;
-    const span = this.max - this.min + 1;
-    if (this.byId.size >= span) {
-      throw new LbError(`out of ${this.what} ids: all ${span} are in use`, 'ENOSPC');
-    }
+    if (this.byId.size >= this.span) return undefined;
     let id = this.next;
     while (this.byId.has(id)) id = id === this.max ? this.min : id + 1;
     this.next = id === this.max ? this.min : id + 1;

@@ -9,8 +9,17 @@
 //      entry, whose count makes them selectable; slots beyond a shrunk count
 //      are deleted only after the master stops counting them;
 //   3. wildcard (address-only) entries follow their frontends;
-//   4. removals run in reverse: master first (no new selection), then its
+//   4. a removal runs in reverse: master first (no new selection), then its
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
+// Removals of what is no longer desired come first, before any put: nothing
+// replaces them, and when a map is full the room they free is what lets the
+// puts in. A backend delete is planned on the assumption that the plan's
+// slot writes succeed, so the reconciler checks at apply time that no
+// realized slot still names it (and retries it after the puts); a rev-NAT
+// entry that a live master still names (it moves to a new id) is deleted
+// after the puts, only once that master no longer names it. Puts may fail
+// for want of room: the reconciler then skips the rest of that frontend
+// (its master stays as it was), so the order above holds per frontend.
 // Only differences are written, so a plan over unchanged state is empty. A
 // change sync plans only the frontends that changed; the realized state's
 // reference counts tell which backends and wildcards that left unused, so
@@ -19,13 +28,14 @@ import { serviceAddrKey, type Backend, type Family, type FrontendKey, type Servi
 import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import type { MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
-import { heldSlots, isWildcard, type RealizedFrontend, type RealizedState } from './realized.js';
+import { heldSlots, isWildcard, type LbMapName, type RealizedFrontend, type RealizedState } from './realized.js';
 
 export type MapOp =
   | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
   | { readonly kind: 'delete-backend'; readonly id: number; readonly family: Family }
-  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
-  | { readonly kind: 'delete-revnat'; readonly id: number; readonly family: Family }
+  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry; readonly key: FrontendKey }
+  /** namedBy: a live frontend whose realized master names this id (it moves to another): delete only once it no longer does. */
+  | { readonly kind: 'delete-revnat'; readonly id: number; readonly family: Family; readonly namedBy?: string }
   | { readonly kind: 'put-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
   | { readonly kind: 'delete-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number }
   | { readonly kind: 'put-master'; readonly key: string; readonly fe: ServiceAddr; readonly master: MasterEntry }
@@ -100,6 +110,20 @@ export interface PlanScope {
   readonly changed?: Iterable<FrontendKey>;
   /** Remove what the desired state does not hold. False: add and update only. */
   readonly prune: boolean;
+  /**
+   * Desired frontends to leave exactly as the maps hold them (they could not
+   * get their ids): neither written nor removed, and nothing they use in
+   * the maps (backends, rev-NAT entry, wildcard) is deleted.
+   */
+  readonly hold?: ReadonlySet<string>;
+  /**
+   * max_entries of the maps: a frontend whose new entries do not fit in the
+   * room left (after the removals this plan makes first, and the frontends
+   * planned before it) is held as the maps have it and listed in
+   * Plan.refused, rather than written in part. Maps not named: no limit
+   * (the kernel's E2BIG is then the reconciler's matter).
+   */
+  readonly maxEntries?: Partial<Record<LbMapName, number>>;
 }
 
 function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
@@ -108,7 +132,34 @@ function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
 
 const byFamily = (): Record<Family, MapOp[]> => ({ 4: [], 6: [] });
 
-export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): MapOp[] {
+/** A frontend the plan left as the maps hold it: its new entries do not fit in `map`. */
+export interface Refusal {
+  readonly map: LbMapName;
+  readonly reason: string;
+}
+
+export interface Plan {
+  readonly ops: MapOp[];
+  /** By frontend key: frontends left out because their new entries do not fit (PlanScope.maxEntries). */
+  readonly refused: ReadonlyMap<string, Refusal>;
+}
+
+/** The map an op writes. */
+export function opMapName(op: MapOp): LbMapName {
+  const f = opFamily(op);
+  switch (op.kind) {
+    case 'put-backend':
+    case 'delete-backend':
+      return `lb${f}_backends`;
+    case 'put-revnat':
+    case 'delete-revnat':
+      return `lb${f}_reverse_nat`;
+    default:
+      return `lb${f}_services`;
+  }
+}
+
+export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): Plan {
   const full = scope.changed === undefined;
   const backendPuts = byFamily();
   const revNatPuts = byFamily();
@@ -129,56 +180,18 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const slotDelta = full ? undefined : new Map<number, number>();
   const addrDelta = full ? undefined : new Map<string, number>();
 
-  const update = (fe: Frontend): void => {
-    const revNatId = ids.revNatId(fe);
+  const hold = scope.hold;
+  /** Rev-NAT ids that held frontends' masters name: a full plan keeps them. */
+  const heldRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+  /** Addresses of held frontends: their wildcards stay (but are not written for them). */
+  const wildcardsKept = new Set<string>();
+  const refused = new Map<string, Refusal>();
+  const keep = (fe: Frontend): void => {
+    wildcardsKept.add(fe.address);
     const have = r.frontends.get(fe.key);
-    const rn = r.revNat[fe.family].get(revNatId);
-    if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      revNatPuts[fe.family].push({ kind: 'put-revnat', id: revNatId, family: fe.family, entry: { address: fe.address, port: fe.port } });
-    }
-    // Slots: selectable backends, then terminating ones.
-    let slot = 0;
-    const put = (b: Backend): void => {
-      const id = ids.backendId(b);
-      if (!planned.has(id)) {
-        planned.add(id);
-        const hb = r.backends.get(id);
-        if (!hb || !sameBackend(hb, b)) backendPuts[b.family].push({ kind: 'put-backend', id, backend: b });
-      }
-      slot++;
-      const old = have?.slots[slot];
-      if (old === id) return;
-      slotPuts[fe.family].push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
-      bump(slotDelta, id, 1);
-      if (old !== undefined) bump(slotDelta, old, -1);
-    };
-    for (const b of fe.backends) put(b);
-    for (const b of fe.terminating) put(b);
-    const master: MasterEntry = {
-      count: fe.backends.length,
-      qcount: fe.terminating.length,
-      revNatId,
-      type: fe.type,
-      flags: masterFlags(fe),
-      affinityTimeout: fe.affinityTimeout,
-    };
-    if (!have?.master || !sameMaster(have.master, master)) masterPuts[fe.family].push({ kind: 'put-master', key: fe.key, fe, master });
-    if (have) {
-      for (const [s, old] of heldSlots(have)) {
-        if (s <= slot) continue;
-        shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
-        bump(slotDelta, old, -1);
-      }
-    } else {
-      bump(addrDelta, fe.address, 1);
-    }
-    if (!wildcardsSeen.has(fe.address)) {
-      wildcardsSeen.add(fe.address);
-      const wild = wildcardOf(fe.address, fe.family);
-      const wkey = serviceAddrKey(wild);
-      const hw = r.frontends.get(wkey);
-      if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) wildcardPuts[fe.family].push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
-    }
+    if (!have) return;
+    for (const [, id] of heldSlots(have)) planned.add(id);
+    if (have.master) heldRevNat[fe.family].add(have.master.revNatId);
   };
 
   const remove = (key: string, have: RealizedFrontend): void => {
@@ -193,23 +206,189 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     if (!full && id !== undefined && r.revNat[have.fe.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.fe.family });
   };
 
-  if (full) {
-    for (const fe of desired.values()) update(fe);
-    for (const [key, have] of r.frontends) {
-      if (!isWildcard(have.fe) && !desired.has(key as FrontendKey) && scope.prune) remove(key, have);
-    }
-  } else {
-    for (const key of scope.changed!) {
-      const fe = desired.get(key);
-      if (fe) update(fe);
-      else if (scope.prune) {
-        const have = r.frontends.get(key);
+  // Removals first: the room they free counts for the puts.
+  if (scope.prune) {
+    if (full) {
+      for (const [key, have] of r.frontends) if (!isWildcard(have.fe) && !desired.has(key as FrontendKey)) remove(key, have);
+    } else {
+      for (const key of scope.changed!) {
+        const have = desired.has(key) ? undefined : r.frontends.get(key);
         if (have) remove(key, have);
       }
     }
   }
 
+  /**
+   * Free entries per map of known size: max_entries minus what the maps
+   * hold, plus what the removals above delete (the rest of what this plan
+   * deletes is not counted: a frontend that fits only then waits for the
+   * next sync).
+   */
+  const room = new Map<LbMapName, number>();
+  for (const [map, max] of Object.entries(scope.maxEntries ?? {}) as Array<[LbMapName, number]>) room.set(map, max - r.entries(map));
+  for (const op of removals) room.set(opMapName(op), (room.get(opMapName(op)) ?? Number.POSITIVE_INFINITY) + 1);
+  for (const op of revNatDeletes) room.set(opMapName(op), (room.get(opMapName(op)) ?? Number.POSITIVE_INFINITY) + 1);
+
+  const update = (fe: Frontend): void => {
+    if (hold?.has(fe.key)) return keep(fe);
+    const revNatId = ids.revNatId(fe);
+    const have = r.frontends.get(fe.key);
+    const f = fe.family;
+    // This frontend's writes, and the new keys they add per map: committed
+    // only if they all fit, so a frontend is written whole or not at all.
+    const mine: { backend: MapOp[]; revNat: MapOp[]; slot: MapOp[]; master: MapOp[]; shrink: MapOp[]; wildcard: MapOp[] } = {
+      backend: [], revNat: [], slot: [], master: [], shrink: [], wildcard: [],
+    };
+    const need = new Map<LbMapName, number>();
+    const add = (map: LbMapName): void => void need.set(map, (need.get(map) ?? 0) + 1);
+    const slotBumps: Array<[number, number]> = [];
+    const newBackends: number[] = [];
+
+    const rn = r.revNat[f].get(revNatId);
+    if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
+      mine.revNat.push({ kind: 'put-revnat', id: revNatId, family: f, entry: { address: fe.address, port: fe.port }, key: fe.key });
+      if (!rn) add(`lb${f}_reverse_nat`);
+    }
+    // Slots: selectable backends, then terminating ones.
+    let slot = 0;
+    const put = (b: Backend): void => {
+      const id = ids.backendId(b);
+      if (!planned.has(id) && !newBackends.includes(id)) {
+        const hb = r.backends.get(id);
+        if (!hb || !sameBackend(hb, b)) {
+          mine.backend.push({ kind: 'put-backend', id, backend: b });
+          if (!hb) add(`lb${b.family}_backends`);
+        }
+        newBackends.push(id);
+      }
+      slot++;
+      const old = have?.slots[slot];
+      if (old === id) return;
+      mine.slot.push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
+      if (old === undefined) add(`lb${f}_services`);
+      slotBumps.push([id, 1]);
+      if (old !== undefined) slotBumps.push([old, -1]);
+    };
+    for (const b of fe.backends) put(b);
+    for (const b of fe.terminating) put(b);
+    const master: MasterEntry = {
+      count: fe.backends.length,
+      qcount: fe.terminating.length,
+      revNatId,
+      type: fe.type,
+      flags: masterFlags(fe),
+      affinityTimeout: fe.affinityTimeout,
+    };
+    if (!have?.master || !sameMaster(have.master, master)) {
+      mine.master.push({ kind: 'put-master', key: fe.key, fe, master });
+      if (!have?.master) add(`lb${f}_services`);
+    }
+    if (have) {
+      for (const [s, old] of heldSlots(have)) {
+        if (s <= slot) continue;
+        mine.shrink.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
+        slotBumps.push([old, -1]);
+      }
+    }
+    const wildcardNew = !wildcardsSeen.has(fe.address);
+    if (wildcardNew) {
+      const wild = wildcardOf(fe.address, f);
+      const wkey = serviceAddrKey(wild);
+      const hw = r.frontends.get(wkey);
+      if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) {
+        mine.wildcard.push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
+        if (!hw?.master) add(`lb${f}_services`);
+      }
+    }
+
+    for (const [map, n] of need) {
+      const free = room.get(map);
+      if (free === undefined || n <= free) continue;
+      refused.set(fe.key, { map, reason: `${map} is full: ${Math.max(0, free)} free of ${scope.maxEntries![map]} entries, ${fe.key} needs ${n} more` });
+      return keep(fe);
+    }
+    for (const [map, n] of need) if (room.has(map)) room.set(map, room.get(map)! - n);
+    for (const id of newBackends) planned.add(id);
+    for (const [id, by] of slotBumps) bump(slotDelta, id, by);
+    if (!have) bump(addrDelta, fe.address, 1);
+    if (wildcardNew) wildcardsSeen.add(fe.address);
+    for (const o of mine.backend) backendPuts[opFamily(o)].push(o);
+    append(revNatPuts[f], mine.revNat);
+    append(slotPuts[f], mine.slot);
+    append(masterPuts[f], mine.master);
+    append(shrinks, mine.shrink);
+    append(wildcardPuts[f], mine.wildcard);
+  };
+
+  if (full) {
+    for (const fe of desired.values()) update(fe);
+  } else {
+    for (const key of scope.changed!) {
+      const fe = desired.get(key);
+      if (fe) update(fe);
+    }
+  }
+
   const ops: MapOp[] = [];
+  const lateRevNatDeletes: MapOp[] = [];
+  if (scope.prune) {
+    // Removals, in reverse order of creation: frontends (master first, so no
+    // new selection, then slots), their rev-NAT entries, wildcards of
+    // addresses left with no frontend, backends no slot names any more.
+    append(ops, removals);
+    if (full) {
+      const used: Record<Family, Set<number>> = { 4: heldRevNat[4], 6: heldRevNat[6] };
+      /** Rev-NAT ids that live masters name now, by the frontend naming them. */
+      const named: Record<Family, Map<number, string>> = { 4: new Map(), 6: new Map() };
+      for (const fe of desired.values()) {
+        if (hold?.has(fe.key)) continue;
+        used[fe.family].add(ids.revNatId(fe));
+        const id = r.frontends.get(fe.key)?.master?.revNatId;
+        if (id !== undefined) named[fe.family].set(id, fe.key);
+      }
+      for (const family of [4, 6] as const) {
+        for (const id of r.revNat[family].keys()) {
+          if (used[family].has(id)) continue;
+          const namedBy = named[family].get(id);
+          if (namedBy === undefined) revNatDeletes.push({ kind: 'delete-revnat', id, family });
+          else lateRevNatDeletes.push({ kind: 'delete-revnat', id, family, namedBy });
+        }
+      }
+    }
+    append(ops, revNatDeletes);
+    const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && !wildcardsKept.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
+    const dropWildcard = (key: string, have: RealizedFrontend): void => {
+      if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
+      for (const [s, old] of heldSlots(have)) {
+        ops.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
+        bump(slotDelta, old, -1);
+      }
+    };
+    if (full) {
+      for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
+    } else {
+      for (const [addr, d] of addrDelta!) {
+        if (d >= 0 || !unused(addr)) continue;
+        const family: Family = addr.includes(':') ? 6 : 4;
+        const wild = wildcardOf(addr, family);
+        const key = serviceAddrKey(wild);
+        const have = r.frontends.get(key);
+        if (have) dropWildcard(key, have);
+      }
+    }
+    // Backends: a full plan looks at every one, a change sync at those it unlinked.
+    // (Unused once this plan's slot writes are done: the reconciler checks
+    // at apply time that no slot still names one.)
+    const unlinked = (id: number): boolean => !planned.has(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
+    if (full) {
+      for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+    } else {
+      for (const [id, d] of slotDelta!) {
+        const b = r.backends.get(id);
+        if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
+      }
+    }
+  }
   for (const list of [backendPuts, revNatPuts, slotPuts, masterPuts]) {
     append(ops, list[4]);
     append(ops, list[6]);
@@ -217,49 +396,6 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   append(ops, shrinks);
   append(ops, wildcardPuts[4]);
   append(ops, wildcardPuts[6]);
-  if (!scope.prune) return ops;
-
-  // Removals, in reverse order of creation: frontends (master first, so no
-  // new selection, then slots), their rev-NAT entries, wildcards of
-  // addresses left with no frontend, backends no slot names any more.
-  append(ops, removals);
-  if (full) {
-    const used: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
-    for (const fe of desired.values()) used[fe.family].add(ids.revNatId(fe));
-    for (const family of [4, 6] as const) {
-      for (const id of r.revNat[family].keys()) if (!used[family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family });
-    }
-  }
-  append(ops, revNatDeletes);
-  const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
-  const dropWildcard = (key: string, have: RealizedFrontend): void => {
-    if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
-    for (const [s, old] of heldSlots(have)) {
-      ops.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
-      bump(slotDelta, old, -1);
-    }
-  };
-  if (full) {
-    for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
-  } else {
-    for (const [addr, d] of addrDelta!) {
-      if (d >= 0 || !unused(addr)) continue;
-      const family: Family = addr.includes(':') ? 6 : 4;
-      const wild = wildcardOf(addr, family);
-      const key = serviceAddrKey(wild);
-      const have = r.frontends.get(key);
-      if (have) dropWildcard(key, have);
-    }
-  }
-  // Backends: a full plan looks at every one, a change sync at those it unlinked.
-  const unlinked = (id: number): boolean => !planned.has(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
-  if (full) {
-    for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
-  } else {
-    for (const [id, d] of slotDelta!) {
-      const b = r.backends.get(id);
-      if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
-    }
-  }
-  return ops;
+  append(ops, lateRevNatDeletes);
+  return { ops, refused };
 }

@@ -3,10 +3,16 @@
 // successful write. Two reference counts ride along, so a change sync can
 // tell whether a backend or an address is still in use without walking
 // every frontend: how many slots name each backend, and how many frontends
-// (wildcards aside) sit at each address.
+// (wildcards aside) sit at each address. It also counts the entries of each
+// map it mirrors, so the map pressure (entries in use / max_entries) costs
+// nothing to report.
 import type { Backend, Family } from '../lb/types.js';
 import type { MapsDump, MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
 import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
+import type { LB_MAP_NAMES } from '../datapath/maps.js';
+
+/** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
+export type LbMapName = (typeof LB_MAP_NAMES)[number];
 
 export interface RealizedFrontend {
   readonly fe: ServiceAddr;
@@ -45,6 +51,9 @@ export class RealizedState {
   readonly slotRefs = new Map<number, number>();
   /** address → how many frontends (not wildcards) have an entry there. */
   readonly addrRefs = new Map<string, number>();
+  /** Entries of lb{4,6}_services (masters, slots and wildcards) and lb{4,6}_backends, by family. */
+  readonly serviceEntries: Record<Family, number> = { 4: 0, 6: 0 };
+  readonly backendEntries: Record<Family, number> = { 4: 0, 6: 0 };
 
   static from(dump: MapsDump): RealizedState {
     const r = new RealizedState();
@@ -53,9 +62,32 @@ export class RealizedState {
       if (e.slot === 0) r.putMaster(key, e.fe, e.master!);
       else if (e.backendId !== undefined) r.putSlot(key, e.fe, e.slot, e.backendId);
     }
-    for (const { id, backend } of dump.backends) r.backends.set(id, backend);
+    for (const { id, backend } of dump.backends) r.setBackend(id, backend);
     for (const e of dump.revNat) r.revNat[e.family].set(e.id, { address: e.address, port: e.port });
     return r;
+  }
+
+  /** Entries of one map, as the realized state holds them. */
+  entries(map: LbMapName): number {
+    const family: Family = map.startsWith('lb6') ? 6 : 4;
+    if (map.endsWith('_services')) return this.serviceEntries[family];
+    if (map.endsWith('_backends')) return this.backendEntries[family];
+    return this.revNat[family].size;
+  }
+
+  setBackend(id: number, b: Backend): void {
+    const old = this.backends.get(id);
+    if (old) this.backendEntries[old.family]--;
+    this.backends.set(id, b);
+    this.backendEntries[b.family]++;
+  }
+
+  deleteBackend(id: number): Backend | undefined {
+    const old = this.backends.get(id);
+    if (!old) return undefined;
+    this.backends.delete(id);
+    this.backendEntries[old.family]--;
+    return old;
   }
 
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
@@ -63,6 +95,7 @@ export class RealizedState {
     const old = slots[slot];
     if (old === backendId) return;
     if (old !== undefined) bump(this.slotRefs, old, -1);
+    else this.serviceEntries[fe.family]++;
     while (slots.length < slot) slots.push(undefined);
     slots[slot] = backendId;
     bump(this.slotRefs, backendId, 1);
@@ -73,18 +106,22 @@ export class RealizedState {
     const old = e?.slots[slot];
     if (!e || old === undefined) return;
     e.slots[slot] = undefined;
+    this.serviceEntries[e.fe.family]--;
     while (e.slots.length > 1 && e.slots[e.slots.length - 1] === undefined) e.slots.pop();
     bump(this.slotRefs, old, -1);
     this.dropIfEmpty(key, e);
   }
 
   putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
-    this.entry(key, fe).master = master;
+    const e = this.entry(key, fe);
+    if (!e.master) this.serviceEntries[fe.family]++;
+    e.master = master;
   }
 
   deleteMaster(key: string): void {
     const e = this.frontends.get(key);
-    if (!e) return;
+    if (!e?.master) return;
+    this.serviceEntries[e.fe.family]--;
     delete e.master;
     this.dropIfEmpty(key, e);
   }

@@ -2,6 +2,15 @@
 // succeeds, so a failed sync leaves an exact record of what the kernel
 // holds, and the next sync (a full re-plan) finishes the job. Writes are
 // idempotent: re-running any prefix of a plan is harmless.
+//
+// "No room" fails one frontend, not the sync. With the maps' sizes known, a
+// frontend whose ids run out, or whose new entries do not fit in the room
+// left, is not written at all (the plan holds it as the maps have it). A put
+// the kernel still refuses (E2BIG/ENOSPC: entries written behind the agent's
+// back, sizes unknown) skips the rest of that frontend (its master is not
+// written, so it stays unselectable or keeps its previous version). Either
+// way the sync goes on with the others, and the result names what was not
+// programmed and why. Any other write error stops the sync.
 import { LbError } from '../errors.js';
 import type { LbMaps } from '../datapath/lbmaps.js';
 import { PartialWriteError, type LbWrite } from '../datapath/lbmaps.js';
@@ -9,8 +18,8 @@ import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family,
 import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
-import { opFamily, plan, type MapOp } from './plan.js';
-import { RealizedState } from './realized.js';
+import { opFamily, opMapName, plan, type MapOp } from './plan.js';
+import { RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
   /**
@@ -36,6 +45,57 @@ export interface SyncResult {
   readonly removedBackends: readonly Backend[];
   /** Where the sync's time went, in ms: assigning ids, planning, writing (with the bookkeeping). */
   readonly phasesMs: { readonly ids: number; readonly plan: number; readonly apply: number };
+  /**
+   * Frontends (and wildcard entries) this sync could not program for want of
+   * room, one each, in plan order. Empty when everything desired is in the
+   * maps. They stay as the maps held them (absent, or their previous version).
+   */
+  readonly notProgrammed: readonly NotProgrammed[];
+}
+
+/** A frontend left out of the maps for want of room. */
+export interface NotProgrammed {
+  /** "10.96.0.10:80/TCP" (a wildcard entry: "10.96.0.10:0/ANY"). */
+  readonly frontend: string;
+  /** The map that had no room, or whose ids ran out. */
+  readonly map: LbMapName;
+  /** What failed, in words: the write or the allocator, and the kernel's error. */
+  readonly reason: string;
+}
+
+/** A map's fill: entries the realized state holds / its max_entries. */
+export interface MapPressure {
+  readonly map: LbMapName;
+  readonly entries: number;
+  readonly maxEntries: number;
+}
+
+export interface ReconcilerOptions {
+  /**
+   * max_entries of the maps (BpfMap.maxEntries of the loaded maps). The id
+   * ranges follow them: rev-NAT ids 1..max_entries of the family's rev-NAT
+   * map, backend ids 1..the room of both backend maps (one id space serves
+   * both families). Unknown: ids span 32 bits and pressure() omits the map.
+   */
+  readonly maxEntries?: Partial<Record<LbMapName, number>>;
+}
+
+/** The kernel's (or an allocator's) answer when a map has no room for a new key. */
+export function isNoRoom(err: unknown): boolean {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  return code === 'E2BIG' || code === 'ENOSPC';
+}
+
+const MAP_NAMES: readonly LbMapName[] = ['lb4_services', 'lb6_services', 'lb4_backends', 'lb6_backends', 'lb4_reverse_nat', 'lb6_reverse_nat'];
+
+/** Per-sync record of what failed for want of room. */
+interface Refusals {
+  /** By frontend key. */
+  readonly frontends: Map<string, NotProgrammed>;
+  /** Backends whose put found no room: a slot naming one fails its frontend. */
+  readonly backends: Map<number, { map: LbMapName; reason: string }>;
+  /** Maps that answered "no room" this sync: their remaining puts go one by one. */
+  readonly full: Set<LbMapName>;
 }
 
 export class SyncError extends LbError {
@@ -95,19 +155,47 @@ export class Reconciler {
   private clean = false;
   /** Backends deleted by the sync in progress. */
   private readonly removed: Backend[] = [];
-  readonly backendIds = new IdAllocator<BackendIdKey>('backend', 1, 0xffffffff);
-  readonly revNatIds: Record<Family, IdAllocator<FrontendKey>> = {
-    4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, 0xffffffff),
-    6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, 0xffffffff),
-  };
+  readonly backendIds: IdAllocator<BackendIdKey>;
+  readonly revNatIds: Record<Family, IdAllocator<FrontendKey>>;
+  private readonly maxEntries: Partial<Record<LbMapName, number>>;
 
-  constructor(private readonly maps: LbMaps) {}
+  constructor(
+    private readonly maps: LbMaps,
+    opts: ReconcilerOptions = {},
+  ) {
+    this.maxEntries = opts.maxEntries ?? {};
+    const cap = (name: LbMapName): number => {
+      const n = this.maxEntries[name];
+      return n !== undefined && Number.isInteger(n) && n > 0 ? Math.min(n, 0xffffffff) : 0xffffffff;
+    };
+    const backends = this.maxEntries.lb4_backends !== undefined && this.maxEntries.lb6_backends !== undefined ? cap('lb4_backends') + cap('lb6_backends') : 0xffffffff;
+    this.backendIds = new IdAllocator<BackendIdKey>('backend', 1, Math.min(backends, 0xffffffff));
+    this.revNatIds = {
+      4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, cap('lb4_reverse_nat')),
+      6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, cap('lb6_reverse_nat')),
+    };
+  }
+
+  /** Each map of known size: entries the realized state holds, and max_entries. */
+  pressure(): MapPressure[] {
+    const out: MapPressure[] = [];
+    for (const map of MAP_NAMES) {
+      const maxEntries = this.maxEntries[map];
+      if (maxEntries !== undefined) out.push({ map, entries: this.realizedState.entries(map), maxEntries });
+    }
+    return out;
+  }
 
   get realized(): RealizedState {
     return this.realizedState;
   }
 
-  /** Reads the maps back and adopts their ids, so unchanged state is not rewritten. */
+  /**
+   * Reads the maps back and adopts their ids, so unchanged state is not
+   * rewritten. An id outside its allocator's range (the maps were smaller,
+   * or written by an older lbctl) is not adopted: the next sync gives that
+   * frontend or backend a new id and rewrites what names it.
+   */
   restore(): { frontends: number; backends: number } {
     this.realizedState = RealizedState.from(this.maps.dump());
     this.clean = false;
@@ -127,10 +215,13 @@ export class Reconciler {
    * rev-NAT entry the realized state holds with exactly the bytes it holds
    * (BPF_EXIST): a write the datapath cannot tell from no write, that needs
    * no free room, so a full map does not fail liveness (a restart would not
-   * give it room). With no such entry (or one that drifted away), the map
-   * has room for id 0, which the allocators never hand out: it is written
-   * and deleted. Runs between syncs (a sync is synchronous), so no sync's
-   * write is ever interleaved with it. Throws the kernel's error.
+   * give it room). With no such entry (or one that drifted away) it writes
+   * and deletes id 0, which the allocators never hand out; should that find
+   * the map full (entries written behind the agent's back), the kernel
+   * answered, and that is all liveness asks: no room is a matter for
+   * readiness and the pressure metric, never a reason to restart. Runs
+   * between syncs (a sync is synchronous), so no sync's write is ever
+   * interleaved with it. Throws the kernel's other errors.
    */
   probeWrite(): void {
     for (const [id, entry] of this.realizedState.revNat[4]) {
@@ -143,7 +234,12 @@ export class Reconciler {
       }
     }
     const none = { address: '0.0.0.0', port: 0 };
-    this.maps.putRevNat(0, 4, none);
+    try {
+      this.maps.putRevNat(0, 4, none);
+    } catch (err) {
+      if (isNoRoom(err)) return;
+      throw err;
+    }
     this.maps.deleteRevNat(0, 4);
   }
 
@@ -158,22 +254,42 @@ export class Reconciler {
   }
 
   /**
-   * Plans desired vs realized and applies the plan in order; throws SyncError
-   * at the first failed write. A change sync (options.changed, maps clean)
-   * plans the changed frontends only: it costs what changed, not what
-   * exists. A full plan runs otherwise.
+   * Plans desired vs realized and applies the plan in order. A frontend that
+   * finds no room (its ids, or a put the kernel refuses with E2BIG/ENOSPC)
+   * is left out and listed in the result; any other failed write throws
+   * SyncError. A change sync (options.changed, maps clean) plans the changed
+   * frontends only: it costs what changed, not what exists. A full plan runs
+   * otherwise.
    */
   sync(desired: DesiredState, options: SyncOptions): SyncResult {
     const t0 = performance.now();
     const changed = this.clean ? options.changed : undefined;
     this.clean = false;
     this.removed.length = 0;
+    const refused: Refusals = { frontends: new Map(), backends: new Map(), full: new Set() };
+    // Frontends that could not get their ids: the plan leaves them as they are.
+    const hold = new Set<string>();
     // Ids by Backend object for this sync: one key string and one lookup per backend.
     const backendIds = new Map<Backend, number>();
+    const outOfIds = (fe: Frontend, map: LbMapName, alloc: IdAllocator<unknown>): void => {
+      hold.add(fe.key);
+      refused.frontends.set(fe.key, { frontend: fe.key, map, reason: `no free ${alloc.what} id: all ${alloc.span} are in use` });
+    };
+    const acquireBackends = (fe: Frontend, list: readonly Backend[]): boolean => {
+      for (const b of list) {
+        const id = this.backendIds.tryAcquire(backendIdKey(b));
+        if (id === undefined) {
+          outOfIds(fe, `lb${b.family}_backends`, this.backendIds);
+          return false;
+        }
+        backendIds.set(b, id);
+      }
+      return true;
+    };
     const acquire = (fe: Frontend): void => {
-      this.revNatIds[fe.family].acquire(fe.key);
-      for (const b of fe.backends) backendIds.set(b, this.backendIds.acquire(backendIdKey(b)));
-      for (const b of fe.terminating) backendIds.set(b, this.backendIds.acquire(backendIdKey(b)));
+      const revNat = this.revNatIds[fe.family];
+      if (revNat.tryAcquire(fe.key) === undefined) return outOfIds(fe, `lb${fe.family}_reverse_nat`, revNat);
+      if (acquireBackends(fe, fe.backends)) acquireBackends(fe, fe.terminating);
     };
     if (changed) {
       for (const key of changed) {
@@ -184,61 +300,103 @@ export class Reconciler {
       for (const fe of desired.values()) acquire(fe);
     }
     const t1 = performance.now();
-    const ops = plan(
+    const { ops, refused: tooBig } = plan(
       this.realizedState,
       desired,
       {
         backendId: (b) => backendIds.get(b)!,
         revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
       },
-      { prune: options.prune, ...(changed ? { changed } : {}) },
+      { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}), maxEntries: this.maxEntries },
     );
+    for (const [frontend, { map, reason }] of tooBig) refused.frontends.set(frontend, { frontend, map, reason });
 
     const t2 = performance.now();
     const byKind: Record<string, number> = {};
     let applied_ = 0;
+    const count = (op: MapOp, n = 1): void => {
+      byKind[op.kind] = (byKind[op.kind] ?? 0) + n;
+      applied_ += n;
+    };
+    /** Backend deletes that a realized slot still named: tried again after the puts. */
+    const deferred: MapOp[] = [];
+    /** Deletes left undone because something still names what they would delete. */
+    let heldBack = 0;
     let ok = false;
     try {
       for (let i = 0; i < ops.length; ) {
-        const run = this.batchAt(ops, i);
-        if (run > 1) {
-          const batch = ops.slice(i, i + run) as Array<MapOp & LbWrite>;
+        const end = this.runEnd(ops, i, refused);
+        const batch: Array<MapOp & LbWrite> = [];
+        const at: number[] = [];
+        for (let j = i; j < end; j++) {
+          const op = ops[j]!;
+          const verdict = this.admit(op, refused);
+          if (verdict === 'defer') deferred.push(op);
+          else if (verdict === 'write') {
+            batch.push(op as MapOp & LbWrite);
+            at.push(j);
+          }
+        }
+        if (batch.length > 1) {
           try {
             this.maps.putMany!(batch);
           } catch (err) {
             const written = err instanceof PartialWriteError ? err.written : 0;
             for (let k = 0; k < written; k++) this.note(batch[k]!);
-            if (written > 0) byKind[batch[0]!.kind] = (byKind[batch[0]!.kind] ?? 0) + written;
-            applied_ += written;
+            if (written > 0) count(batch[0]!, written);
             const failed = batch[written] ?? batch[0]!;
             const cause = err instanceof PartialWriteError && err.cause ? err.cause : err;
+            if (written < batch.length && isNoRoom(cause)) {
+              this.refuse(failed, cause, refused);
+              i = at[written]! + 1;
+              continue;
+            }
             throw new SyncError(`${describeOp(failed)}: ${(err as Error).message}`, failed, applied_, { cause });
           }
           for (const op of batch) this.note(op);
-          byKind[batch[0]!.kind] = (byKind[batch[0]!.kind] ?? 0) + run;
-          applied_ += run;
-          i += run;
+          count(batch[0]!, batch.length);
+          i = end;
           continue;
         }
-        const op = ops[i]!;
+        i = end;
+        const op = batch[0];
+        if (!op) continue;
+        try {
+          this.apply(op);
+        } catch (err) {
+          if (isNoRoom(err) && op.kind.startsWith('put-')) {
+            this.refuse(op, err, refused);
+            continue;
+          }
+          throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied_, { cause: err });
+        }
+        count(op);
+      }
+      // Backend deletes whose slots were rewritten meanwhile; what a slot
+      // still names (its frontend's put failed) stays for the next sync.
+      for (const op of deferred) {
+        if (this.admit(op, refused) !== 'write') {
+          heldBack++;
+          continue;
+        }
         try {
           this.apply(op);
         } catch (err) {
           throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied_, { cause: err });
         }
-        applied_++;
-        byKind[op.kind] = (byKind[op.kind] ?? 0) + 1;
-        i++;
+        count(op);
       }
       ok = true;
     } finally {
-      // A change sync frees exactly the ids of what it deleted; a full one
-      // (or a failed one) looks at every id.
-      // (A failed change sync frees nothing: the full sync after it does.)
-      if (ok && changed) this.releaseDeleted(ops, changed, desired);
-      else if (!changed) this.releaseUnused(desired, new Set(backendIds.values()));
+      // A complete change sync frees exactly the ids of what it deleted.
+      // Otherwise every id is looked at (the realized state says what the
+      // maps still hold); a change sync that failed outright frees nothing:
+      // the full sync after it does.
+      const complete = ok && refused.frontends.size === 0 && refused.backends.size === 0 && heldBack === 0;
+      if (complete && changed) this.releaseDeleted(ops, changed, desired);
+      else if (!changed || ok) this.releaseUnused(desired, new Set(backendIds.values()));
+      this.clean = complete && options.prune;
     }
-    this.clean = options.prune;
     const ms = (x: number): number => Math.round(x * 1000) / 1000;
     return {
       planned: ops.length,
@@ -246,20 +404,64 @@ export class Reconciler {
       byKind,
       removedBackends: this.removed.splice(0),
       phasesMs: { ids: ms(t1 - t0), plan: ms(t2 - t1), apply: ms(performance.now() - t2) },
+      notProgrammed: [...refused.frontends.values()],
     };
   }
 
-  /** How many ops from `i` on can go in one batch: puts of one kind and family (1: write it alone). */
-  private batchAt(ops: readonly MapOp[], i: number): number {
-    if (!this.maps.putMany) return 1;
+  /**
+   * Whether to write `op` now: 'skip' when its frontend already failed for
+   * want of room (or a slot would name a backend that found none, which
+   * fails the frontend), 'defer' for a backend delete that a realized slot
+   * still names (it is retried after the puts), 'write' otherwise.
+   */
+  private admit(op: MapOp, refused: Refusals): 'write' | 'skip' | 'defer' {
+    const r = this.realizedState;
+    switch (op.kind) {
+      case 'put-backend':
+        return 'write';
+      case 'delete-backend':
+        return (r.slotRefs.get(op.id) ?? 0) > 0 ? 'defer' : 'write';
+      case 'delete-revnat':
+        // Only once the live master that named it has moved to its new id.
+        return op.namedBy !== undefined && r.frontends.get(op.namedBy)?.master?.revNatId === op.id ? 'skip' : 'write';
+      case 'put-slot': {
+        if (refused.frontends.has(op.key)) return 'skip';
+        const b = refused.backends.get(op.backendId);
+        if (!b) return 'write';
+        refused.frontends.set(op.key, { frontend: op.key, map: b.map, reason: b.reason });
+        return 'skip';
+      }
+      default:
+        return refused.frontends.has(op.key) ? 'skip' : 'write';
+    }
+  }
+
+  /** Records a put the kernel refused for want of room: its frontend (for a backend: each frontend a slot of this plan would point at it) is not programmed. */
+  private refuse(op: MapOp, err: unknown, refused: Refusals): void {
+    const map = opMapName(op);
+    refused.full.add(map);
+    const reason = `${describeOp(op)}: ${(err as Error).message}`;
+    if (op.kind === 'put-backend') refused.backends.set(op.id, { map, reason });
+    else if ('key' in op && !refused.frontends.has(op.key)) refused.frontends.set(op.key, { frontend: op.key, map, reason });
+  }
+
+  /**
+   * The end (exclusive) of the run starting at `i` that goes in one batch:
+   * puts of one kind and family, to a map that has not answered "no room"
+   * this sync (after that, one by one: a batch that fails at its first entry
+   * would be encoded again for every entry). i + 1: write it alone.
+   */
+  private runEnd(ops: readonly MapOp[], i: number, refused: Refusals): number {
+    if (!this.maps.putMany) return i + 1;
     const first = ops[i]!;
     const kind = first.kind;
-    if (kind !== 'put-backend' && kind !== 'put-revnat' && kind !== 'put-slot' && kind !== 'put-master') return 1;
+    if (kind !== 'put-backend' && kind !== 'put-revnat' && kind !== 'put-slot' && kind !== 'put-master') return i + 1;
+    if (refused.full.has(opMapName(first))) return i + 1;
     const fam = opFamily(first);
     const end = Math.min(ops.length, i + MAX_BATCH);
     let j = i + 1;
     while (j < end && ops[j]!.kind === kind && opFamily(ops[j]!) === fam) j++;
-    return j - i;
+    return j;
   }
 
   private releaseDeleted(ops: readonly MapOp[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
@@ -307,12 +509,11 @@ export class Reconciler {
     const r = this.realizedState;
     switch (op.kind) {
       case 'put-backend':
-        r.backends.set(op.id, op.backend);
+        r.setBackend(op.id, op.backend);
         break;
       case 'delete-backend': {
-        const gone = r.backends.get(op.id);
+        const gone = r.deleteBackend(op.id);
         if (gone) this.removed.push(gone);
-        r.backends.delete(op.id);
         break;
       }
       case 'put-revnat':

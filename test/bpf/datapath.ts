@@ -91,7 +91,7 @@ t.test('map sizes are set at load, and a pinned map of another size is refused b
   t.equal(dp.object.map('lb4_reverse_nat').maxEntries, 4, 'one rev-NAT id per frontend');
   t.equal(dp.object.map('lb4_sock_revnat').maxEntries, 1024);
 
-  // Full maps: the sync fails naming the write, and what was there stays.
+  // Full maps: what does not fit is reported by name, and what was there stays.
   const r = new Reconciler(dp.maps);
   r.sync(model(4, 1), { prune: true });
   t.equal(r.sync(model(4, 1), { prune: true }).planned, 0, 'as many frontends as --max-services fit, wildcards and all');
@@ -112,7 +112,9 @@ t.test('map sizes are set at load, and a pinned map of another size is refused b
   t.throws(() => dp.maps.putRevNat(0, 4, { address: '0.0.0.0', port: 0 }), { code: 'E2BIG' }, 'where a new entry (the old canary) has no room');
   r.sync(model(2, 1), { prune: true });
   const before = JSON.stringify(dumpMaps(openPinnedMaps(root).maps));
-  t.throws(() => r.sync(model(5, 1), { prune: true }), { code: 'ESYNC', message: /E2BIG|ENOSPC|too long|No space/ });
+  const over = r.sync(model(5, 1), { prune: true });
+  t.ok(over.notProgrammed.length > 0, `a full map does not stop the sync: ${over.notProgrammed.length} frontends reported not programmed`);
+  t.ok(over.notProgrammed.every((n) => /E2BIG|ENOSPC|too long|No space/.test(n.reason)), 'each naming the kernel’s "no room"');
   const pinned = openPinnedMaps(root);
   const list = lbList(dumpMaps(pinned.maps));
   pinned.close();

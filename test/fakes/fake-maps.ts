@@ -1,12 +1,21 @@
 // An in-memory LbMaps that records every write and can be told to fail one,
-// for reconciler tests that check order and failure handling.
+// for reconciler tests that check order and failure handling. With
+// `maxEntries`, a map behaves as a full BPF hash map does: a put of a new
+// key beyond max_entries fails with E2BIG, a put of an existing key (and a
+// delete) still works (test/native/maps.ts checks this of the kernel).
 import type { LbMaps, MapsDump, MasterEntry, RevNatEntry, ServiceEntry } from '../../src/datapath/lbmaps.js';
 import { serviceAddrKey, type ServiceAddr } from '../../src/lb/types.js';
 import type { Backend, Family } from '../../src/lb/types.js';
+import type { LbMapName } from '../../src/reconcile/realized.js';
 
 export interface Call {
   readonly method: string;
   readonly what: string;
+}
+
+/** The kernel's error for a put of a new key into a full hash map. */
+export function e2big(map: string): Error {
+  return Object.assign(new Error(`${map}: bpf_map_update_elem: Argument list too long (E2BIG)`), { code: 'E2BIG', errno: 7 });
 }
 
 export class FakeLbMaps implements LbMaps {
@@ -14,20 +23,43 @@ export class FakeLbMaps implements LbMaps {
   readonly backends = new Map<number, Backend>();
   readonly revNat = new Map<string, { id: number; family: Family } & RevNatEntry>();
   readonly calls: Call[] = [];
-  /** Throws (like a full map would) on the first call for which this returns true. */
+  /**
+   * Throws on the first call for which this returns true: EPERM, a write
+   * error that is not "no room" (the sync stops).
+   */
   failWhen: ((c: Call) => boolean) | undefined;
+  /** max_entries per map; a map not named has no limit. */
+  maxEntries: Partial<Record<LbMapName, number>> = {};
+
+  constructor(maxEntries: Partial<Record<LbMapName, number>> = {}) {
+    this.maxEntries = maxEntries;
+  }
+
+  /** Entries one map holds now. */
+  entries(map: LbMapName): number {
+    const family = map.startsWith('lb6') ? 6 : 4;
+    if (map.endsWith('_services')) return [...this.services.values()].filter((e) => e.fe.family === family).length;
+    if (map.endsWith('_backends')) return [...this.backends.values()].filter((b) => b.family === family).length;
+    return [...this.revNat.values()].filter((e) => e.family === family).length;
+  }
 
   private record(method: string, what: string): void {
     const c = { method, what };
     if (this.failWhen?.(c)) {
       this.failWhen = undefined;
-      const err = Object.assign(new Error(`bpf_map_update_elem: Argument list too long (E2BIG)`), { code: 'E2BIG' });
-      throw err;
+      throw Object.assign(new Error(`${method} ${what}: bpf_map_update_elem: Operation not permitted (EPERM)`), { code: 'EPERM', errno: 1 });
     }
     this.calls.push(c);
   }
 
+  /** E2BIG when `exists` is false and the map is at its max_entries. */
+  private room(map: LbMapName, exists: boolean): void {
+    const max = this.maxEntries[map];
+    if (!exists && max !== undefined && this.entries(map) >= max) throw e2big(map);
+  }
+
   putBackend(id: number, backend: Backend): void {
+    this.room(`lb${backend.family}_backends`, this.backends.get(id)?.family === backend.family);
     this.record('putBackend', String(id));
     this.backends.set(id, backend);
   }
@@ -36,6 +68,7 @@ export class FakeLbMaps implements LbMaps {
     this.backends.delete(id);
   }
   putMaster(fe: ServiceAddr, master: MasterEntry): void {
+    this.room(`lb${fe.family}_services`, this.services.has(`${serviceAddrKey(fe)}#0`));
     this.record('putMaster', serviceAddrKey(fe));
     this.services.set(`${serviceAddrKey(fe)}#0`, { fe, slot: 0, master });
   }
@@ -44,6 +77,7 @@ export class FakeLbMaps implements LbMaps {
     this.services.delete(`${serviceAddrKey(fe)}#0`);
   }
   putSlot(fe: ServiceAddr, slot: number, backendId: number): void {
+    this.room(`lb${fe.family}_services`, this.services.has(`${serviceAddrKey(fe)}#${slot}`));
     this.record('putSlot', `${serviceAddrKey(fe)}#${slot}`);
     this.services.set(`${serviceAddrKey(fe)}#${slot}`, { fe, slot, backendId });
   }
@@ -52,6 +86,7 @@ export class FakeLbMaps implements LbMaps {
     this.services.delete(`${serviceAddrKey(fe)}#${slot}`);
   }
   putRevNat(id: number, family: Family, entry: RevNatEntry): void {
+    this.room(`lb${family}_reverse_nat`, this.revNat.has(`${family}/${id}`));
     this.record('putRevNat', `${family}/${id}`);
     this.revNat.set(`${family}/${id}`, { id, family, ...entry });
   }

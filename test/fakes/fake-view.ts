@@ -52,6 +52,10 @@ export class FakeView implements AgentView {
     this.guard();
     return this.counters;
   }
+  maps: Array<{ map: string; entries: number; maxEntries: number }> = [];
+  mapPressure(): Array<{ map: string; entries: number; maxEntries: number }> {
+    return this.maps;
+  }
   counts(): { services: number; frontends: number; backends: number } {
     return this.programmed;
   }

@@ -56,6 +56,7 @@ t.test('GET /v1/status: every check, syncs, counts, uptime, version', async (t) 
   view.startedAt = Date.now() - 90_500;
   view.stats = { count: 12, lastAttempt: Date.parse('2024-05-01T10:00:00Z'), lastSuccess: Date.parse('2024-05-01T10:00:00Z'), inProgress: false };
   view.programmed = { services: 2, frontends: 3, backends: 4 };
+  view.maps = [{ map: 'lb4_reverse_nat', entries: 4, maxEntries: 4 }];
   const sock = await serve(t, view);
   const s = await apiGet<AgentStatus>(sock, '/v1/status');
   t.equal(s.version, '0.1.0-test');
@@ -67,6 +68,7 @@ t.test('GET /v1/status: every check, syncs, counts, uptime, version', async (t) 
   t.same(s.healthz, { healthy: true, nodeEligible: true, lastUpdated: s.time });
   t.same(s.sync, { count: 12, inProgress: false, lastAttempt: '2024-05-01T10:00:00.000Z', lastSuccess: '2024-05-01T10:00:00.000Z' });
   t.same(s.counts, { services: 2, frontends: 3, backends: 4 });
+  t.same(s.maps, [{ map: 'lb4_reverse_nat', entries: 4, maxEntries: 4 }], 'and the fill of each map');
 });
 
 t.test('GET /v1/services, and errors as JSON', async (t) => {
@@ -217,6 +219,8 @@ t.test('status: the readable summary', async (t) => {
   t.match(bad.text, 'Syncs:       43, last success 2s ago, last attempt 500ms ago, one in progress\n');
   t.match(bad.text, 'Pending:     a change has waited 5s\n');
   t.match(bad.text, 'Last error:  E2BIG\n');
+  const full = formatStatus(status({ maps: [{ map: 'lb4_services', entries: 3, maxEntries: 1008 }, { map: 'lb4_reverse_nat', entries: 4, maxEntries: 4 }] }));
+  t.match(full.text, 'Programmed:  1 service, 3 frontends, 9 backends\nMaps:        lb4_services 3/1008 (0%), lb4_reverse_nat 4/4 (100%, FULL)\n', 'the fill of each map, a full one marked');
 });
 
 t.test('status through the socket: exit codes', async (t) => {

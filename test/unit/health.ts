@@ -229,3 +229,28 @@ t.test('formatDuration', async (t) => {
   t.equal(formatDuration(2 * 3600_000 + 3 * 60_000), '2h3m');
   t.equal(formatDuration(26 * 3600_000), '1d2h');
 });
+
+t.test('/readyz synced: frontends left out for want of room fail readiness by name; /livez stays ok', async (t) => {
+  const view = new FakeView();
+  view.applied = false;
+  view.stats = {
+    count: 3,
+    lastSuccess: Date.now(),
+    inProgress: false,
+    notProgrammed: {
+      count: 36,
+      first: [
+        { frontend: '10.96.0.5:80/TCP', map: 'lb4_reverse_nat', reason: 'no free IPv4 rev-NAT id: all 4 are in use' },
+        { frontend: '10.96.0.6:80/TCP', map: 'lb4_reverse_nat', reason: 'no free IPv4 rev-NAT id: all 4 are in use' },
+      ],
+    },
+  };
+  const health = new Health({ view });
+  t.teardown(() => health.close());
+  t.same(health.runOne('readyz', 'synced'), {
+    name: 'synced',
+    ok: false,
+    message: '36 frontends not programmed for want of room: 10.96.0.5:80/TCP (lb4_reverse_nat), 10.96.0.6:80/TCP (lb4_reverse_nat), …',
+  });
+  t.equal(health.run('livez').ok, true, 'liveness does not look at room');
+});

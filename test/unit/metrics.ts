@@ -149,3 +149,20 @@ t.test('the metrics server', async (t) => {
   t.equal(nf.status, 404);
   await nf.text();
 });
+
+t.test('map pressure and frontends not programmed, per map', async (t) => {
+  const m = new AgentMetrics({ defaultMetrics: false });
+  m.setMapPressure([
+    { map: 'lb4_reverse_nat', entries: 4, maxEntries: 4 },
+    { map: 'lb4_services', entries: 3, maxEntries: 12 },
+  ]);
+  m.setNotProgrammed({ lb4_reverse_nat: 36 });
+  const text = await m.registry.metrics();
+  const line = (s: string, src = text) => t.ok(src.split('\n').includes(s), s);
+  line('# TYPE lbctl_bpf_map_pressure gauge');
+  line('lbctl_bpf_map_pressure{map_name="lb4_reverse_nat"} 1');
+  line('lbctl_bpf_map_pressure{map_name="lb4_services"} 0.25');
+  line('lbctl_frontends_not_programmed{map_name="lb4_reverse_nat"} 36');
+  m.setNotProgrammed({});
+  line('lbctl_frontends_not_programmed{map_name="lb4_reverse_nat"} 0', await m.registry.metrics());
+});

@@ -43,6 +43,11 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
   text += row('Pending', sy.oldestPending === undefined ? 'none' : `a change has waited ${formatDuration(Date.parse(s.time) - Date.parse(sy.oldestPending))}`);
   if (sy.lastError !== undefined) text += row('Last error', sy.lastError);
   text += row('Programmed', `${plural(s.counts.services, 'service')}, ${plural(s.counts.frontends, 'frontend')}, ${plural(s.counts.backends, 'backend')}`);
+  if (s.maps && s.maps.length > 0) {
+    const fill = (m: NonNullable<AgentStatus['maps']>[number]): string =>
+      `${m.map} ${m.entries}/${m.maxEntries}${m.maxEntries > 0 ? ` (${Math.floor((100 * m.entries) / m.maxEntries)}%${m.entries >= m.maxEntries ? ', FULL' : ''})` : ''}`;
+    text += row('Maps', s.maps.map(fill).join(', '));
+  }
   return { text, exitCode: failingChecks(s).length === 0 ? 0 : 1 };
 }
 
