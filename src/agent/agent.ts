@@ -382,4 +382,8 @@ export class Agent implements AgentView {
     return { services: this.model.serviceCount, frontends: this.model.frontends.size, backends: this.reconciler?.realized.backends.size ?? 0 };
   }
 
+  source(): { name: string; notes: readonly string[] } {
+    return { name: this.opts.source.name, notes: this.opts.source.status().notes ?? [] };
+  }
+
 }

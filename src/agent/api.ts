@@ -42,6 +42,8 @@ export interface AgentStatus {
   readonly counts: { readonly services: number; readonly frontends: number; readonly backends: number };
   /** Each map the agent writes: entries in use and max_entries (absent from older agents). */
   readonly maps?: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
+  /** The source and its notes (absent from older agents). */
+  readonly source?: { readonly name: string; readonly notes: readonly string[] };
 }
 
 const rfc3339 = (ms: number): string => new Date(ms).toISOString();
@@ -72,6 +74,7 @@ export function agentStatus(view: AgentView, health: Health, version: string, no
     },
     counts: { ...view.counts() },
     maps: view.mapPressure().map((m) => ({ map: m.map, entries: m.entries, maxEntries: m.maxEntries })),
+    source: view.source(),
   };
 }
 

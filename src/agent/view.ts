@@ -71,4 +71,6 @@ export interface AgentView {
   mapPressure(): ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
   /** Counts of what is programmed now. */
   counts(): { readonly services: number; readonly frontends: number; readonly backends: number };
+  /** The source's name and what it says of its state (SourceStatus.notes). */
+  source(): { readonly name: string; readonly notes: readonly string[] };
 }

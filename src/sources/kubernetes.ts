@@ -423,6 +423,7 @@ export class KubernetesSource implements Source {
   private nodeListSeen = false;
   /** onNodeMissing was called and the Node has not arrived since. */
   private nodeMissing = false;
+  private nodeMissingReason = '';
   private stopped = false;
 
   constructor(private readonly opts: KubernetesSourceOptions) {
@@ -465,7 +466,7 @@ export class KubernetesSource implements Source {
    */
   status(): SourceStatus {
     const synced = Boolean(this.services?.synced && this.slices?.synced && (this.nodes?.synced || this.nodeWaitOver));
-    return { synced, complete: synced };
+    return { synced, complete: synced, ...(this.nodeMissing ? { notes: [`without this node's Node (zone hints ignored): ${this.nodeMissingReason}`] } : {}) };
   }
 
   /** Every event and status change of the reflectors passes here on its way to the agent. */
@@ -511,6 +512,7 @@ export class KubernetesSource implements Source {
   private reportNodeMissing(reason: string): void {
     if (this.nodeMissing) return;
     this.nodeMissing = true;
+    this.nodeMissingReason = reason;
     this.opts.onNodeMissing?.(reason);
   }
 }

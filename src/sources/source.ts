@@ -11,6 +11,11 @@ export interface SourceStatus {
   readonly synced: boolean;
   /** False while some input could not be read at all: the agent then adds and updates but removes nothing. */
   readonly complete: boolean;
+  /**
+   * What an operator should know about the source's state that no check
+   * fails for (e.g. serving without this node's Node): shown by `lbctl status`.
+   */
+  readonly notes?: readonly string[];
 }
 
 /**

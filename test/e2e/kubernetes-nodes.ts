@@ -5,7 +5,7 @@
 // through an ordinary kubeconfig, as test/e2e/kubernetes.ts.
 import t, { type Test } from 'tap';
 import { FakeApiServer } from '../helpers/fake-apiserver.js';
-import { createSandbox, HTTP_PORT, SLOW, type LogLine, type Sandbox } from '../helpers/sandbox.js';
+import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, run, SLOW, type LogLine, type Sandbox } from '../helpers/sandbox.js';
 
 const WEB = '10.96.0.10';
 const NODE = 'node-a';
@@ -110,6 +110,8 @@ t.test('Nodes forbidden: services are programmed once the Node’s grace is over
   t.same(res.filter((r) => r.error), [], 'connections through the service succeed');
   const port = agentPort(sb, 'health');
   await sb.waitUntil(async () => (await fetch(`http://127.0.0.1:${port}/readyz`)).status === 200, 'ready without the Node');
+  const status = await run(LBCTL, ['status', '--api-socket', sb.apiSocket], CLI_TIMEOUT_MS);
+  t.match(status.stdout, /\n  note: without this node's Node \(zone hints ignored\): Node "node-a" not listed within 5000 ms[^\n]*nodes is forbidden/, 'lbctl status says the agent runs without its Node, and why');
 
   // The Node is still asked for, with backoff.
   const mark = api.requests.length;

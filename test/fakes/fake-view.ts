@@ -59,4 +59,8 @@ export class FakeView implements AgentView {
   counts(): { services: number; frontends: number; backends: number } {
     return this.programmed;
   }
+  sourceState = { name: 'file:/etc/lbctl/manifests', notes: [] as string[] };
+  source(): { name: string; notes: readonly string[] } {
+    return this.sourceState;
+  }
 }

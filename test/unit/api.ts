@@ -221,6 +221,9 @@ t.test('status: the readable summary', async (t) => {
   t.match(bad.text, 'Last error:  E2BIG\n');
   const full = formatStatus(status({ maps: [{ map: 'lb4_services', entries: 3, maxEntries: 1008 }, { map: 'lb4_reverse_nat', entries: 4, maxEntries: 4 }] }));
   t.match(full.text, 'Programmed:  1 service, 3 frontends, 9 backends\nMaps:        lb4_services 3/1008 (0%), lb4_reverse_nat 4/4 (100%, FULL)\n', 'the fill of each map, a full one marked');
+  const noted = formatStatus(status({ source: { name: 'kubernetes:https://10.0.0.1:6443', notes: ["without this node's Node (zone hints ignored): nodes is forbidden"] } }));
+  t.match(noted.text, "Agent:       lbctl 0.1.0, up 2h0m (since 2024-05-01T08:00:00.000Z)\nSource:      kubernetes:https://10.0.0.1:6443\n  note: without this node's Node (zone hints ignored): nodes is forbidden\nLiveness:", 'the source and its notes');
+  t.equal(noted.exitCode, 0, 'a note fails nothing');
 });
 
 t.test('status through the socket: exit codes', async (t) => {

@@ -34,6 +34,7 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
   const row = (k: string, v: string): string => `${`${k}:`.padEnd(13)}${v}\n`;
   const plural = (n: number, what: string): string => `${n} ${what}${n === 1 ? '' : 's'}`;
   let text = row('Agent', `lbctl ${s.version}, up ${formatDuration(s.uptimeSeconds * 1000)} (since ${s.startedAt})`);
+  if (s.source) text += row('Source', s.source.name) + s.source.notes.map((n) => `  note: ${n}\n`).join('');
   text += row('Liveness', s.livez.ok ? 'ok' : 'FAILED') + groupLines(s.livez);
   text += row('Readiness', s.readyz.ok ? 'ok' : 'FAILED') + groupLines(s.readyz);
   const eligible = s.healthz.nodeEligible ? 'node eligible' : 'node not eligible';
