@@ -148,7 +148,10 @@ export class Agent implements AgentView {
     this.runner.stop();
     await this.opts.source.stop();
     await this.runner.idle();
+    // A termination in progress stops at its next step; the maps it reads
+    // stay open until it has.
     this.terminator?.close();
+    await this.terminator?.idle();
     this.datapath?.close();
     this.opts.log.info('agent stopped; the datapath stays attached (lbctl cleanup removes it)');
   }
