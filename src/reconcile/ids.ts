@@ -9,11 +9,20 @@
 // both backend maps), so there are never more ids out than entries fit, and
 // freed ids come round again. An allocator out of ids is "no room", the same
 // as a full map: the caller leaves that frontend out and reports it.
+//
+// An id beyond the range (the maps were shrunk, or an older lbctl handed it
+// out) is still adopted on restore and kept while its key lives: renumbering
+// it would need a free entry in a map that may be exactly full (a deadlock:
+// the old entry is named by live slots or sockets until the new one exists),
+// and would make every socket's rev-NAT entry that names it stale. Such ids
+// are never handed out again once released, so they die out.
 import { LbError } from '../errors.js';
 
 export class IdAllocator<K> {
   private readonly byKey = new Map<K, number>();
   private readonly byId = new Map<number, K>();
+  /** Ids in use within min..max (adopted ones beyond it do not take room there). */
+  private used = 0;
   private next: number;
 
   constructor(
@@ -37,12 +46,18 @@ export class IdAllocator<K> {
     return this.byKey.entries();
   }
 
-  /** Claims `id` for `key` (restore). False when either is already taken. */
+  /**
+   * Claims `id` for `key` (restore): any id from min on, including one
+   * beyond max (see the header). False when either is already taken.
+   */
   adopt(key: K, id: number): boolean {
-    if (!this.inRange(id) || this.byId.has(id) || this.byKey.has(key)) return false;
+    if (!Number.isInteger(id) || id < this.min || this.byId.has(id) || this.byKey.has(key)) return false;
     this.byKey.set(key, id);
     this.byId.set(id, key);
-    if (id >= this.next) this.next = id === this.max ? this.min : id + 1;
+    if (this.inRange(id)) {
+      this.used++;
+      if (id >= this.next) this.next = id === this.max ? this.min : id + 1;
+    }
     return true;
   }
 
@@ -67,12 +82,13 @@ export class IdAllocator<K> {
   tryAcquire(key: K): number | undefined {
     const have = this.byKey.get(key);
     if (have !== undefined) return have;
-    if (this.byId.size >= this.span) return undefined;
+    if (this.used >= this.span) return undefined;
     let id = this.next;
     while (this.byId.has(id)) id = id === this.max ? this.min : id + 1;
     this.next = id === this.max ? this.min : id + 1;
     this.byKey.set(key, id);
     this.byId.set(id, key);
+    this.used++;
     return id;
   }
 
@@ -82,6 +98,7 @@ export class IdAllocator<K> {
     if (key === undefined) return;
     this.byKey.delete(key);
     this.byId.delete(id);
+    if (this.inRange(id)) this.used--;
   }
 
   release(key: K): void {
@@ -89,6 +106,7 @@ export class IdAllocator<K> {
     if (id === undefined) return;
     this.byKey.delete(key);
     this.byId.delete(id);
+    if (this.inRange(id)) this.used--;
   }
 
 }

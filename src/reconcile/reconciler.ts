@@ -192,9 +192,9 @@ export class Reconciler {
 
   /**
    * Reads the maps back and adopts their ids, so unchanged state is not
-   * rewritten. An id outside its allocator's range (the maps were smaller,
-   * or written by an older lbctl) is not adopted: the next sync gives that
-   * frontend or backend a new id and rewrites what names it.
+   * rewritten. An id beyond its allocator's range (the maps were larger,
+   * or written by an older lbctl) is adopted too and kept while its frontend
+   * or backend lives (src/reconcile/ids.ts says why); new ids are in range.
    */
   restore(): { frontends: number; backends: number } {
     this.realizedState = RealizedState.from(this.maps.dump());

@@ -42,13 +42,26 @@ t.test('adopt (restore): ids in range and not taken; the next new id follows', a
   t.equal(a.adopt('x', 5), true);
   t.equal(a.adopt('y', 5), false, 'an id already taken');
   t.equal(a.adopt('x', 6), false, 'a key that already has one');
-  t.equal(a.adopt('z', 9), false, 'outside the range: not adopted (the next sync renumbers it)');
-  t.equal(a.adopt('z', 0), false, 'below the range too');
+  t.equal(a.adopt('z', 0), false, 'below the range: never an id');
   t.equal(a.acquire('n'), 6, 'new ids follow the highest adopted');
   t.equal(a.adopt('w', 8), true);
   t.equal(a.acquire('m'), 1, 'after the end of the range: the start');
   t.same([a.inRange(1), a.inRange(8), a.inRange(9), a.inRange(1.5)], [true, true, false, false]);
   t.equal(a.span, 8);
+});
+
+t.test('adopt beyond the range: kept while its key lives, takes no room, never handed out again', async (t) => {
+  const a = new IdAllocator<string>('test', 1, 2);
+  t.equal(a.adopt('old', 9), true, 'an id beyond max is adopted (renumbering it would need room a full map lacks)');
+  t.equal(a.get('old'), 9);
+  t.equal(a.acquire('a'), 1, 'the range is still all free');
+  t.equal(a.acquire('b'), 2);
+  t.equal(a.tryAcquire('c'), undefined, 'the range is full: the adopted id does not count in it, nor extend it');
+  a.release('old');
+  t.equal(a.tryAcquire('c'), undefined, 'releasing it frees nothing in the range');
+  a.release('a');
+  t.equal(a.acquire('c'), 1, 'ids come from the range only');
+  t.equal(a.adopt('again', 9), true, 'a released id beyond the range is free to adopt again (a restore), never to acquire');
 });
 
 t.test('a bad range is refused at construction', async (t) => {
