@@ -68,7 +68,12 @@ class PromiseWorker : public Napi::AsyncWorker {
       deferred_.Reject(e.Value());
     }
   }
-  void OnError(const Napi::Error&) override { deferred_.Reject(makeBpfError(Env(), op_, err_, ctx_).Value()); }
+  // A C++ exception out of Execute (no thread, no memory) reaches here with
+  // its what() and no op_: reject with that message rather than an empty one.
+  void OnError(const Napi::Error& e) override {
+    if (op_.empty()) deferred_.Reject(e.Value());
+    else deferred_.Reject(makeBpfError(Env(), op_, err_, ctx_).Value());
+  }
 
   Napi::Promise::Deferred deferred_;
   std::string op_;

@@ -289,14 +289,15 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
     }
   } catch (err) {
     // Nothing is committed yet: the old programs and maps take over again.
-    const notReverted = links?.revert() ?? [];
+    // switchLinks reverts its own partial switch and names what it could not.
+    const notReverted = err instanceof LinkSwitchError ? err.notReverted : (links?.revert() ?? []);
     links?.release();
     object.close();
     if (notReverted.length === 0) {
       if (migrating) rmSync(pinRoot, { recursive: true, force: true });
       else unpinNew();
     }
-    if (notReverted.length > 0) throw new LinkSwitchError(`${(err as Error).message}; ${describeNotReverted(notReverted)}`, notReverted, { cause: err });
+    if (notReverted.length > 0 && !(err instanceof LinkSwitchError)) throw new LinkSwitchError(`${(err as Error).message}; ${describeNotReverted(notReverted)}`, notReverted, { cause: err });
     throw err;
   }
   links.release();
@@ -317,7 +318,7 @@ export class LinkSwitchError extends LbError {
 }
 
 function describeNotReverted(notReverted: readonly string[]): string {
-  return `could NOT switch back: ${notReverted.join('; ')} (those links run the new programs; staging maps, if any, stay pinned under maps-next since those programs use them; start the agent again, or lbctl cleanup)`;
+  return `could NOT switch back: ${notReverted.join('; ')} (those links run the new programs; staging maps, if any, stay pinned under maps-next until the next start stages afresh; start the agent again, which switches every link, or lbctl cleanup)`;
 }
 
 interface LinkSwitch {

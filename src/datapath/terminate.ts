@@ -508,7 +508,7 @@ export class UdpTerminator {
 
   /** Settles when no termination runs or waits. */
   idle(): Promise<void> {
-    return this.queue.idle();
+    return Promise.all([this.queue.idle(), ...this.active]).then(() => undefined);
   }
 
   /**
@@ -581,7 +581,8 @@ export class UdpTerminator {
     const all = [...wanted.entries()];
     const one = u32.encode(1);
     for (let i = 0; i < all.length; i += batchSize) {
-      const batch = new Map(all.slice(i, i + batchSize).map(([k, b]) => [k, { family: b.family, key: termKey(b) }]));
+      // Only backends still wanted: one may have come back during an earlier batch.
+      const batch = new Map(all.slice(i, i + batchSize).filter(([k]) => wanted.has(k)).map(([k, b]) => [k, { family: b.family, key: termKey(b) }]));
       let seen = wanted.size;
       try {
         for (const k of batch.values()) term[k.family].update(k.key, one);
