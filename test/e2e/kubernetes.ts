@@ -5,6 +5,12 @@ import t, { type Test } from 'tap';
 import { FakeApiServer } from '../helpers/fake-apiserver.js';
 import { createSandbox, HTTP_PORT, type Sandbox } from '../helpers/sandbox.js';
 
+// Eight agents started one after another, each with its own API server:
+// 60-75 s on a quiet host, 96-126 s while a qemu guest shares the two cores.
+// The default 120 s per file is too tight for that; each wait inside still
+// has its own deadline.
+t.setTimeout(300_000);
+
 const WEB = '10.96.0.10';
 const NODE = 'node-a';
 
