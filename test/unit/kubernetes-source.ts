@@ -66,7 +66,7 @@ t.test('Nodes forbidden: synced without the Node once its grace is over, saying 
   await until('the source to be synced', () => src.status().synced);
   const tookMs = elapsed();
   t.ok(tookMs >= 300, `the Node had its grace of 300 ms first (synced after ${Math.round(tookMs)} ms)`);
-  t.same(src.status(), { synced: true, complete: true });
+  t.match(src.status(), { synced: true, complete: true, notes: [/^without this node's Node \(zone hints ignored\): Node "n1" not listed within 300 ms/] }, 'synced, with a note saying why the Node is missing');
   t.ok(events.some((e) => e.kind === 'Service' && e.id === 'default/web'), 'the Services were delivered');
   t.equal(missing.length, 1, 'going on without the Node is reported once');
   t.match(missing[0], /^Node "n1" not listed within 300 ms of the Services and EndpointSlices: list \/api\/v1\/nodes: HTTP 403: nodes is forbidden: User .* cannot list resource "nodes"/);
@@ -88,6 +88,7 @@ t.test('a Node that can be listed later arrives with its zone, and says so', asy
 
   api.forbidden.delete('Node'); // the RBAC rule is fixed
   await until('the Node to arrive', () => events.some((e) => e.kind === 'Node'));
+  t.same(src.status().notes, undefined, 'the note goes once the Node is there');
   t.match(events.filter((e) => e.kind === 'Node'), [{ type: 'add', id: NODE, object: { name: NODE, zone: 'zone-a' } }]);
   t.match(arrived, [{ name: NODE, zone: 'zone-a' }], 'its arrival is reported');
   t.same(src.status(), { synced: true, complete: true });
