@@ -3,13 +3,14 @@
 // an ordinary kubeconfig. Real Kubernetes YAML in, real clients out.
 import t, { type Test } from 'tap';
 import { FakeApiServer } from '../helpers/fake-apiserver.js';
-import { createSandbox, HTTP_PORT, type Sandbox } from '../helpers/sandbox.js';
+import { createSandbox, HTTP_PORT, SLOW, type Sandbox } from '../helpers/sandbox.js';
 
 // Eight agents started one after another, each with its own API server:
-// 60-75 s on a quiet host, 96-126 s while a qemu guest shares the two cores.
-// The default 120 s per file is too tight for that; each wait inside still
-// has its own deadline.
-t.setTimeout(300_000);
+// 60-75 s on a quiet host, 85-126 s while a qemu guest shares the two cores,
+// 330 s and more in the TCG guest. The default 120 s per file is too tight
+// for that (this overrides tap's --timeout, so it scales with SLOW); each
+// wait inside still has its own deadline.
+t.setTimeout(300_000 * SLOW);
 
 const WEB = '10.96.0.10';
 const NODE = 'node-a';
