@@ -3,25 +3,10 @@
 // socket programs would act on must be reported, in words.
 import t from 'tap';
 import { frontendStatuses } from '../../src/agent/drift.js';
-import { frontendKey, type Backend } from '../../src/lb/types.js';
-import type { Frontend } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
+import { frontend, state } from '../fakes/frontends.js';
 
-function frontend(ip: string, port: number, backends: string[], terminating: string[] = []): Frontend {
-  const addr = { address: ip, family: 4, port, protocol: 'TCP' } as const;
-  const be = (a: string, state: Backend['state']): Backend => ({ address: a, family: 4, port: 8080, protocol: 'TCP', state });
-  return {
-    ...addr,
-    key: frontendKey(addr),
-    type: 'ClusterIP',
-    service: { namespace: 'default', name: `svc-${port}`, portName: 'p' },
-    backends: backends.map((a) => be(a, 'active')),
-    terminating: terminating.map((a) => be(a, 'terminating')),
-    affinityTimeout: 0,
-    localOnly: false,
-  };
-}
 
 const WEB = frontend('10.96.0.1', 80, ['10.244.1.1', '10.244.1.2'], ['10.244.1.3']);
 const DNS = frontend('10.96.0.1', 53, ['10.244.1.4']);

@@ -4,27 +4,12 @@
 // backends, rev-NAT entries, slots, masters, shrinks, wildcards, and rev-NAT
 // entries a live master is moving away from.
 import t from 'tap';
-import { frontendKey, type Backend } from '../../src/lb/types.js';
-import type { DesiredState, Frontend } from '../../src/model/types.js';
+import type { DesiredState } from '../../src/model/types.js';
 import { plan, type IdAssignment, type MapOp, type PlanScope } from '../../src/reconcile/plan.js';
 import { RealizedState } from '../../src/reconcile/realized.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
+import { frontend, state } from '../fakes/frontends.js';
 
-function frontend(ip: string, port: number, backends: string[]): Frontend {
-  const family = ip.includes(':') ? 6 : 4;
-  const addr = { address: ip, family, port, protocol: 'TCP' } as const;
-  return {
-    ...addr,
-    key: frontendKey(addr),
-    type: 'ClusterIP',
-    service: { namespace: 'default', name: `svc-${ip}-${port}`, portName: 'p' },
-    backends: backends.map((a): Backend => ({ address: a, family, port: 8080, protocol: 'TCP', state: 'active' })),
-    terminating: [],
-    affinityTimeout: 0,
-    localOnly: false,
-  };
-}
-const state = (...fes: Frontend[]): DesiredState => new Map(fes.map((f) => [f.key, f]));
 
 /** Ids as a reconciler would give them: backends by address, rev-NAT by frontend, from fixed tables. */
 function ids(backends: Record<string, number>, revNat: Record<string, number>): IdAssignment {

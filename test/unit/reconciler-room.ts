@@ -6,28 +6,14 @@
 // key, as test/native/maps.ts shows the kernel's does).
 import t from 'tap';
 import { PartialWriteError, type LbWrite } from '../../src/datapath/lbmaps.js';
-import { frontendKey, serviceAddrKey, type Backend } from '../../src/lb/types.js';
-import type { DesiredState, Frontend } from '../../src/model/types.js';
+import { serviceAddrKey } from '../../src/lb/types.js';
+import type { Frontend } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import type { LbMapName } from '../../src/reconcile/realized.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
+import { frontend, state } from '../fakes/frontends.js';
 
-function frontend(ip: string, port: number, backends: string[]): Frontend {
-  const family = ip.includes(':') ? 6 : 4;
-  const addr = { address: ip, family, port, protocol: 'TCP' } as const;
-  return {
-    ...addr,
-    key: frontendKey(addr),
-    type: 'ClusterIP',
-    service: { namespace: 'default', name: `svc-${ip}-${port}`, portName: 'p' },
-    backends: backends.map((a): Backend => ({ address: a, family, port: 8080, protocol: 'TCP', state: 'active' })),
-    terminating: [],
-    affinityTimeout: 0,
-    localOnly: false,
-  };
-}
 
-const state = (...fes: Frontend[]): DesiredState => new Map(fes.map((f) => [f.key, f]));
 
 /** Service i: 10.96.0.i:80 with one backend of its own. */
 const svc = (i: number): Frontend => frontend(`10.96.0.${i}`, 80, [`10.0.0.${i}`]);

@@ -1,11 +1,12 @@
 import t, { type Test } from 'tap';
 import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
-import { frontendKey, serviceAddrKey, type Backend, type FrontendKey } from '../../src/lb/types.js';
+import { serviceAddrKey, type FrontendKey } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { Reconciler, backendIdKey, type SyncResult } from '../../src/reconcile/reconciler.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
 import { service, slice } from '../fakes/objects.js';
+import { frontend, state } from '../fakes/frontends.js';
 
 function desired(specs: Array<{ name: string; ip: string; port?: number; proto?: string; backends: string[]; bport?: number }>): DesiredState {
   const services = [];
@@ -230,25 +231,7 @@ t.test('without prune, nothing absent from the desired state is removed', async 
 // Frontend objects it already wrote (same object, ===) and writes only what
 // changed. restore(), resync() and a failed sync make the next one full.
 
-/** One TCP frontend on port `port` of `ip`, backends on port 8080. */
-function frontend(ip: string, port: number, backends: string[]): Frontend {
-  const family = ip.includes(':') ? 6 : 4;
-  const addr = { address: ip, family, port, protocol: 'TCP' } as const;
-  return {
-    ...addr,
-    key: frontendKey(addr),
-    type: 'ClusterIP',
-    service: { namespace: 'default', name: `svc-${ip}-${port}`, portName: 'p' },
-    backends: backends.map((a): Backend => ({ address: a, family, port: 8080, protocol: 'TCP', state: 'active' })),
-    terminating: [],
-    affinityTimeout: 0,
-    localOnly: false,
-  };
-}
 
-function state(...fes: Frontend[]): Map<FrontendKey, Frontend> {
-  return new Map(fes.map((f) => [f.key, f]));
-}
 
 const ops = (m: FakeLbMaps, from: number): string[] => m.calls.slice(from).map((c) => `${c.method} ${c.what}`);
 

@@ -1,0 +1,22 @@
+// Desired frontends for reconciler, plan and drift tests: one TCP frontend
+// at ip:port with backends on port 8080, and a desired state of several.
+import { frontendKey, type Backend } from '../../src/lb/types.js';
+import type { DesiredState, Frontend } from '../../src/model/types.js';
+
+export function frontend(ip: string, port: number, backends: string[], terminating: string[] = []): Frontend {
+  const family = ip.includes(':') ? 6 : 4;
+  const addr = { address: ip, family, port, protocol: 'TCP' } as const;
+  const be = (a: string, state: Backend['state']): Backend => ({ address: a, family, port: 8080, protocol: 'TCP', state });
+  return {
+    ...addr,
+    key: frontendKey(addr),
+    type: 'ClusterIP',
+    service: { namespace: 'default', name: `svc-${ip}-${port}`, portName: 'p' },
+    backends: backends.map((a) => be(a, 'active')),
+    terminating: terminating.map((a) => be(a, 'terminating')),
+    affinityTimeout: 0,
+    localOnly: false,
+  };
+}
+
+export const state = (...fes: Frontend[]): DesiredState => new Map(fes.map((f) => [f.key, f]));
