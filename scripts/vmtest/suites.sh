@@ -38,7 +38,7 @@ default_suites="test/native test/bpf $(ls test/e2e/*.ts | grep -Ev '/(hostile-in
 suites=${LBCTL_VMTEST_SUITES:-$default_suites}
 tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-3900}
 TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
-  node node_modules/.bin/tap -R tap --timeout 600 $suites >"$out/tap.log" 2>&1
+  node node_modules/.bin/tap -R tap --timeout 1200 $suites >"$out/tap.log" 2>&1
 tap_rc=$?
 summary=$(grep -E '^# \{ total: [0-9]+' "$out/tap.log" | tail -1)
 total=$(sed -n 's/.*total: \([0-9]*\).*/\1/p' <<<"$summary")
