@@ -36,7 +36,7 @@ v_fail=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$out/
 # Node against the fake API server: three agents with multi-second graces).
 default_suites="test/native test/bpf $(ls test/e2e/*.ts | grep -Ev '/(hostile-input|kubernetes-nodes)\.ts$' | tr '\n' ' ')"
 suites=${LBCTL_VMTEST_SUITES:-$default_suites}
-tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-3900}
+tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-5400}
 TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
   node node_modules/.bin/tap -R tap --timeout 1200 $suites >"$out/tap.log" 2>&1
 tap_rc=$?

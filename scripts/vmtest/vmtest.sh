@@ -11,7 +11,7 @@
 #   VMTEST_KERNELS   names from the matrix to run (default: all), e.g. "bookworm-6.1"
 #   VMTEST_SKIP_HOST=1  leave out the host row (make test: its suites just ran)
 #   VMTEST_SUITES    tap paths to run (default: scripts/vmtest/suites.sh's: test/native, test/bpf, test/e2e but hostile-input)
-#   VMTEST_TIMEOUT   seconds one guest may run (default 4200)
+#   VMTEST_TIMEOUT   seconds one guest may run (default 5700)
 #   VMTEST_REFRESH=1 resolve Debian kernels again (a newer package may exist)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,7 +19,7 @@ here=$repo/scripts/vmtest
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/lbctl/vmtest
 mkdir -p "$cache"/{debs,trees,initramfs,resolved,logs}
 suites=${VMTEST_SUITES:-}
-timeout_s=${VMTEST_TIMEOUT:-4200}
+timeout_s=${VMTEST_TIMEOUT:-5700}
 
 log() { printf 'vmtest: %s\n' "$*" >&2; }
 
