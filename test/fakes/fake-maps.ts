@@ -107,3 +107,22 @@ export class FakeLbMaps implements LbMaps {
     };
   }
 }
+
+/**
+ * What a connecting socket may see at any moment: every master's slots up to
+ * count + qcount exist and name existing backends, and its rev-NAT entry
+ * exists. Undefined when so, else what is wrong.
+ */
+export function consistent(m: FakeLbMaps): string | undefined {
+  for (const e of m.services.values()) {
+    if (e.slot !== 0 || !e.master || e.master.type === 'Wildcard') continue;
+    const key = serviceAddrKey(e.fe);
+    for (let s = 1; s <= e.master.count + e.master.qcount; s++) {
+      const slot = m.services.get(`${key}#${s}`);
+      if (!slot) return `${key} counts slot ${s}, which is missing`;
+      if (!m.backends.has(slot.backendId!)) return `${key} slot ${s} names missing backend ${slot.backendId}`;
+    }
+    if (!m.revNat.has(`${e.fe.family}/${e.master.revNatId}`)) return `${key} names missing rev-NAT ${e.master.revNatId}`;
+  }
+  return undefined;
+}

@@ -10,7 +10,7 @@ import { serviceAddrKey } from '../../src/lb/types.js';
 import type { Frontend } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import type { LbMapName } from '../../src/reconcile/realized.js';
-import { FakeLbMaps } from '../fakes/fake-maps.js';
+import { consistent, FakeLbMaps } from '../fakes/fake-maps.js';
 import { frontend, state } from '../fakes/frontends.js';
 
 
@@ -19,20 +19,6 @@ import { frontend, state } from '../fakes/frontends.js';
 const svc = (i: number): Frontend => frontend(`10.96.0.${i}`, 80, [`10.0.0.${i}`]);
 const range = (from: number, to: number): number[] => Array.from({ length: to - from + 1 }, (_, k) => from + k);
 
-/** Every master's slots exist and name existing backends, and its rev-NAT entry exists. */
-function consistent(m: FakeLbMaps): string | undefined {
-  for (const e of m.services.values()) {
-    if (e.slot !== 0 || !e.master || e.master.type === 'Wildcard') continue;
-    const key = serviceAddrKey(e.fe);
-    for (let s = 1; s <= e.master.count + e.master.qcount; s++) {
-      const slot = m.services.get(`${key}#${s}`);
-      if (!slot) return `${key} counts slot ${s}, which is missing`;
-      if (!m.backends.has(slot.backendId!)) return `${key} slot ${s} names missing backend ${slot.backendId}`;
-    }
-    if (!m.revNat.has(`${e.fe.family}/${e.master.revNatId}`)) return `${key} names missing rev-NAT ${e.master.revNatId}`;
-  }
-  return undefined;
-}
 
 /** Frontends the maps serve (a master entry that is not a wildcard). */
 const served = (m: FakeLbMaps): string[] =>

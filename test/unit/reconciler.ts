@@ -4,7 +4,7 @@ import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
 import { serviceAddrKey, type FrontendKey } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { Reconciler, backendIdKey, type SyncResult } from '../../src/reconcile/reconciler.js';
-import { FakeLbMaps } from '../fakes/fake-maps.js';
+import { consistent, FakeLbMaps } from '../fakes/fake-maps.js';
 import { service, slice } from '../fakes/objects.js';
 import { frontend, state } from '../fakes/frontends.js';
 
@@ -41,23 +41,6 @@ function sync(r: Reconciler, d: DesiredState, opts: { prune: boolean }): SyncRes
   return r.sync(d, { ...opts, changed });
 }
 
-/**
- * What a connecting socket may see at any moment: every master's selectable
- * slots exist and name existing backends.
- */
-function consistent(m: FakeLbMaps): string | undefined {
-  for (const e of m.services.values()) {
-    if (e.slot !== 0 || !e.master || e.master.type === 'Wildcard') continue;
-    const key = serviceAddrKey(e.fe);
-    for (let s = 1; s <= e.master.count + e.master.qcount; s++) {
-      const slot = m.services.get(`${key}#${s}`);
-      if (!slot) return `${key} counts slot ${s}, which is missing`;
-      if (!m.backends.has(slot.backendId!)) return `${key} slot ${s} names missing backend ${slot.backendId}`;
-    }
-    if (!m.revNat.has(`${e.fe.family}/${e.master.revNatId}`)) return `${key} names missing rev-NAT ${e.master.revNatId}`;
-  }
-  return undefined;
-}
 
 /** Applies a transition one write at a time, checking the invariant after each write. */
 function checkEveryPrefix(t: Test, from: DesiredState, to: DesiredState): void {
