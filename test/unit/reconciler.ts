@@ -1,7 +1,7 @@
 import t, { type Test } from 'tap';
 import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
-import { serviceAddrKey, type FrontendKey } from '../../src/lb/types.js';
+import type { FrontendKey } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { Reconciler, backendIdKey, type SyncResult } from '../../src/reconcile/reconciler.js';
 import { consistent, FakeLbMaps } from '../fakes/fake-maps.js';
