@@ -15,6 +15,9 @@ BPF_OBJS  := $(patsubst bpf/%.c,$(OUT)/%.bpf.o,$(BPF_SRCS)) $(OUT)/sock_compat.b
 # of the ABI generator: its maps are the agent's private scratch space (keyed
 # by ABI structs that sock.bpf.o already exports), not datapath maps.
 SOCK_DESTROY_OBJ := $(OUT)/sock_destroy.bpf.o
+# The agent's kernel feature probes (src/datapath/features.ts), loaded one
+# program at a time; no datapath maps.
+PROBE_OBJ := $(OUT)/probe.bpf.o
 BPF_HDRS  := $(wildcard bpf/include/*.h bpf/lib/*.h)
 BPF_TEST_SRCS := $(wildcard bpf/tests/*.c)
 BPF_TEST_OBJS := $(patsubst bpf/tests/%.c,$(OUT)/tests/%.bpf.o,$(BPF_TEST_SRCS))
@@ -37,9 +40,12 @@ build: bootstrap bpf native ts check-gen
 
 # A variant with other map layouts, for test/e2e/upgrade-layout.ts only: not an
 # input of the ABI generator and never loaded by the agent unless told to.
-LAYOUT_TEST_OBJ := $(OUT)/sock_layout_test.bpf.o
+LAYOUT_TEST_OBJ := $(OUT)/sock_layout_test.bpf.o $(OUT)/sock_layout_test_compat.bpf.o
+# The BPF unit tests (bpf/tests/sock_test.c includes bpf/sock.c) for kernels
+# without bpf_set_retval, as the datapath has its compat build.
+COMPAT_TEST_OBJ := $(OUT)/tests/sock_compat_test.bpf.o
 
-bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(BPF_TEST_OBJS) $(LAYOUT_TEST_OBJ)
+bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(PROBE_OBJ) $(BPF_TEST_OBJS) $(COMPAT_TEST_OBJ) $(LAYOUT_TEST_OBJ)
 
 $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
@@ -48,8 +54,15 @@ $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 $(OUT)/sock_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -DLB_HAVE_SET_RETVAL=0 -c $< -o $@
 
-$(LAYOUT_TEST_OBJ): bpf/sock.c $(BPF_HDRS) | $(OUT)
+$(OUT)/sock_layout_test.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -DLB_LAYOUT_TEST -c $< -o $@
+
+$(OUT)/sock_layout_test_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -DLB_LAYOUT_TEST -DLB_HAVE_SET_RETVAL=0 -c $< -o $@
+
+$(COMPAT_TEST_OBJ): bpf/tests/sock_test.c bpf/sock.c $(BPF_HDRS) | $(OUT)
+	@mkdir -p $(OUT)/tests
+	$(CLANG) $(BPF_CFLAGS) -DLB_HAVE_SET_RETVAL=0 -c $< -o $@
 
 $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	@mkdir -p $(OUT)/tests

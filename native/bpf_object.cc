@@ -127,6 +127,8 @@ BpfObject::BpfObject(const Napi::CallbackInfo& info)
   st_->path = argString(info, 0, "path");
   std::vector<std::pair<std::string, uint32_t>> maxEntries;
   std::vector<std::pair<std::string, int>> reuseMaps;
+  std::vector<std::string> programs;
+  bool onlyPrograms = false;
   if (info.Length() > 1 && !info[1].IsUndefined() && !info[1].IsNull()) {
     if (!info[1].IsObject()) throwArgError(env, "options must be an object");
     Napi::Object o = info[1].As<Napi::Object>();
@@ -164,6 +166,17 @@ BpfObject::BpfObject(const Napi::CallbackInfo& info)
         }
         reuseMaps.emplace_back(name, static_cast<int>(d));
       }
+    }
+    Napi::Value pg = o.Get("programs");
+    if (!pg.IsUndefined()) {
+      if (!pg.IsArray()) throwArgError(env, "options.programs must be an array of program names");
+      Napi::Array a = pg.As<Napi::Array>();
+      for (uint32_t i = 0; i < a.Length(); i++) {
+        Napi::Value v = a.Get(i);
+        if (!v.IsString()) throwArgError(env, "options.programs must be an array of program names");
+        programs.push_back(v.As<Napi::String>().Utf8Value());
+      }
+      onlyPrograms = true;
     }
   }
 
@@ -210,6 +223,25 @@ BpfObject::BpfObject(const Napi::CallbackInfo& info)
       c.log = cap.tail();
       st_->close();
       throwBpfError(env, "bpf_map__reuse_fd", errFromRet(r), c);
+    }
+  }
+  if (onlyPrograms) {
+    // Only the named programs are loaded (bpf_program__set_autoload): one
+    // object can hold programs that some kernels refuse, loaded one by one.
+    for (const auto& name : programs) {
+      if (bpf_object__find_program_by_name(st_->obj, name.c_str()) == nullptr) {
+        ErrCtx c;
+        c.prog = name;
+        c.path = st_->path;
+        c.reason = "no program named '" + name + "' in " + st_->path;
+        st_->close();
+        throwBpfError(env, "bpf_program__set_autoload", ENOENT, c);
+      }
+    }
+    struct bpf_program* prog;
+    bpf_object__for_each_program(prog, st_->obj) {
+      bool wanted = std::find(programs.begin(), programs.end(), bpf_program__name(prog)) != programs.end();
+      bpf_program__set_autoload(prog, wanted);
     }
   }
 }
@@ -514,12 +546,32 @@ static Napi::Value OpenObject(const Napi::CallbackInfo& info) {
   return addonData(info.Env()).objectCtor.New(args);
 }
 
+// linkCreateProbe(progFd, target, attachType): BPF_LINK_CREATE, and the link
+// closed again at once. Whether (and how) the kernel accepts an attachment;
+// the error carries the kernel's errno (EINVAL for an attach type it does not
+// know, ENODEV for a device that does not exist, ...).
+static Napi::Value LinkCreateProbe(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int32_t progFd = argI32(info, 0, "progFd");
+  uint32_t target = argU32(info, 1, "target");
+  uint32_t attachType = argU32(info, 2, "attachType");
+  int fd = bpf_link_create(progFd, static_cast<int>(target), static_cast<enum bpf_attach_type>(attachType), nullptr);
+  if (fd < 0) {
+    ErrCtx c;
+    c.reason = "attach type " + std::to_string(attachType) + ", target " + std::to_string(target);
+    throwBpfError(env, "bpf_link_create", errFromRet(fd), c);
+  }
+  UniqueFd link(fd);
+  return env.Undefined();
+}
+
 void InitObject(Napi::Env env, Napi::Object exports) {
   Napi::Function ctor = BpfObject::Define(env);
   addonData(env).objectCtor = Napi::Persistent(ctor);
   exports.Set("RawBpfObject", ctor);
   exports.Set("openObject", Napi::Function::New(env, OpenObject, "openObject"));
   exports.Set("progTestRun", Napi::Function::New(env, ProgTestRun, "progTestRun"));
+  exports.Set("linkCreateProbe", Napi::Function::New(env, LinkCreateProbe, "linkCreateProbe"));
 }
 
 }  // namespace lbn

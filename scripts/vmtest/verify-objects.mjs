@@ -5,14 +5,24 @@
 // object fails, with the verifier's last words.
 //
 // Usage: node scripts/vmtest/verify-objects.mjs [OBJ...]   (default: bpf/.output/**/*.bpf.o)
-import { mkdirSync, readdirSync, rmSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const { BpfObject } = await import(path.join(root, 'dist/native/bpf.js'));
-const { lacksSetRetval } = await import(path.join(root, 'dist/datapath/loader.js'));
+const { ensureBpffs, lacksSetRetval } = await import(path.join(root, 'dist/datapath/loader.js'));
 const { lacksSockDestroy } = await import(path.join(root, 'dist/datapath/terminate.js'));
+const { probeFeatures, featureLine, missingRequired } = await import(path.join(root, 'dist/datapath/features.js'));
+
+// Objects that call bpf_set_retval (5.18), and the build each falls back to without it.
+const SET_RETVAL_FALLBACK = {
+  'sock.bpf.o': 'sock_compat.bpf.o',
+  'sock_layout_test.bpf.o': 'sock_layout_test_compat.bpf.o',
+  'tests/sock_test.bpf.o': 'tests/sock_compat_test.bpf.o',
+};
+// Loaded program by program by the feature probe (below), never whole.
+const PROBE_OBJECT = 'probe.bpf.o';
 
 function objects() {
   const out = [];
@@ -27,24 +37,37 @@ function objects() {
   return out.sort();
 }
 
+/** The program the kernel refused (libbpf names it), and the verifier's last words. */
+function refusal(err) {
+  const log = String(err.log ?? err.message).trim();
+  const prog = /prog '([^']+)': (?:BPF program load failed|failed to load)/.exec(log)?.[1] ?? err.prog ?? '(libbpf named none)';
+  const lines = log.split('\n').filter((l) => !/^libbpf: failed to load object/.test(l)).slice(-10);
+  return { prog, lines };
+}
+
 const list = process.argv.length > 2 ? process.argv.slice(2) : objects();
 const pinRoot = `/sys/fs/bpf/lbctl-verify-${process.pid}`;
+ensureBpffs(pinRoot);
 let failed = 0;
+let passed = 0;
 const outcome = new Map();
 for (const file of list) {
   const name = path.relative(path.join(root, 'bpf/.output'), file);
+  if (name === PROBE_OBJECT) continue;
   mkdirSync(pinRoot, { recursive: true });
   const obj = BpfObject.open(file, { pinRoot });
   try {
     await obj.load();
     console.log(`verifier: ok   ${name}: ${obj.programNames().length} programs loaded`);
     outcome.set(name, 'ok');
+    passed++;
   } catch (err) {
-    // Kernels before 5.18 reject the standard datapath for want of
-    // bpf_set_retval; the agent then loads the compat object (checked below).
-    if (name === 'sock.bpf.o' && lacksSetRetval(err)) {
-      console.log(`verifier: fallback ${name}: no bpf_set_retval on this kernel; the agent uses sock_compat.bpf.o (refusals are EPERM)`);
+    // Kernels before 5.18 reject these for want of bpf_set_retval; the
+    // agent (and the tests) load their compat builds then (checked below).
+    if (SET_RETVAL_FALLBACK[name] && lacksSetRetval(err)) {
+      console.log(`verifier: fallback ${name}: no bpf_set_retval on this kernel; ${SET_RETVAL_FALLBACK[name]} is used instead (refusals are EPERM)`);
       outcome.set(name, 'fallback');
+      passed++;
       continue;
     }
     // Kernels before 6.5 have no bpf_sock_destroy kfunc: the agent destroys
@@ -52,22 +75,47 @@ for (const file of list) {
     if (name === 'sock_destroy.bpf.o' && lacksSockDestroy(err)) {
       console.log(`verifier: fallback ${name}: no bpf_sock_destroy kfunc on this kernel; stale UDP sockets are destroyed over inet_diag`);
       outcome.set(name, 'fallback');
+      passed++;
       continue;
     }
     failed++;
     outcome.set(name, 'fail');
-    const log = String(err.log ?? err.message).trim().split('\n').slice(-8).join('\n    ');
-    console.log(`verifier: FAIL ${name}: ${err.code ?? ''} ${err.message.split('\n')[0]}\n    ${log}`);
+    const { prog, lines } = refusal(err);
+    console.log(`verifier: FAIL ${name} program ${prog}: ${err.code ?? ''} ${err.message.split('\n')[0]}`);
+    for (const l of lines) console.log(`verifier:   | ${l}`);
   } finally {
     obj.close();
     rmSync(pinRoot, { recursive: true, force: true });
   }
 }
-if (outcome.get('sock.bpf.o') === 'fallback' && outcome.get('sock_compat.bpf.o') !== 'ok') {
-  failed++;
-  console.log('verifier: FAIL the fallback sock_compat.bpf.o did not load either');
+for (const [std, compat] of Object.entries(SET_RETVAL_FALLBACK)) {
+  if (outcome.get(std) === 'fallback' && outcome.get(compat) !== 'ok') {
+    failed++;
+    console.log(`verifier: FAIL ${std}'s fallback ${compat} did not load either`);
+  }
+}
+
+// The agent's feature probe (bpf/probe.c, program by program): every
+// required feature must be here, since this kernel is in the matrix.
+const cgroupRoot = readFileSync('/proc/mounts', 'utf8').split('\n').map((l) => l.split(' ')).find((f) => f[2] === 'cgroup2')?.[1];
+if (list.some((f) => f.endsWith(PROBE_OBJECT)) && cgroupRoot) {
+  const cgroup = path.join(cgroupRoot, `lbctl-verify-${process.pid}`);
+  mkdirSync(cgroup, { recursive: true });
+  try {
+    const features = await probeFeatures({ cgroup, bpfRoot: pinRoot });
+    console.log(`features: ${featureLine(features)}`);
+    for (const r of features.results) console.log(`feature: ${r.name} ${r.available ? 'yes' : 'no'}${r.required ? ' (required)' : ''}: ${r.detail}`);
+    const missing = missingRequired(features);
+    if (missing.length > 0) {
+      failed++;
+      console.log(`verifier: FAIL ${PROBE_OBJECT}: required features missing: ${missing.map((r) => `${r.name} (${r.detail})`).join('; ')}`);
+    } else passed++;
+  } finally {
+    rmSync(pinRoot, { recursive: true, force: true });
+    rmdirSync(cgroup);
+  }
 }
 console.log(`fallbacks: set_retval=${outcome.get('sock.bpf.o') === 'fallback' ? 'absent, compat datapath (EPERM refusals)' : 'present, standard datapath (ECONNREFUSED)'}`);
 console.log(`fallbacks: sock_destroy=${outcome.get('sock_destroy.bpf.o') === 'fallback' ? 'absent, inet_diag SOCK_DESTROY' : 'present, iter/udp + bpf_sock_destroy'}`);
-console.log(`verifier: ${list.length - failed} passed, ${failed} failed`);
+console.log(`verifier: ${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -36,32 +36,62 @@ need_tools() {
   fi
 }
 
-# debian:PKG (a metapackage such as linux-image-amd64) -> the versioned image package, cached.
+# Debian's archive through a private apt: a source list, state and cache of
+# its own under the vmtest cache, one per suite, checked against Debian's
+# archive keyring (debian-archive-keyring, on every Debian machine). The
+# machine's own apt configuration and lists are never read or written.
+# SUITE -> prints apt options for that suite; refreshes its lists when missing.
+debian_apt() {
+  local suite=$1 dir=$cache/apt/$1
+  local keyring=${VMTEST_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
+  local mirror=${VMTEST_MIRROR:-http://deb.debian.org/debian}
+  mkdir -p "$dir"/{lists/partial,archives/partial}
+  [[ -r $keyring ]] || { log "no Debian archive keyring at $keyring (package debian-archive-keyring)"; return 1; }
+  echo "deb [arch=amd64 signed-by=$keyring] $mirror $suite main" >"$dir/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir" -o "Dir::Cache::archives=$dir/archives"
+    -o Dir::State::Status=/dev/null -o APT::Architecture=amd64 -o Debug::NoLocking=1
+    -o APT::Sandbox::User=root -o Acquire::Languages=none)
+  if [[ ! -s $dir/lists/.updated || ${VMTEST_REFRESH:-0} == 1 ]]; then
+    log "apt: reading Debian $suite's package lists (private state in $dir)"
+    apt-get "${opts[@]}" update -qq >&2 || { log "apt: update of $suite failed"; return 1; }
+    date -u +%FT%TZ >"$dir/lists/.updated"
+  fi
+  printf '%s\n' "${opts[@]}"
+}
+
+# SUITE PKG (a metapackage such as linux-image-amd64) -> the versioned image package, cached.
 resolve_debian() {
-  local meta=$1 name=$2 file=$cache/resolved/$2
+  local suite=$1 meta=$2 name=$3 file=$cache/resolved/$3
   if [[ -s $file && ${VMTEST_REFRESH:-0} != 1 ]]; then cat "$file"; return; fi
-  if ! apt-cache show "$meta" >/dev/null 2>&1; then apt-get update -qq; fi
+  local opts
+  mapfile -t opts < <(debian_apt "$suite") && ((${#opts[@]})) || return 1
   local pkg
-  pkg=$(apt-cache depends "$meta" | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
-  [[ -n $pkg ]] || { log "cannot resolve $meta to a kernel package"; return 1; }
+  pkg=$(apt-cache "${opts[@]}" depends "$meta" | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -1)
+  [[ -n $pkg ]] || { log "cannot resolve $meta in Debian $suite to a kernel package"; return 1; }
   echo "$pkg" >"$file"
   echo "$pkg"
 }
 
-# PKG -> unpacked tree with a module index; prints the tree path. Downloads only when not cached.
+# SUITE PKG -> unpacked tree with a module index; prints the tree path. Downloads only when not cached.
 prepare_tree() {
-  local pkg=$1 kver=${1#linux-image-}
+  local suite=$1 pkg=$2 kver=${2#linux-image-}
   local tree=$cache/trees/$kver
   if [[ ! -f $tree/.ready ]]; then
     local deb
     deb=$(ls "$cache"/debs/"${pkg}"_*.deb 2>/dev/null | head -1 || true)
     if [[ -z $deb ]]; then
-      log "downloading $pkg"
-      (cd "$cache/debs" && apt-get download -qq -o APT::Sandbox::User=root "$pkg")
+      log "downloading $pkg from Debian $suite"
+      local opts
+      mapfile -t opts < <(debian_apt "$suite") && ((${#opts[@]})) || return 1
+      # apt-get download checks the package against the signed Release file's hashes.
+      (cd "$cache/debs" && apt-get "${opts[@]}" download -qq "$pkg") >&2
       deb=$(ls "$cache"/debs/"${pkg}"_*.deb | head -1)
     fi
     rm -rf "$tree"
     dpkg-deb -x "$deb" "$tree"
+    # Debian 13's packages are usr-merged: modules under usr/lib/modules.
+    [[ -e $tree/lib || ! -d $tree/usr/lib/modules ]] || ln -s usr/lib "$tree/lib"
     depmod -b "$tree" "$kver"
     touch "$tree/.ready"
   fi
@@ -87,8 +117,15 @@ prepare_initramfs() {
     for m in $mods; do
       modprobe -d "$tree" -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
     done | awk '!seen[$0]++' | while read -r ko; do
-      cp "$ko" "$work/modules/"
-      basename "$ko" .ko >>"$work/modules.order"
+      # busybox insmod takes plain .ko files; newer Debian kernels (6.12) ship them xz- or zstd-compressed.
+      local base=${ko##*/}
+      base=${base%.xz} base=${base%.zst}
+      case $ko in
+        *.xz) xz -dc "$ko" >"$work/modules/$base" ;;
+        *.zst) zstd -qdc "$ko" >"$work/modules/$base" ;;
+        *) cp "$ko" "$work/modules/$base" ;;
+      esac
+      basename "$base" .ko >>"$work/modules.order"
     done
     (cd "$work" && find . | /bin/busybox cpio -o -H newc 2>/dev/null | gzip -1) >"$out.tmp"
     mv "$out.tmp" "$out"
@@ -111,11 +148,11 @@ run_host() {
   bash "$here/suites.sh" "$repo" "$out" >"$out/guest.log" 2>&1 || true
 }
 
-# NAME OUTDIR PKG -> boots the kernel in qemu and runs the suites inside.
+# NAME OUTDIR SUITE PKG -> boots the kernel in qemu and runs the suites inside.
 run_guest() {
-  local name=$1 out=$2 pkg=$3
+  local name=$1 out=$2 suite=$3 pkg=$4
   local kver=${pkg#linux-image-} tree initrd mode
-  tree=$(prepare_tree "$pkg")
+  tree=$(prepare_tree "$suite" "$pkg")
   initrd=$(prepare_initramfs "$tree" "$kver")
   mode=$(accel)
   local cpu=(-accel tcg -cpu max)
@@ -152,9 +189,9 @@ main() {
         echo 0 >"$out/done"
         ;;
       debian:*)
-        local pkg
-        pkg=$(resolve_debian "${source#debian:}" "$name")
-        run_guest "$name" "$out" "$pkg"
+        local pkg spec=${source#debian:}
+        pkg=$(resolve_debian "${spec%%/*}" "${spec#*/}" "$name")
+        run_guest "$name" "$out" "${spec%%/*}" "$pkg"
         label="${pkg#linux-image-}, $(cat "$out/accel")"
         ;;
       *)

@@ -9,6 +9,7 @@
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
+import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type DatapathFeatures } from '../datapath/features.js';
 import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
@@ -22,7 +23,7 @@ import { Reconciler, SyncError, type NotProgrammed, type SyncResult } from '../r
 import type { Source, SourceEvent } from '../sources/source.js';
 import type { AgentMetrics } from './metrics.js';
 import { BoundedFrequencyRunner, type RunReason } from './runner.js';
-import type { AgentView, CheckOutcome, FrontendStatus, SyncStats } from './view.js';
+import type { AgentView, CheckOutcome, FrontendStatus, KernelStatus, SyncStats } from './view.js';
 
 export interface AgentOptions {
   readonly source: Source;
@@ -84,6 +85,7 @@ export class Agent implements AgentView {
   private datapath: Datapath | undefined;
   private reconciler: Reconciler | undefined;
   private terminator: UdpTerminator | undefined;
+  private features: DatapathFeatures | undefined;
   private readonly runner: BoundedFrequencyRunner;
   /** The desired state, kept up to date event by event (kube-proxy's change trackers). */
   private readonly model = new DesiredModel();
@@ -111,9 +113,18 @@ export class Agent implements AgentView {
 
   async start(): Promise<void> {
     const { log } = this.opts;
-    this.datapath = await loadDatapath(this.opts.datapath);
+    // What this kernel can do, asked by loading (not by version): one line,
+    // a metric per feature, and no start without the required ones.
+    const features = await probeFeatures({ cgroup: this.opts.datapath.cgroup, bpfRoot: this.opts.datapath.bpfRoot });
+    this.features = features;
+    this.opts.metrics?.setFeatures(features.results);
+    const line = featureLine(features);
+    if (missingRequired(features).length > 0) log.error({ features: features.results }, `datapath features: ${line}`);
+    else log.info({ kernel: features.kernel, absent: features.results.filter((r) => !r.available).map((r) => `${r.name}: ${r.detail}`) }, `datapath features: ${line}`);
+    requireFeatures(features);
+    this.datapath = await loadDatapath({ ...this.opts.datapath, setRetval: has(features, 'set_retval') });
     if (this.datapath.variant === 'compat') {
-      log.warn('this kernel has no bpf_set_retval (before 5.18): refused connections fail with EPERM instead of ECONNREFUSED');
+      log.warn('this kernel has no bpf_set_retval (before 5.18): sock_compat.bpf.o loaded; refused connections fail with EPERM instead of ECONNREFUSED');
     }
     for (const m of this.datapath.migrated) {
       if (m.converted) log.info(m, 'map layout changed: entries converted field by field, links switched');
@@ -383,6 +394,16 @@ export class Agent implements AgentView {
     // Every sync sets these gauges: each is kept as a count, nothing is walked.
     // Backends are unique per address, port and protocol in the maps (one id each).
     return { services: this.model.serviceCount, frontends: this.model.frontends.size, backends: this.reconciler?.realized.backends.size ?? 0 };
+  }
+
+  kernel(): KernelStatus | undefined {
+    if (!this.features) return undefined;
+    return {
+      release: this.features.kernel,
+      features: this.features.results.map(({ name, required, available, since, detail }) => ({ name, required, available, since, detail })),
+      object: this.datapath?.variant ?? 'not loaded',
+      udpTermination: this.terminator?.mechanism ?? 'not probed',
+    };
   }
 
   source(): { name: string; notes: readonly string[] } {

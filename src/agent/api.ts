@@ -12,7 +12,7 @@ import path from 'node:path';
 import { LbError } from '../errors.js';
 import { Health, type CheckResult, type HealthOptions } from './health.js';
 import { closeServer } from './http.js';
-import type { AgentView } from './view.js';
+import type { AgentView, KernelStatus } from './view.js';
 
 import { DEFAULT_API_SOCKET } from '../defaults.js';
 export { DEFAULT_API_SOCKET };
@@ -44,6 +44,8 @@ export interface AgentStatus {
   readonly maps?: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
   /** The source and its notes (absent from older agents). */
   readonly source?: { readonly name: string; readonly notes: readonly string[] };
+  /** The kernel as probed at start (absent from older agents). */
+  readonly kernel?: KernelStatus;
 }
 
 const rfc3339 = (ms: number): string => new Date(ms).toISOString();
@@ -55,6 +57,7 @@ export function agentStatus(view: AgentView, health: Health, version: string, no
   };
   const h = health.healthz(now); // one clock reading for the whole report
   const s = view.sync();
+  const kernel = view.kernel();
   const opt = <K extends string>(k: K, ms: number | undefined): { [P in K]?: string } => (ms === undefined ? {} : ({ [k]: rfc3339(ms) } as { [P in K]: string }));
   return {
     version,
@@ -75,6 +78,7 @@ export function agentStatus(view: AgentView, health: Health, version: string, no
     counts: { ...view.counts() },
     maps: view.mapPressure().map((m) => ({ map: m.map, entries: m.entries, maxEntries: m.maxEntries })),
     source: view.source(),
+    ...(kernel ? { kernel } : {}),
   };
 }
 

@@ -47,6 +47,7 @@ export class AgentMetrics {
   private readonly mapErrors: Counter<'map'>;
   private readonly mapPressure: Gauge<'map_name'>;
   private readonly notProgrammed: Gauge<'map_name'>;
+  private readonly datapathFeature: Gauge<'feature' | 'required'>;
   private readonly notProgrammedMaps = new Set<string>();
   private readonly events: Counter<'kind' | 'type'>;
   private readonly skippedObjects: Counter<'kind' | 'reason'>;
@@ -73,6 +74,7 @@ export class AgentMetrics {
     this.mapErrors = new Counter({ name: 'lbctl_map_operation_errors_total', help: 'Failed BPF map operations, by map', labelNames: ['map'], registers });
     this.mapPressure = new Gauge({ name: 'lbctl_bpf_map_pressure', help: 'Fill of each BPF map the agent writes: entries in use / max_entries (1 is full)', labelNames: ['map_name'], registers });
     this.notProgrammed = new Gauge({ name: 'lbctl_frontends_not_programmed', help: 'Frontends the last sync left out of the maps for want of room, by the map that had none', labelNames: ['map_name'], registers });
+    this.datapathFeature = new Gauge({ name: 'lbctl_datapath_feature', help: 'Kernel features probed at start: 1 present, 0 absent (required="true": the agent does not start without it)', labelNames: ['feature', 'required'], registers });
     this.events = new Counter({ name: 'lbctl_source_events_total', help: 'Objects added, updated or deleted in the source, by kind and type', labelNames: ['kind', 'type'], registers });
     this.skippedObjects = new Counter({ name: 'lbctl_skipped_objects_total', help: 'Objects left out of the desired state, by kind and reason', labelNames: ['kind', 'reason'], registers });
     const view = opts.view;
@@ -132,6 +134,11 @@ export class AgentMetrics {
       this.notProgrammed.set({ map_name }, n);
       this.notProgrammedMaps.add(map_name);
     }
+  }
+
+  /** Once, after the start's feature probe (src/datapath/features.ts). */
+  setFeatures(results: ReadonlyArray<{ readonly name: string; readonly required: boolean; readonly available: boolean }>): void {
+    for (const r of results) this.datapathFeature.set({ feature: r.name, required: String(r.required) }, r.available ? 1 : 0);
   }
 
   mapError(map: string): void {

@@ -38,6 +38,17 @@ export interface FrontendStatus {
   readonly details: readonly string[];
 }
 
+/** The kernel as the agent found it at start (src/datapath/features.ts). */
+export interface KernelStatus {
+  /** uname -r */
+  readonly release: string;
+  readonly features: ReadonlyArray<{ readonly name: string; readonly required: boolean; readonly available: boolean; readonly since: string; readonly detail: string }>;
+  /** The datapath object loaded: standard (sock.bpf.o), compat (sock_compat.bpf.o) or custom (--object). */
+  readonly object: string;
+  /** How stale connected UDP sockets are destroyed: bpf-sock-destroy, inet-diag or none. */
+  readonly udpTermination: string;
+}
+
 export interface CheckOutcome {
   readonly ok: boolean;
   /** Why it failed (or a short fact when it passed). */
@@ -71,6 +82,8 @@ export interface AgentView {
   mapPressure(): ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
   /** Counts of what is programmed now. */
   counts(): { readonly services: number; readonly frontends: number; readonly backends: number };
+  /** What the start's probe found this kernel can do, and which object and mechanisms that chose. */
+  kernel(): KernelStatus | undefined;
   /** The source's name and what it says of its state (SourceStatus.notes). */
   source(): { readonly name: string; readonly notes: readonly string[] };
 }

@@ -15,6 +15,10 @@ import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, isErrno, openPinnedMap
 import { mapSpecs, type MapName } from './abi.gen.js';
 import { convertPerCpu, converter, type Converter } from './layout.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
+import { ensureBpffs } from './bpffs.js';
+import { hasSetRetval } from './features.js';
+
+export { ensureBpffs } from './bpffs.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const DEFAULT_OBJECT = path.join(ROOT, 'bpf/.output/sock.bpf.o');
@@ -49,6 +53,11 @@ export interface DatapathOptions {
   readonly sizes?: Partial<MapSizes>;
   /** How each program is attached (default: attachCgroup); a test wraps it to fail at a chosen link. */
   readonly attach?: AttachFn;
+  /**
+   * Whether the kernel has bpf_set_retval (the agent's feature probe says);
+   * probed here when not given. Without it the compat object is loaded.
+   */
+  readonly setRetval?: boolean;
 }
 
 export interface AttachedProgram {
@@ -84,22 +93,6 @@ export function cgroup2Root(mounts = readFileSync('/proc/mounts', 'utf8')): stri
   throw new ConfigError('no cgroup v2 filesystem is mounted (looked in /proc/mounts); lbctl attaches to a cgroup v2 path');
 }
 
-/** Mounts bpffs at /sys/fs/bpf when bpfRoot lives there and it is not mounted yet. */
-export function ensureBpffs(bpfRoot: string, mounts = readFileSync('/proc/mounts', 'utf8')): void {
-  const bpfMounts = mounts
-    .split('\n')
-    .map((l) => l.split(' '))
-    .filter(([, , type]) => type === 'bpf')
-    .map(([, mp]) => mp!);
-  const abs = path.resolve(bpfRoot);
-  if (bpfMounts.some((mp) => abs === mp || abs.startsWith(mp.endsWith('/') ? mp : `${mp}/`))) return;
-  if (abs.startsWith('/sys/fs/bpf/')) {
-    mkdirSync('/sys/fs/bpf', { recursive: true });
-    execFileSync('mount', ['-t', 'bpf', 'bpf', '/sys/fs/bpf']);
-    return;
-  }
-  throw new ConfigError(`--bpf-root ${bpfRoot} is not on a bpf filesystem (mount one with: mount -t bpf bpf <dir>)`);
-}
 
 function maxEntries(sizes: MapSizes): Record<string, number> {
   for (const [k, v] of Object.entries(sizes)) {
@@ -245,16 +238,11 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
     for (const name of readdirSync(mapsDir(opts.bpfRoot))) if (!pinnedBefore.has(name)) rmSync(path.join(mapsDir(opts.bpfRoot), name), { force: true });
   };
 
-  let variant: Datapath['variant'] = opts.object ? 'custom' : 'standard';
+  // Kernels before 5.18 have no bpf_set_retval: the compat object (refusals are EPERM).
+  const variant: Datapath['variant'] = opts.object ? 'custom' : (opts.setRetval ?? (await hasSetRetval())) ? 'standard' : 'compat';
   let object: BpfObject;
   try {
-    try {
-      object = await openAndLoad(objectPath, pinRoot, wanted, reuseMaps);
-    } catch (err) {
-      if (opts.object || !lacksSetRetval(err)) throw err;
-      object = await openAndLoad(COMPAT_OBJECT, pinRoot, wanted, reuseMaps);
-      variant = 'compat';
-    }
+    object = await openAndLoad(variant === 'compat' ? COMPAT_OBJECT : objectPath, pinRoot, wanted, reuseMaps);
   } catch (err) {
     if (migrating) rmSync(pinRoot, { recursive: true, force: true });
     throw err;
@@ -469,7 +457,7 @@ async function openAndLoad(
   }
 }
 
-/** The verifier's words for a kernel without bpf_set_retval (helper #187, 5.18). */
+/** The verifier's words for a kernel without bpf_set_retval (helper #187, 5.18): which object a failed load needed. */
 export function lacksSetRetval(err: unknown): boolean {
   const text = `${(err as { log?: unknown })?.log ?? ''} ${(err as Error)?.message ?? ''}`;
   return /unknown func bpf_set_retval|invalid func unknown#187|unknown func #187|cannot use helper bpf_set_retval/.test(text);

@@ -286,6 +286,11 @@ export function iterRun(progFd: number, netnsFd?: number): Promise<Buffer> {
 
 // ---- end of stale-socket termination
 
+/** BPF_LINK_CREATE, closed again at once: throws the kernel's answer (BpfError) when it refuses the attachment. */
+export function linkCreateProbe(progFd: number, target: number, attachType: number): void {
+  guard(() => native().linkCreateProbe(progFd, target, attachType));
+}
+
 export function progTestRun(progFd: number, opts: TestRunOptions = {}): TestRunResult {
   return guard(() => native().progTestRun(progFd, opts));
 }

@@ -11,6 +11,8 @@ export interface OpenOptions {
   maxEntries?: Record<string, number>;
   /** map name -> fd of an existing map of the same layout, used instead of creating one (bpf_map__reuse_fd; the fd is duplicated). */
   reuseMaps?: Record<string, number>;
+  /** Load only these programs (bpf_program__set_autoload); ENOENT-coded error for a name the object lacks. */
+  programs?: string[];
 }
 
 export interface RawBpfObject {
@@ -152,6 +154,8 @@ export interface NativeBinding {
    */
   iterRun(progFd: number, netnsFd?: number): Promise<Buffer>;
   // ---- end of stale-socket termination
+  /** BPF_LINK_CREATE, the link closed again at once: whether the kernel accepts this attachment (its errno when not). */
+  linkCreateProbe(progFd: number, target: number, attachType: number): void;
   progTestRun(
     progFd: number,
     opts: { data?: Buffer; ctx?: Buffer; repeat?: number; dataSizeOut?: number },

@@ -1,6 +1,6 @@
 // An AgentView whose every answer is a field the test sets; counts calls to
 // the checks that touch the datapath.
-import type { AgentView, CheckOutcome, FrontendStatus, SyncStats } from '../../src/agent/view.js';
+import type { AgentView, CheckOutcome, FrontendStatus, KernelStatus, SyncStats } from '../../src/agent/view.js';
 
 export class FakeView implements AgentView {
   startedAt = Date.now();
@@ -58,6 +58,10 @@ export class FakeView implements AgentView {
   }
   counts(): { services: number; frontends: number; backends: number } {
     return this.programmed;
+  }
+  kernelState: KernelStatus | undefined = undefined;
+  kernel(): KernelStatus | undefined {
+    return this.kernelState;
   }
   sourceState = { name: 'file:/etc/lbctl/manifests', notes: [] as string[] };
   source(): { name: string; notes: readonly string[] } {

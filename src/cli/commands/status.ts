@@ -35,6 +35,14 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
   const plural = (n: number, what: string): string => `${n} ${what}${n === 1 ? '' : 's'}`;
   let text = row('Agent', `lbctl ${s.version}, up ${formatDuration(s.uptimeSeconds * 1000)} (since ${s.startedAt})`);
   if (s.source) text += row('Source', s.source.name) + s.source.notes.map((n) => `  note: ${n}\n`).join('');
+  if (s.kernel) {
+    const k = s.kernel;
+    const required = k.features.filter((f) => f.required);
+    const missing = required.filter((f) => !f.available).map((f) => f.name);
+    const optional = k.features.filter((f) => !f.required).map((f) => `${f.name} ${f.available ? 'yes' : 'no'}`);
+    text += row('Kernel', `${k.release}: ${missing.length === 0 ? `${required.length}/${required.length} required features` : `MISSING ${missing.join(', ')}`}; ${optional.join(', ')}`);
+    text += row('Datapath', `${k.object === 'compat' ? 'sock_compat.bpf.o (refused connects: EPERM)' : k.object === 'standard' ? 'sock.bpf.o (refused connects: ECONNREFUSED)' : k.object}; stale UDP sockets: ${k.udpTermination}`);
+  }
   text += row('Liveness', s.livez.ok ? 'ok' : 'FAILED') + groupLines(s.livez);
   text += row('Readiness', s.readyz.ok ? 'ok' : 'FAILED') + groupLines(s.readyz);
   const eligible = s.healthz.nodeEligible ? 'node eligible' : 'node not eligible';
