@@ -113,7 +113,7 @@ typecheck: $(STAMP)
 test: test-host test-vm
 
 test-vm: build typecheck
-	VMTEST_SKIP_HOST=1 bash scripts/vmtest/vmtest.sh
+	VMTEST_SKIP_HOST=1 VMTEST_PROFILE=test bash scripts/vmtest/vmtest.sh
 
 test-host: build typecheck
 	npx --no-install tap test/unit test/native test/bpf test/e2e

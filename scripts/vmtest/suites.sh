@@ -28,16 +28,16 @@ v_pass=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' "$out/
 v_fail=$(sed -n 's/^verifier: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' "$out/verifier.log")
 : "${v_pass:=0}" "${v_fail:=1}"
 
-# The suites were type-checked on the host; only transpile here. Every e2e
-# file but two that test the agent's control plane and nothing the kernel
-# does; they run on the host, where they take seconds instead of the guest's
-# minutes under TCG: hostile-input.ts (how the agent reads its input: 2,000
-# files and 16 MiB parses) and kubernetes-nodes.ts (the wait for this node's
-# Node against the fake API server: three agents with multi-second graces).
-default_suites="test/native test/bpf $(ls test/e2e/*.ts | grep -Ev '/(hostile-input|kubernetes-nodes)\.ts$' | tr '\n' ' ')"
-suites=${LBCTL_VMTEST_SUITES:-$default_suites}
+# Which suites: OUT/suites, one tap path per line, written by vmtest.sh
+# from the matrix (scripts/vmtest/plan.mjs). The suites were type-checked
+# on the host; only transpile here.
+suites=$(tr '\n' ' ' <"$out/suites" 2>/dev/null)
+[[ -n ${suites// /} ]] || suites="test/native test/bpf"
+# Facts for docs/kernels.md (scripts/vmtest/kernels-doc.mjs): what the verifier and the probe found.
+grep -E '^(kernel|features|feature|fallbacks|udp-termination|verifier: (ok|fallback|FAIL))' "$out/verifier.log" >"$out/facts" 2>/dev/null
+echo "kernel: $(uname -r)" >>"$out/facts"
 tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-5400}
-TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
+LBCTL_KERNEL_FACTS=$out/facts TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
   node node_modules/.bin/tap -R tap --timeout 1200 $suites >"$out/tap.log" 2>&1
 tap_rc=$?
 summary=$(grep -E '^# \{ total: [0-9]+' "$out/tap.log" | tail -1)

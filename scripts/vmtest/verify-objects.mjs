@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const { BpfObject } = await import(path.join(root, 'dist/native/bpf.js'));
 const { ensureBpffs, lacksSetRetval } = await import(path.join(root, 'dist/datapath/loader.js'));
-const { lacksSockDestroy } = await import(path.join(root, 'dist/datapath/terminate.js'));
+const { lacksSockDestroy, UdpTerminator } = await import(path.join(root, 'dist/datapath/terminate.js'));
 const { probeFeatures, featureLine, missingRequired } = await import(path.join(root, 'dist/datapath/features.js'));
 
 // Objects that call bpf_set_retval (5.18), and the build each falls back to without it.
@@ -115,6 +115,9 @@ if (list.some((f) => f.endsWith(PROBE_OBJECT)) && cgroupRoot) {
     rmdirSync(cgroup);
   }
 }
+// How the agent will destroy stale connected UDP sockets here (its own detection, by loading).
+const udp = await UdpTerminator.detect({ mechanism: 'auto' }).catch((err) => ({ mechanism: 'error', reason: err.message }));
+console.log(`udp-termination: ${udp.mechanism}: ${udp.reason}`);
 console.log(`fallbacks: set_retval=${outcome.get('sock.bpf.o') === 'fallback' ? 'absent, compat datapath (EPERM refusals)' : 'present, standard datapath (ECONNREFUSED)'}`);
 console.log(`fallbacks: sock_destroy=${outcome.get('sock_destroy.bpf.o') === 'fallback' ? 'absent, inet_diag SOCK_DESTROY' : 'present, iter/udp + bpf_sock_destroy'}`);
 console.log(`verifier: ${passed} passed, ${failed} failed`);

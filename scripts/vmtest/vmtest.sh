@@ -148,76 +148,121 @@ run_host() {
   bash "$here/suites.sh" "$repo" "$out" >"$out/guest.log" 2>&1 || true
 }
 
-# NAME OUTDIR SUITE PKG -> boots the kernel in qemu and runs the suites inside.
+# NAME OUTDIR TREE KVER INITRD -> boots the kernel in qemu and runs the suites inside.
 run_guest() {
-  local name=$1 out=$2 suite=$3 pkg=$4
-  local kver=${pkg#linux-image-} tree initrd mode
-  tree=$(prepare_tree "$suite" "$pkg")
-  initrd=$(prepare_initramfs "$tree" "$kver")
+  local name=$1 out=$2 tree=$3 kver=$4 initrd=$5 mode
   mode=$(accel)
   local cpu=(-accel tcg -cpu max)
   [[ $mode == kvm ]] && cpu=(-accel kvm -cpu host)
+  echo "$mode" >"$out/accel"
   log "$name: booting $kver under $mode (console: $out/console.log)"
-  local rc=0
-  timeout "$timeout_s" qemu-system-x86_64 "${cpu[@]}" -smp 2 -m 4G \
+  local rc=0 t0=$SECONDS
+  timeout "$timeout_s" qemu-system-x86_64 "${cpu[@]}" -smp "${VMTEST_SMP:-2}" -m 4G \
     -kernel "$tree/boot/vmlinuz-$kver" -initrd "$initrd" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=4 lbctl.repo=$repo lbctl.suites=${suites// /,}" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=4 lbctl.repo=$repo" \
     -nographic -serial "file:$out/console.log" -monitor none -no-reboot -nic none \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$out,mount_tag=share,security_model=none,multidevs=remap" || rc=$?
   [[ $rc -eq 124 ]] && log "$name: timed out after ${timeout_s}s"
-  echo "$mode" >"$out/accel"
+  echo $((SECONDS - t0)) >"$out/seconds"
+}
+
+# NAME OUTDIR -> the row's result line, its notable lines; returns 1 if it failed.
+report() {
+  local name=$1 out=$2 passed=0 failed=1
+  if [[ -f $out/done && -f $out/summary ]]; then
+    read -r passed failed <"$out/summary"
+  else
+    log "$name: the guest left no result (panic, hang or init failure); console log kept"
+    [[ -f $out/init-error ]] && log "$name: $(cat "$out/init-error")"
+    tail -n 20 "$out/console.log" 2>/dev/null | sed 's/^/    /' >&2 || true
+  fi
+  grep -E '^(kernel|features|fallbacks|verifier: (FAIL|fallback)|verifier:   \|)|^tap: (not ok|rc|timed out|no summary)' "$out/guest.log" 2>/dev/null | sed "s/^/  $name | /" || true
+  printf '%s: %d passed, %d failed (%s s, %s)\n' "$name" "$passed" "$failed" "$(cat "$out/seconds" 2>/dev/null || echo '?')" "$(cat "$out/label")"
+  ((failed == 0))
 }
 
 main() {
   make -C "$repo" --no-print-directory build typecheck >&2
   need_tools
-  local failed_kernels=0 name source
-  local stamp
+  local profile=${VMTEST_PROFILE:-vmtest} stamp failed_kernels=0
   stamp=$(date +%Y%m%d-%H%M%S)
-  while read -r name source _; do
+  local names=() outs=() hosts=() guests=()
+  local name source vm_groups test_groups
+  while read -r name source vm_groups test_groups _; do
     [[ -z $name || $name == \#* ]] && continue
     if [[ -n ${VMTEST_KERNELS:-} && " $VMTEST_KERNELS " != *" $name "* ]]; then continue; fi
     if [[ ${VMTEST_SKIP_HOST:-0} == 1 && $source == host ]]; then continue; fi
-    local out=$cache/logs/$stamp-$name
+    local out=$cache/logs/$stamp-$name groups
     mkdir -p "$out"
-    local t0=$SECONDS label
+    groups=$([[ $profile == test ]] && echo "$test_groups" || echo "$vm_groups")
+    if [[ -n $suites ]]; then
+      tr ' ' '\n' <<<"$suites" >"$out/suites"
+    else
+      node "$here/plan.mjs" ${groups//,/ } >"$out/suites"
+    fi
+    names+=("$name")
+    outs+=("$out")
     case $source in
       host)
-        label="$(uname -r), host"
-        run_host "$name" "$out"
-        echo 0 >"$out/done"
+        echo "$(uname -r), host" >"$out/label"
+        hosts+=("$out")
         ;;
       debian:*)
-        local pkg spec=${source#debian:}
-        pkg=$(resolve_debian "${spec%%/*}" "${spec#*/}" "$name")
-        run_guest "$name" "$out" "${spec%%/*}" "$pkg"
-        label="${pkg#linux-image-}, $(cat "$out/accel")"
+        # Downloads and unpacking one at a time, before any guest boots.
+        local spec=${source#debian:} pkg tree initrd kver
+        if ! pkg=$(resolve_debian "${spec%%/*}" "${spec#*/}" "$name") || ! tree=$(prepare_tree "${spec%%/*}" "$pkg"); then
+          echo "$source (not fetched)" >"$out/label"
+          continue
+        fi
+        kver=${pkg#linux-image-}
+        initrd=$(prepare_initramfs "$tree" "$kver")
+        echo "$kver, $(accel)" >"$out/label"
+        guests+=("$name|$out|$tree|$kver|$initrd")
         ;;
       *)
         log "$name: unknown source $source"
-        failed_kernels=$((failed_kernels + 1))
-        continue
+        echo "$source (unknown source)" >"$out/label"
         ;;
     esac
-
-    local passed=0 failed=1
-    if [[ -f $out/done && -f $out/summary ]]; then
-      read -r passed failed <"$out/summary"
-    else
-      log "$name: the guest left no result (panic, hang or init failure); console log kept"
-      [[ -f $out/init-error ]] && log "$name: $(cat "$out/init-error")"
-      tail -n 20 "$out/console.log" 2>/dev/null | sed 's/^/    /' >&2 || true
-    fi
-    grep -E '^(kernel|fallbacks|verifier: (FAIL|fallback))|^tap: (not ok|rc|timed out|no summary)' "$out/guest.log" 2>/dev/null | sed "s/^/  $name | /" || true
-    printf '%s: %d passed, %d failed\n' "$name" "$passed" "$failed"
-    log "$name ($label) took $((SECONDS - t0))s; logs in $out"
-    if ((failed > 0)); then
-      failed_kernels=$((failed_kernels + 1))
-    elif [[ $source != host ]]; then
-      rm -f "$out/console.log" # kept only for failed runs
-    fi
+    log "$name: $(wc -l <"$out/suites") suite paths ($(tr '\n' ' ' <"$out/suites" | cut -c1-160)...)"
   done <"$here/kernels"
+
+  # The host's suites first, alone: they measure timing on the real kernel.
+  local o
+  for o in "${hosts[@]}"; do
+    local t0=$SECONDS
+    bash "$here/suites.sh" "$repo" "$o" >"$o/guest.log" 2>&1 || true
+    echo 0 >"$o/done"
+    echo $((SECONDS - t0)) >"$o/seconds"
+  done
+  # Then the guests side by side (VMTEST_JOBS at a time; default all): each
+  # is one qemu process, so 2 cores serve two guests at full speed.
+  local jobs=${VMTEST_JOBS:-${#guests[@]}} running=0 g
+  for g in "${guests[@]}"; do
+    IFS='|' read -r name o tree kver initrd <<<"$g"
+    run_guest "$name" "$o" "$tree" "$kver" "$initrd" &
+    running=$((running + 1))
+    if ((running >= jobs)); then
+      wait -n || true
+      running=$((running - 1))
+    fi
+  done
+  wait || true
+
+  local i
+  for i in "${!names[@]}"; do
+    if report "${names[$i]}" "${outs[$i]}"; then
+      [[ -d ${outs[$i]} && $(cat "${outs[$i]}/label") != *host ]] && rm -f "${outs[$i]}/console.log" # kept only for failed runs
+    else
+      failed_kernels=$((failed_kernels + 1))
+    fi
+    log "${names[$i]}: logs in ${outs[$i]}"
+  done
+  # docs/kernels.md states what each kernel gets: checked against this run.
+  if ! node "$here/kernels-doc.mjs" ${VMTEST_UPDATE_DOCS:+--write} "${outs[@]}"; then
+    failed_kernels=$((failed_kernels + 1))
+  fi
   return $((failed_kernels > 0))
 }
 

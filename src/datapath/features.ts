@@ -264,6 +264,13 @@ export async function probeFeatures(opts: ProbeOptions): Promise<DatapathFeature
 export function requireFeatures(features: DatapathFeatures): void {
   const missing = missingRequired(features);
   if (missing.length === 0) return;
+  if (missing.every((r) => r.detail.startsWith('EPERM') || r.detail.startsWith('not probed'))) {
+    // Not the kernel: the process may not use bpf(2) at all.
+    throw new ConfigError(
+      `bpf(2) refused every probe with EPERM (${missing.length} required features unproven, first ${missing[0]!.name}): ` +
+        'lbctl needs CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (or CAP_SYS_ADMIN alone before 5.8), and kernel.unprivileged_bpf_disabled does not apply to them',
+    );
+  }
   const list = missing.map((r) => `${r.what} [${r.name}, Linux ${r.since}]: ${r.detail}`).join('; ');
   throw new ConfigError(
     `this kernel (${features.kernel}) lacks ${missing.length === 1 ? 'a feature' : `${missing.length} features`} lbctl needs: ${list}. ` +

@@ -1,6 +1,6 @@
 // The datapath object on the real kernel: load (verifier), pinned maps,
 // links into a child cgroup, the reconciler writing real maps, restore.
-import { mkdirSync, readFileSync, rmdirSync } from 'node:fs';
+import { appendFileSync, mkdirSync, readFileSync, rmdirSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
 import { execFileSync } from 'node:child_process';
@@ -292,7 +292,12 @@ t.test('refusals through each object, with real sockets: ECONNREFUSED (standard)
         // One service at 10.96.0.0:80/TCP with no endpoint, and the address's wildcard entry.
         new Reconciler(dp.maps).sync(model(1, 0), { prune: true });
         const refused = async (args: string[]): Promise<string | null> => (await sb.client<{ error: string | null }>(['refused', ...args])).error;
-        t.equal(await refused(['10.96.0.0', '80', '--proto', 'tcp']), c.errno, `TCP connect() to a service without backends: ${c.errno}`);
+        const tcp = await refused(['10.96.0.0', '80', '--proto', 'tcp']);
+        t.equal(tcp, c.errno, `TCP connect() to a service without backends: ${c.errno}`);
+        // The object the agent loads on this kernel: what its refusals measured, for docs/kernels.md (scripts/vmtest).
+        if (process.env.LBCTL_KERNEL_FACTS && (c.name === 'standard') === hasSetRetval) {
+          appendFileSync(process.env.LBCTL_KERNEL_FACTS, `measured: refused-connect ${tcp} ${path.basename(c.object)}\n`);
+        }
         t.equal(await refused(['10.96.0.0', '5353', '--proto', 'udp']), c.errno, `UDP sendto() to an unserved port of a service address: ${c.errno}`);
         t.equal(await refused(['::ffff:10.96.0.0', '80', '--proto', 'tcp']), c.errno, `the same through connect6 (v4-mapped): ${c.errno}`);
         // Not refused by lbctl: an address that is no service fails as the netns makes it (no route).

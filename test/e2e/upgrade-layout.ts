@@ -10,13 +10,15 @@
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
+import { hasSetRetval } from '../../src/datapath/features.js';
 import { converter } from '../../src/datapath/layout.js';
 import { DEFAULT_OBJECT } from '../../src/datapath/loader.js';
 import { BpfObject, openPinnedMap } from '../../src/native/bpf.js';
 import { serviceObject, serviceWithBackends, sliceObject, yamlDocs } from '../helpers/manifests.js';
 import { createSandbox, HTTP_PORT, ROOT, SLOW, UDP_PORT, type LoadRun, type Sandbox } from '../helpers/sandbox.js';
 
-const VARIANT = path.join(ROOT, 'bpf/.output/sock_layout_test.bpf.o');
+// Built both ways, as the datapath is: kernels without bpf_set_retval (before 5.18) take the compat build.
+const VARIANT = path.join(ROOT, 'bpf/.output', (await hasSetRetval()) ? 'sock_layout_test.bpf.o' : 'sock_layout_test_compat.bpf.o');
 const WEB = '10.96.0.10';
 const WEB6 = 'fd00:96::10';
 const ECHO = '10.96.0.20';

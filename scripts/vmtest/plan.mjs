@@ -1,0 +1,85 @@
+#!/usr/bin/env node
+// Which test files one kernel of the matrix runs: expands the groups of a
+// row of scripts/vmtest/kernels into tap paths, one per line.
+//
+//   all        every group below
+//   kernel     test/native and test/bpf: the addon, BPF_PROG_TEST_RUN units,
+//              the real datapath object (the verifier runs on every kernel
+//              anyway, before the suites)
+//   e2e        every end-to-end file but the host-only ones (below)
+//   e2e:K/N    the K-th of N parts of those, balanced by the seconds each
+//              file took in a guest (scripts/vmtest/e2e-seconds): make test
+//              splits the slow end-to-end files between the 5.10 and 6.1
+//              guests so they run side by side within its budget, while
+//              make vmtest runs them all on both.
+//
+// A file missing from e2e-seconds still runs (weighted as the slowest), so
+// a new test is never left out of a split.
+//
+// Usage: node scripts/vmtest/plan.mjs GROUP...
+import { readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+// End-to-end files that test the agent's control plane and nothing the
+// kernel does: on the host only, where they take seconds instead of the
+// guest's minutes under TCG. hostile-input.ts: how the agent reads its input
+// (2,000 files, 16 MiB parses); kubernetes-nodes.ts: the wait for this
+// node's Node against the fake API server (three agents, multi-second graces).
+const HOST_ONLY = new Set(['test/e2e/hostile-input.ts', 'test/e2e/kubernetes-nodes.ts']);
+
+function e2eFiles() {
+  return readdirSync(path.join(root, 'test/e2e'))
+    .filter((f) => f.endsWith('.ts'))
+    .map((f) => `test/e2e/${f}`)
+    .filter((f) => !HOST_ONLY.has(f))
+    .sort();
+}
+
+function seconds() {
+  const table = new Map();
+  const text = readFileSync(path.join(root, 'scripts/vmtest/e2e-seconds'), 'utf8');
+  for (const line of text.split('\n')) {
+    const m = /^\s*(\S+)\s+(\d+)\s*$/.exec(line.replace(/#.*/, ''));
+    if (m) table.set(m[1], Number(m[2]));
+  }
+  return table;
+}
+
+/** Longest first onto the least loaded part: deterministic, within 4/3 of the best split. */
+export function split(files, weights, parts) {
+  const unknown = Math.max(0, ...weights.values());
+  const bins = Array.from({ length: parts }, () => ({ load: 0, files: [] }));
+  const byWeight = [...files].sort((a, b) => (weights.get(b) ?? unknown) - (weights.get(a) ?? unknown) || a.localeCompare(b));
+  for (const f of byWeight) {
+    const bin = bins.reduce((min, b) => (b.load < min.load ? b : min), bins[0]);
+    bin.load += weights.get(f) ?? unknown;
+    bin.files.push(f);
+  }
+  return bins.map((b) => ({ load: b.load, files: b.files.sort() }));
+}
+
+export function expand(groups) {
+  const out = [];
+  for (const g of groups) {
+    if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
+    else if (g === 'kernel') out.push('test/native', 'test/bpf');
+    else if (g === 'e2e') out.push(...e2eFiles());
+    else {
+      const m = /^e2e:(\d+)\/(\d+)$/.exec(g);
+      if (!m || Number(m[1]) < 1 || Number(m[1]) > Number(m[2])) throw new Error(`unknown suite group '${g}' (all, kernel, e2e, e2e:K/N)`);
+      out.push(...split(e2eFiles(), seconds(), Number(m[2]))[Number(m[1]) - 1].files);
+    }
+  }
+  return [...new Set(out)];
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  try {
+    console.log(expand(process.argv.slice(2)).join('\n'));
+  } catch (err) {
+    console.error(`plan: ${err.message}`);
+    process.exit(2);
+  }
+}
