@@ -98,12 +98,16 @@ prepare_tree() {
   echo "$tree"
 }
 
-# TREE KVER -> initramfs path, keyed by the kernel and a hash of every input.
+# TREE KVER -> initramfs path, keyed by the kernel and a hash of every input
+# (the init script, the modprobe wrapper, busybox and the modules it holds).
 prepare_initramfs() {
   local tree=$1 kver=$2
-  local mods="virtio_pci 9pnet_virtio 9p overlay"
+  local mods="virtio_pci 9pnet_virtio 9p overlay" m kos
+  kos=$(for m in $mods; do
+    modprobe -d "$tree" -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+  done | awk '!seen[$0]++')
   local key
-  key=$( (cat "$here/init" "$here/modprobe.in" /bin/busybox; echo "$mods $tree") | sha256sum | cut -c1-16)
+  key=$( (cat "$here/init" "$here/modprobe.in" /bin/busybox; echo "$tree"; for m in $kos; do echo "$m"; cat "$m"; done) | sha256sum | cut -c1-16)
   local out=$cache/initramfs/$kver-$key.gz
   if [[ ! -f $out ]]; then
     local work
@@ -114,11 +118,10 @@ prepare_initramfs() {
     sed "s|@TREE@|$tree|" "$here/modprobe.in" >"$work/sbin/modprobe"
     chmod 755 "$work/sbin/modprobe"
     : >"$work/modules.order"
-    for m in $mods; do
-      modprobe -d "$tree" -S "$kver" --show-depends "$m" | awk '$1=="insmod"{print $2}'
-    done | awk '!seen[$0]++' | while read -r ko; do
+    local ko base
+    for ko in $kos; do
       # busybox insmod takes plain .ko files; newer Debian kernels (6.12) ship them xz- or zstd-compressed.
-      local base=${ko##*/}
+      base=${ko##*/}
       base=${base%.xz} base=${base%.zst}
       case $ko in
         *.xz) xz -dc "$ko" >"$work/modules/$base" ;;

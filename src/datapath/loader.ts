@@ -457,6 +457,11 @@ async function openAndLoad(
   }
 }
 
+/** The datapath object the agent loads on this kernel: the standard one, or the compat one without bpf_set_retval. */
+export async function datapathObject(): Promise<string> {
+  return (await hasSetRetval()) ? DEFAULT_OBJECT : COMPAT_OBJECT;
+}
+
 /** The verifier's words for a kernel without bpf_set_retval (helper #187, 5.18): which object a failed load needed. */
 export function lacksSetRetval(err: unknown): boolean {
   const text = `${(err as { log?: unknown })?.log ?? ''} ${(err as Error)?.message ?? ''}`;

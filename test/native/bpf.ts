@@ -84,14 +84,21 @@ const lruVal = (i: number): Buffer => {
 };
 const openFds = (): number => fs.readdirSync('/proc/self/fd').length;
 
-/** Program ids bpftool sees attached to a cgroup (bpftool is part of the toolchain: its absence fails the test). */
+/**
+ * Program ids bpftool sees attached to a cgroup through links (bpftool is
+ * part of the toolchain: its absence fails the test). `bpftool link show`,
+ * not `cgroup show`: Debian's bpftool 7.1 queries cgroups with a
+ * BPF_PROG_QUERY field that kernels before 6.3 refuse, so `cgroup show`
+ * fails on 5.10 (exit 255, an empty list); links carry the cgroup's id.
+ */
 function cgroupProgIds(cgroup: string): number[] {
-  const out = execFileSync('bpftool', ['cgroup', 'show', cgroup, '-j'], {
+  const out = execFileSync('bpftool', ['link', 'show', '-j'], {
     encoding: 'utf8',
     env: { ...process.env, PATH: `${process.env['PATH'] ?? ''}:/usr/sbin:/sbin` },
   });
-  const rows = JSON.parse(out.trim() || '[]') as Array<{ id: number }>;
-  return rows.map((r) => r.id);
+  const id = fs.statSync(cgroup).ino;
+  const rows = JSON.parse(out.trim() || '[]') as Array<{ type: string; prog_id: number; cgroup_id?: number }>;
+  return rows.filter((r) => r.type === 'cgroup' && r.cgroup_id === id).map((r) => r.prog_id);
 }
 
 /** Polls `cond` until it holds or `ms` (scaled by SLOW) have passed. */

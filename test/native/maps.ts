@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import { mapSpecs } from '../../src/datapath/abi.gen.js';
 import { PartialWriteError } from '../../src/datapath/lbmaps.js';
-import { DEFAULT_OBJECT } from '../../src/datapath/loader.js';
+import { datapathObject } from '../../src/datapath/loader.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type ByteMap, type LbMapSet } from '../../src/datapath/maps.js';
 import type { Backend } from '../../src/lb/types.js';
 import { frontendKey } from '../../src/lb/types.js';
@@ -37,7 +37,7 @@ async function loadSmall(t: Test): Promise<{ object: BpfObject; set: LbMapSet; m
   });
   const maxEntries: Record<string, number> = {};
   for (const name of LB_MAP_NAMES) maxEntries[name] = SMALL;
-  object = BpfObject.open(DEFAULT_OBJECT, { pinRoot, maxEntries });
+  object = BpfObject.open(await datapathObject(), { pinRoot, maxEntries });
   await object.load();
   const set = {} as LbMapSet;
   for (const name of LB_MAP_NAMES) set[name] = object.map(name);
