@@ -52,7 +52,8 @@ let failed = 0;
 let passed = 0;
 const outcome = new Map();
 for (const file of list) {
-  const name = path.relative(path.join(root, 'bpf/.output'), file);
+  const rel = path.relative(path.join(root, 'bpf/.output'), path.resolve(file));
+  const name = rel.startsWith('..') ? file : rel;
   if (name === PROBE_OBJECT) continue;
   mkdirSync(pinRoot, { recursive: true });
   const obj = BpfObject.open(file, { pinRoot });
