@@ -17,6 +17,7 @@ import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
 import { BpfObject, isErrno, linkCreateProbe, unpin } from '../native/bpf.js';
 import { ensureBpffs } from './bpffs.js';
+import { udpTerminationSupport } from './terminate.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const PROBE_OBJECT = path.join(ROOT, 'bpf/.output/probe.bpf.o');
@@ -29,7 +30,7 @@ export type FeatureName =
   | 'cgroup_recvmsg4' | 'cgroup_recvmsg6' | 'cgroup_getpeername4' | 'cgroup_getpeername6'
   | 'cgroup_sock_release' | 'socket_cookie' | 'release_socket_cookie' | 'netns_cookie'
   | 'map_batch' | 'cgroup_link' | 'link_update'
-  | 'set_retval' | 'tcx';
+  | 'set_retval' | 'sock_destroy_kfunc' | 'inet_diag_destroy' | 'tcx';
 
 interface FeatureSpec {
   readonly name: FeatureName;
@@ -63,6 +64,14 @@ const SPECS: readonly FeatureSpec[] = [
   {
     name: 'set_retval', required: false, since: '5.18', what: 'bpf_set_retval in cgroup sock_addr programs',
     yes: 'sock.bpf.o: a refused connect returns ECONNREFUSED', no: 'sock_compat.bpf.o: a refused connect returns EPERM',
+  },
+  {
+    name: 'sock_destroy_kfunc', required: false, since: '6.5', what: 'the bpf_sock_destroy kfunc in iter/udp programs',
+    yes: 'stale connected UDP sockets are destroyed by an iter/udp program', no: 'stale connected UDP sockets are destroyed over inet_diag where it can',
+  },
+  {
+    name: 'inet_diag_destroy', required: false, since: '4.5', what: 'SOCK_DESTROY over inet_diag netlink (CONFIG_INET_DIAG_DESTROY)',
+    yes: 'the fallback for stale connected UDP sockets', no: 'without the kfunc either, stale connected UDP sockets are left to their applications',
   },
   {
     name: 'tcx', required: false, since: '6.6', what: 'tc programs attached through tcx links (BPF_TCX_INGRESS)',
@@ -127,6 +136,8 @@ export interface ProbeKernel {
   cgroupLink(cgroup: string, pinDir: string): Promise<{ link?: unknown; update?: unknown }>;
   /** BPF_LINK_CREATE with BPF_TCX_INGRESS on a device that does not exist. */
   tcxLink(): Promise<void>;
+  /** The two ways of destroying stale UDP sockets: undefined where each works, else why not. */
+  udpTermination(): Promise<{ kfunc?: string; inetDiag?: string }>;
   release(): string;
 }
 
@@ -200,6 +211,7 @@ export function realKernel(object = PROBE_OBJECT): ProbeKernel {
         obj.close();
       }
     },
+    udpTermination: () => udpTerminationSupport(),
     release() {
       try {
         return readFileSync('/proc/sys/kernel/osrelease', 'utf8').trim();
@@ -251,6 +263,9 @@ export async function probeFeatures(opts: ProbeOptions): Promise<DatapathFeature
     // ENODEV: the kernel knows BPF_TCX_INGRESS and looked for the device.
     found.set('tcx', isErrno(err, 'ENODEV') ? undefined : answer(err));
   }
+  const udp = await kernel.udpTermination().catch((err: unknown) => ({ kfunc: answer(err), inetDiag: answer(err) }));
+  found.set('sock_destroy_kfunc', udp.kfunc);
+  found.set('inet_diag_destroy', udp.inetDiag);
   const results = SPECS.map((s): FeatureResult => {
     const why = found.get(s.name);
     const available = why === undefined;

@@ -354,6 +354,22 @@ async function inetDiagProblem(): Promise<string | undefined> {
   }
 }
 
+/**
+ * Both mechanisms' availability, for the agent's feature report (not a
+ * choice): undefined where it works, else why not. Loads the kfunc object
+ * (with maps of its own) and releases it.
+ */
+export async function udpTerminationSupport(file = SOCK_DESTROY_OBJECT): Promise<{ kfunc?: string; inetDiag?: string }> {
+  let kfunc: string | undefined;
+  try {
+    (await loadObject(file)).close();
+  } catch (err) {
+    kfunc = lacksSockDestroy(err) ? 'the kernel has no bpf_sock_destroy kfunc' : `${path.basename(file)} did not load (${firstLine(err)})`;
+  }
+  const inetDiag = await inetDiagProblem();
+  return { ...(kfunc ? { kfunc } : {}), ...(inetDiag ? { inetDiag } : {}) };
+}
+
 async function probe(choice: UdpTerminationChoice, file: string, reuse?: UdpTerminatorOptions['revNat']): Promise<Probe> {
   if (choice === 'none') return { detection: { mechanism: 'none', reason: `disabled (${UDP_DESTROY_ENV}=none)` } };
   let noBpf: string | undefined;

@@ -41,6 +41,6 @@ int reads_past_the_stack(struct bpf_sock_addr *ctx)
 t.test("this tree's objects all pass on this kernel, with the feature probe", async (t) => {
   const r = spawnSync('node', [SCRIPT], { encoding: 'utf8' });
   t.equal(r.status, 0, r.status === 0 ? 'exit 0' : r.stdout.split('\n').filter((l) => /FAIL|\|/.test(l)).join('\n'));
-  t.match(r.stdout, /^features: kernel \S+: all 15 required features present; optional: set_retval=(yes|no) tcx=(yes|no)$/m);
+  t.match(r.stdout, /^features: kernel \S+: all 15 required features present; optional: set_retval=(yes|no) sock_destroy_kfunc=(yes|no) inet_diag_destroy=(yes|no) tcx=(yes|no)$/m);
   t.match(r.stdout, /^udp-termination: (bpf-sock-destroy|inet-diag|none): /m);
 });

@@ -19,11 +19,11 @@ t.test('status, API and metrics show what the probe found', async (t) => {
 
   const line = sb.agent!.logs.find((l) => typeof l.msg === 'string' && l.msg.startsWith('datapath features: '));
   t.ok(line, 'the agent logged its features in one line');
-  t.match(String(line?.msg), new RegExp(`^datapath features: kernel ${probed.kernel.replace(/[.+]/g, '\\$&')}: all 15 required features present; optional: set_retval=(yes|no) tcx=(yes|no)$`));
+  t.match(String(line?.msg), new RegExp(`^datapath features: kernel ${probed.kernel.replace(/[.+]/g, '\\$&')}: all 15 required features present; optional: set_retval=(yes|no) sock_destroy_kfunc=(yes|no) inet_diag_destroy=(yes|no) tcx=(yes|no)$`));
 
   const text = await run(LBCTL, ['status', '--api-socket', sb.apiSocket], CLI_TIMEOUT_MS);
   t.equal(text.code, 0, 'lbctl status exits 0');
-  t.match(text.stdout, new RegExp(`^Kernel:\\s+${probed.kernel.replace(/[.+]/g, '\\$&')}: 15/15 required features; set_retval (yes|no), tcx (yes|no)$`, 'm'), 'status names the kernel and its features');
+  t.match(text.stdout, new RegExp(`^Kernel:\\s+${probed.kernel.replace(/[.+]/g, '\\$&')}: 15/15 required features; set_retval (yes|no), sock_destroy_kfunc (yes|no), inet_diag_destroy (yes|no), tcx (yes|no)$`, 'm'), 'status names the kernel and its features');
   const retval = probed.results.find((r) => r.name === 'set_retval')!.available;
   t.match(text.stdout, retval ? /^Datapath:\s+sock\.bpf\.o \(refused connects: ECONNREFUSED\)/m : /^Datapath:\s+sock_compat\.bpf\.o \(refused connects: EPERM\)/m, 'and the object that choice loaded');
   t.match(text.stdout, /stale UDP sockets: (bpf-sock-destroy|inet-diag|none)$/m);

@@ -8,7 +8,7 @@ import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type
 import { BpfError } from '../../src/native/bpf.js';
 
 /** A kernel that refuses the named probe programs as a real one does. */
-function kernel(opts: { refuse?: Record<string, string>; batch?: string; link?: string; update?: string; tcx?: 'ENODEV' | 'EINVAL'; release?: string } = {}): ProbeKernel & { loaded: string[] } {
+function kernel(opts: { refuse?: Record<string, string>; batch?: string; link?: string; update?: string; tcx?: 'ENODEV' | 'EINVAL'; udp?: { kfunc?: string; inetDiag?: string }; release?: string } = {}): ProbeKernel & { loaded: string[] } {
   const loaded: string[] = [];
   const fail = (code: string, log: string): BpfError => new BpfError(`bpf_object__load: ${code}`, { code, errno: 22, op: 'bpf_object__load', log });
   return {
@@ -30,6 +30,7 @@ function kernel(opts: { refuse?: Record<string, string>; batch?: string; link?: 
     async tcxLink() {
       throw fail(opts.tcx ?? 'ENODEV', '');
     },
+    udpTermination: async () => opts.udp ?? {},
     release: () => opts.release ?? '6.1.0-test',
   };
 }
@@ -42,11 +43,11 @@ t.test('a kernel with everything: nothing missing, the standard object, tcx', as
   t.ok(has(f, 'set_retval'));
   t.ok(has(f, 'tcx'), 'ENODEV from BPF_TCX_INGRESS on a missing device means tcx exists');
   t.doesNotThrow(() => requireFeatures(f));
-  t.match(featureLine(f), /^kernel 6\.1\.0-test: all 15 required features present; optional: set_retval=yes tcx=yes$/);
+  t.match(featureLine(f), /^kernel 6\.1\.0-test: all 15 required features present; optional: set_retval=yes sock_destroy_kfunc=yes inet_diag_destroy=yes tcx=yes$/);
 });
 
 t.test('5.10 as it is: no bpf_set_retval, no tcx; the compat object, clsact, and it starts', async (t) => {
-  const f = await probe(kernel({ refuse: { probe_set_retval: '0: (85) call unknown#187\ninvalid func unknown#187' }, tcx: 'EINVAL', release: '5.10.0-32-amd64' }));
+  const f = await probe(kernel({ refuse: { probe_set_retval: '0: (85) call unknown#187\ninvalid func unknown#187' }, tcx: 'EINVAL', udp: { kfunc: 'the kernel has no bpf_sock_destroy kfunc' }, release: '5.10.0-32-amd64' }));
   t.same(missingRequired(f), []);
   t.notOk(has(f, 'set_retval'));
   t.notOk(has(f, 'tcx'));
@@ -54,7 +55,10 @@ t.test('5.10 as it is: no bpf_set_retval, no tcx; the compat object, clsact, and
   t.match(retval.detail, /sock_compat\.bpf\.o: a refused connect returns EPERM \(EINVAL: invalid func unknown#187\)/);
   t.match(f.results.find((r) => r.name === 'tcx')!.detail, /clsact/);
   t.doesNotThrow(() => requireFeatures(f));
-  t.match(featureLine(f), /set_retval=no tcx=no/);
+  t.notOk(has(f, 'sock_destroy_kfunc'));
+  t.ok(has(f, 'inet_diag_destroy'));
+  t.match(f.results.find((r) => r.name === 'sock_destroy_kfunc')!.detail, /over inet_diag where it can \(the kernel has no bpf_sock_destroy kfunc\)/);
+  t.match(featureLine(f), /set_retval=no sock_destroy_kfunc=no inet_diag_destroy=yes tcx=no/);
 });
 
 t.test('a 5.8 kernel (no cgroup/sock_release): the start is refused naming the feature, its attach type and the release that added it', async (t) => {
