@@ -9,7 +9,8 @@
         "native/bpf_link.cc",
         "native/errors.cc",
         "native/netns.cc",
-        "native/sock_diag.cc"
+        "native/sock_diag.cc",
+        "native/rtnl.cc"
       ],
       "include_dirs": [
         "<!@(node -p \"require('node-addon-api').include\")"

@@ -106,6 +106,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   lbn::InitLink(env, exports);
   lbn::InitSockDiag(env, exports);
   lbn::InitNetns(env, exports);
+  lbn::InitRtnl(env, exports);
   return exports;
 }
 

@@ -67,5 +67,6 @@ void InitObject(Napi::Env env, Napi::Object exports);
 void InitMap(Napi::Env env, Napi::Object exports);
 void InitLink(Napi::Env env, Napi::Object exports);
 void InitSockDiag(Napi::Env env, Napi::Object exports);
+void InitRtnl(Napi::Env env, Napi::Object exports);
 
 }  // namespace lbn

@@ -108,7 +108,7 @@ export function toBpfError(err: unknown, caller?: Error, above?: (...args: never
 }
 
 /** Run a synchronous addon call; raw errors become BpfError with the caller's stack. */
-function guard<T>(fn: () => T): T {
+export function guard<T>(fn: () => T): T {
   try {
     return fn();
   } catch (err) {

@@ -124,7 +124,49 @@ export interface RawHeldLink {
   close(): void;
 }
 
+/** A link as rtnetlink reports it (RTM_NEWLINK). */
+export interface RtnlLink {
+  readonly index: number;
+  readonly name: string;
+  /** IFF_* flags (IFF_UP = 1, IFF_LOOPBACK = 8, ...) */
+  readonly flags: number;
+  readonly mtu: number;
+  /** ARPHRD_* (1 ethernet, 772 loopback, ...) */
+  readonly type: number;
+  /** IFLA_INFO_KIND: 'veth', 'bridge', 'vxlan', ... ('' for a physical device) */
+  readonly kind: string;
+  /** IFLA_INFO_SLAVE_KIND: 'bridge' for a bridge port, 'bond' for a bond slave ('' otherwise) */
+  readonly slaveKind: string;
+  /** ifindex of the master (bridge, bond, VRF), 0 if none */
+  readonly master: number;
+  readonly operstate: string;
+  /** hardware address, "aa:bb:..." */
+  readonly address: string;
+}
+
+/** An address as rtnetlink reports it (RTM_NEWADDR). */
+export interface RtnlAddr {
+  readonly index: number;
+  readonly family: 4 | 6;
+  readonly address: string;
+  readonly prefixLen: number;
+  /** RT_SCOPE_*: 0 universe (global), 253 link, 254 host */
+  readonly scope: number;
+  /** IFA_F_* (IFA_F_TENTATIVE = 0x40, IFA_F_DEPRECATED = 0x20, ...) */
+  readonly flags: number;
+}
+
 export interface NativeBinding {
+  /** The links of the caller's network namespace, or netnsFd's (RTM_GETLINK dump). */
+  rtnlLinks(netnsFd?: number): RtnlLink[];
+  /** Its IPv4 and IPv6 addresses (RTM_GETADDR dump). */
+  rtnlAddrs(netnsFd?: number): RtnlAddr[];
+  /**
+   * Calls back after each burst of link or address events in the caller's
+   * namespace: how many messages, or -1 after an overrun (events lost). The
+   * events only say when: list again.
+   */
+  rtnlWatch(callback: (messages: number) => void, netnsFd?: number): { close(): void };
   /** Opens a pinned link and the program it runs now (bpf_prog_get_fd_by_id), to restore it after a switch. */
   holdPinnedLink(path: string): RawHeldLink;
   libbpfVersion(): string;
