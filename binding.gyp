@@ -10,7 +10,8 @@
         "native/errors.cc",
         "native/netns.cc",
         "native/sock_diag.cc",
-        "native/rtnl.cc"
+        "native/rtnl.cc",
+        "native/tc.cc"
       ],
       "include_dirs": [
         "<!@(node -p \"require('node-addon-api').include\")"

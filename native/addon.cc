@@ -107,6 +107,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   lbn::InitSockDiag(env, exports);
   lbn::InitNetns(env, exports);
   lbn::InitRtnl(env, exports);
+  lbn::InitTc(env, exports);
   return exports;
 }
 

@@ -68,5 +68,6 @@ void InitMap(Napi::Env env, Napi::Object exports);
 void InitLink(Napi::Env env, Napi::Object exports);
 void InitSockDiag(Napi::Env env, Napi::Object exports);
 void InitRtnl(Napi::Env env, Napi::Object exports);
+void InitTc(Napi::Env env, Napi::Object exports);
 
 }  // namespace lbn

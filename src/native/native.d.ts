@@ -157,6 +157,13 @@ export interface RtnlAddr {
 }
 
 export interface NativeBinding {
+  /** clsact + cls_bpf (direct action) filter (handle, priority) on ifindex; replace swaps an existing one's program, else EEXIST. */
+  tcAttach(progFd: number, ifindex: number, direction: 'ingress' | 'egress', handle: number, priority: number, replace: boolean, netnsFd?: number): { progId: number };
+  /** The program id of filter (handle, priority), 0 when there is none. */
+  tcQuery(ifindex: number, direction: 'ingress' | 'egress', handle: number, priority: number, netnsFd?: number): number;
+  tcDetach(ifindex: number, direction: 'ingress' | 'egress', handle: number, priority: number, netnsFd?: number): void;
+  /** A tcx link (attach type 46 ingress, 47 egress; flags BPF_F_BEFORE = 8 for the head), pinned at pinPath. */
+  tcxAttach(progFd: number, ifindex: number, attachType: number, flags: number, pinPath: string, netnsFd?: number): { linkId: number };
   /** The links of the caller's network namespace, or netnsFd's (RTM_GETLINK dump). */
   rtnlLinks(netnsFd?: number): RtnlLink[];
   /** Its IPv4 and IPv6 addresses (RTM_GETADDR dump). */
