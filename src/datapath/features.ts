@@ -11,7 +11,7 @@
  * The `since` of each feature is the mainline release that added it, for
  * the message only.
  */
-import { mkdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
@@ -175,7 +175,11 @@ export function realKernel(object = PROBE_OBJECT): ProbeKernel {
       const obj = await load(['probe_connect4', 'probe_socket_cookie']);
       const out: { link?: unknown; update?: unknown } = {};
       try {
-        mkdirSync(child, { recursive: true });
+        try {
+          mkdirSync(child);
+        } catch (err) {
+          if (!isErrno(err, 'EEXIST')) throw err; // left by a crashed agent of the same pid: ours
+        }
         ensureBpffs(pinDir);
         mkdirSync(pinDir, { recursive: true });
         try {
@@ -232,6 +236,10 @@ export interface ProbeOptions {
 
 /** Probes every feature; never throws for a missing one (see requireFeatures). */
 export async function probeFeatures(opts: ProbeOptions): Promise<DatapathFeatures> {
+  // The link probe makes a child of the cgroup: never the cgroup itself.
+  if (!opts.kernel && !statSync(opts.cgroup, { throwIfNoEntry: false })?.isDirectory()) {
+    throw new ConfigError(`--cgroup ${opts.cgroup} is not a directory of the cgroup v2 hierarchy`);
+  }
   const kernel = opts.kernel ?? realKernel();
   const found = new Map<FeatureName, string | undefined>(); // undefined: available; else why not
   for (const [name, program] of Object.entries(PROGRAM) as [FeatureName, string][]) {
