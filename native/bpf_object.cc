@@ -361,6 +361,7 @@ Napi::Value BpfObject::MapLayout(const Napi::CallbackInfo& info) {
   o.Set("value", btfTypeLayout(env, btf, bpf_map__btf_value_type_id(m)));
   o.Set("type", Napi::Number::New(env, bpf_map__type(m)));
   o.Set("flags", Napi::Number::New(env, bpf_map__map_flags(m)));
+  o.Set("maxEntries", Napi::Number::New(env, bpf_map__max_entries(m)));
   return o;
 }
 

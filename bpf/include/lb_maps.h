@@ -116,12 +116,16 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb_affinity SEC(".maps");
 
-/* enum lb_metric -> per-CPU packet/socket counter */
+/*
+ * enum lb_metric -> per-CPU packet/socket counter. Sized with room to grow
+ * (LB_METRIC_SLOTS), so a counter appended to the enum needs no migration;
+ * a pinned map of another size is migrated by the loader all the same.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
 	__type(value, __u64);
-	__uint(max_entries, LB_MTR_MAX);
+	__uint(max_entries, LB_METRIC_SLOTS);
 	__uint(pinning, LB_MAP_PINNING);
 } lb_metrics SEC(".maps");
 

@@ -61,8 +61,17 @@ enum lb_metric {
 	LB_MTR_REVNAT_UPDATE_FAIL = 6,	/* socket rev-NAT entry could not be written */
 	LB_MTR_SOCK_RELEASE = 7,	/* socket rev-NAT entry removed at close */
 	LB_MTR_AFFINITY_HIT = 8,	/* session affinity kept a client's backend */
-	LB_MTR_MAX = 9,
+	LB_MTR_MAX = 9,		/* append only: a value is never renumbered */
 };
+
+/* lb_metrics' size: room for counters to come, so appending one moves no pin. */
+#ifndef LB_LAYOUT_TEST
+#define LB_METRIC_SLOTS 64
+#else
+/* The upgrade test's "old" datapath: sized by the enum, as lbctl did before. */
+#define LB_METRIC_SLOTS LB_MTR_MAX
+#endif
+_Static_assert(LB_MTR_MAX <= LB_METRIC_SLOTS, "lb_metrics has a slot for every enum lb_metric value");
 
 #define LB_PROTO_ANY 0
 

@@ -477,7 +477,7 @@ export const mapSpecs = {
     name: 'lb_metrics',
     type: MapType.PERCPU_ARRAY,
     flags: 0,
-    maxEntries: 9,
+    maxEntries: 64,
     key: u32,
     value: u64,
     object: 'sock.bpf.o',

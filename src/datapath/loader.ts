@@ -158,7 +158,9 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
       const declared = object.mapLayout(name);
       const m = openPinnedMap(p);
       try {
-        if (name in wanted && m.maxEntries !== wanted[name]) resized.push(name);
+        // Sized by a flag (wanted), or by the object itself (lb_metrics
+        // grows with enum lb_metric): libbpf refuses a pin of another size.
+        if (m.maxEntries !== (wanted[name] ?? declared.maxEntries)) resized.push(name);
         // Another map type or flags (an LRU that was a hash, BPF_F_NO_PREALLOC):
         // libbpf would refuse the pin, so the map is made anew and its entries
         // copied. Values shared by all CPUs cannot become per-CPU ones, or back.

@@ -109,6 +109,8 @@ export interface MapLayout {
 export interface DeclaredMapLayout extends MapLayout {
   readonly type: number;
   readonly flags: number;
+  /** As the object declares it (before any maxEntries override). */
+  readonly maxEntries: number;
 }
 
 /** A pinned link held open together with the program it ran when held (which that fd keeps alive). */

@@ -136,3 +136,39 @@ char LICENSE[] SEC("license") = "GPL";
   await t.rejects(loadDatapath({ bpfRoot, cgroup }), { code: 'ECONFIG', message: /map lb_metrics pinned at .* is not per-CPU and .* declares it per-CPU.*lbctl cleanup/ });
   t.notOk(existsSync(path.join(bpfRoot, 'maps-next')), 'nothing was staged');
 });
+
+t.test('lb_metrics pinned at the size lbctl used before (9, the enum) grows to its slots with every counter', async (t) => {
+  cleanupDatapath(bpfRoot);
+  mkdirSync(path.join(bpfRoot, 'maps'), { recursive: true });
+  const src = path.join(tmp, 'old_metrics.bpf.c');
+  writeFileSync(src, `#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 9);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_metrics SEC(".maps");
+char LICENSE[] SEC("license") = "GPL";
+`);
+  const obj = path.join(tmp, 'old_metrics.o');
+  const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
+  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, '-c', src, '-o', obj]);
+  const old = BpfObject.open(obj, { pinRoot: path.join(bpfRoot, 'maps') });
+  await old.load();
+  const m9 = old.map('lb_metrics');
+  const counters = Buffer.alloc(m9.valueBufSize);
+  for (let cpu = 0; cpu * 8 < counters.length; cpu++) counters.writeBigUInt64LE(BigInt(1000 + cpu), cpu * 8);
+  m9.update(Buffer.from([8, 0, 0, 0]), counters);
+  old.close();
+
+  const dp = await loadDatapath({ bpfRoot, cgroup });
+  t.match(dp.migrated.find((m) => m.map === 'lb_metrics'), { from: 9, to: 64 }, 'lb_metrics migrated from 9 to 64 entries');
+  dp.close();
+  const m = openPinnedMap(path.join(bpfRoot, 'maps', 'lb_metrics'));
+  t.equal(m.maxEntries, 64);
+  t.same(m.lookup(Buffer.from([8, 0, 0, 0])), counters, 'every CPU of the last counter carried over');
+  m.close();
+  t.notOk(existsSync(path.join(bpfRoot, 'maps-next')), 'the migration committed');
+});
