@@ -1,0 +1,177 @@
+/**
+ * Maglev consistent hashing (Eisenbud et al., NSDI '16), as Cilium's
+ * pkg/maglev builds its tables: every node builds the same table from the
+ * same backends and seed, whatever their order or local ids, and removing
+ * one of N backends moves about 1/N of the flows, those of the removed one.
+ *
+ * A backend is named by backendKey() ("10.0.0.1:8080/TCP", "[fd00::a]:80/TCP"):
+ * the name, the sort and the hash decide every slot, so none of them may
+ * change (test/unit/maglev.ts holds a golden digest of a table).
+ */
+import { ConfigError } from '../errors.js';
+
+const M64 = (1n << 64n) - 1n;
+const C1 = 0x87c37b91114253d5n;
+const C2 = 0x4cf5ad432745937fn;
+const rotl = (x: bigint, r: bigint): bigint => ((x << r) | (x >> (64n - r))) & M64;
+const mul = (a: bigint, b: bigint): bigint => (a * b) & M64;
+const fmix = (k: bigint): bigint => {
+  k ^= k >> 33n;
+  k = mul(k, 0xff51afd7ed558ccdn);
+  k ^= k >> 33n;
+  k = mul(k, 0xc4ceb9fe1a85ec53n);
+  return k ^ (k >> 33n);
+};
+
+/** MurmurHash3_x64_128 (the reference, little endian), as Cilium's pkg/murmur3 Hash128: [h1, h2]. */
+export function murmur3x64_128(data: Uint8Array, seed: number): [bigint, bigint] {
+  const buf = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  let h1 = BigInt(seed >>> 0);
+  let h2 = h1;
+  const blocks = buf.length >> 4;
+  for (let i = 0; i < blocks; i++) {
+    let k1 = buf.readBigUInt64LE(16 * i);
+    let k2 = buf.readBigUInt64LE(16 * i + 8);
+    k1 = mul(rotl(mul(k1, C1), 31n), C2);
+    h1 ^= k1;
+    h1 = rotl(h1, 27n);
+    h1 = (h1 + h2) & M64;
+    h1 = (mul(h1, 5n) + 0x52dce729n) & M64;
+    k2 = mul(rotl(mul(k2, C2), 33n), C1);
+    h2 ^= k2;
+    h2 = rotl(h2, 31n);
+    h2 = (h2 + h1) & M64;
+    h2 = (mul(h2, 5n) + 0x38495ab5n) & M64;
+  }
+  const tail = buf.subarray(blocks * 16);
+  let k1 = 0n;
+  let k2 = 0n;
+  for (let i = tail.length - 1; i >= 8; i--) k2 ^= BigInt(tail[i]!) << BigInt(8 * (i - 8));
+  if (tail.length > 8) {
+    k2 = mul(rotl(mul(k2, C2), 33n), C1);
+    h2 ^= k2;
+  }
+  for (let i = Math.min(tail.length, 8) - 1; i >= 0; i--) k1 ^= BigInt(tail[i]!) << BigInt(8 * i);
+  if (tail.length > 0) {
+    k1 = mul(rotl(mul(k1, C1), 31n), C2);
+    h1 ^= k1;
+  }
+  const len = BigInt(buf.length);
+  h1 ^= len;
+  h2 ^= len;
+  h1 = (h1 + h2) & M64;
+  h2 = (h2 + h1) & M64;
+  h1 = fmix(h1);
+  h2 = fmix(h2);
+  h1 = (h1 + h2) & M64;
+  h2 = (h2 + h1) & M64;
+  return [h1, h2];
+}
+
+/** Cilium's default --bpf-lb-maglev-hash-seed, so a mixed fleet can agree on one. */
+export const DEFAULT_MAGLEV_SEED = 'JLfvgnHc2kaSUFaI';
+export const DEFAULT_MAGLEV_TABLE_SIZE = 16381;
+/** The table sizes accepted: primes, as Cilium's (251 .. 131071). */
+export const MAGLEV_MIN = 251;
+export const MAGLEV_MAX = 131071;
+
+export interface MaglevSeeds {
+  /** Seeds the table (the backend permutations). */
+  readonly table: number;
+  /** Seed the datapath's flow hashes (IPv4, IPv6). */
+  readonly flow4: number;
+  readonly flow6: number;
+}
+
+/** --maglev-hash-seed: base64 of 12 bytes, as Cilium's; throws naming the flag. */
+export function parseMaglevSeed(text: string, flag = '--maglev-hash-seed'): MaglevSeeds {
+  const bytes = /^[A-Za-z0-9+/]{16}$/.test(text) ? Buffer.from(text, 'base64') : Buffer.alloc(0);
+  if (bytes.length !== 12) throw new ConfigError(`${flag} ${JSON.stringify(text)}: expected 16 base64 characters (12 bytes), such as ${DEFAULT_MAGLEV_SEED}`);
+  return { table: bytes.readUInt32BE(0), flow4: bytes.readUInt32BE(4), flow6: bytes.readUInt32BE(8) };
+}
+
+export function isPrime(n: number): boolean {
+  if (!Number.isInteger(n) || n < 2) return false;
+  for (let d = 2; d * d <= n; d++) if (n % d === 0) return false;
+  return true;
+}
+
+/** --maglev-table-size: a prime in [251, 131071]; throws naming the flag. */
+export function checkTableSize(m: number, flag = '--maglev-table-size'): number {
+  if (!isPrime(m) || m < MAGLEV_MIN || m > MAGLEV_MAX) {
+    throw new ConfigError(`${flag} ${m}: must be a prime between ${MAGLEV_MIN} and ${MAGLEV_MAX} (such as 16381, the default, or 65521), at least 100 times a service's backends for an even spread`);
+  }
+  return m;
+}
+
+export interface MaglevBackend {
+  /** backendKey(): the name every node hashes. */
+  readonly key: string;
+  /** The id written into the table (lbctl's backend ids start at 1; 0 is never one). */
+  readonly id: number;
+}
+
+/**
+ * The lookup table: M backend ids. Each backend takes ⌊M/N⌋ or ⌈M/N⌉ slots
+ * (they take turns), and the permutation of each is (offset + j·skip) mod M
+ * from its name's hash, so the order of `backends` does not matter.
+ */
+export function maglevTable(backends: readonly MaglevBackend[], m: number, seed: number): Uint32Array {
+  const table = new Uint32Array(m);
+  const bs = [...backends].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+  const n = bs.length;
+  if (n === 0) return table;
+  if (n > m) throw new RangeError(`${n} backends do not fit a Maglev table of ${m} slots`);
+  const offset = new Float64Array(n);
+  const skip = new Float64Array(n);
+  const next = new Float64Array(n);
+  const bm = BigInt(m);
+  for (let i = 0; i < n; i++) {
+    const [h1, h2] = murmur3x64_128(Buffer.from(bs[i]!.key), seed);
+    offset[i] = Number(h1 % bm);
+    skip[i] = Number(h2 % (bm - 1n)) + 1;
+  }
+  // offset + j·skip < 2^17 + 2^17·2^17: exact in a double.
+  const filled = new Uint8Array(m);
+  for (let turn = 0; turn < m; turn++) {
+    const i = turn % n;
+    let c = (offset[i]! + next[i]! * skip[i]!) % m;
+    while (filled[c]) {
+      next[i]!++;
+      c = (offset[i]! + next[i]! * skip[i]!) % m;
+    }
+    filled[c] = 1;
+    table[c] = bs[i]!.id;
+    next[i]!++;
+  }
+  return table;
+}
+
+const rol32 = (w: number, s: number): number => ((w << s) | (w >>> (32 - s))) >>> 0;
+
+/** The Linux kernel's jhash_3words (include/linux/jhash.h), which the tc datapath computes too. */
+export function jhash3words(a: number, b: number, c: number, initval: number): number {
+  const iv = (initval + 0xdeadbeef + (3 << 2)) >>> 0;
+  a = (a + iv) >>> 0;
+  b = (b + iv) >>> 0;
+  c = (c + iv) >>> 0;
+  c = ((c ^ b) - rol32(b, 14)) >>> 0;
+  a = ((a ^ c) - rol32(c, 11)) >>> 0;
+  b = ((b ^ a) - rol32(a, 25)) >>> 0;
+  c = ((c ^ b) - rol32(b, 16)) >>> 0;
+  a = ((a ^ c) - rol32(c, 4)) >>> 0;
+  b = ((b ^ a) - rol32(a, 14)) >>> 0;
+  c = ((c ^ b) - rol32(b, 24)) >>> 0;
+  return c;
+}
+
+/**
+ * The slot an IPv4 flow takes in a table of `m`: its client address and
+ * port, the service port and the protocol, not the destination address, so
+ * a client reaching one service through two node addresses lands on the
+ * same backend (as Cilium's hash does). `saddr` is the address as a
+ * big-endian uint32 (what the packet carries), ports in host order.
+ */
+export function flowSlot4(saddr: number, sport: number, dport: number, proto: number, seed: number, m: number): number {
+  return jhash3words(saddr >>> 0, ((dport << 16) | sport) >>> 0, proto, seed) % m;
+}
