@@ -14,7 +14,7 @@ const SEEDS = parseMaglevSeed(DEFAULT_MAGLEV_SEED);
 const backends = (n: number, skip: number[] = []): MaglevBackend[] =>
   Array.from({ length: n }, (_, k) => k + 1)
     .filter((k) => !skip.includes(k))
-    .map((k) => ({ key: backendKey({ address: `10.244.${k}.2`, port: 8080, protocol: 'TCP' }), id: k }));
+    .map((k) => ({ key: backendKey({ family: 4, address: `10.244.${k}.2`, port: 8080, protocol: 'TCP' }), id: k }));
 
 t.test("MurmurHash3_x64_128 passes SMHasher's verification (0x6384BA69)", async (t) => {
   const key = Buffer.alloc(256);
