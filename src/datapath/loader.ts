@@ -131,6 +131,8 @@ interface MigrationPlan {
   readonly relaid: ReadonlyMap<string, MapConverters>;
   /** Every map that is made anew in the staging directory and takes the pin at the end (resized, redefined or relaid). */
   readonly changed: readonly string[];
+  /** The maps the object declares (another object may pin maps this one does not have). */
+  readonly declared: readonly string[];
 }
 
 interface MapConverters {
@@ -151,6 +153,7 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
   const redefined: string[] = [];
   const relaid = new Map<string, MapConverters>();
   const object = BpfObject.open(objectPath);
+  const declared = object.mapNames();
   try {
     for (const name of object.mapNames()) {
       const p = path.join(mapsDir(bpfRoot), name);
@@ -185,7 +188,7 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
   } finally {
     object.close();
   }
-  return { resized, relaid, changed: [...new Set([...resized, ...redefined, ...relaid.keys()])] };
+  return { resized, relaid, changed: [...new Set([...resized, ...redefined, ...relaid.keys()])], declared };
 }
 
 /**
@@ -193,9 +196,9 @@ function planMigration(bpfRoot: string, objectPath: string, wanted: Record<strin
  * not being resized): the new object shares them instead of copying them, so
  * the programs on both sides of the link switch see the same entries.
  */
-function openKept(bpfRoot: string, resized: readonly string[]): Map<string, BpfMap> {
+function openKept(bpfRoot: string, resized: readonly string[], declared: readonly string[]): Map<string, BpfMap> {
   const kept = new Map<string, BpfMap>();
-  for (const name of Object.keys(mapSpecs)) {
+  for (const name of declared.filter((n) => n in mapSpecs)) {
     const p = path.join(mapsDir(bpfRoot), name);
     if (resized.includes(name) || !existsSync(p)) continue;
     kept.set(name, openPinnedMap(p));
@@ -226,7 +229,7 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   const changed = plan.changed;
   const migrating = changed.length > 0;
   const pinRoot = migrating ? stagingDir(opts.bpfRoot) : mapsDir(opts.bpfRoot);
-  const kept = migrating ? openKept(opts.bpfRoot, changed) : new Map<string, BpfMap>();
+  const kept = migrating ? openKept(opts.bpfRoot, changed, plan.declared) : new Map<string, BpfMap>();
   if (migrating) {
     rmSync(pinRoot, { recursive: true, force: true });
     mkdirSync(pinRoot, { recursive: true });
@@ -267,7 +270,8 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   try {
     const set = {} as LbMapSet;
     for (const name of LB_MAP_NAMES) set[name] = object.map(name);
-    for (const name of Object.keys(mapSpecs) as MapName[]) verifyMapLayout(object.map(name), mapSpecs[name]);
+    // The object's own maps: a second object (issue 14's tc datapath) pins maps this one lacks.
+    for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs)) verifyMapLayout(object.map(name), mapSpecs[name]);
     maps = new KernelLbMaps(set);
     links = switchLinks(object, opts.cgroup, linksDir(opts.bpfRoot), opts.attach ?? attachCgroup);
     if (migrating) {
