@@ -8,6 +8,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
+import { hasSetRetval } from '../../src/datapath/features.js';
 import { serviceObject, serviceWithBackends, sliceObject, yamlDocs } from '../helpers/manifests.js';
 import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, ROOT, run, SLOW, UDP_PORT, type LoadResult, type LoadRun, type Sandbox } from '../helpers/sandbox.js';
 
@@ -108,6 +109,8 @@ t.test('SIGKILL, restart and upgrade under load: zero failed connections, and th
     'clang',
     ['-O2', '-g', '-target', 'bpf', '-Wall', '-Werror', `-I/usr/include/${arch}`, '-Ibpf',
       '-Dlb_sock_cookie(ctx)=({ volatile __u32 lb_build_tag = 2; (void)lb_build_tag; bpf_get_socket_cookie(ctx); })',
+      // Built as the object the agent loads here: the compat build before 5.18.
+      ...((await hasSetRetval()) ? [] : ['-DLB_HAVE_SET_RETVAL=0']),
       '-c', 'bpf/sock.c', '-o', v2],
     { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
   );
