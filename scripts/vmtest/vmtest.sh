@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# make vmtest: lbctl's kernel-facing suites on every kernel of the matrix
-# (scripts/vmtest/kernels). The host's kernel runs them directly; every other
-# kernel is booted in qemu from its Debian package (unpacked, not installed),
-# with the host's root shared read-only over 9p and a tmpfs overlay on top.
-# One boot per kernel; one "NAME: N passed, N failed" line per kernel; exit 1
-# if any kernel fails. Everything downloaded or built is cached under
+# make vmtest (and make test's guests): lbctl's kernel-facing suites on every
+# kernel of the matrix (scripts/vmtest/kernels). The host's kernel runs them
+# directly, first and alone; every other kernel is fetched from Debian's
+# archive through a private apt, booted in qemu from its unpacked package,
+# with the host's root shared read-only over 9p and a tmpfs overlay on top,
+# all guests side by side. One "NAME: N passed, N failed (S s, ...)" line per
+# kernel; exit 1 if any kernel fails or docs/kernels.md disagrees with what
+# the run found. Everything downloaded or built is cached under
 # ${XDG_CACHE_HOME:-~/.cache}/lbctl/vmtest, so a warm run downloads nothing.
 #
 # Environment:
 #   VMTEST_KERNELS   names from the matrix to run (default: all), e.g. "bookworm-6.1"
 #   VMTEST_SKIP_HOST=1  leave out the host row (make test: its suites just ran)
-#   VMTEST_SUITES    tap paths to run (default: scripts/vmtest/suites.sh's: test/native, test/bpf, test/e2e but hostile-input)
+#   VMTEST_PROFILE   vmtest (default) or test: which column of the matrix names the suites
+#   VMTEST_SUITES    tap paths to run on every row instead
+#   VMTEST_JOBS      guests at once (default: all of them)
+#   VMTEST_SMP       vCPUs per guest (default 2)
 #   VMTEST_TIMEOUT   seconds one guest may run (default 5700)
-#   VMTEST_REFRESH=1 resolve Debian kernels again (a newer package may exist)
+#   VMTEST_REFRESH=1 read Debian's package lists and resolve the kernels again
+#   VMTEST_UPDATE_DOCS=1  rewrite docs/kernels.md's rows from this run instead of checking them
+#   VMTEST_KEYRING, VMTEST_MIRROR  Debian's archive keyring and mirror
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/scripts/vmtest
