@@ -6,7 +6,7 @@
 //   kernel     test/native and test/bpf: the addon, BPF_PROG_TEST_RUN units,
 //              the real datapath object (the verifier runs on every kernel
 //              anyway, before the suites)
-//   e2e        every end-to-end file but the host-only ones (below)
+//   e2e        every end-to-end file (in a guest, but the host-only ones below)
 //   e2e:K/N    the K-th of N parts of those, balanced by the seconds each
 //              file took in a guest (scripts/vmtest/e2e-seconds): make test
 //              splits the slow end-to-end files between the 5.10 and 6.1
@@ -16,7 +16,7 @@
 // A file missing from e2e-seconds still runs (weighted as the slowest), so
 // a new test is never left out of a split.
 //
-// Usage: node scripts/vmtest/plan.mjs GROUP...
+// Usage: node scripts/vmtest/plan.mjs [--host] GROUP...   (--host: the host row, where the host-only files run too)
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -29,11 +29,13 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 // node's Node against the fake API server (three agents, multi-second graces).
 const HOST_ONLY = new Set(['test/e2e/hostile-input.ts', 'test/e2e/kubernetes-nodes.ts']);
 
+let onHost = false;
+
 function e2eFiles() {
   return readdirSync(path.join(root, 'test/e2e'))
     .filter((f) => f.endsWith('.ts'))
     .map((f) => `test/e2e/${f}`)
-    .filter((f) => !HOST_ONLY.has(f))
+    .filter((f) => onHost || !HOST_ONLY.has(f))
     .sort();
 }
 
@@ -60,7 +62,8 @@ export function split(files, weights, parts) {
   return bins.map((b) => ({ load: b.load, files: b.files.sort() }));
 }
 
-export function expand(groups) {
+export function expand(groups, host = false) {
+  onHost = host;
   const out = [];
   for (const g of groups) {
     if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
@@ -77,7 +80,8 @@ export function expand(groups) {
 
 if (import.meta.url === `file://${process.argv[1]}`) {
   try {
-    console.log(expand(process.argv.slice(2)).join('\n'));
+    const args = process.argv.slice(2);
+    console.log(expand(args.filter((a) => a !== '--host'), args.includes('--host')).join('\n'));
   } catch (err) {
     console.error(`plan: ${err.message}`);
     process.exit(2);

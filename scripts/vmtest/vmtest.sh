@@ -209,7 +209,7 @@ main() {
     if [[ -n $suites ]]; then
       tr ' ' '\n' <<<"$suites" >"$out/suites"
     else
-      node "$here/plan.mjs" ${groups//,/ } >"$out/suites"
+      node "$here/plan.mjs" $([[ $source == host ]] && echo --host) ${groups//,/ } >"$out/suites"
     fi
     names+=("$name")
     outs+=("$out")
