@@ -36,6 +36,8 @@ need_tools() {
   # (grep without -q: under pipefail an early exit would fail busybox with SIGPIPE)
   [[ -x /bin/busybox ]] && /bin/busybox --list | grep -x cpio >/dev/null || missing+=(busybox-static)
   command -v depmod >/dev/null || [[ -x /usr/sbin/depmod ]] || missing+=(kmod)
+  command -v xz >/dev/null || missing+=(xz-utils) # Debian 13's kernel modules are .ko.xz
+  [[ -r /usr/share/keyrings/debian-archive-keyring.gpg ]] || missing+=(debian-archive-keyring)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     apt-get update -qq
