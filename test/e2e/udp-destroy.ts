@@ -265,12 +265,23 @@ const LIVEZ_BOUND_MS = 250 * SLOW;
 // The termination must take this much longer than the bound, or the test
 // proves nothing (the old synchronous code answered /livez only after it).
 const MIN_TERMINATION_MS = 3 * LIVEZ_BOUND_MS;
-// Enough work for that: about 0.9 s for the old synchronous code here, and
-// 1-2.5 s now (each step waits for a pool thread; the host is shared).
+// Enough work for that on a loaded 2-core machine (1-2.5 s); a quiet one
+// finishes in 0.2-0.4 s, and then manyNamespaces runs again with 1,000.
 const NETNS = 250;
 const SOCKETS_PER_NETNS = 10;
 
+/**
+ * The work must outlast the bound three times over. A fast, quiet machine
+ * ends 250 namespaces sooner than that: then the test says so and runs
+ * again with four times the work, and only that run's duration must hold.
+ */
 async function manyNamespaces(t: Test, force?: 'inet-diag'): Promise<void> {
+  if (await terminationUnderLivez(t, force, NETNS, false)) return;
+  await terminationUnderLivez(t, force, 4 * NETNS, true);
+}
+
+/** false when the termination was too short to show anything and `last` is not set (nothing asserted on /livez then). */
+async function terminationUnderLivez(t: Test, force: 'inet-diag' | undefined, netns: number, last: boolean): Promise<boolean> {
   const sb = await createSandbox(t, { backends: 2, agent: false });
   const [first, second] = sb.backends.map((b) => b.v4);
   sb.writeManifest('dns.yaml', manifest([first!]));
@@ -280,16 +291,16 @@ async function manyNamespaces(t: Test, force?: 'inet-diag'): Promise<void> {
   await started;
 
   const ready = path.join(sb.runDir, 'many.ready');
-  const holder = sb.exec([sb.python, '-c', MANY_HOLDER, String(NETNS), String(SOCKETS_PER_NETNS), VIP, String(PORT), ready, String(120 * SLOW)], {
+  const holder = sb.exec([sb.python, '-c', MANY_HOLDER, String(netns), String(SOCKETS_PER_NETNS), VIP, String(PORT), ready, String(120 * SLOW)], {
     timeoutMs: 180_000 * SLOW,
   });
   let finished = false;
   t.teardown(async () => {
     if (!finished) await holder.catch(() => undefined); // the sandbox kills what is left in the cgroup
   });
-  await sb.waitUntil(() => existsSync(ready), `${NETNS} namespaces with ${SOCKETS_PER_NETNS} connected UDP sockets each`, 60_000);
+  await sb.waitUntil(() => existsSync(ready), `${netns} namespaces with ${SOCKETS_PER_NETNS} connected UDP sockets each`, 60_000);
   const cookies = JSON.parse(readFileSync(ready, 'utf8')) as string[];
-  t.equal(cookies.length, NETNS * SOCKETS_PER_NETNS, `${cookies.length} sockets in ${NETNS} namespaces, all connected to ${first}`);
+  t.equal(cookies.length, netns * SOCKETS_PER_NETNS, `${cookies.length} sockets in ${netns} namespaces, all connected to ${first}`);
 
   const poller = pollLivez(sb.agentPort('health'), 5);
   await new Promise((r) => setTimeout(r, 200));
@@ -312,14 +323,18 @@ async function manyNamespaces(t: Test, force?: 'inet-diag'): Promise<void> {
   t.comment(`agent: ${JSON.stringify({ mechanism: line['mechanism'], destroyed: line.destroyed, netns: line.netns, ms: line.ms, limit: line.limit })}`);
   t.same(line.errors, [], 'no errors');
   t.equal(line.limit, undefined, 'no bound hit');
-  t.equal(line.netns, NETNS + 1, `every namespace searched (${NETNS}, and the holder's own)`);
-  t.equal(line.destroyed, NETNS * SOCKETS_PER_NETNS, 'every socket destroyed');
+  t.equal(line.netns, netns + 1, `every namespace searched (${netns}, and the holder's own)`);
+  t.equal(line.destroyed, netns * SOCKETS_PER_NETNS, 'every socket destroyed');
   const outcomes = Object.values(held.outcomes);
   t.equal(outcomes.filter((o) => o === 'ECONNABORTED').length, cookies.length, `every socket's recv() failed with ECONNABORTED (${JSON.stringify([...new Set(outcomes)])})`);
 
   // pino's time is when the line was written, at the end of the termination.
   const end = line.time;
   const start = end - line.ms;
+  if (line.ms < MIN_TERMINATION_MS && !last) {
+    t.comment(`the termination ran ${line.ms} ms, less than ${MIN_TERMINATION_MS} ms: too little work on this machine to show anything; again with ${4 * netns} namespaces`);
+    return false;
+  }
   t.ok(line.ms >= MIN_TERMINATION_MS, `the termination ran ${line.ms} ms, at least ${MIN_TERMINATION_MS} ms (else there was too little work to show anything)`);
   // Every request in flight at some point of the termination (one at a time:
   // a request the agent cannot answer is still in flight when the next is due).
@@ -330,6 +345,7 @@ async function manyNamespaces(t: Test, force?: 'inet-diag'): Promise<void> {
   t.ok(during.length >= 10, `/livez was asked ${during.length} times while it ran (every 5 ms, one at a time)`);
   t.ok(during.every((p) => p.status === 200), '/livez said ok every time');
   t.ok(worst <= LIVEZ_BOUND_MS, `and answered within ${LIVEZ_BOUND_MS} ms every time (worst ${worst.toFixed(1)} ms)`);
+  return true;
 }
 
 t.test('a termination over many namespaces does not stall /livez (auto mechanism)', (t) => manyNamespaces(t));
