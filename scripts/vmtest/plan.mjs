@@ -6,6 +6,8 @@
 //   kernel     test/native and test/bpf: the addon, BPF_PROG_TEST_RUN units,
 //              the real datapath object (the verifier runs on every kernel
 //              anyway, before the suites)
+//   bpf-unit   the BPF_PROG_TEST_RUN unit suites and the verifier's own test:
+//              what every kernel must run even where make test runs no more
 //   e2e        every end-to-end file (in a guest, but the host-only ones below)
 //   e2e:K/N    the K-th of N parts of those, balanced by the seconds each
 //              file took in a guest (scripts/vmtest/e2e-seconds): make test
@@ -68,10 +70,11 @@ export function expand(groups, host = false) {
   for (const g of groups) {
     if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
     else if (g === 'kernel') out.push('test/native', 'test/bpf');
+    else if (g === 'bpf-unit') out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/verify-objects.ts');
     else if (g === 'e2e') out.push(...e2eFiles());
     else {
       const m = /^e2e:(\d+)\/(\d+)$/.exec(g);
-      if (!m || Number(m[1]) < 1 || Number(m[1]) > Number(m[2])) throw new Error(`unknown suite group '${g}' (all, kernel, e2e, e2e:K/N)`);
+      if (!m || Number(m[1]) < 1 || Number(m[1]) > Number(m[2])) throw new Error(`unknown suite group '${g}' (all, kernel, bpf-unit, e2e, e2e:K/N)`);
       out.push(...split(e2eFiles(), seconds(), Number(m[2]))[Number(m[1]) - 1].files);
     }
   }
