@@ -51,6 +51,22 @@ ErrCtx where(uint32_t ifindex, const char* dir, uint32_t handle, uint32_t prio) 
   return c;
 }
 
+// A filter named by (ifindex, direction, handle, priority) as the arguments
+// at `i`..`i + 3` give it, plus the optional namespace fd after them.
+struct Filter {
+  uint32_t ifindex;
+  enum bpf_tc_attach_point dir;
+  uint32_t handle;
+  uint32_t prio;
+  int nsFd;
+  ErrCtx ctx() const { return where(ifindex, dir == BPF_TC_INGRESS ? "ingress" : "egress", handle, prio); }
+};
+
+Filter filterArgs(const Napi::CallbackInfo& info, size_t i) {
+  return Filter{argU32(info, i, "ifindex"), direction(info, i + 1), argU32(info, i + 2, "handle"),
+                argU32(info, i + 3, "priority"), optNetns(info, i + 4)};
+}
+
 // Runs fn in netnsFd's namespace (or here), mapping a failed setns to its errno.
 int inNetns(int nsFd, const std::function<int()>& fn) {
   NetnsResult r = runInNetns(nsFd, fn);
@@ -88,38 +104,30 @@ Napi::Value TcAttach(const Napi::CallbackInfo& info) {
 
 Napi::Value TcQuery(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  uint32_t ifindex = argU32(info, 0, "ifindex");
-  enum bpf_tc_attach_point dir = direction(info, 1);
-  uint32_t handle = argU32(info, 2, "handle");
-  uint32_t prio = argU32(info, 3, "priority");
-  int nsFd = optNetns(info, 4);
+  Filter f = filterArgs(info, 0);
   uint32_t progId = 0;
-  int r = inNetns(nsFd, [&] {
-    DECLARE_LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = static_cast<int>(ifindex), .attach_point = dir);
-    DECLARE_LIBBPF_OPTS(bpf_tc_opts, opts, .handle = handle, .priority = prio);
+  int r = inNetns(f.nsFd, [&] {
+    DECLARE_LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = static_cast<int>(f.ifindex), .attach_point = f.dir);
+    DECLARE_LIBBPF_OPTS(bpf_tc_opts, opts, .handle = f.handle, .priority = f.prio);
     int e = bpf_tc_query(&hook, &opts);
     if (e == 0) progId = opts.prog_id;
     return e;
   });
   // No qdisc, or no such filter: nothing there.
   if (r == -ENOENT || r == -EINVAL) return Napi::Number::New(env, 0);
-  if (r != 0) throwBpfError(env, "bpf_tc_query", errFromRet(r), where(ifindex, dir == BPF_TC_INGRESS ? "ingress" : "egress", handle, prio));
+  if (r != 0) throwBpfError(env, "bpf_tc_query", errFromRet(r), f.ctx());
   return Napi::Number::New(env, progId);
 }
 
 Napi::Value TcDetach(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  uint32_t ifindex = argU32(info, 0, "ifindex");
-  enum bpf_tc_attach_point dir = direction(info, 1);
-  uint32_t handle = argU32(info, 2, "handle");
-  uint32_t prio = argU32(info, 3, "priority");
-  int nsFd = optNetns(info, 4);
-  int r = inNetns(nsFd, [&] {
-    DECLARE_LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = static_cast<int>(ifindex), .attach_point = dir);
-    DECLARE_LIBBPF_OPTS(bpf_tc_opts, opts, .handle = handle, .priority = prio);
+  Filter f = filterArgs(info, 0);
+  int r = inNetns(f.nsFd, [&] {
+    DECLARE_LIBBPF_OPTS(bpf_tc_hook, hook, .ifindex = static_cast<int>(f.ifindex), .attach_point = f.dir);
+    DECLARE_LIBBPF_OPTS(bpf_tc_opts, opts, .handle = f.handle, .priority = f.prio);
     return bpf_tc_detach(&hook, &opts);
   });
-  if (r != 0) throwBpfError(env, "bpf_tc_detach", errFromRet(r), where(ifindex, dir == BPF_TC_INGRESS ? "ingress" : "egress", handle, prio));
+  if (r != 0) throwBpfError(env, "bpf_tc_detach", errFromRet(r), f.ctx());
   return env.Undefined();
 }
 

@@ -25,11 +25,21 @@ t.teardown(() => {
   }
 });
 const sbin = { ...process.env, PATH: `${process.env['PATH'] ?? ''}:/usr/sbin:/sbin` };
+const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
+const bpfDir = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..', '..', 'bpf');
+
+/** An "old" object of the test's own: `source` compiled (with bpf/ on the include path) into tmp/NAME.o. */
+function compile(name: string, source: string): string {
+  const src = path.join(tmp, `${name}.bpf.c`);
+  const obj = path.join(tmp, `${name}.o`);
+  writeFileSync(src, source);
+  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, `-I${bpfDir}`, '-c', src, '-o', obj]);
+  return obj;
+}
 
 t.test('a pinned map whose layout cannot be converted stops the load, naming map and field; nothing moves', async (t) => {
   // An "old" lb4_reverse_nat whose port was host order: a copy cannot keep its meaning.
-  const src = path.join(tmp, 'old_revnat.bpf.c');
-  writeFileSync(src, `#include <linux/bpf.h>
+  const obj = compile('old_revnat', `#include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 struct lb4_reverse_nat { __be32 address; __u16 port; __u8 pad[2]; };
 struct {
@@ -42,9 +52,6 @@ struct {
 } lb4_reverse_nat SEC(".maps");
 char LICENSE[] SEC("license") = "GPL";
 `);
-  const obj = path.join(tmp, 'old_revnat.o');
-  const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
-  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, '-c', src, '-o', obj]);
   const old = BpfObject.open(obj, { pinRoot: path.join(bpfRoot, 'maps') });
   await old.load();
   const oldId = old.map('lb4_reverse_nat').id;
@@ -79,8 +86,7 @@ t.test('a pinned map without BTF is refused by name, with lbctl cleanup as the w
 t.test('a pinned map of another type or flags is made anew with its entries; per-CPU against shared values is refused', async (t) => {
   cleanupDatapath(bpfRoot);
   // An "old" lb4_reverse_nat in the standard layout, created without BPF_F_NO_PREALLOC.
-  const src = path.join(tmp, 'prealloc_revnat.bpf.c');
-  writeFileSync(src, `#include <linux/bpf.h>
+  const obj = compile('prealloc_revnat', `#include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "include/lb_types.h"
 struct {
@@ -92,10 +98,6 @@ struct {
 } lb4_reverse_nat SEC(".maps");
 char LICENSE[] SEC("license") = "GPL";
 `);
-  const obj = path.join(tmp, 'prealloc_revnat.o');
-  const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
-  const bpfDir = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..', '..', 'bpf');
-  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, `-I${bpfDir}`, '-c', src, '-o', obj]);
   const old = BpfObject.open(obj, { pinRoot: path.join(bpfRoot, 'maps') });
   await old.load();
   const key = Buffer.from([7, 0, 0, 0]);
@@ -116,8 +118,7 @@ char LICENSE[] SEC("license") = "GPL";
   // lb_metrics (per-CPU) pinned as a plain array: refused by name.
   cleanupDatapath(bpfRoot);
   mkdirSync(path.join(bpfRoot, 'maps'), { recursive: true });
-  const metrics = path.join(tmp, 'shared_metrics.bpf.c');
-  writeFileSync(metrics, `#include <linux/bpf.h>
+  const mobj = compile('shared_metrics', `#include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -128,8 +129,6 @@ struct {
 } lb_metrics SEC(".maps");
 char LICENSE[] SEC("license") = "GPL";
 `);
-  const mobj = path.join(tmp, 'shared_metrics.o');
-  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, '-c', metrics, '-o', mobj]);
   const o2 = BpfObject.open(mobj, { pinRoot: path.join(bpfRoot, 'maps') });
   await o2.load();
   o2.close();
@@ -140,8 +139,7 @@ char LICENSE[] SEC("license") = "GPL";
 t.test('lb_metrics pinned at the size lbctl used before (9, the enum) grows to its slots with every counter', async (t) => {
   cleanupDatapath(bpfRoot);
   mkdirSync(path.join(bpfRoot, 'maps'), { recursive: true });
-  const src = path.join(tmp, 'old_metrics.bpf.c');
-  writeFileSync(src, `#include <linux/bpf.h>
+  const obj = compile('old_metrics', `#include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -152,9 +150,6 @@ struct {
 } lb_metrics SEC(".maps");
 char LICENSE[] SEC("license") = "GPL";
 `);
-  const obj = path.join(tmp, 'old_metrics.o');
-  const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
-  execFileSync('clang', ['-O2', '-g', '-target', 'bpf', `-I/usr/include/${triple}`, '-c', src, '-o', obj]);
   const old = BpfObject.open(obj, { pinRoot: path.join(bpfRoot, 'maps') });
   await old.load();
   const m9 = old.map('lb_metrics');
