@@ -143,16 +143,7 @@ export interface ProbeKernel {
 
 /** The running kernel, through the probe object. */
 export function realKernel(object = PROBE_OBJECT): ProbeKernel {
-  const load = async (programs: string[]): Promise<BpfObject> => {
-    const obj = BpfObject.open(object, { programs });
-    try {
-      await obj.load();
-      return obj;
-    } catch (err) {
-      obj.close();
-      throw err;
-    }
-  };
+  const load = (programs: string[]): Promise<BpfObject> => BpfObject.openLoaded(object, { programs });
   return {
     async loadProgram(program) {
       (await load([program])).close();

@@ -247,7 +247,7 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   const variant: Datapath['variant'] = opts.object ? 'custom' : (opts.setRetval ?? (await hasSetRetval())) ? 'standard' : 'compat';
   let object: BpfObject;
   try {
-    object = await openAndLoad(variant === 'compat' ? COMPAT_OBJECT : objectPath, pinRoot, wanted, reuseMaps);
+    object = await BpfObject.openLoaded(variant === 'compat' ? COMPAT_OBJECT : objectPath, { pinRoot, maxEntries: wanted, reuseMaps });
   } catch (err) {
     if (migrating) rmSync(pinRoot, { recursive: true, force: true });
     throw err;
@@ -445,22 +445,6 @@ function copyPinnedInto(
     }
   }
   return out;
-}
-
-async function openAndLoad(
-  objectPath: string,
-  pinRoot: string,
-  maxEntries: Record<string, number>,
-  reuseMaps: Record<string, number>,
-): Promise<BpfObject> {
-  const object = BpfObject.open(objectPath, { pinRoot, maxEntries, reuseMaps });
-  try {
-    await object.load();
-    return object;
-  } catch (err) {
-    object.close();
-    throw err;
-  }
 }
 
 /** The datapath object the agent loads on this kernel: the standard one, or the compat one without bpf_set_retval. */

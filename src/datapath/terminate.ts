@@ -319,9 +319,8 @@ interface Probe {
 
 async function loadObject(file: string, reuse?: UdpTerminatorOptions['revNat']): Promise<BpfObject> {
   const opts = reuse ? { reuseMaps: { lb4_sock_revnat: reuse[4].fd, lb6_sock_revnat: reuse[6].fd } } : {};
-  const object = BpfObject.open(file, opts);
+  const object = await BpfObject.openLoaded(file, opts);
   try {
-    await object.load();
     const term4 = object.map('lb4_sock_term');
     const term6 = object.map('lb6_sock_term');
     const spec = { type: MapType.HASH, flags: 0, value: u32, object: path.basename(file) };

@@ -167,6 +167,18 @@ export class BpfObject {
     return new BpfObject(guard(() => native().openObject(path, opts)));
   }
 
+  /** Opens and loads; the object is closed again when the load fails. */
+  static async openLoaded(path: string, opts?: OpenOptions): Promise<BpfObject> {
+    const object = BpfObject.open(path, opts);
+    try {
+      await object.load();
+      return object;
+    } catch (err) {
+      object.close();
+      throw err;
+    }
+  }
+
   get path(): string { return this.raw.path; }
 
   /** Load into the kernel (verifier runs here); pinned maps are reused from pinRoot. */

@@ -29,6 +29,19 @@ const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim(
 const bpfDir = path.resolve(path.dirname(new URL(import.meta.url).pathname), '..', '..', 'bpf');
 
 /** An "old" object of the test's own: `source` compiled (with bpf/ on the include path) into tmp/NAME.o. */
+/** An "old" lb_metrics of the given type and size, as an earlier lbctl (or a broken one) pinned it. */
+const oldMetrics = (type: string, entries: number): string => `#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct {
+	__uint(type, ${type});
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, ${entries});
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_metrics SEC(".maps");
+char LICENSE[] SEC("license") = "GPL";
+`;
+
 function compile(name: string, source: string): string {
   const src = path.join(tmp, `${name}.bpf.c`);
   const obj = path.join(tmp, `${name}.o`);
@@ -118,17 +131,7 @@ char LICENSE[] SEC("license") = "GPL";
   // lb_metrics (per-CPU) pinned as a plain array: refused by name.
   cleanupDatapath(bpfRoot);
   mkdirSync(path.join(bpfRoot, 'maps'), { recursive: true });
-  const mobj = compile('shared_metrics', `#include <linux/bpf.h>
-#include <bpf/bpf_helpers.h>
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, 9);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lb_metrics SEC(".maps");
-char LICENSE[] SEC("license") = "GPL";
-`);
+  const mobj = compile('shared_metrics', oldMetrics('BPF_MAP_TYPE_ARRAY', 9));
   const o2 = BpfObject.open(mobj, { pinRoot: path.join(bpfRoot, 'maps') });
   await o2.load();
   o2.close();
@@ -139,17 +142,7 @@ char LICENSE[] SEC("license") = "GPL";
 t.test('lb_metrics pinned at the size lbctl used before (9, the enum) grows to its slots with every counter', async (t) => {
   cleanupDatapath(bpfRoot);
   mkdirSync(path.join(bpfRoot, 'maps'), { recursive: true });
-  const obj = compile('old_metrics', `#include <linux/bpf.h>
-#include <bpf/bpf_helpers.h>
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, 9);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} lb_metrics SEC(".maps");
-char LICENSE[] SEC("license") = "GPL";
-`);
+  const obj = compile('old_metrics', oldMetrics('BPF_MAP_TYPE_PERCPU_ARRAY', 9));
   const old = BpfObject.open(obj, { pinRoot: path.join(bpfRoot, 'maps') });
   await old.load();
   const m9 = old.map('lb_metrics');
