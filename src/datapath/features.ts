@@ -301,8 +301,10 @@ export function featureLine(features: DatapathFeatures): string {
 }
 
 let setRetvalCache: Promise<boolean> | undefined;
-/** Whether this kernel has bpf_set_retval in cgroup sock_addr programs (probed once per process). */
-export function hasSetRetval(kernel: ProbeKernel = realKernel()): Promise<boolean> {
-  setRetvalCache ??= kernel.loadProgram(PROGRAM.set_retval!).then(() => true, () => false);
+/** Whether this kernel has bpf_set_retval in cgroup sock_addr programs (the running kernel's answer is probed once per process). */
+export function hasSetRetval(kernel?: ProbeKernel): Promise<boolean> {
+  const probe = (k: ProbeKernel): Promise<boolean> => k.loadProgram(PROGRAM.set_retval!).then(() => true, () => false);
+  if (kernel) return probe(kernel);
+  setRetvalCache ??= probe(realKernel());
   return setRetvalCache;
 }

@@ -56,6 +56,16 @@ export interface NorthSouth {
   readonly problems: readonly string[];
 }
 
+/** Entries read from each list field; the rest is one problem (the API allows few; a manifest may hold millions). */
+export const MAX_LIST_ENTRIES = 1024;
+
+/** The first MAX_LIST_ENTRIES of a list field, with a problem when there were more. */
+function bounded(list: unknown, field: string, id: string, problems: string[]): unknown[] {
+  if (!Array.isArray(list)) return [];
+  if (list.length > MAX_LIST_ENTRIES) problems.push(`${id}: ${field} has ${list.length} entries; the first ${MAX_LIST_ENTRIES} are read`);
+  return list.length > MAX_LIST_ENTRIES ? list.slice(0, MAX_LIST_ENTRIES) : list;
+}
+
 const show = (v: unknown): string => (typeof v === 'string' ? JSON.stringify(v.length > 64 ? `${v.slice(0, 64)}…` : v) : String(v));
 const isPort = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= 65535;
 
@@ -70,7 +80,7 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
   const problems: string[] = [];
   const nodePorts: Array<{ port: number; protocol: Protocol; nodePort: number }> = [];
   if (type === 'NodePort' || type === 'LoadBalancer') {
-    for (const [i, p] of (Array.isArray(spec.ports) ? spec.ports : []).entries()) {
+    for (const [i, p] of (bounded(spec.ports, 'spec.ports', id, problems) as Array<{ nodePort?: unknown; port?: unknown; protocol?: unknown } | null>).entries()) {
       if (p?.nodePort === undefined || p.nodePort === 0) continue; // LoadBalancer with allocateLoadBalancerNodePorts: false
       const protocol = p.protocol ?? 'TCP';
       if (!isPort(p.port) || (protocol !== 'TCP' && protocol !== 'UDP')) continue; // validateService reports those
@@ -86,7 +96,7 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
 
   const externalIPs: ParsedIp[] = [];
   if (spec.externalIPs !== undefined && !Array.isArray(spec.externalIPs)) problems.push(`${id}: spec.externalIPs is not a list`);
-  for (const [i, text] of (Array.isArray(spec.externalIPs) ? spec.externalIPs : []).entries()) {
+  for (const [i, text] of bounded(spec.externalIPs, 'spec.externalIPs', id, problems).entries()) {
     const ip = parseIp(text);
     if (!ip) problems.push(`${id}: spec.externalIPs[${i}] ${show(text)} is not an IP address`);
     else if (!families.includes(ip.family)) problems.push(`${id}: spec.externalIPs[${i}] ${ip.address} is IPv${ip.family}, a family the service does not have: not served`);
@@ -96,7 +106,7 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
   const loadBalancerIPs: Array<ParsedIp & { ipMode: 'VIP' | 'Proxy' }> = [];
   const ingress = obj.status?.loadBalancer?.ingress;
   if (type === 'LoadBalancer' && Array.isArray(ingress)) {
-    for (const [i, e] of ingress.entries()) {
+    for (const [i, e] of bounded(ingress, 'status.loadBalancer.ingress', id, problems).entries()) {
       const entry = (typeof e === 'object' && e !== null ? e : {}) as { ip?: unknown; hostname?: unknown; ipMode?: unknown };
       if (entry.ip === undefined || entry.ip === '') {
         if (typeof entry.hostname === 'string' && entry.hostname !== '') problems.push(`${id}: status.loadBalancer.ingress[${i}] has only a hostname (${show(entry.hostname)}): not served (kube-proxy serves IPs only)`);
@@ -123,7 +133,7 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
   const sourceRanges: SourceRange[] = [];
   let given = 0;
   if (type === 'LoadBalancer' && spec.loadBalancerSourceRanges !== undefined) {
-    const list = Array.isArray(spec.loadBalancerSourceRanges) ? spec.loadBalancerSourceRanges : [spec.loadBalancerSourceRanges];
+    const list = Array.isArray(spec.loadBalancerSourceRanges) ? bounded(spec.loadBalancerSourceRanges, 'spec.loadBalancerSourceRanges', id, problems) : [spec.loadBalancerSourceRanges];
     for (const [i, text] of list.entries()) {
       given++;
       const range = parseCidr(text);

@@ -27,7 +27,20 @@ export function addresses(netnsFd?: number): RtnlAddr[] {
   return guard(() => loadBinding().rtnlAddrs(netnsFd));
 }
 
-/** Calls `changed` after each burst of link or address events (`lost`: the kernel dropped some). Close it to stop. */
-export function watch(changed: (lost: boolean) => void, netnsFd?: number): { close(): void } {
-  return guard(() => loadBinding().rtnlWatch((n) => changed(n < 0), netnsFd));
+/**
+ * Calls `changed` after each burst of link or address events (`lost`: the
+ * kernel dropped some). What `changed` throws goes to `failed`, never back
+ * into the event loop's poll callback (where it would end the process).
+ * Close it to stop.
+ */
+export function watch(changed: (lost: boolean) => void, failed: (err: unknown) => void, netnsFd?: number): { close(): void } {
+  return guard(() =>
+    loadBinding().rtnlWatch((n) => {
+      try {
+        changed(n < 0);
+      } catch (err) {
+        failed(err);
+      }
+    }, netnsFd),
+  );
 }

@@ -48,7 +48,12 @@ t.test("a namespace's links and addresses, not the caller's", async (t) => {
 
 t.test('the watch calls back on link and address changes, and stops when closed', async (t) => {
   let calls = 0;
-  const w = watch(() => calls++, fd);
+  const failures: unknown[] = [];
+  // A callback that throws: its error is handed over, the watch goes on.
+  const w = watch(() => {
+    calls++;
+    if (calls === 1) throw new Error('the callback failed');
+  }, (err) => failures.push(err), fd);
   ip('link', 'add', 'wt0', 'type', 'veth', 'peer', 'name', 'wt1');
   await waitFor(() => calls > 0, 'a link event');
   const before = calls;
@@ -60,4 +65,5 @@ t.test('the watch calls back on link and address changes, and stops when closed'
   ip('link', 'del', 'wt0');
   await new Promise((r) => setTimeout(r, 200 * SLOW));
   t.equal(calls, closed, 'no call after close');
+  t.match(failures, [{ message: 'the callback failed' }], "the callback's error went to `failed`, and later events still came");
 });

@@ -83,3 +83,14 @@ t.test('port range flags: parsed, and refused when malformed or overlapping, nam
     message: '--nodeport-range 30000-32767 overlaps --snat-port-range 32000-33000: they must not share a port',
   });
 });
+
+t.test('a list of a million entries costs what 1,024 do, and says so once', async (t) => {
+  const many = Array.from({ length: 1_000_000 }, (_, i) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`);
+  const ns = northSouth(lb({ externalIPs: many, loadBalancerSourceRanges: many.map((a) => `${a}/32`) }), ID, [4]);
+  t.equal(ns.externalIPs.length, 1024);
+  t.equal(ns.sourceRanges.length, 1024);
+  t.same(ns.problems, [
+    'Service default/web: spec.externalIPs has 1000000 entries; the first 1024 are read',
+    'Service default/web: spec.loadBalancerSourceRanges has 1000000 entries; the first 1024 are read',
+  ]);
+});
