@@ -8,9 +8,9 @@
 // still served (a NodePort outside the range is left out, an ingress entry
 // with only a hostname is skipped). Source ranges fail closed: when some are
 // given and none is valid, the LoadBalancer frontends are not programmed,
-// rather than opened to everyone.
+// rather than opened to everyone. The port range flags are parsed in
+// src/cli/flags.ts.
 import ipaddr from 'ipaddr.js';
-import { ConfigError } from '../errors.js';
 import { parseIp, type ParsedIp } from '../lb/addr.js';
 import type { Family, Protocol } from '../lb/types.js';
 
@@ -178,20 +178,4 @@ export function nodePortConflicts(services: ReadonlyArray<{ readonly id: string;
     }
   }
   return problems;
-}
-
-/** A --nodeport-range or --snat-port-range value ("30000-32767"); throws naming the flag. */
-export function parsePortRange(flag: string, text: string): PortRange {
-  const m = /^\s*(\d{1,5})\s*-\s*(\d{1,5})\s*$/.exec(text);
-  const first = Number(m?.[1]);
-  const last = Number(m?.[2]);
-  if (!m || !isPort(first) || !isPort(last) || first > last) throw new ConfigError(`${flag} ${JSON.stringify(text)}: expected FIRST-LAST, two ports with FIRST <= LAST (such as 30000-32767)`);
-  return { first, last };
-}
-
-/** The start is refused when two port ranges overlap, naming both flags. */
-export function checkDisjoint(a: { flag: string; range: PortRange }, b: { flag: string; range: PortRange }): void {
-  if (a.range.first <= b.range.last && b.range.first <= a.range.last) {
-    throw new ConfigError(`${a.flag} ${a.range.first}-${a.range.last} overlaps ${b.flag} ${b.range.first}-${b.range.last}: they must not share a port`);
-  }
 }

@@ -2,7 +2,8 @@
 // as kube-proxy reads it, with issue 14's bad input: each bad value named
 // by service and field while the rest is served; source ranges fail closed.
 import t from 'tap';
-import { checkDisjoint, nodePortConflicts, northSouth, parseCidr, parsePortRange } from '../../src/model/north-south.js';
+import { checkDisjoint, parsePortRange } from '../../src/cli/flags.js';
+import { nodePortConflicts, northSouth, parseCidr } from '../../src/model/north-south.js';
 
 const ID = 'Service default/web';
 const lb = (spec: Record<string, unknown>, ingress?: unknown[]) => ({ spec: { type: 'LoadBalancer', ...spec }, ...(ingress ? { status: { loadBalancer: { ingress } } } : {}) });
