@@ -9,7 +9,7 @@ CLANG     ?= clang
 BPFTOOL   ?= $(shell command -v bpftool || echo /usr/sbin/bpftool)
 ARCH_INC  := /usr/include/$(shell gcc -dumpmachine)
 OUT       := bpf/.output
-BPF_SRCS  := bpf/sock.c bpf/abi.c
+BPF_SRCS  := bpf/sock.c bpf/nodeport.c bpf/abi.c
 BPF_OBJS  := $(patsubst bpf/%.c,$(OUT)/%.bpf.o,$(BPF_SRCS)) $(OUT)/sock_compat.bpf.o
 # Loaded only where the kernel has bpf_sock_destroy (6.5+), and not an input
 # of the ABI generator: its maps are the agent's private scratch space (keyed

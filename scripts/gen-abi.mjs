@@ -183,6 +183,7 @@ emit('  v.copy(b, o);');
 emit('}');
 emit('');
 for (const [bits, size, read, write] of [
+  ['u8', 1, 'readUInt8', 'writeUInt8'],
   ['u16', 2, 'readUInt16LE', 'writeUInt16LE'],
   ['u32', 4, 'readUInt32LE', 'writeUInt32LE'],
   ['be16', 2, 'readUInt16BE', 'writeUInt16BE'],

@@ -15,15 +15,30 @@
 #include <linux/types.h>
 
 /*
- * Service types (struct lb_service.type, slot 0). The model produces
- * ClusterIP frontends only; the wildcard entries come from the reconciler.
- * Backend slots carry 0. The numbers are what pinned maps hold, so a
- * removed value is not reused: 5 stays the wildcard across upgrades.
+ * Service types (struct lb_service.type, slot 0). The wildcard entries come
+ * from the reconciler, the others from the model. Backend slots carry 0.
+ * The numbers are what pinned maps hold, so a removed value is not reused:
+ * 5 stays the wildcard across upgrades.
  */
 enum lb_svc_type {
 	LB_SVC_NONE = 0,	/* a backend slot (slot > 0) */
 	LB_SVC_CLUSTER_IP = 1,
+	LB_SVC_NODEPORT = 2,	/* address 0.0.0.0 / ::: the surrogate every node address matches */
+	LB_SVC_LOADBALANCER = 3,	/* status.loadBalancer.ingress[].ip */
+	LB_SVC_EXTERNAL_IP = 4,	/* spec.externalIPs[] */
 	LB_SVC_WILDCARD = 5,	/* address-only entry: port 0, proto 0 */
+};
+
+/*
+ * Lookup scopes (lb*_key.scope). A frontend whose external and internal
+ * traffic policies pick different backends has two master entries: the
+ * external one (what tc serves to clients from outside) and the internal one
+ * (what the socket programs serve to the node and its pods), flagged
+ * LB_SVC_F_TWO_SCOPES. Every other frontend has only the external entry.
+ */
+enum lb_scope {
+	LB_SCOPE_EXT = 0,
+	LB_SCOPE_INT = 1,
 };
 
 /* Service flags (struct lb_service.flags, slot 0). */
@@ -36,6 +51,14 @@ enum lb_svc_flags {
 	 * backends.
 	 */
 	LB_SVC_F_LOCAL_INTERNAL = (1 << 1),
+	/* externalTrafficPolicy Local: only this node's endpoints, client address kept (no SNAT) */
+	LB_SVC_F_LOCAL_EXTERNAL = (1 << 2),
+	/* the frontend also has an LB_SCOPE_INT entry (see enum lb_scope) */
+	LB_SVC_F_TWO_SCOPES = (1 << 3),
+	/* loadBalancerSourceRanges: clients outside lb*_src_range are dropped */
+	LB_SVC_F_SRC_RANGE = (1 << 4),
+	/* a Maglev table is in lb_maglev under the rev-NAT id; random selection without one */
+	LB_SVC_F_MAGLEV = (1 << 5),
 };
 
 /*
@@ -61,7 +84,23 @@ enum lb_metric {
 	LB_MTR_REVNAT_UPDATE_FAIL = 6,	/* socket rev-NAT entry could not be written */
 	LB_MTR_SOCK_RELEASE = 7,	/* socket rev-NAT entry removed at close */
 	LB_MTR_AFFINITY_HIT = 8,	/* session affinity kept a client's backend */
-	LB_MTR_MAX = 9,		/* append only: a value is never renumbered */
+	/* tc (bpf/nodeport.c): NodePort, LoadBalancer and external IPs */
+	LB_MTR_NP_NEW = 9,		/* a new flow got a backend (CT entries written) */
+	LB_MTR_NP_FWD = 10,		/* a packet of a flow was DNATed (and SNATed) */
+	LB_MTR_NP_REV = 11,		/* a reply was translated back */
+	LB_MTR_NP_NO_BACKEND = 12,	/* no selectable backend: dropped or refused by ICMP */
+	LB_MTR_NP_LOCAL_NONE = 13,	/* eTP Local with no local backend: dropped */
+	LB_MTR_NP_SRC_RANGE = 14,	/* client outside loadBalancerSourceRanges: dropped */
+	LB_MTR_NP_SNAT_EXHAUSTED = 15,	/* no free SNAT port after the retries: dropped */
+	LB_MTR_NP_FIB_FAIL = 16,	/* no route to the backend or the client: dropped */
+	LB_MTR_NP_CT_FULL = 17,		/* a CT entry could not be written: dropped */
+	LB_MTR_NP_FRAG = 18,		/* a fragment that cannot be translated: dropped */
+	LB_MTR_NP_ICMP_XLATE = 19,	/* an ICMP error about a flow was translated */
+	LB_MTR_NP_REJECT = 20,		/* an ICMP port unreachable was sent */
+	LB_MTR_NP_NO_SNAT_ADDR = 21,	/* the egress device has no address to SNAT to: dropped */
+	LB_MTR_NP_BAD_PACKET = 22,	/* a malformed header of a service flow: dropped */
+	LB_MTR_NP_TTL = 23,		/* TTL/hop limit expired on a forwarded packet: left to the stack */
+	LB_MTR_MAX = 24,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -81,7 +120,8 @@ struct lb4_key {
 	__be16 dport;		/* service port; 0 for the wildcard entry */
 	__u16 backend_slot;	/* 0: master entry; 1..n: backend slots */
 	__u8 proto;		/* IPPROTO_TCP/UDP; LB_PROTO_ANY for wildcard */
-	__u8 pad[3];
+	__u8 scope;		/* enum lb_scope (was padding: old entries read as LB_SCOPE_EXT) */
+	__u8 pad[2];
 };
 
 /* Service lookup key, IPv6. */
@@ -90,7 +130,8 @@ struct lb6_key {
 	__be16 dport;		/* service port; 0 for the wildcard entry */
 	__u16 backend_slot;	/* 0: master entry; 1..n: backend slots */
 	__u8 proto;		/* IPPROTO_TCP/UDP; LB_PROTO_ANY for wildcard */
-	__u8 pad[3];
+	__u8 scope;		/* enum lb_scope (was padding: old entries read as LB_SCOPE_EXT) */
+	__u8 pad[2];
 };
 
 #ifndef LB_LAYOUT_TEST
@@ -216,6 +257,142 @@ struct lb_affinity_val {
 	__u8 pad[2];
 };
 
+/*
+ * Connection tracking of the tc datapath (bpf/nodeport.c), one LRU map per
+ * family holding both directions of a flow:
+ *   LB_CT_ORIG  keyed as the client's packet arrives (client -> frontend);
+ *               addr1/port1 = the backend it goes to, addr2/port2 = the
+ *               source it is SNATed to (zero: no SNAT, a local backend).
+ *   LB_CT_REPLY keyed as the reply arrives (backend -> SNAT address, or
+ *               backend -> client for a local backend, seen at egress);
+ *               addr1/port1 = the frontend to answer from, addr2/port2 = the
+ *               client to answer to.
+ * A REPLY entry of a SNATed flow is also the SNAT port's reservation: it is
+ * inserted with BPF_NOEXIST, so two flows never share a port.
+ */
+enum lb_ct_dir {
+	LB_CT_ORIG = 0,
+	LB_CT_REPLY = 1,
+};
+
+enum lb_ct_flags {
+	LB_CT_F_SNAT = (1 << 0),	/* the flow is SNATed (a remote backend) */
+	LB_CT_F_CLOSING = (1 << 1),	/* a FIN or RST was seen: short lifetime */
+	LB_CT_F_SEEN_REPLY = (1 << 2),	/* a reply went back: established */
+	LB_CT_F_LOCAL = (1 << 3),	/* the backend is on this node: replies pass its egress */
+};
+
+struct lb4_ct_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;		/* enum lb_ct_dir */
+	__u8 pad[2];
+};
+
+struct lb6_ct_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;		/* enum lb_ct_dir */
+	__u8 pad[2];
+};
+
+struct lb4_ct_entry {
+	__u64 expires;		/* bpf_ktime_get_ns() / 1e9 past which the entry is dead */
+	__be32 addr1;		/* ORIG: backend; REPLY: frontend */
+	__be32 addr2;		/* ORIG: SNAT source (0: none); REPLY: client */
+	__be16 port1;
+	__be16 port2;
+	__u32 rev_nat_index;	/* the frontend's rev-NAT id */
+	__u32 backend_id;	/* ORIG: the backend's id (listings) */
+	__u16 flags;		/* enum lb_ct_flags */
+	__u8 pad[2];
+};
+
+struct lb6_ct_entry {
+	__u64 expires;
+	__be32 addr1[4];
+	__be32 addr2[4];
+	__be16 port1;
+	__be16 port2;
+	__u32 rev_nat_index;
+	__u32 backend_id;
+	__u16 flags;
+	__u8 pad[2];
+};
+
+/*
+ * IPv4 fragments: the ports of a datagram's first fragment, by
+ * (saddr, daddr, id, proto), so the later ones (which carry no ports)
+ * follow it to the same backend.
+ */
+struct lb4_frag_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct lb4_frag_ports {
+	__be16 sport;
+	__be16 dport;
+};
+
+/* A node address (the NodePort surrogate matches it), keyed by address. */
+struct lb_node_addr_key {
+	__be32 address[4];	/* IPv4 in address[0], the rest zero */
+	__u8 family;		/* 4 or 6 */
+	__u8 pad[3];
+};
+
+struct lb_node_addr {
+	__u32 ifindex;		/* the device that has it */
+	__u32 flags;		/* reserved */
+};
+
+/* A device the tc programs run on, keyed by ifindex: its SNAT addresses. */
+struct lb_device {
+	__be32 addr4;		/* SNAT source for IPv4 (0: none) */
+	__be32 addr6[4];	/* SNAT source for IPv6 (::: none) */
+	__u32 flags;		/* reserved */
+};
+
+/* Settings of the tc datapath (lb_np_config[0]), written by the agent before attach. */
+enum lb_np_config_flags {
+	LB_NP_F_EXTERNAL_CLUSTERIP = (1 << 0),	/* --external-clusterip: serve ClusterIPs from outside */
+};
+
+struct lb_np_config {
+	__u16 nodeport_min;	/* --nodeport-range */
+	__u16 nodeport_max;
+	__u16 snat_min;		/* --snat-port-range */
+	__u16 snat_max;
+	__u32 flags;		/* enum lb_np_config_flags */
+	__u32 snat_retries;	/* random tries after the tuple hash's port */
+};
+
+/*
+ * loadBalancerSourceRanges (LPM trie): prefixlen counts the rev-NAT id's 32
+ * bits plus the CIDR's, so one trie serves every frontend.
+ */
+struct lb4_src_range_key {
+	__u32 prefixlen;
+	__u32 rev_nat_index;
+	__be32 address;
+};
+
+struct lb6_src_range_key {
+	__u32 prefixlen;
+	__u32 rev_nat_index;
+	__be32 address[4];
+};
+
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb_affinity_key) == 16, "lb_affinity_key size");
 _Static_assert(sizeof(struct lb_affinity_val) == 16, "lb_affinity_val size");
@@ -233,5 +410,16 @@ _Static_assert(sizeof(struct lb4_sock_key) == 16, "lb4_sock_key size");
 _Static_assert(sizeof(struct lb6_sock_key) == 32, "lb6_sock_key size");
 _Static_assert(sizeof(struct lb4_sock_revnat) == 12, "lb4_sock_revnat size");
 _Static_assert(sizeof(struct lb6_sock_revnat) == 24, "lb6_sock_revnat size");
+
+_Static_assert(sizeof(struct lb4_ct_key) == 16, "lb4_ct_key size");
+_Static_assert(sizeof(struct lb6_ct_key) == 40, "lb6_ct_key size");
+_Static_assert(sizeof(struct lb4_ct_entry) == 32, "lb4_ct_entry size");
+_Static_assert(sizeof(struct lb6_ct_entry) == 56, "lb6_ct_entry size");
+_Static_assert(sizeof(struct lb4_frag_key) == 12, "lb4_frag_key size");
+_Static_assert(sizeof(struct lb_node_addr_key) == 20, "lb_node_addr_key size");
+_Static_assert(sizeof(struct lb_device) == 24, "lb_device size");
+_Static_assert(sizeof(struct lb_np_config) == 16, "lb_np_config size");
+_Static_assert(sizeof(struct lb4_src_range_key) == 12, "lb4_src_range_key size");
+_Static_assert(sizeof(struct lb6_src_range_key) == 24, "lb6_src_range_key size");
 
 #endif /* __LB_TYPES_H */

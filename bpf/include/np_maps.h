@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The maps only the tc datapath (bpf/nodeport.c) uses, beside the shared ones
+ * of lb_maps.h: connection tracking, IPv4 fragments, node addresses, the
+ * devices it runs on, its settings and loadBalancerSourceRanges. A separate
+ * header so the socket object does not create them (libbpf creates every
+ * map an object declares, used or not).
+ */
+#ifndef __NP_MAPS_H
+#define __NP_MAPS_H
+
+#include "lb_maps.h"
+
+#define LB_CT_MAX		262144
+#define LB_FRAG_MAX		8192
+#define LB_NODE_ADDRS_MAX	1024
+#define LB_DEVICES_MAX		256
+#define LB_SRC_RANGE_MAX	16384
+
+/* both directions of every translated flow (see struct lb4_ct_key) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_ct_key);
+	__type(value, struct lb4_ct_entry);
+	__uint(max_entries, LB_CT_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb4_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_ct_key);
+	__type(value, struct lb6_ct_entry);
+	__uint(max_entries, LB_CT_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb6_ct SEC(".maps");
+
+/* IPv4 fragments: see struct lb4_frag_key */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_frag_key);
+	__type(value, struct lb4_frag_ports);
+	__uint(max_entries, LB_FRAG_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb4_frag SEC(".maps");
+
+/* the node's addresses: the NodePort surrogate (0.0.0.0 / ::) answers on them */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_node_addr_key);
+	__type(value, struct lb_node_addr);
+	__uint(max_entries, LB_NODE_ADDRS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_node_addrs SEC(".maps");
+
+/* ifindex -> the device's SNAT addresses; a backend routed out of one is remote */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb_device);
+	__uint(max_entries, LB_DEVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_devices SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_np_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_np_config SEC(".maps");
+
+/* (rev-NAT id, client prefix) -> allowed; value unused */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb4_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, LB_SRC_RANGE_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+} lb4_src_range SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lb6_src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, LB_SRC_RANGE_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+} lb6_src_range SEC(".maps");
+
+#endif /* __NP_MAPS_H */

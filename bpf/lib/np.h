@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Packet plumbing of the tc datapath: header offsets, rewrites with their
+ * checksum updates, TTL, FIB forwarding. Nothing here knows services; see
+ * bpf/nodeport.c for what is rewritten and why.
+ */
+#ifndef __NP_LIB_H
+#define __NP_LIB_H
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "addr.h"
+
+#ifndef offsetof
+#define offsetof(type, member)	__builtin_offsetof(type, member)
+#endif
+
+/* tc verdicts; TC_ACT_UNSPEC is also tcx's TCX_NEXT: the next program runs. */
+#ifndef TC_ACT_UNSPEC
+#define TC_ACT_UNSPEC	(-1)
+#endif
+
+/* The devices lbctl attaches to carry Ethernet frames (src/datapath/devices.ts). */
+#define NP_L3_OFF	ETH_HLEN
+
+#define IP_MF		0x2000
+#define IP_OFFSET	0x1fff
+
+#define NEXTHDR_HOP	0
+#define NEXTHDR_ROUTING	43
+#define NEXTHDR_FRAGMENT 44
+#define NEXTHDR_AUTH	51
+#define NEXTHDR_DEST	60
+#define NP_IPV6_EXT_MAX	4	/* extension headers walked before giving up */
+
+/* Offsets in the packet of the fields a translation rewrites. */
+struct np_l4 {
+	__u32 l4_off;		/* transport header */
+	__u32 csum_off;		/* transport checksum (0: none to update) */
+	__u8 proto;
+	__u8 tcp_flags;		/* TCP: the flags byte */
+	bool has_ports;		/* false for a non-first IPv4 fragment */
+	bool udp_zero_csum;	/* a UDP datagram sent without a checksum */
+};
+
+static __always_inline __u32 np_l4_csum_off(__u8 proto, __u32 l4_off)
+{
+	return l4_off + (proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
+}
+
+/* BPF_F_MARK_MANGLED_0 keeps a zero UDP checksum zero and never writes a computed zero as 0. */
+static __always_inline __u64 np_csum_flags(const struct np_l4 *l4)
+{
+	return l4->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+}
+
+/* Rewrites one IPv4 address at `off` (saddr or daddr) with the IP and L4 checksums. */
+static __always_inline int np4_rewrite_addr(struct __sk_buff *skb, const struct np_l4 *l4, __u32 off, __be32 old, __be32 new)
+{
+	if (old == new)
+		return 0;
+	if (l4->has_ports && l4->csum_off &&
+	    bpf_l4_csum_replace(skb, l4->csum_off, old, new, BPF_F_PSEUDO_HDR | np_csum_flags(l4) | sizeof(new)) < 0)
+		return -1;
+	if (bpf_l3_csum_replace(skb, NP_L3_OFF + offsetof(struct iphdr, check), old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
+/* Rewrites a port (`which`: 0 source, 2 destination) with the L4 checksum. */
+static __always_inline int np_rewrite_port(struct __sk_buff *skb, const struct np_l4 *l4, __u32 which, __be16 old, __be16 new)
+{
+	if (old == new || !l4->has_ports)
+		return 0;
+	if (l4->csum_off && bpf_l4_csum_replace(skb, l4->csum_off, old, new, np_csum_flags(l4) | sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, l4->l4_off + which, &new, sizeof(new), 0);
+}
+
+/* Rewrites one IPv6 address at `off`: only the L4 checksum covers it (pseudo header). */
+static __always_inline int np6_rewrite_addr(struct __sk_buff *skb, const struct np_l4 *l4, __u32 off, const __be32 *old, const __be32 *new)
+{
+	__s64 diff;
+
+	if (old[0] == new[0] && old[1] == new[1] && old[2] == new[2] && old[3] == new[3])
+		return 0;
+	if (l4->has_ports && l4->csum_off) {
+		diff = bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0);
+		if (diff < 0 || bpf_l4_csum_replace(skb, l4->csum_off, 0, diff, BPF_F_PSEUDO_HDR | np_csum_flags(l4)) < 0)
+			return -1;
+	}
+	return bpf_skb_store_bytes(skb, off, new, 16, 0);
+}
+
+/*
+ * Decrements the TTL of a packet this program forwards itself (the stack
+ * would have). False when it has expired: the caller leaves the packet to
+ * the stack, which answers with ICMP time exceeded.
+ */
+static __always_inline bool np4_dec_ttl(struct __sk_buff *skb, __u8 ttl)
+{
+	__u32 off = NP_L3_OFF + offsetof(struct iphdr, ttl);
+	__be16 old, new;
+	__u8 nttl;
+
+	if (ttl <= 1)
+		return false;
+	nttl = ttl - 1;
+	/* the checksum covers ttl as the high byte of the ttl/protocol word */
+	old = bpf_htons((__u16)ttl << 8);
+	new = bpf_htons((__u16)nttl << 8);
+	if (bpf_l3_csum_replace(skb, NP_L3_OFF + offsetof(struct iphdr, check), old, new, 2) < 0)
+		return false;
+	return bpf_skb_store_bytes(skb, off, &nttl, 1, 0) == 0;
+}
+
+static __always_inline bool np6_dec_hoplimit(struct __sk_buff *skb, __u8 hl)
+{
+	__u8 nhl;
+
+	if (hl <= 1)
+		return false;
+	nhl = hl - 1;
+	return bpf_skb_store_bytes(skb, NP_L3_OFF + offsetof(struct ipv6hdr, hop_limit), &nhl, 1, 0) == 0;
+}
+
+/*
+ * Sends a translated packet out of the device the FIB names, as the stack
+ * would have forwarded it: with the neighbour's address when the FIB knows
+ * it, else through the neighbour subsystem (bpf_redirect_neigh resolves it).
+ */
+static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+{
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib->dmac, ETH_ALEN, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib->smac, ETH_ALEN, 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(fib->ifindex, 0);
+	}
+	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
+}
+
+/* A FIB answer that names a way out (possibly without a neighbour entry yet). */
+static __always_inline bool np_fib_routed(int rc)
+{
+	return rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH;
+}
+
+static __always_inline __u64 np_now(void)
+{
+	return bpf_ktime_get_ns() / 1000000000ULL;
+}
+
+/* A small, good-enough mix of a flow's words (SNAT port choice; not shared with user space). */
+static __always_inline __u32 np_mix(__u32 a, __u32 b, __u32 c)
+{
+	a ^= b * 0x9e3779b1U;
+	a = (a << 13) | (a >> 19);
+	a ^= c * 0x85ebca77U;
+	a ^= a >> 16;
+	a *= 0xc2b2ae3dU;
+	a ^= a >> 13;
+	return a;
+}
+
+#endif /* __NP_LIB_H */
