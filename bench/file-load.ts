@@ -68,6 +68,7 @@ try {
     '--health-port', '0',
     '--metrics-port', '0',
     '--api-socket', path.join(dir, '..', `${path.basename(dir)}.sock`),
+    '--no-nodeport', // the machine's own network namespace: never on its devices
     '--sync-period', '3600000',
     '--max-services', String(Math.ceil(n * 1.25)),
     '--max-backends', String(Math.ceil(n * 3.75)),

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
-import { lb4_key, lb_service } from '../src/datapath/abi.gen.js';
+import { LbScope, lb4_key, lb_service } from '../src/datapath/abi.gen.js';
 import { ipv4ToUint } from '../src/lb/addr.js';
 import { LBCTL, type BenchRun, type World } from './world.js';
 import type { BenchService } from './kube-proxy.js';
@@ -138,6 +138,7 @@ export class BenchAgent {
       '--health-port', '0',
       '--metrics-port', '0',
       '--api-socket', path.join('/tmp', `${world.client}.sock`),
+      '--no-nodeport', // the machine's own network namespace: never on its devices
       '--sync-period', '3600000',
       '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
       '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
@@ -202,7 +203,7 @@ export class MasterProbe {
 
   constructor(bpfRoot: string, clusterIP: string, port: number) {
     this.map = openPinnedMap(path.join(bpfRoot, 'maps', 'lb4_services'));
-    this.key = lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6 });
+    this.key = lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT });
   }
 
   count(): number | undefined {

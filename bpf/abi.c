@@ -12,6 +12,10 @@ struct lb_abi_enums {
 	enum lb_svc_flags svc_flags;
 	enum lb_backend_state backend_state;
 	enum lb_metric metric;
+	enum lb_scope scope;
+	enum lb_ct_dir ct_dir;
+	enum lb_ct_flags ct_flags;
+	enum lb_np_config_flags np_config_flags;
 };
 
 struct lb_abi_enums lb_abi_anchor __attribute__((section(".abi"), used));

@@ -92,6 +92,36 @@ Napi::Value PinnedLinkInfo(const Napi::CallbackInfo& info) {
   return linkInfoObject(env, li);
 }
 
+// progInfoById(id): { id, name, tag, type } of any loaded program, or null when
+// no program has that id (it was freed). Generic: callers use it to tell their
+// own programs from others' (a tc filter's program, by name).
+Napi::Value ProgInfoById(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint32_t id = static_cast<uint32_t>(argI32(info, 0, "id"));
+  int raw = bpf_prog_get_fd_by_id(id);
+  if (raw < 0) {
+    if (errno == ENOENT) return env.Null();
+    ErrCtx c;
+    throwBpfError(env, "bpf_prog_get_fd_by_id", errno, c);
+  }
+  UniqueFd fd(raw);
+  struct bpf_prog_info pi;
+  memset(&pi, 0, sizeof(pi));
+  __u32 len = sizeof(pi);
+  if (bpf_obj_get_info_by_fd(fd.get(), &pi, &len) != 0) {
+    ErrCtx c;
+    throwBpfError(env, "bpf_obj_get_info_by_fd", errno, c);
+  }
+  char tag[BPF_TAG_SIZE * 2 + 1];
+  for (int i = 0; i < BPF_TAG_SIZE; i++) snprintf(tag + 2 * i, 3, "%02x", pi.tag[i]);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("id", Napi::Number::New(env, pi.id));
+  o.Set("name", Napi::String::New(env, pi.name));
+  o.Set("tag", Napi::String::New(env, tag));
+  o.Set("type", Napi::Number::New(env, pi.type));
+  return o;
+}
+
 Napi::Value PinnedLinkUpdate(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string path = argString(info, 0, "path");
@@ -282,6 +312,7 @@ Napi::Object attachCgroupLink(Napi::Env env, struct bpf_program* prog, const std
 
 void InitLink(Napi::Env env, Napi::Object exports) {
   exports.Set("pinnedLinkInfo", Napi::Function::New(env, PinnedLinkInfo, "pinnedLinkInfo"));
+  exports.Set("progInfoById", Napi::Function::New(env, ProgInfoById, "progInfoById"));
   exports.Set("pinnedLinkUpdate", Napi::Function::New(env, PinnedLinkUpdate, "pinnedLinkUpdate"));
   exports.Set("unpin", Napi::Function::New(env, Unpin, "unpin"));
   exports.Set("holdPinnedLink", Napi::Function::New(env, HoldPinnedLink, "holdPinnedLink"));

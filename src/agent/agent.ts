@@ -10,7 +10,9 @@ import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
 import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type DatapathFeatures } from '../datapath/features.js';
-import { linksDir, loadDatapath, type Datapath, type DatapathOptions } from '../datapath/loader.js';
+import { linksDir, loadDatapath, mapsDir, type Datapath, type DatapathOptions } from '../datapath/loader.js';
+import { NodePortDatapath } from '../datapath/nodeport.js';
+import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { DesiredModel } from '../model/desired.js';
@@ -40,6 +42,8 @@ export interface AgentOptions {
    * the source has this node's Node object (only its zone comes from there).
    */
   readonly nodeName?: string;
+  /** Serve NodePorts, LoadBalancer and external IPs at tc (absent: the socket programs only). */
+  readonly nodePort?: NodePortOptions;
 }
 
 export interface SyncReport extends Omit<SyncResult, 'phasesMs' | 'notProgrammed'> {
@@ -86,6 +90,8 @@ export class Agent implements AgentView {
   private reconciler: Reconciler | undefined;
   private terminator: UdpTerminator | undefined;
   private features: DatapathFeatures | undefined;
+  private nodePort: NodePortAgent | undefined;
+  private nodePortError: string | undefined;
   private readonly runner: BoundedFrequencyRunner;
   /** The desired state, kept up to date event by event (kube-proxy's change trackers). */
   private readonly model = new DesiredModel();
@@ -141,6 +147,7 @@ export class Agent implements AgentView {
     const revNat = { 4: this.datapath.object.map('lb4_sock_revnat'), 6: this.datapath.object.map('lb6_sock_revnat') };
     this.terminator = await UdpTerminator.open({ revNat, cgroup: this.opts.datapath.cgroup });
     log.info(this.terminator.detection, `stale connected UDP sockets of removed backends: ${this.terminator.mechanism}`);
+    if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, features);
 
     await this.opts.source.start((e) => this.changed(e));
     // The first sync: the one the source's first events asked for, or one
@@ -155,8 +162,41 @@ export class Agent implements AgentView {
   }
 
 
+  /**
+   * The tc datapath. A flag that names a device this namespace lacks refuses
+   * the start; a kernel that cannot load or attach it leaves the socket
+   * programs serving, with the error in the log and the status.
+   */
+  private async startNodePort(opts: NodePortOptions, features: DatapathFeatures): Promise<void> {
+    const { log } = this.opts;
+    const bpfRoot = this.opts.datapath.bpfRoot;
+    let dp: NodePortDatapath;
+    try {
+      dp = await NodePortDatapath.load({
+        bpfRoot,
+        sockObject: this.datapath!.object,
+        mapsDir: mapsDir(bpfRoot),
+        linksDir: linksDir(bpfRoot),
+        mode: has(features, 'tcx') ? 'tcx' : 'clsact',
+      });
+    } catch (err) {
+      this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;
+      log.error({ err: (err as Error).message }, 'tc datapath not loaded: NodePort, LoadBalancer and external IPs are not served; ClusterIPs are');
+      return;
+    }
+    const agent = new NodePortAgent(dp, opts, log);
+    try {
+      agent.start();
+    } catch (err) {
+      agent.stop();
+      throw err;
+    }
+    this.nodePort = agent;
+  }
+
   async stop(): Promise<void> {
     this.runner.stop();
+    this.nodePort?.stop();
     await this.opts.source.stop();
     await this.runner.idle();
     // A termination in progress stops at its next step; the maps it reads
@@ -403,6 +443,11 @@ export class Agent implements AgentView {
       features: this.features.results.map(({ name, required, available, since, detail }) => ({ name, required, available, since, detail })),
       object: this.datapath?.variant ?? 'not loaded',
       udpTermination: this.terminator?.mechanism ?? 'not probed',
+      nodePort: !this.opts.nodePort
+        ? { state: 'off' }
+        : this.nodePortError !== undefined || !this.nodePort
+          ? { state: 'failed', error: this.nodePortError ?? 'not started' }
+          : { state: 'serving', ...this.nodePort.view() },
     };
   }
 

@@ -47,6 +47,16 @@ export interface KernelStatus {
   readonly object: string;
   /** How stale connected UDP sockets are destroyed: bpf-sock-destroy, inet-diag or none. */
   readonly udpTermination: string;
+  /** The tc datapath (NodePort, LoadBalancer, external IPs): off, its error, or what it serves. */
+  readonly nodePort?: {
+    readonly state: 'off' | 'failed' | 'serving';
+    readonly error?: string;
+    readonly mode?: string;
+    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly addresses: readonly string[] }>;
+    readonly nodeAddresses?: readonly string[];
+    readonly waiting?: readonly string[];
+    readonly problems?: readonly string[];
+  };
 }
 
 export interface CheckOutcome {

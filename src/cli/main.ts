@@ -62,6 +62,12 @@ export function buildProgram(): Command {
     .option('--metrics-bind-address <addr>', 'address the metrics server listens on', DEFAULT_METRICS_HOST)
     .option('--api-socket <path>', 'unix socket of the local API (lbctl status, lbctl service list)', DEFAULT_API_SOCKET)
     .option('--log-level <level>', 'trace, debug, info, warn or error', 'info')
+    .option('--no-nodeport', 'do not serve NodePorts, LoadBalancer and external IPs at tc (the socket programs only)')
+    .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth, bridge port or tunnel)')
+    .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
+    .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')
+    .option('--snat-port-range <first-last>', 'source ports of SNATed flows to remote backends; overlaps neither the NodePort range nor ip_local_port_range', '61000-65535')
+    .option('--external-clusterip', 'serve ClusterIPs to packets from outside the node too (default: only the node and its pods reach them)')
     .action(async (opts) => (await import('./commands/agent.js')).agentCommand(opts));
 
   const bpf = program.command('bpf').description('inspect the datapath maps directly');
@@ -75,6 +81,8 @@ export function buildProgram(): Command {
       .option('-o, --output <format>', 'text or json', output, 'text');
   listCommand(bpf, 'lb', 'list frontends and their backends').action(async (opts) => (await import('./commands/lb-list.js')).lbListCommand(opts));
   listCommand(bpf, 'metrics', 'list the per-CPU datapath counters, summed').action(async (opts) => (await import('./commands/metrics-list.js')).metricsListCommand(opts));
+  listCommand(bpf, 'ct', "list the tc datapath's tracked flows (both directions)").action(async (opts) => (await import('./commands/ct-list.js')).ctListCommand(opts));
+  listCommand(bpf, 'nat', "list the tc datapath's SNAT translations").action(async (opts) => (await import('./commands/ct-list.js')).natListCommand(opts));
 
   program
     .command('cleanup')
@@ -83,7 +91,7 @@ export function buildProgram(): Command {
     .action(async (opts: { bpfRoot: string }) => {
       const { cleanupDatapath } = await import('../datapath/loader.js');
       const r = cleanupDatapath(opts.bpfRoot);
-      process.stdout.write(`removed ${r.links.length} links and ${r.maps.length} maps from ${opts.bpfRoot}\n`);
+      process.stdout.write(`removed ${r.links.length} links and ${r.maps.length} maps from ${opts.bpfRoot}${r.tc.length > 0 ? `; tc attachments: ${r.tc.join(', ')}` : ''}\n`);
     });
 
   program

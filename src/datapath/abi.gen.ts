@@ -781,6 +781,20 @@ export const LbBackendState = {
   LB_BACKEND_TERMINATING: 1,
 } as const;
 
+/** enum lb_ct_dir */
+export const LbCtDir = {
+  LB_CT_ORIG: 0,
+  LB_CT_REPLY: 1,
+} as const;
+
+/** enum lb_ct_flags */
+export const LbCtFlags = {
+  LB_CT_F_SNAT: 1,
+  LB_CT_F_CLOSING: 2,
+  LB_CT_F_SEEN_REPLY: 4,
+  LB_CT_F_LOCAL: 8,
+} as const;
+
 /** enum lb_metric */
 export const LbMetric = {
   LB_MTR_XLATE_FWD: 0,
@@ -808,6 +822,17 @@ export const LbMetric = {
   LB_MTR_NP_BAD_PACKET: 22,
   LB_MTR_NP_TTL: 23,
   LB_MTR_MAX: 24,
+} as const;
+
+/** enum lb_np_config_flags */
+export const LbNpConfigFlags = {
+  LB_NP_F_EXTERNAL_CLUSTERIP: 1,
+} as const;
+
+/** enum lb_scope */
+export const LbScope = {
+  LB_SCOPE_EXT: 0,
+  LB_SCOPE_INT: 1,
 } as const;
 
 /** enum lb_svc_flags */

@@ -17,6 +17,7 @@ import { convertPerCpu, converter, type Converter } from './layout.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
 import { ensureBpffs } from './bpffs.js';
 import { hasSetRetval } from './features.js';
+import { cleanupTc } from './nodeport.js';
 
 export { ensureBpffs } from './bpffs.js';
 
@@ -488,9 +489,13 @@ export function openPinnedMaps(bpfRoot: string): PinnedMaps {
   return { maps, get, close: () => opened.forEach((m) => m.close()) };
 }
 
-/** Detaches every program (by unpinning its link) and removes every pinned map. */
-export function cleanupDatapath(bpfRoot: string): { links: string[]; maps: string[] } {
-  const removed = { links: [] as string[], maps: [] as string[] };
+/**
+ * Detaches every program (by unpinning its link; the tc datapath's clsact
+ * filters in this network namespace by handle, when their program is ours)
+ * and removes every pinned map.
+ */
+export function cleanupDatapath(bpfRoot: string): { links: string[]; maps: string[]; tc: string[] } {
+  const removed = { links: [] as string[], maps: [] as string[], tc: cleanupTc(linksDir(bpfRoot)) };
   for (const [dir, into] of [
     [linksDir(bpfRoot), removed.links],
     [mapsDir(bpfRoot), removed.maps],

@@ -233,6 +233,11 @@ export function pinnedLinkInfo(path: string): PinnedLinkInfo {
 }
 
 /** Atomically replace the program of a pinned link. */
+/** A loaded program's name, tag and type by id; null when no program has that id. */
+export function progInfoById(id: number): { id: number; name: string; tag: string; type: number } | null {
+  return guard(() => native().progInfoById(id));
+}
+
 export function pinnedLinkUpdate(path: string, progFd: number): void {
   guard(() => native().pinnedLinkUpdate(path, progFd));
 }

@@ -182,6 +182,7 @@ export interface NativeBinding {
   numPossibleCpus(): number;
   openObject(path: string, opts?: OpenOptions): RawBpfObject;
   openPinnedMap(path: string): RawBpfMap;
+  progInfoById(id: number): { id: number; name: string; tag: string; type: number } | null;
   pinnedLinkInfo(path: string): { id: number; progId: number; type: number; attachType?: number; cgroupId?: number };
   /** bpf_link_update on a pinned link (atomic program replacement) */
   pinnedLinkUpdate(path: string, progFd: number): void;

@@ -4,8 +4,10 @@ was reached on, so a client can tell which backend served it.
 
   backend.py --http 10.244.1.1:8080 --http [fd00:244::1:1]:8080 --udp 10.244.1.1:9000
 
-HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address).
-UDP:  every datagram is answered with "ADDR:PORT|<payload>" from that address.
+HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address),
+      with the client's address in an X-Client header ("ADDR:PORT").
+UDP:  every datagram is answered with "ADDR:PORT|<payload>" from that address
+      (with --udp-peer: "ADDR:PORT|PEER|<payload>", PEER the sender's address).
 Prints "ready" on stdout once every socket is bound; runs until killed.
 """
 import argparse
@@ -34,6 +36,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = (format_addr(self.connection.getsockname()) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
+        self.send_header("X-Client", format_addr(self.client_address))
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
         self.end_headers()
@@ -62,23 +65,27 @@ def udp_socket(spec):
     return s
 
 
-def udp_echo(s):
+def udp_echo(s, with_peer):
     me = format_addr(s.getsockname()).encode()
     while True:
         data, peer = s.recvfrom(65535)
-        s.sendto(me + b"|" + data, peer)
+        if with_peer:
+            s.sendto(me + b"|" + format_addr(peer).encode() + b"|" + data, peer)
+        else:
+            s.sendto(me + b"|" + data, peer)
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--http", action="append", default=[])
     p.add_argument("--udp", action="append", default=[])
+    p.add_argument("--udp-peer", action="store_true", help="UDP answers name the sender too")
     p.add_argument("--tag", help="ignored; names the run in ps output")
     args = p.parse_args()
     servers = [http_server(spec) for spec in args.http]
     sockets = [udp_socket(spec) for spec in args.udp]
     threads = [threading.Thread(target=srv.serve_forever, daemon=True) for srv in servers]
-    threads += [threading.Thread(target=udp_echo, args=(s,), daemon=True) for s in sockets]
+    threads += [threading.Thread(target=udp_echo, args=(s, args.udp_peer), daemon=True) for s in sockets]
     for th in threads:
         th.start()
     print("ready", flush=True)

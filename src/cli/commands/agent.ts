@@ -12,6 +12,11 @@ import { FileSource } from '../../sources/file.js';
 import type { Problem, Source } from '../../sources/source.js';
 
 import { VERSION } from '../../defaults.js';
+import { readFileSync } from 'node:fs';
+import { parseCidrs } from '../../datapath/devices.js';
+import { DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
+import type { NodePortOptions } from '../../agent/nodeport.js';
+import { checkDisjoint, parsePortRange } from '../flags.js';
 
 export interface AgentCommandOptions {
   source?: string;
@@ -34,6 +39,39 @@ export interface AgentCommandOptions {
   metricsBindAddress: string;
   apiSocket: string;
   logLevel: string;
+  /** --no-nodeport sets false. */
+  nodeport?: boolean;
+  devices?: string;
+  nodeportAddresses?: string;
+  nodeportRange?: string;
+  snatPortRange?: string;
+  externalClusterip?: boolean;
+}
+
+/** The tc datapath's options from the flags; a bad value refuses the start, naming the flag. */
+export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphemeralRange()): NodePortOptions | undefined {
+  if (opts.nodeport === false) return undefined;
+  const nodePortRange = parsePortRange('--nodeport-range', opts.nodeportRange ?? '30000-32767');
+  const snatRange = parsePortRange('--snat-port-range', opts.snatPortRange ?? '61000-65535');
+  checkDisjoint({ flag: '--snat-port-range', range: snatRange }, { flag: '--nodeport-range', range: nodePortRange });
+  if (ephemeral) checkDisjoint({ flag: '--snat-port-range', range: snatRange }, { flag: 'net.ipv4.ip_local_port_range', range: ephemeral });
+  const devices = opts.devices?.split(',').map((d) => d.trim()).filter(Boolean);
+  if (opts.devices !== undefined && devices!.length === 0) throw new ConfigError('--devices: no device named (use --no-nodeport to serve no device)');
+  return {
+    settings: { nodePortRange, snatRange, snatRetries: DEFAULT_SNAT_RETRIES, externalClusterIP: opts.externalClusterip === true },
+    ...(devices ? { devices } : {}),
+    ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
+  };
+}
+
+/** This network namespace's ephemeral port range (ip_local_port_range). */
+function readEphemeralRange(): PortRange | undefined {
+  try {
+    const [first, last] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    return first && last ? { first, last } : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
@@ -67,6 +105,7 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
 
 export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   const log = pino({ level: opts.logLevel, base: { pid: process.pid } }, pino.destination(2));
+  const nodePort = nodePortOptions(opts);
   const sizes = {
     ...(opts.maxServices !== undefined ? { services: opts.maxServices } : {}),
     ...(opts.maxBackends !== undefined ? { backends: opts.maxBackends } : {}),
@@ -87,6 +126,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     },
     log,
     metrics,
+    ...(nodePort ? { nodePort } : {}),
     minSyncPeriodMs: opts.minSyncPeriod,
     syncPeriodMs: opts.syncPeriod,
   });

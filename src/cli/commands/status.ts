@@ -42,6 +42,15 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
     const optional = k.features.filter((f) => !f.required).map((f) => `${f.name} ${f.available ? 'yes' : 'no'}`);
     text += row('Kernel', `${k.release}: ${missing.length === 0 ? `${required.length}/${required.length} required features` : `MISSING ${missing.join(', ')}`}; ${optional.join(', ')}`);
     text += row('Datapath', `${k.object === 'compat' ? 'sock_compat.bpf.o (refused connects: EPERM)' : k.object === 'standard' ? 'sock.bpf.o (refused connects: ECONNREFUSED)' : k.object}; stale UDP sockets: ${k.udpTermination}`);
+    const np = k.nodePort;
+    if (np) {
+      const devices = (np.devices ?? []).map((d) => `${d.name} (${d.addresses.join(' ') || 'no address'})`).join(', ') || 'none';
+      const line =
+        np.state === 'off' ? 'off (--no-nodeport)'
+        : np.state === 'failed' ? `FAILED: ${np.error ?? 'unknown error'}`
+        : `nodeport.bpf.o at tc (${np.mode}) on ${devices}; NodePorts on ${(np.nodeAddresses ?? []).join(', ') || 'no address'}`;
+      text += row('NodePort', line) + [...(np.waiting ?? []), ...(np.problems ?? [])].map((w) => `  note: ${w}\n`).join('');
+    }
   }
   text += row('Liveness', s.livez.ok ? 'ok' : 'FAILED') + groupLines(s.livez);
   text += row('Readiness', s.readyz.ok ? 'ok' : 'FAILED') + groupLines(s.readyz);

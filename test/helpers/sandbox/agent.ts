@@ -167,6 +167,8 @@ export interface AgentPlace {
   readonly apiSocket: string;
   /** How it gets its Services (`--source file:DIR`, or `--kubeconfig …`). */
   sourceArgs: string[];
+  /** A network namespace (/run/netns/NAME) to run in, through nsenter (which keeps bpffs and cgroup2 visible): a "node". */
+  readonly netns?: string;
 }
 
 /**
@@ -187,10 +189,12 @@ export class AgentSlot {
   /** Spawns the agent and waits for its first sync. */
   async start(extraArgs: readonly string[] = []): Promise<SyncReport> {
     if (this.agent?.running) throw new Error('the agent is already running');
-    const { cgroup, bpfRoot, apiSocket, sourceArgs, runDir } = this.place;
+    const { cgroup, bpfRoot, apiSocket, sourceArgs, runDir, netns } = this.place;
+    // nsenter execs lbctl in the node's namespace: the pid stays the agent's.
     const proc = spawn(
-      LBCTL,
+      netns ? 'nsenter' : LBCTL,
       [
+        ...(netns ? [`--net=/run/netns/${netns}`, LBCTL] : []),
         'agent',
         ...sourceArgs,
         '--cgroup',
@@ -206,6 +210,8 @@ export class AgentSlot {
         '0',
         '--api-socket',
         apiSocket,
+        // An agent in the machine's own network namespace: never on its devices.
+        ...(netns || extraArgs.some((a) => a.startsWith('--devices')) ? [] : ['--no-nodeport']),
         ...extraArgs,
       ],
       { stdio: ['ignore', 'pipe', 'pipe'] },

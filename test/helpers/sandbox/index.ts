@@ -305,6 +305,16 @@ export class Sandbox {
     }
   }
 
+  /** Backend servers (backend.py) in another namespace of this run; killed at teardown. */
+  startBackendsIn(netns: string, backends: readonly BackendAddrs[], extra: readonly string[] = []): Promise<void> {
+    return startBackendServers(this.servers, netns, this.python, this.runId, backends, extra);
+  }
+
+  /** Something a test made beyond the sandbox (namespaces, agents): undone first at teardown, even when the test fails. */
+  addCleanup(fn: () => void): void {
+    this.cleanups.add(fn);
+  }
+
   // ---------------------------------------------------------- teardown
 
   /** Removes everything this sandbox made; synchronous so an exit handler can run it. Idempotent. */

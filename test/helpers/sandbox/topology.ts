@@ -156,9 +156,9 @@ export function makeNetworks(clientNs: string, backendNs: string, backends: read
 }
 
 /** backend.py in the backend netns: HTTP (TCP 8080) and UDP echo (9000) on every backend address; resolves once it listens. */
-export async function startBackendServers(servers: Servers, backendNs: string, python: string, tag: string, backends: readonly BackendAddrs[]): Promise<void> {
+export async function startBackendServers(servers: Servers, backendNs: string, python: string, tag: string, backends: readonly BackendAddrs[], extra: readonly string[] = []): Promise<void> {
   if (backends.length === 0) return;
-  const args = [python, BACKEND_PY, '--tag', tag];
+  const args = [python, BACKEND_PY, '--tag', tag, ...extra];
   for (const be of backends) {
     args.push('--http', `${be.v4}:${HTTP_PORT}`, '--http', `[${be.v6}]:${HTTP_PORT}`);
     args.push('--udp', `${be.v4}:${UDP_PORT}`, '--udp', `[${be.v6}]:${UDP_PORT}`);

@@ -1,0 +1,138 @@
+// The agent's side of the tc datapath: which devices of this network
+// namespace it serves (--devices, or detected), followed through rtnetlink
+// as links and addresses change; the node addresses NodePorts answer on
+// (--nodeport-addresses); the NodePort range reserved from the ephemeral
+// ports (ip_local_reserved_ports, per network namespace). A device that
+// vanishes is detached and one that returns is attached again.
+import { readFileSync, writeFileSync } from 'node:fs';
+import type { Logger } from 'pino';
+import { ConfigError } from '../errors.js';
+import type ipaddr from 'ipaddr.js';
+import { nodePortAddresses, selectDevices, type Device, type DeviceAddress } from '../datapath/devices.js';
+import type { NodePortDatapath, NodePortSettings, PortRange } from '../datapath/nodeport.js';
+import { addresses as rtnlAddrs, links as rtnlLinks, watch as rtnlWatch } from '../native/rtnl.js';
+
+export interface NodePortOptions {
+  readonly settings: NodePortSettings;
+  /** --devices; undefined: detect. */
+  readonly devices?: readonly string[];
+  /** --nodeport-addresses, parsed. */
+  readonly addressCidrs?: ReadonlyArray<[ipaddr.IPv4 | ipaddr.IPv6, number]>;
+}
+
+export interface NodePortStatus {
+  readonly mode: string;
+  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly addresses: readonly string[] }>;
+  readonly nodeAddresses: readonly string[];
+  readonly waiting: readonly string[];
+  readonly problems: readonly string[];
+}
+
+const RESERVED_PORTS = '/proc/sys/net/ipv4/ip_local_reserved_ports';
+
+/** `ip_local_reserved_ports` with `range` added, or undefined when it is already covered. */
+export function withReservedRange(current: string, range: PortRange): string | undefined {
+  const parts = current.trim() === '' ? [] : current.trim().split(',').map((s) => s.trim());
+  let covered = false;
+  for (const p of parts) {
+    const [a, b] = p.split('-').map(Number);
+    const lo = a!;
+    const hi = b ?? lo;
+    if (lo <= range.first && hi >= range.last) covered = true;
+  }
+  if (covered) return undefined;
+  return [...parts, `${range.first}-${range.last}`].join(',');
+}
+
+export class NodePortAgent {
+  private watcher: { close(): void } | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private status: NodePortStatus;
+
+  constructor(
+    private readonly dp: NodePortDatapath,
+    private readonly opts: NodePortOptions,
+    private readonly log: Logger,
+  ) {
+    this.status = { mode: dp.mode, devices: [], nodeAddresses: [], waiting: [], problems: [] };
+  }
+
+  /** Throws (ConfigError) when --devices names a device this network namespace does not have. */
+  start(): void {
+    if (this.opts.devices) {
+      const names = new Set(rtnlLinks().map((l) => l.name));
+      const missing = this.opts.devices.filter((d) => !names.has(d));
+      if (missing.length > 0) throw new ConfigError(`--devices: no device ${missing.join(', ')} in this network namespace (ip link lists ${[...names].join(', ')})`);
+    }
+    this.dp.configure(this.opts.settings);
+    this.reservePorts();
+    this.refresh();
+    this.watcher = rtnlWatch(
+      () => this.schedule(),
+      (err) => this.log.error({ err: (err as Error)?.message ?? String(err) }, 'following the devices failed'),
+    );
+  }
+
+  /** Link and address events come in bursts: one refresh after them. */
+  private schedule(): void {
+    if (this.timer) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      try {
+        this.refresh();
+      } catch (err) {
+        this.log.error({ err: (err as Error)?.message ?? String(err) }, 'device refresh failed; the last attachments stay');
+      }
+    }, 100);
+    this.timer.unref();
+  }
+
+  private reservePorts(): void {
+    const range = this.opts.settings.nodePortRange;
+    try {
+      const next = withReservedRange(readFileSync(RESERVED_PORTS, 'utf8'), range);
+      if (next !== undefined) writeFileSync(RESERVED_PORTS, next);
+      this.log.info({ range: `${range.first}-${range.last}` }, 'NodePort range reserved from ephemeral ports (ip_local_reserved_ports)');
+    } catch (err) {
+      this.log.warn({ err: (err as Error).message }, `could not reserve the NodePort range in ${RESERVED_PORTS}: a local socket may take a NodePort as its ephemeral port`);
+    }
+  }
+
+  refresh(): void {
+    const links = rtnlLinks();
+    const addrs = rtnlAddrs();
+    const sel = selectDevices(links, addrs, this.opts.devices);
+    const nodeAddrs = nodePortAddresses(sel.devices, this.opts.addressCidrs ?? []);
+    const before = this.status;
+    const problems = this.dp.sync(sel.devices, nodeAddrs);
+    this.status = {
+      mode: this.dp.mode,
+      devices: sel.devices.map((d: Device) => ({ name: d.name, index: d.index, addresses: d.addresses.map((a) => `${a.address}/${a.prefixLen}`) })),
+      nodeAddresses: nodeAddrs.map((a: DeviceAddress) => a.address),
+      waiting: sel.waiting,
+      problems,
+    };
+    const names = (s: NodePortStatus): string => s.devices.map((d) => `${d.name}#${d.index}`).join(',');
+    if (names(before) !== names(this.status) || before.nodeAddresses.join() !== this.status.nodeAddresses.join()) {
+      this.log.info({ devices: this.status.devices.map((d) => d.name), nodeAddresses: this.status.nodeAddresses, mode: this.dp.mode }, 'tc datapath: devices and node addresses');
+    }
+    for (const w of sel.waiting) if (!before.waiting.includes(w)) this.log.warn({ device: w }, 'device named by --devices is not usable yet; attached when it is');
+    for (const p of problems) this.log.error({ problem: p }, 'tc datapath: device not attached');
+  }
+
+  get nodeAddresses(): readonly string[] {
+    return this.status.nodeAddresses;
+  }
+
+  view(): NodePortStatus {
+    return this.status;
+  }
+
+  stop(): void {
+    this.watcher?.close();
+    this.watcher = undefined;
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    this.dp.close();
+  }
+}

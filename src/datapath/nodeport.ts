@@ -1,0 +1,283 @@
+// The tc half of the datapath (bpf/nodeport.c): loads its object beside the
+// socket programs' (sharing their maps by fd), writes its settings, the
+// devices it serves and the node addresses NodePorts answer on, and attaches
+// its two programs to each device's ingress and egress.
+//
+// Attachment, per device and direction:
+//   tcx (6.6+): a link pinned at links/tc-<ifindex>-<direction>, at the head
+//     of the device's tcx programs; a restart or upgrade updates the pinned
+//     link to the new program (atomic), as the cgroup links are.
+//   clsact elsewhere: a cls_bpf filter at a fixed handle and priority
+//     (TC_HANDLE, TC_PRIORITY). An existing filter there is replaced
+//     (atomic) only when its program is ours (by name); a foreign one is
+//     left alone and reported.
+// Untranslated packets return TC_ACT_UNSPEC (TCX_NEXT), so programs after
+// ours, and the stack, still see them.
+import { existsSync, readdirSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ConfigError } from '../errors.js';
+import { BPF_ANY, BpfObject, isErrno, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
+import { links as rtnlLinks } from '../native/rtnl.js';
+import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
+import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
+import { LbNpConfigFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
+import type { Device, DeviceAddress } from './devices.js';
+import { verifyMapLayout } from './maps.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+export const NODEPORT_OBJECT = path.join(ROOT, 'bpf/.output/nodeport.bpf.o');
+
+export const PROGRAMS: Record<TcDirection, string> = { ingress: 'lb_nodeport_ingress', egress: 'lb_nodeport_egress' };
+/** clsact filter handle and priority: "LB", first. */
+export const TC_HANDLE = 0x4c42;
+export const TC_PRIORITY = 1;
+
+export interface PortRange {
+  readonly first: number;
+  readonly last: number;
+}
+
+export interface NodePortSettings {
+  readonly nodePortRange: PortRange;
+  readonly snatRange: PortRange;
+  /** Random SNAT ports tried after the tuple hash's one (bpf/nodeport.c caps it at 31). */
+  readonly snatRetries: number;
+  /** --external-clusterip: ClusterIPs are served to packets from outside too. */
+  readonly externalClusterIP: boolean;
+}
+
+export const DEFAULT_SNAT_RANGE: PortRange = { first: 61000, last: 65535 };
+export const DEFAULT_SNAT_RETRIES = 16;
+
+export type AttachMode = 'tcx' | 'clsact';
+
+export interface AttachedDevice {
+  readonly index: number;
+  readonly name: string;
+  readonly mode: AttachMode;
+}
+
+const tcxPin = (linksDir: string, ifindex: number, dir: TcDirection): string => path.join(linksDir, `tc-${ifindex}-${dir}`);
+const filter = (ifindex: number, direction: TcDirection): TcFilter => ({ ifindex, direction, handle: TC_HANDLE, priority: TC_PRIORITY });
+const isOurs = (progId: number): boolean => {
+  const info = progId ? progInfoById(progId) : null;
+  return info !== null && (Object.values(PROGRAMS) as string[]).includes(info.name);
+};
+
+function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
+  const address = Buffer.alloc(16);
+  if (a.family === 4) address.writeUInt32BE(ipv4ToUint(a.address), 0);
+  else ipv6Bytes(a.address).copy(address);
+  return lb_node_addr_key.encode({ address, family: a.family });
+}
+
+/** The device's first address of each family: the one SNATed flows leave with. */
+function deviceValue(d: Device): Buffer {
+  const v4 = d.addresses.find((a) => a.family === 4);
+  const v6 = d.addresses.find((a) => a.family === 6);
+  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4.address) : 0, addr6: v6 ? ipv6Bytes(v6.address) : Buffer.alloc(16), flags: 0 });
+}
+
+export interface NodePortOptions {
+  readonly bpfRoot: string;
+  /** The loaded socket object: its maps are shared by fd. */
+  readonly sockObject: BpfObject;
+  readonly mapsDir: string;
+  readonly linksDir: string;
+  /** tcx where the kernel has it (the feature probe says), clsact elsewhere. */
+  readonly mode: AttachMode;
+  readonly object?: string;
+}
+
+export class NodePortDatapath {
+  private readonly attached = new Map<number, AttachedDevice>();
+  private readonly addrs: BpfMap;
+  private readonly devices: BpfMap;
+
+  private constructor(
+    readonly object: BpfObject,
+    readonly mode: AttachMode,
+    private readonly linksDir: string,
+  ) {
+    this.addrs = object.map('lb_node_addrs');
+    this.devices = object.map('lb_devices');
+  }
+
+  static async load(opts: NodePortOptions): Promise<NodePortDatapath> {
+    const file = opts.object ?? NODEPORT_OBJECT;
+    if (!existsSync(file)) throw new ConfigError(`BPF object ${file} is missing: run \`make build\``);
+    // Every map the socket object has is shared by fd; the tc-only ones are
+    // pinned (and adopted) by name next to them.
+    const probe = BpfObject.open(file);
+    let names: string[];
+    try {
+      names = probe.mapNames();
+    } finally {
+      probe.close();
+    }
+    const shared = new Set(opts.sockObject.mapNames());
+    const reuseMaps = Object.fromEntries(names.filter((n) => shared.has(n)).map((n) => [n, opts.sockObject.map(n).fd]));
+    const object = await BpfObject.openLoaded(file, { pinRoot: opts.mapsDir, reuseMaps });
+    try {
+      for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs)) verifyMapLayout(object.map(name), mapSpecs[name]);
+    } catch (err) {
+      object.close();
+      throw err;
+    }
+    return new NodePortDatapath(object, opts.mode, opts.linksDir);
+  }
+
+  /** Writes the settings the programs read (before any attach). */
+  configure(s: NodePortSettings): void {
+    const value = lb_np_config.encode({
+      nodeportMin: s.nodePortRange.first,
+      nodeportMax: s.nodePortRange.last,
+      snatMin: s.snatRange.first,
+      snatMax: s.snatRange.last,
+      flags: s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0,
+      snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
+    });
+    this.object.map('lb_np_config').update(u32.encode(0), value, BPF_ANY);
+  }
+
+  /**
+   * Makes the maps and attachments match `devices` and `addresses`: devices
+   * and addresses written before attach (a packet never finds a program
+   * without them), removed after detach. Returns a problem per device that
+   * could not be attached; the others are served.
+   */
+  sync(devices: readonly Device[], addresses: readonly DeviceAddress[]): string[] {
+    const problems: string[] = [];
+    // addresses first: new ones in, stale ones out (a removed address stops matching at once)
+    const want = new Map(addresses.map((a) => [nodeAddrKey(a).toString('hex'), a]));
+    const value = lb_node_addr.encode({ ifindex: 0, flags: 0 });
+    for (const [hex] of want) this.addrs.update(Buffer.from(hex, 'hex'), value, BPF_ANY);
+    for (const [k] of this.addrs.entries()) if (!want.has(k.toString('hex'))) this.addrs.delete(k);
+
+    const byIndex = new Map(devices.map((d) => [d.index, d]));
+    for (const d of devices) this.devices.update(u32.encode(d.index), deviceValue(d), BPF_ANY);
+    for (const d of devices) {
+      try {
+        this.attach(d);
+      } catch (err) {
+        problems.push(`device ${d.name} (ifindex ${d.index}): ${(err as Error).message}`);
+      }
+    }
+    for (const [index, a] of [...this.attached]) {
+      if (byIndex.has(index)) continue;
+      try {
+        this.detach(index);
+      } catch (err) {
+        problems.push(`device ${a.name} (ifindex ${index}): detach: ${(err as Error).message}`);
+      }
+      this.attached.delete(index);
+    }
+    for (const [k] of this.devices.entries()) if (!byIndex.has(k.readUInt32LE(0))) this.devices.delete(k);
+    return problems;
+  }
+
+  /** The devices the programs run on now. */
+  get attachedDevices(): AttachedDevice[] {
+    return [...this.attached.values()].sort((a, b) => a.index - b.index);
+  }
+
+  private attach(d: Device): void {
+    for (const dir of ['ingress', 'egress'] as const) {
+      const progFd = this.object.progFd(PROGRAMS[dir]);
+      if (this.mode === 'tcx') {
+        const pin = tcxPin(this.linksDir, d.index, dir);
+        if (existsSync(pin)) {
+          try {
+            pinnedLinkUpdate(pin, progFd);
+            continue;
+          } catch (err) {
+            // the device went away and came back with this index: a new link
+            if (!isErrno(err, 'ENOLINK', 'ENODEV', 'EINVAL')) throw err;
+            unpin(pin);
+          }
+        }
+        tcxAttach(progFd, d.index, dir, pin, { head: true });
+      } else {
+        const f = filter(d.index, dir);
+        const have = tcQuery(f);
+        if (have && !isOurs(have)) {
+          throw new ConfigError(`a tc ${dir} filter of another program (id ${have}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
+        }
+        tcAttach(progFd, f, have !== 0);
+      }
+    }
+    this.attached.set(d.index, { index: d.index, name: d.name, mode: this.mode });
+  }
+
+  private detach(index: number): void {
+    for (const dir of ['ingress', 'egress'] as const) {
+      if (this.mode === 'tcx') {
+        const pin = tcxPin(this.linksDir, index, dir);
+        if (existsSync(pin)) unpin(pin);
+      } else {
+        const f = filter(index, dir);
+        const have = tcQuery(f);
+        if (have && isOurs(have)) tcDetach(f);
+      }
+    }
+  }
+
+  /**
+   * Stops serving: the programs are detached from every device (the agent
+   * does this only at cleanup; a stop or restart leaves them attached, as it
+   * leaves the cgroup links).
+   */
+  detachAll(): void {
+    for (const index of [...this.attached.keys()]) {
+      this.detach(index);
+      this.attached.delete(index);
+    }
+  }
+
+  close(): void {
+    this.object.close();
+  }
+}
+
+/**
+ * Removes every tc attachment of ours in this network namespace: tcx links
+ * pinned under linksDir (unpinned by the caller's sweep too) and clsact
+ * filters at our handle and priority whose program is ours. For `lbctl
+ * cleanup`, which must work when the devices changed since the agent ran.
+ */
+export function cleanupTc(linksDir: string): string[] {
+  const removed: string[] = [];
+  if (existsSync(linksDir)) {
+    for (const name of readdirSync(linksDir)) {
+      if (!name.startsWith('tc-')) continue;
+      try {
+        unpin(path.join(linksDir, name));
+        removed.push(name);
+      } catch (err) {
+        if (!isErrno(err, 'ENOENT')) throw err;
+      }
+    }
+  }
+  let links: ReturnType<typeof rtnlLinks> = [];
+  try {
+    links = rtnlLinks();
+  } catch {
+    return removed;
+  }
+  for (const l of links) {
+    for (const dir of ['ingress', 'egress'] as const) {
+      const f = filter(l.index, dir);
+      try {
+        const have = tcQuery(f);
+        if (have && isOurs(have)) {
+          tcDetach(f);
+          removed.push(`${l.name}/${dir}`);
+        }
+      } catch {
+        // no clsact qdisc on the device: nothing of ours there
+      }
+    }
+  }
+  return removed;
+}
