@@ -6,6 +6,7 @@ import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
 import {
   LbBackendState,
+  LbScope,
   LbSvcType,
   lb4_backend,
   lb4_key,
@@ -58,6 +59,9 @@ const PROTO_NAME = new Map<number, Protocol | 'ANY'>([
 
 const TYPE_NUM: Record<MasterType, number> = {
   ClusterIP: LbSvcType.LB_SVC_CLUSTER_IP,
+  NodePort: LbSvcType.LB_SVC_NODEPORT,
+  LoadBalancer: LbSvcType.LB_SVC_LOADBALANCER,
+  ExternalIP: LbSvcType.LB_SVC_EXTERNAL_IP,
   Wildcard: LbSvcType.LB_SVC_WILDCARD,
 };
 const TYPE_NAME = new Map<number, MasterType>(Object.entries(TYPE_NUM).map(([k, v]) => [v, k as MasterType]));
@@ -88,11 +92,24 @@ export function verifyMapLayout(map: ByteMap, spec: MapSpec<unknown, unknown>): 
 }
 
 
+/** The key's scope byte (enum lb_scope): absent is the external scope, so old entries (pad 0) read as before. */
+const scopeNum = (fe: ServiceAddr): number => (fe.scope === 'internal' ? LbScope.LB_SCOPE_INT : LbScope.LB_SCOPE_EXT);
+
+/** A service key read back; undefined for a protocol or scope no lbctl build writes. */
+function serviceAddr(address: string, family: Family, port: number, proto: number, scope: number): ServiceAddr | undefined {
+  const protocol = PROTO_NAME.get(proto);
+  if (!protocol) return undefined;
+  if (scope === LbScope.LB_SCOPE_EXT) return { address, family, port, protocol };
+  if (scope === LbScope.LB_SCOPE_INT) return { address, family, port, protocol, scope: 'internal' };
+  return undefined;
+}
+
 function serviceKey(fe: ServiceAddr, slot: number, b?: Buffer, o?: number): Buffer {
   const proto = PROTO_NUM[fe.protocol];
+  const scope = scopeNum(fe);
   return fe.family === 4
-    ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o)
-    : lb6_key.encode({ address: ipv6Bytes(fe.address), dport: fe.port, backendSlot: slot, proto }, b, o);
+    ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto, scope }, b, o)
+    : lb6_key.encode({ address: ipv6Bytes(fe.address), dport: fe.port, backendSlot: slot, proto, scope }, b, o);
 }
 
 function masterValue(m: MasterEntry, b?: Buffer, o?: number): Buffer {
@@ -255,17 +272,13 @@ export function dumpMaps(m: LbMapSet): MapsDump {
   const services: ServiceEntry[] = [];
   for (const [k, v] of m.lb4_services.entries()) {
     const key = lb4_key.decode(k);
-    const protocol = PROTO_NAME.get(key.proto);
-    if (!protocol) continue;
-    const fe: ServiceAddr = { address: uintToIpv4(key.address), family: 4, port: key.dport, protocol };
-    services.push(decodeService(fe, key.backendSlot, lb_service.decode(v)));
+    const fe = serviceAddr(uintToIpv4(key.address), 4, key.dport, key.proto, key.scope);
+    if (fe) services.push(decodeService(fe, key.backendSlot, lb_service.decode(v)));
   }
   for (const [k, v] of m.lb6_services.entries()) {
     const key = lb6_key.decode(k);
-    const protocol = PROTO_NAME.get(key.proto);
-    if (!protocol) continue;
-    const fe: ServiceAddr = { address: ipFromBytes(key.address), family: 6, port: key.dport, protocol };
-    services.push(decodeService(fe, key.backendSlot, lb_service.decode(v)));
+    const fe = serviceAddr(ipFromBytes(key.address), 6, key.dport, key.proto, key.scope);
+    if (fe) services.push(decodeService(fe, key.backendSlot, lb_service.decode(v)));
   }
 
   const backends: Array<{ id: number; backend: Backend }> = [];

@@ -9,7 +9,19 @@
 
 export type Protocol = 'TCP' | 'UDP';
 export type Family = 4 | 6;
-export type ServiceType = 'ClusterIP';
+/**
+ * What a frontend serves: a cluster IP, a NodePort (its address is the
+ * surrogate 0.0.0.0 or ::, which the tc datapath matches on every node
+ * address), a LoadBalancer ingress IP or an external IP.
+ */
+export type ServiceType = 'ClusterIP' | 'NodePort' | 'LoadBalancer' | 'ExternalIP';
+/**
+ * Which traffic a frontend's entry serves. Absent: the external (default)
+ * entry, the only one most frontends have. 'internal': the twin of a
+ * frontend with externalTrafficPolicy Local, for clients on the node, whose
+ * backends follow the internal traffic policy (Cilium's two scopes).
+ */
+export type Scope = 'internal';
 /**
  * How lbctl treats a backend. Slots decide selection (slots 1..count are
  * selectable, count+1..count+qcount are kept for established flows only);
@@ -17,7 +29,10 @@ export type ServiceType = 'ClusterIP';
  */
 export type BackendState = 'active' | 'terminating';
 
-/** "10.96.0.10:53/UDP" or "[fd00::a]:80/TCP": the identity of a frontend. */
+/**
+ * "10.96.0.10:53/UDP" or "[fd00::a]:80/TCP": the identity of a frontend;
+ * an internal-scope entry adds "/internal" ("0.0.0.0:30080/TCP/internal").
+ */
 export type FrontendKey = string & { readonly __brand: 'FrontendKey' };
 /** Same shape as FrontendKey, for a backend address. */
 export type BackendKey = string & { readonly __brand: 'BackendKey' };
@@ -36,6 +51,8 @@ export interface ServiceAddr {
   readonly family: Family;
   readonly port: number;
   readonly protocol: Protocol | 'ANY';
+  /** Absent (or undefined): the external scope, the key every frontend has. */
+  readonly scope?: Scope;
 }
 
 export interface Backend extends L3n4Addr {
@@ -46,12 +63,17 @@ export function formatAddr(address: string, family: Family, port: number): strin
   return family === 6 ? `[${address}]:${port}` : `${address}:${port}`;
 }
 
-/** The key text of an address, port and protocol: the only definition of the form. */
+/**
+ * The key text of an address, port, protocol and scope: the only definition
+ * of the form. The external scope adds nothing, so every key written before
+ * scopes existed reads back the same (restart adoption depends on it).
+ */
 export function serviceAddrKey(a: ServiceAddr): string {
-  return `${formatAddr(a.address, a.family, a.port)}/${a.protocol}`;
+  const key = `${formatAddr(a.address, a.family, a.port)}/${a.protocol}`;
+  return a.scope === 'internal' ? `${key}/internal` : key;
 }
 
-export function frontendKey(a: L3n4Addr): FrontendKey {
+export function frontendKey(a: L3n4Addr & { readonly scope?: Scope }): FrontendKey {
   return serviceAddrKey(a) as FrontendKey;
 }
 

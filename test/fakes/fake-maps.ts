@@ -18,6 +18,16 @@ export function e2big(map: string): Error {
   return Object.assign(new Error(`${map}: bpf_map_update_elem: Argument list too long (E2BIG)`), { code: 'E2BIG', errno: 7 });
 }
 
+/**
+ * The service key as the kernel's map keeps it: address, family, port,
+ * protocol and scope, nothing of the caller's object (a Frontend), the
+ * external scope as no field at all (what dumpMaps decodes).
+ */
+function keyOf(fe: ServiceAddr): ServiceAddr {
+  const { address, family, port, protocol } = fe;
+  return fe.scope === 'internal' ? { address, family, port, protocol, scope: 'internal' } : { address, family, port, protocol };
+}
+
 export class FakeLbMaps implements LbMaps {
   readonly services = new Map<string, ServiceEntry>();
   readonly backends = new Map<number, Backend>();
@@ -70,7 +80,7 @@ export class FakeLbMaps implements LbMaps {
   putMaster(fe: ServiceAddr, master: MasterEntry): void {
     this.room(`lb${fe.family}_services`, this.services.has(`${serviceAddrKey(fe)}#0`));
     this.record('putMaster', serviceAddrKey(fe));
-    this.services.set(`${serviceAddrKey(fe)}#0`, { fe, slot: 0, master });
+    this.services.set(`${serviceAddrKey(fe)}#0`, { fe: keyOf(fe), slot: 0, master });
   }
   deleteMaster(fe: ServiceAddr): void {
     this.record('deleteMaster', serviceAddrKey(fe));
@@ -79,7 +89,7 @@ export class FakeLbMaps implements LbMaps {
   putSlot(fe: ServiceAddr, slot: number, backendId: number): void {
     this.room(`lb${fe.family}_services`, this.services.has(`${serviceAddrKey(fe)}#${slot}`));
     this.record('putSlot', `${serviceAddrKey(fe)}#${slot}`);
-    this.services.set(`${serviceAddrKey(fe)}#${slot}`, { fe, slot, backendId });
+    this.services.set(`${serviceAddrKey(fe)}#${slot}`, { fe: keyOf(fe), slot, backendId });
   }
   deleteSlot(fe: ServiceAddr, slot: number): void {
     this.record('deleteSlot', `${serviceAddrKey(fe)}#${slot}`);

@@ -1,12 +1,18 @@
 import t from 'tap';
-import { lb4_key, lb4_sock_revnat, lb6_sock_key, lb6_sock_revnat, lb_affinity_key, lb_service, mapSpecs, u32 } from '../../src/datapath/abi.gen.js';
+import { lb4_key, lb4_sock_revnat, lb6_key, lb6_sock_key, lb6_sock_revnat, lb_affinity_key, lb_service, mapSpecs, u32 } from '../../src/datapath/abi.gen.js';
 import * as abi from '../../src/datapath/abi.gen.js';
 
-t.test('lb4_key encodes network-order address and port, host-order slot', async (t) => {
-  const b = lb4_key.encode({ address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17 });
+t.test('lb4_key encodes network-order address and port, host-order slot, the scope in the byte after proto', async (t) => {
+  const b = lb4_key.encode({ address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17, scope: 0 });
   t.equal(b.length, 12);
-  t.same([...b], [10, 96, 0, 10, 0, 53, 2, 0, 17, 0, 0, 0]);
-  t.same(lb4_key.decode(b), { address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17 });
+  t.same([...b], [10, 96, 0, 10, 0, 53, 2, 0, 17, 0, 0, 0], 'the external scope is 0: the bytes of a key written before scopes existed');
+  t.same(lb4_key.decode(b), { address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17, scope: 0 });
+  const internal = lb4_key.encode({ address: 0, dport: 30080, backendSlot: 0, proto: 6, scope: abi.LbScope.LB_SCOPE_INT });
+  t.same([...internal], [0, 0, 0, 0, 0x75, 0x80, 0, 0, 6, 1, 0, 0]);
+  t.equal(lb4_key.decode(internal).scope, 1);
+  const v6 = { address: Buffer.alloc(16), dport: 30080, backendSlot: 3, proto: 17, scope: 1 };
+  t.same(lb6_key.decode(lb6_key.encode(v6)), v6);
+  t.equal(lb6_key.encode(v6)[21], 1, 'lb6_key: scope at byte 21');
 });
 
 t.test('lb_service round-trips every field', async (t) => {
@@ -60,10 +66,20 @@ t.test('every struct codec leaves no stale byte in a reused buffer (padding and 
   }
 });
 
-t.test('the ABI enums hold only what lbctl produces, at the numbers pinned maps already carry', async (t) => {
-  // NodePort, ExternalIP and LoadBalancer types, the externalTrafficPolicy
-  // flag and a quarantined state were declared but written by nothing.
-  t.same(abi.LbSvcType, { LB_SVC_NONE: 0, LB_SVC_CLUSTER_IP: 1, LB_SVC_WILDCARD: 5 }, 'wildcards stay 5 across upgrades');
-  t.same(abi.LbSvcFlags, { LB_SVC_F_AFFINITY: 1, LB_SVC_F_LOCAL_INTERNAL: 2 });
+t.test('the ABI enums, at the numbers pinned maps already carry', async (t) => {
+  t.same(
+    abi.LbSvcType,
+    { LB_SVC_NONE: 0, LB_SVC_CLUSTER_IP: 1, LB_SVC_NODEPORT: 2, LB_SVC_LOADBALANCER: 3, LB_SVC_EXTERNAL_IP: 4, LB_SVC_WILDCARD: 5 },
+    'wildcards stay 5 across upgrades',
+  );
+  t.same(abi.LbSvcFlags, {
+    LB_SVC_F_AFFINITY: 1,
+    LB_SVC_F_LOCAL_INTERNAL: 2,
+    LB_SVC_F_LOCAL_EXTERNAL: 4,
+    LB_SVC_F_TWO_SCOPES: 8,
+    LB_SVC_F_SRC_RANGE: 16,
+    LB_SVC_F_MAGLEV: 32,
+  });
+  t.same(abi.LbScope, { LB_SCOPE_EXT: 0, LB_SCOPE_INT: 1 }, 'the external scope is the old padding byte: 0');
   t.same(abi.LbBackendState, { LB_BACKEND_ACTIVE: 0, LB_BACKEND_TERMINATING: 1 });
 });
