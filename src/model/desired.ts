@@ -18,7 +18,8 @@
 // failure is reported as a skip; the others are computed as usual.
 import type { EndpointSlice, Node, Service } from './k8s.js';
 import { serviceFrontends, type Skipped } from './from-k8s.js';
-import type { Backend, FrontendKey } from '../lb/types.js';
+import { DEFAULT_NODEPORT_RANGE, type PortRange, type SourceRange } from './north-south.js';
+import { frontendKey, type Backend, type FrontendKey } from '../lb/types.js';
 import type { DesiredState, Frontend } from './types.js';
 
 /**
@@ -57,6 +58,17 @@ function sameBackends(a: readonly Backend[], b: readonly Backend[]): boolean {
   return true;
 }
 
+function sameRanges(a: readonly SourceRange[], b: readonly SourceRange[]): boolean {
+  if (a === b) return true;
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i]!;
+    const y = b[i]!;
+    if (x.address !== y.address || x.prefixLen !== y.prefixLen || x.family !== y.family) return false;
+  }
+  return true;
+}
+
 /** Same frontend, field by field: what the maps would hold, and where it came from. */
 export function sameFrontend(a: Frontend, b: Frontend): boolean {
   return (
@@ -64,6 +76,10 @@ export function sameFrontend(a: Frontend, b: Frontend): boolean {
     a.type === b.type &&
     a.affinityTimeout === b.affinityTimeout &&
     a.localOnly === b.localOnly &&
+    a.scope === b.scope &&
+    a.externalLocal === b.externalLocal &&
+    a.healthCheckNodePort === b.healthCheckNodePort &&
+    sameRanges(a.sourceRanges, b.sourceRanges) &&
     a.service.namespace === b.service.namespace &&
     a.service.name === b.service.name &&
     a.service.portName === b.service.portName &&
@@ -74,7 +90,16 @@ export function sameFrontend(a: Frontend, b: Frontend): boolean {
 
 const skipKey = (s: Skipped): string => `${s.service}|${s.reason}|${s.detail ?? ''}`;
 
+export interface DesiredModelOptions {
+  /** --nodeport-range: nodePorts outside it are reported and not served. Default 30000-32767. */
+  readonly nodePortRange?: PortRange;
+}
+
+/** The external key of an internal-scope frontend's twin. */
+const externalKeyOf = (fe: Frontend): FrontendKey => frontendKey({ address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol });
+
 export class DesiredModel {
+  private readonly nodePortRange: PortRange;
   private readonly services = new Map<ServiceId, Service>();
   /** Slices by their own namespace/name (a slice may move to another service). */
   private readonly slices = new Map<string, EndpointSlice>();
@@ -87,6 +112,10 @@ export class DesiredModel {
   private readonly current = new Map<FrontendKey, Frontend>();
   private readonly conflicts = new Map<FrontendKey, Skipped[]>();
   private servicesWithFrontends = 0;
+
+  constructor(opts: DesiredModelOptions = {}) {
+    this.nodePortRange = opts.nodePortRange ?? DEFAULT_NODEPORT_RANGE;
+  }
 
   /** Every frontend in force, by key. */
   get frontends(): ReadonlyMap<FrontendKey, Frontend> {
@@ -165,16 +194,56 @@ export class DesiredModel {
     }
     this.dirty.clear();
 
+    // External keys first: an internal-scope twin goes with its external
+    // key (settleTwin), so a key whose holder changed touches its twin too.
+    const twins: FrontendKey[] = [];
     for (const key of touched) {
-      const winner = this.settle(key, newSkips);
-      const fe = winner === undefined ? undefined : this.computed.get(winner)!.frontends.get(key);
-      const have = this.current.get(key);
-      if (fe === have) continue;
-      if (fe) this.current.set(key, fe);
-      else this.current.delete(key);
+      if (this.claimedTwin(key) !== undefined) {
+        twins.push(key);
+        continue;
+      }
+      const was = this.current.get(key);
+      if (!this.apply(key, this.settle(key, newSkips))) continue;
       changed.add(key);
+      const fe = this.current.get(key) ?? was!;
+      const twin = frontendKey({ address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: 'internal' });
+      if (this.claims.has(twin) && !touched.has(twin)) twins.push(twin);
     }
+    for (const key of twins) if (this.apply(key, this.settleTwin(key))) changed.add(key);
     return { changed, newSkips };
+  }
+
+  /** Puts the winner's frontend for `key` in force; true when that changed what is in force. */
+  private apply(key: FrontendKey, winner: ServiceId | undefined): boolean {
+    const fe = winner === undefined ? undefined : this.computed.get(winner)!.frontends.get(key);
+    const have = this.current.get(key);
+    if (fe === have) return false;
+    if (fe) this.current.set(key, fe);
+    else this.current.delete(key);
+    return true;
+  }
+
+  /** A claimed internal-scope frontend at `key` (any claimant's), else undefined. */
+  private claimedTwin(key: FrontendKey): Frontend | undefined {
+    const list = this.claims.get(key);
+    const fe = list && list.length > 0 ? this.computed.get(list[0]!)?.frontends.get(key) : undefined;
+    return fe?.scope === 'internal' ? fe : undefined;
+  }
+
+  /**
+   * The holder of an internal-scope key: the service that holds its external
+   * key, when it claims the twin too; otherwise nobody (a claimant that lost
+   * the external key was reported there). The datapath reads the internal
+   * entry only through the external one's two-scopes flag, so the two must
+   * belong to one service.
+   */
+  private settleTwin(key: FrontendKey): ServiceId | undefined {
+    const list = this.claims.get(key);
+    const fe = this.claimedTwin(key);
+    if (!list || !fe) return undefined;
+    const held = this.current.get(externalKeyOf(fe));
+    const holder = held && serviceId(held.service.namespace, held.service.name);
+    return holder !== undefined && list.includes(holder) ? holder : undefined;
   }
 
   /** Every current skip: the services' own, then lost conflicts. */
@@ -196,7 +265,7 @@ export class DesiredModel {
     }
     let out: ReturnType<typeof serviceFrontends>;
     try {
-      out = serviceFrontends(svc, slices, this.node);
+      out = serviceFrontends(svc, slices, this.node, this.nodePortRange);
     } catch (err) {
       // The boundary: this service keeps what it had; the failure is reported.
       const detail = `its frontends could not be computed (${(err as Error)?.message ?? String(err)}); the last ones stay`;
@@ -242,7 +311,9 @@ export class DesiredModel {
     if (holder !== undefined && list.includes(holder)) list.splice(0, 0, ...list.splice(list.indexOf(holder), 1));
     const [winner, ...losers] = list;
     const had = new Set((previous ?? []).map(skipKey));
-    const skips = losers.map((id): Skipped => ({ service: id, reason: 'conflict', detail: `${key} is already served for ${winner}` }));
+    const fe = this.computed.get(winner!)?.frontends.get(key);
+    const what = fe?.type === 'NodePort' ? `nodePort ${fe.port}/${fe.protocol} (${key})` : key;
+    const skips = losers.map((id): Skipped => ({ service: id, reason: 'conflict', detail: `${what} is already served for ${winner}` }));
     for (const s of skips) if (!had.has(skipKey(s))) newSkips.push(s);
     this.conflicts.set(key, skips);
     return winner;
@@ -254,6 +325,8 @@ export interface ModelInput {
   readonly slices: Iterable<EndpointSlice>;
   /** This node: for internalTrafficPolicy Local and topology hints. */
   readonly node?: Node;
+  /** --nodeport-range; default 30000-32767. */
+  readonly nodePortRange?: PortRange;
 }
 
 export interface ModelOutput {
@@ -263,7 +336,7 @@ export interface ModelOutput {
 
 /** The desired state of a whole set of objects at once. */
 export function desiredState(input: ModelInput): ModelOutput {
-  const m = new DesiredModel();
+  const m = new DesiredModel(input.nodePortRange ? { nodePortRange: input.nodePortRange } : {});
   m.setNode(input.node);
   for (const s of input.services) m.setService(serviceId(s.namespace, s.name), s);
   for (const s of input.slices) m.setSlice(serviceId(s.namespace, s.name), s);

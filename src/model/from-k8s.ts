@@ -4,7 +4,8 @@
 // filtered by node or zone hints or internalTrafficPolicy Local, falling
 // back to serving-and-terminating ones when none is left.
 import { HEADLESS_LABEL, type Endpoint, type EndpointSlice, type Node, type Service } from './k8s.js';
-import { backendKey, frontendKey, type Backend, type BackendKey } from '../lb/types.js';
+import { backendKey, frontendKey, type Backend, type BackendKey, type Scope, type ServiceType } from '../lb/types.js';
+import { DEFAULT_NODEPORT_RANGE, nodePortOutside, type PortRange, type SourceRange } from './north-south.js';
 import { type Frontend } from './types.js';
 
 /** A service lbctl deliberately does not program, and why. */
@@ -15,6 +16,8 @@ export interface Skipped {
     | 'external-name'
     | 'no-ports'
     | 'unsupported-protocol'
+    /** A north-south field's value lbctl cannot serve (north-south.ts): left out, the rest served. */
+    | 'ignored-field'
     | 'conflict'
     | 'other-proxy'
     /** Beyond a limit of the model's (EndpointSlices per Service): what fits is used. */
@@ -142,8 +145,39 @@ export function selectBackends(
   return { backends, terminating: eps.filter((c) => c.ep.terminating && !selected.has(c)).map(asBackend) };
 }
 
-/** The frontends one service asks for (before conflicts with other services are settled). */
-export function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice[], node: Node | undefined): { frontends: Frontend[]; skipped: Skipped[] } {
+const NO_RANGES: readonly SourceRange[] = Object.freeze([]);
+type Chosen = ReturnType<typeof selectBackends>;
+/** Selection for the external entries: externalTrafficPolicy Local or Cluster, through selectBackends. */
+const LOCAL_POLICY = { internalTrafficPolicy: 'Local' } as const;
+const CLUSTER_POLICY = { internalTrafficPolicy: 'Cluster' } as const;
+
+/**
+ * The frontends one service asks for (before conflicts with other services
+ * are settled). Per family of its cluster IPs and per port:
+ * - the ClusterIP frontend, backends chosen by internalTrafficPolicy;
+ * - NodePort and LoadBalancer services, with a nodePort in `nodePortRange`:
+ *   a NodePort frontend at 0.0.0.0 or :: (the surrogate the tc datapath
+ *   matches on every node address), port = the nodePort;
+ * - one ExternalIP frontend per external IP of the family, and one
+ *   LoadBalancer frontend per ingress IP (ipMode VIP; none when the source
+ *   ranges fail closed), port = the service port.
+ * Those external frontends follow externalTrafficPolicy: Cluster picks as
+ * a ClusterIP frontend without internalTrafficPolicy would; Local picks
+ * only this node's endpoints (as internalTrafficPolicy Local does: ready
+ * ones, else serving terminating ones) and adds an internal-scope twin at
+ * the same address, port and protocol, chosen by internalTrafficPolicy,
+ * so a client on this node still reaches every backend (Cilium's two
+ * scopes; kube-proxy sends such clients to its cluster endpoints, which
+ * differs only under internalTrafficPolicy Local).
+ * Bad north-south values are skipped with the field named; the rest of the
+ * service is served.
+ */
+export function serviceFrontends(
+  svc: Service,
+  svcSlices: readonly EndpointSlice[],
+  node: Node | undefined,
+  nodePortRange: PortRange = DEFAULT_NODEPORT_RANGE,
+): { frontends: Frontend[]; skipped: Skipped[] } {
   const id = `${svc.namespace}/${svc.name}`;
   const frontends: Frontend[] = [];
   const skipped: Skipped[] = [];
@@ -155,26 +189,69 @@ export function serviceFrontends(svc: Service, svcSlices: readonly EndpointSlice
     skipped.push({ service: id, reason: 'unsupported-protocol', detail: svc.unsupportedPorts.join(', ') });
   }
   if (svc.ports.length === 0) return { frontends, skipped: [...skipped, { service: id, reason: 'no-ports' }] };
+  const ns = svc.northSouth;
+  for (const problem of ns.problems) skipped.push({ service: id, reason: 'ignored-field', detail: problem });
+  let nodePorts = ns.nodePorts;
+  if (nodePorts.length > 0) {
+    nodePorts = nodePorts.filter((np) => {
+      const outside = nodePortOutside(np, `Service ${id}`, nodePortRange);
+      if (outside) skipped.push({ service: id, reason: 'ignored-field', detail: outside });
+      return outside === undefined;
+    });
+  }
+  const lbIPs = ns.sourceRangesFailClosed ? [] : ns.loadBalancerIPs.filter((l) => l.ipMode === 'VIP');
+  const external = nodePorts.length > 0 || ns.externalIPs.length > 0 || lbIPs.length > 0;
+  const externalLocal = external && ns.externalTrafficPolicy === 'Local';
+  const affinityTimeout = svc.affinityTimeout ?? 0;
+  const localOnly = svc.internalTrafficPolicy === 'Local';
   // Name order, so an address in two slices resolves the same whatever order they arrived in.
   const slices = svcSlices.length > 1 ? [...svcSlices].sort(bySliceName) : svcSlices;
+  const hc = ns.healthCheckNodePort;
+  const lbRanges = ns.sourceRanges.length > 0 ? ns.sourceRanges : NO_RANGES;
+  // Per port: where it came from, and its nodePort in the range.
+  const perPort = svc.ports.map((p) => ({
+    p,
+    service: { namespace: svc.namespace, name: svc.name, portName: p.name },
+    np: nodePorts.find((n) => n.port === p.port && n.protocol === p.protocol),
+  }));
   for (const ip of svc.clusterIPs) {
-    for (const p of svc.ports) {
-      const addr = { address: ip.address, family: ip.family, port: p.port, protocol: p.protocol };
-      const { backends, terminating } = selectBackends(candidates(slices, ip.family, p.name, p.protocol, node?.name), svc, node);
-      frontends.push({
-        address: ip.address,
+    for (const { p, service, np } of perPort) {
+      // Every frontend as one literal with every field: one hidden class for all.
+      const make = (address: string, port: number, type: ServiceType, chosen: Chosen, scope: Scope | undefined, extLocal: boolean, sourceRanges: readonly SourceRange[]): Frontend => ({
+        address,
         family: ip.family,
-        port: p.port,
+        port,
         protocol: p.protocol,
-        key: frontendKey(addr),
-        type: 'ClusterIP',
-        service: { namespace: svc.namespace, name: svc.name, portName: p.name },
-        backends,
-        terminating,
-        affinityTimeout: svc.affinityTimeout ?? 0,
-        localOnly: svc.internalTrafficPolicy === 'Local',
+        key: frontendKey({ address, family: ip.family, port, protocol: p.protocol, scope }),
+        type,
+        service,
+        backends: chosen.backends,
+        terminating: chosen.terminating,
+        affinityTimeout,
+        localOnly,
+        scope,
+        externalLocal: extLocal,
+        sourceRanges,
+        healthCheckNodePort: type === 'ClusterIP' ? undefined : hc,
       });
+      const eps = candidates(slices, ip.family, p.name, p.protocol, node?.name);
+      const internal = selectBackends(eps, svc, node);
+      frontends.push(make(ip.address, p.port, 'ClusterIP', internal, undefined, false, NO_RANGES));
+      if (!external) continue;
+      const outside = selectBackends(eps, externalLocal ? LOCAL_POLICY : CLUSTER_POLICY, node);
+      const add = (address: string, port: number, type: ServiceType, ranges: readonly SourceRange[]): void => {
+        frontends.push(make(address, port, type, outside, undefined, externalLocal, ranges));
+        if (externalLocal) frontends.push(make(address, port, type, internal, 'internal', true, ranges));
+      };
+      if (np) add(ip.family === 4 ? '0.0.0.0' : '::', np.nodePort, 'NodePort', NO_RANGES);
+      for (const e of ns.externalIPs) if (e.family === ip.family) add(e.address, p.port, 'ExternalIP', NO_RANGES);
+      for (const l of lbIPs) if (l.family === ip.family) add(l.address, p.port, 'LoadBalancer', lbRanges);
     }
   }
-  return { frontends, skipped };
+  if (!external) return { frontends, skipped };
+  // An external or ingress IP may repeat the service's own cluster IP, or
+  // each other: the first frontend of a key stays, in kube-proxy's rule
+  // order (cluster IP, external IPs, LoadBalancer IPs).
+  const seen = new Set<string>();
+  return { frontends: frontends.filter((f) => !seen.has(f.key) && seen.add(f.key)), skipped };
 }

@@ -4,6 +4,7 @@
 // from @kubernetes/client-node and from manifests fit alike.
 import { parseIp, type ParsedIp } from '../lb/addr.js';
 import type { Family, Protocol } from '../lb/types.js';
+import { ALL_PORTS, northSouth, type NorthSouth, type RawNorthSouth } from './north-south.js';
 
 export interface ObjectMeta {
   name?: string;
@@ -19,12 +20,17 @@ export interface RawService {
     type?: string;
     clusterIP?: string;
     clusterIPs?: string[];
-    ports?: Array<{ name?: string; port?: number; protocol?: string; targetPort?: number | string }>;
+    ports?: Array<{ name?: string; port?: number; protocol?: string; targetPort?: number | string; nodePort?: number }>;
     externalName?: string;
     sessionAffinity?: string;
     sessionAffinityConfig?: { clientIP?: { timeoutSeconds?: number } };
     internalTrafficPolicy?: string;
+    externalIPs?: string[];
+    externalTrafficPolicy?: string;
+    healthCheckNodePort?: number;
+    loadBalancerSourceRanges?: string[];
   };
+  status?: { loadBalancer?: { ingress?: Array<{ ip?: string; hostname?: string; ipMode?: string }> } };
 }
 
 export interface RawNode {
@@ -85,6 +91,39 @@ export interface Service {
   readonly proxyName?: string;
   /** Carries the service.kubernetes.io/headless label (any value): not proxied. */
   readonly headlessLabel: boolean;
+  /**
+   * NodePorts (every valid one: the model applies --nodeport-range),
+   * external IPs, LoadBalancer ingress IPs, externalTrafficPolicy, source
+   * ranges, and the problems of their values (north-south.ts). NO_NORTH_SOUTH
+   * when the service asks for none of it, as most do.
+   */
+  readonly northSouth: NorthSouth;
+}
+
+/** The north-south half of a service that has none: one shared object. */
+export const NO_NORTH_SOUTH: NorthSouth = Object.freeze({
+  nodePorts: Object.freeze([]),
+  externalIPs: Object.freeze([]),
+  loadBalancerIPs: Object.freeze([]),
+  externalTrafficPolicy: 'Cluster',
+  healthCheckNodePort: undefined,
+  sourceRanges: Object.freeze([]),
+  sourceRangesFailClosed: false,
+  problems: Object.freeze([]),
+});
+
+/** NO_NORTH_SOUTH when `ns` holds nothing, so a plain ClusterIP service keeps no object of its own. */
+function orNone(ns: NorthSouth): NorthSouth {
+  const none =
+    ns.nodePorts.length === 0 &&
+    ns.externalIPs.length === 0 &&
+    ns.loadBalancerIPs.length === 0 &&
+    ns.externalTrafficPolicy === 'Cluster' &&
+    ns.healthCheckNodePort === undefined &&
+    ns.sourceRanges.length === 0 &&
+    !ns.sourceRangesFailClosed &&
+    ns.problems.length === 0;
+  return none ? NO_NORTH_SOUTH : ns;
 }
 
 export interface Node {
@@ -243,6 +282,9 @@ export function validateService(obj: unknown): Validated<Service> {
   if (itp !== 'Cluster' && itp !== 'Local') return fail(`${id}: spec.internalTrafficPolicy ${show(itp)} is not Cluster or Local`);
   const proxyName = raw.metadata?.labels?.[SERVICE_PROXY_NAME_LABEL];
   const headlessLabel = raw.metadata?.labels?.[HEADLESS_LABEL] !== undefined;
+  // Headless and ExternalName services are not proxied at all: their
+  // north-south fields are not read (nor reported).
+  const ns = clusterIPs.length === 0 ? NO_NORTH_SOUTH : orNone(northSouth(raw as RawNorthSouth, id, clusterIPs.map((c) => c.family), ALL_PORTS));
 
   // Built as one literal with every field (absent ones undefined): V8 then
   // shares one hidden class among all Services, where spreads and optional
@@ -258,6 +300,7 @@ export function validateService(obj: unknown): Validated<Service> {
     affinityTimeout,
     proxyName: typeof proxyName === 'string' ? proxyName : undefined,
     headlessLabel,
+    northSouth: ns,
   };
   return { ok: true, value };
 }

@@ -1,7 +1,10 @@
 // What a Service asks of the tc datapath (issue 14): its NodePorts, external
 // IPs, LoadBalancer ingress IPs, externalTrafficPolicy, healthCheckNodePort
-// and loadBalancerSourceRanges, read as kube-proxy reads them. Pure; not
-// wired into the desired state yet (the tc datapath that serves them is).
+// and loadBalancerSourceRanges, read as kube-proxy reads them. Pure.
+// validateService (k8s.ts) reads them once per object with every port
+// allowed (ALL_PORTS), since the Service keeps only its validated form; the
+// model applies --nodeport-range when it computes frontends (from-k8s.ts),
+// with the same message as northSouth() gives.
 //
 // Bad values are bad input in the sense of docs/standalone.md: each is a
 // problem naming the service and the field, and the rest of the service is
@@ -33,6 +36,8 @@ export interface PortRange {
 }
 
 export const DEFAULT_NODEPORT_RANGE: PortRange = { first: 30000, last: 32767 };
+/** Every port: northSouth() keeps every valid nodePort, for a range applied later (nodePortInRange). */
+export const ALL_PORTS: PortRange = { first: 1, last: 65535 };
 
 export interface SourceRange {
   readonly family: Family;
@@ -40,9 +45,17 @@ export interface SourceRange {
   readonly prefixLen: number;
 }
 
+export interface NodePort {
+  readonly port: number;
+  readonly protocol: Protocol;
+  readonly nodePort: number;
+  /** Its entry in spec.ports, for messages. */
+  readonly index: number;
+}
+
 export interface NorthSouth {
   /** Service ports with a valid nodePort in the range (NodePort and LoadBalancer services). */
-  readonly nodePorts: ReadonlyArray<{ readonly port: number; readonly protocol: Protocol; readonly nodePort: number }>;
+  readonly nodePorts: readonly NodePort[];
   readonly externalIPs: readonly ParsedIp[];
   /** status.loadBalancer.ingress[].ip; ipMode Proxy: the load balancer proxies, so in-node traffic is not short-cut to it. */
   readonly loadBalancerIPs: ReadonlyArray<ParsedIp & { readonly ipMode: 'VIP' | 'Proxy' }>;
@@ -78,7 +91,7 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
   const spec = obj.spec ?? {};
   const type = spec.type ?? 'ClusterIP';
   const problems: string[] = [];
-  const nodePorts: Array<{ port: number; protocol: Protocol; nodePort: number }> = [];
+  const nodePorts: NodePort[] = [];
   if (type === 'NodePort' || type === 'LoadBalancer') {
     for (const [i, p] of (bounded(spec.ports, 'spec.ports', id, problems) as Array<{ nodePort?: unknown; port?: unknown; protocol?: unknown } | null>).entries()) {
       if (p?.nodePort === undefined || p.nodePort === 0) continue; // LoadBalancer with allocateLoadBalancerNodePorts: false
@@ -86,10 +99,11 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
       if (!isPort(p.port) || (protocol !== 'TCP' && protocol !== 'UDP')) continue; // validateService reports those
       if (!isPort(p.nodePort)) {
         problems.push(`${id}: spec.ports[${i}].nodePort ${show(p.nodePort)} is not a port`);
-      } else if (p.nodePort < nodePortRange.first || p.nodePort > nodePortRange.last) {
-        problems.push(`${id}: spec.ports[${i}].nodePort ${p.nodePort} is outside --nodeport-range ${nodePortRange.first}-${nodePortRange.last}: not served`);
       } else {
-        nodePorts.push({ port: p.port, protocol, nodePort: p.nodePort });
+        const np: NodePort = { port: p.port, protocol, nodePort: p.nodePort, index: i };
+        const outside = nodePortOutside(np, id, nodePortRange);
+        if (outside) problems.push(outside);
+        else nodePorts.push(np);
       }
     }
   }
@@ -147,6 +161,12 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
   return { nodePorts, externalIPs, loadBalancerIPs, externalTrafficPolicy, healthCheckNodePort, sourceRanges, sourceRangesFailClosed, problems };
 }
 
+/** The problem of a nodePort outside `range`, or undefined when it is inside. */
+export function nodePortOutside(np: NodePort, id: string, range: PortRange): string | undefined {
+  if (np.nodePort >= range.first && np.nodePort <= range.last) return undefined;
+  return `${id}: spec.ports[${np.index}].nodePort ${np.nodePort} is outside --nodeport-range ${range.first}-${range.last}: not served`;
+}
+
 /** A CIDR as the API writes it ("10.0.0.0/8", " 192.168.1.0/24 " trimmed), network address canonical. */
 export function parseCidr(text: unknown): SourceRange | undefined {
   if (typeof text !== 'string' || text.length > 64) return undefined;
@@ -166,7 +186,7 @@ export function parseCidr(text: unknown): SourceRange | undefined {
  * allocator prevents it in a cluster; a directory of manifests cannot): the
  * first by namespace/name keeps it, the others are reported and left out.
  */
-export function nodePortConflicts(services: ReadonlyArray<{ readonly id: string; readonly nodePorts: NorthSouth['nodePorts'] }>): Map<string, string[]> {
+export function nodePortConflicts(services: ReadonlyArray<{ readonly id: string; readonly nodePorts: ReadonlyArray<Pick<NodePort, 'port' | 'protocol' | 'nodePort'>> }>): Map<string, string[]> {
   const owner = new Map<string, string>();
   const problems = new Map<string, string[]>();
   for (const s of [...services].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))) {

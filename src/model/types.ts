@@ -1,7 +1,8 @@
 // Desired state: what the datapath should hold, in lbctl's own terms. Pure
 // data; no byte layouts (those live in datapath/abi.gen.ts).
 
-import type { Backend, FrontendKey, L3n4Addr, ServiceType } from '../lb/types.js';
+import type { Backend, FrontendKey, L3n4Addr, Scope, ServiceType } from '../lb/types.js';
+import type { SourceRange } from './north-south.js';
 
 /** Where a frontend came from, for listings and error messages. */
 export interface ServiceRef {
@@ -25,6 +26,24 @@ export interface Frontend extends L3n4Addr {
   readonly affinityTimeout: number;
   /** internalTrafficPolicy Local: only this node's endpoints. */
   readonly localOnly: boolean;
+  /**
+   * Absent: the external entry, the one every frontend has. 'internal': the
+   * twin of an externalLocal frontend (same address, port and protocol),
+   * for clients on this node, with the backends the internal traffic policy
+   * picks.
+   */
+  readonly scope?: Scope;
+  /**
+   * externalTrafficPolicy Local, on the NodePort, LoadBalancer and
+   * ExternalIP frontends of such a service (their external entry holds only
+   * this node's backends; each has an internal twin). False for ClusterIP
+   * frontends.
+   */
+  readonly externalLocal: boolean;
+  /** loadBalancerSourceRanges, on LoadBalancer frontends; empty: every client. */
+  readonly sourceRanges: readonly SourceRange[];
+  /** The service's healthCheckNodePort (LoadBalancer, externalTrafficPolicy Local), on its NodePort, LoadBalancer and ExternalIP frontends. */
+  readonly healthCheckNodePort?: number;
 }
 
 export type DesiredState = ReadonlyMap<FrontendKey, Frontend>;

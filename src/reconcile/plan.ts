@@ -8,7 +8,10 @@
 //   2. a frontend's rev-NAT entry and slots are written before its master
 //      entry, whose count makes them selectable; slots beyond a shrunk count
 //      are deleted only after the master stops counting them;
-//   3. wildcard (address-only) entries follow their frontends;
+//   3. wildcard (address-only) entries follow their frontends (ClusterIP
+//      frontends only: a wildcard refuses every other port of a service
+//      address, which is right for a cluster IP and wrong for 0.0.0.0, ::,
+//      an external IP or a LoadBalancer IP, addresses of real hosts);
 //   4. a removal runs in reverse: master first (no new selection), then its
 //      slots and rev-NAT entry, then unused wildcards, then unused backends.
 // Removals of what is no longer desired come first, before any put: nothing
@@ -75,9 +78,24 @@ function sameMaster(a: MasterEntry, b: MasterEntry): boolean {
 }
 
 
+/**
+ * The flags of a frontend's master entry. externalTrafficPolicy Local marks
+ * the external entry only (LOCAL_EXTERNAL: its slots hold only this node's
+ * backends; TWO_SCOPES: the internal twin exists, which the model emits for
+ * every such frontend); the twin's backends follow the internal policy.
+ */
 export function masterFlags(fe: Frontend): number {
-  return (fe.affinityTimeout > 0 ? LbSvcFlags.LB_SVC_F_AFFINITY : 0) | (fe.localOnly ? LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL : 0);
+  const external = fe.externalLocal && fe.scope !== 'internal';
+  return (
+    (fe.affinityTimeout > 0 ? LbSvcFlags.LB_SVC_F_AFFINITY : 0) |
+    (fe.localOnly ? LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL : 0) |
+    (external ? LbSvcFlags.LB_SVC_F_LOCAL_EXTERNAL | LbSvcFlags.LB_SVC_F_TWO_SCOPES : 0) |
+    (fe.sourceRanges.length > 0 ? LbSvcFlags.LB_SVC_F_SRC_RANGE : 0)
+  );
 }
+
+/** Whether a frontend of this type has a wildcard entry at its address. */
+const hasWildcard = (type: MasterEntry['type']): boolean => type === 'ClusterIP';
 
 /** The address family an op writes (each family has its own maps). */
 export function opFamily(op: MapOp): Family {
@@ -172,8 +190,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const planned = new Set<number>();
   const wildcardsSeen = new Set<string>();
   /**
-   * Slots naming each backend, and frontends at each address, after this
-   * plan minus before: what a change sync removed may leave them unused. A
+   * Slots naming each backend, and ClusterIP masters at each address (what
+   * its wildcard serves), after this plan minus before: what a change sync removed may leave them unused. A
    * full plan visits every desired frontend, so what it did not plan is
    * unused (no counting needed).
    */
@@ -187,7 +205,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const wildcardsKept = new Set<string>();
   const refused = new Map<string, Refusal>();
   const keep = (fe: Frontend): void => {
-    wildcardsKept.add(fe.address);
+    if (hasWildcard(fe.type)) wildcardsKept.add(fe.address);
     const have = r.frontends.get(fe.key);
     if (!have) return;
     for (const [, id] of heldSlots(have)) planned.add(id);
@@ -200,7 +218,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       removals.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
       bump(slotDelta, old, -1);
     }
-    bump(addrDelta, have.fe.address, -1);
+    if (have.master && hasWildcard(have.master.type)) bump(addrDelta, have.fe.address, -1);
     // A full plan deletes every rev-NAT entry no desired frontend uses, below.
     const id = have.master?.revNatId;
     if (!full && id !== undefined && r.revNat[have.fe.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.fe.family });
@@ -290,7 +308,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
         slotBumps.push([old, -1]);
       }
     }
-    const wildcardNew = !wildcardsSeen.has(fe.address);
+    const wildcardNew = hasWildcard(fe.type) && !wildcardsSeen.has(fe.address);
     if (wildcardNew) {
       const wild = wildcardOf(fe.address, f);
       const wkey = serviceAddrKey(wild);
@@ -310,7 +328,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     for (const [map, n] of need) if (room.has(map)) room.set(map, room.get(map)! - n);
     for (const id of newBackends) planned.add(id);
     for (const [id, by] of slotBumps) bump(slotDelta, id, by);
-    if (!have) bump(addrDelta, fe.address, 1);
+    const wasCounted = have?.master !== undefined && hasWildcard(have.master.type);
+    if (wasCounted !== hasWildcard(fe.type)) bump(addrDelta, fe.address, wasCounted ? -1 : 1);
     if (wildcardNew) wildcardsSeen.add(fe.address);
     for (const o of mine.backend) backendPuts[opFamily(o)].push(o);
     append(revNatPuts[f], mine.revNat);

@@ -2,8 +2,8 @@
 // it. Built from a dump at start (restore), then kept in step with every
 // successful write. Two reference counts ride along, so a change sync can
 // tell whether a backend or an address is still in use without walking
-// every frontend: how many slots name each backend, and how many frontends
-// (wildcards aside) sit at each address. It also counts the entries of each
+// every frontend: how many slots name each backend, and how many ClusterIP
+// masters (the frontends a wildcard entry serves) sit at each address. It also counts the entries of each
 // map it mirrors, so the map pressure (entries in use / max_entries) costs
 // nothing to report.
 import type { Backend, Family } from '../lb/types.js';
@@ -49,7 +49,11 @@ export class RealizedState {
   readonly revNat: Record<Family, Map<number, RevNatEntry>> = { 4: new Map(), 6: new Map() };
   /** backend id → how many slots name it. */
   readonly slotRefs = new Map<number, number>();
-  /** address → how many frontends (not wildcards) have an entry there. */
+  /**
+   * address → how many ClusterIP masters sit there: its wildcard entry is
+   * needed while one does (NodePort, LoadBalancer and ExternalIP frontends
+   * have none).
+   */
   readonly addrRefs = new Map<string, number>();
   /** Entries of lb{4,6}_services (masters, slots and wildcards) and lb{4,6}_backends, by family. */
   readonly serviceEntries: Record<Family, number> = { 4: 0, 6: 0 };
@@ -115,6 +119,9 @@ export class RealizedState {
   putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
     const e = this.entry(key, fe);
     if (!e.master) this.serviceEntries[fe.family]++;
+    const was = e.master?.type === 'ClusterIP';
+    const is = master.type === 'ClusterIP';
+    if (was !== is) bump(this.addrRefs, fe.address, is ? 1 : -1);
     e.master = master;
   }
 
@@ -122,6 +129,7 @@ export class RealizedState {
     const e = this.frontends.get(key);
     if (!e?.master) return;
     this.serviceEntries[e.fe.family]--;
+    if (e.master.type === 'ClusterIP') bump(this.addrRefs, e.fe.address, -1);
     delete e.master;
     this.dropIfEmpty(key, e);
   }
@@ -130,9 +138,12 @@ export class RealizedState {
     let e = this.frontends.get(key);
     if (!e) {
       // A copy: the entry must not keep a caller's larger object (a Frontend) alive.
-      e = { fe: { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol }, slots: [undefined] };
+      const copy: ServiceAddr =
+        fe.scope === 'internal'
+          ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope }
+          : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
+      e = { fe: copy, slots: [undefined] };
       this.frontends.set(key, e);
-      if (!isWildcard(fe)) bump(this.addrRefs, fe.address, 1);
     }
     return e;
   }
@@ -140,6 +151,5 @@ export class RealizedState {
   private dropIfEmpty(key: string, e: RealizedFrontend): void {
     if (e.master || e.slots.length > 1) return;
     this.frontends.delete(key);
-    if (!isWildcard(e.fe)) bump(this.addrRefs, e.fe.address, -1);
   }
 }

@@ -4,7 +4,7 @@ import type { RawEndpointSlice, RawService } from '../../src/model/k8s.js';
 export function service(
   name: string,
   clusterIPs: string[],
-  ports: Array<{ name?: string; port: number; protocol?: string; targetPort?: number | string }>,
+  ports: Array<{ name?: string; port: number; protocol?: string; targetPort?: number | string; nodePort?: number }>,
   extra: Partial<NonNullable<RawService['spec']>> = {},
   namespace = 'default',
 ): RawService {

@@ -60,6 +60,8 @@ function frontend(i: number): Frontend {
     terminating: [],
     affinityTimeout: 0,
     localOnly: false,
+    externalLocal: false,
+    sourceRanges: [],
   };
 }
 const state = (...fes: Frontend[]): DesiredState => new Map(fes.map((f) => [f.key, f]));

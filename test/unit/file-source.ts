@@ -137,3 +137,47 @@ t.test('a problem is reported when it appears, not again on every re-read of the
   t.equal(problems.length, first.length + 1);
   t.same(got.names(), ['other', 'web']);
 });
+
+t.test('north-south Service fields pass through: NodePort, LoadBalancer with ingress, externalIPs, traffic policy, source ranges, health check port', async (t) => {
+  const { src, write, problems, got } = setup(t);
+  write('lb.yaml', `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.10
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}]
+  externalIPs: [192.0.2.10]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  loadBalancerSourceRanges: [203.0.113.0/24]
+status:
+  loadBalancer:
+    ingress: [{ip: 198.51.100.7}, {ip: 198.51.100.8, ipMode: Proxy}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.11
+  ports: [{port: 53, protocol: UDP, nodePort: 30053}]
+`);
+  write('web.json', JSON.stringify({
+    apiVersion: 'v1', kind: 'Service', metadata: { name: 'json' },
+    spec: { type: 'NodePort', clusterIP: '10.96.0.12', ports: [{ port: 443, nodePort: 30443 }] },
+  }));
+  await src.start(got.on);
+  t.same(problems, []);
+  t.same(got.names(), ['json', 'np', 'web']);
+  const web = got.services.get('default/web')!;
+  t.equal(web.type, 'LoadBalancer');
+  t.same(web.northSouth.nodePorts, [{ port: 80, protocol: 'TCP', nodePort: 30080, index: 0 }]);
+  t.same(web.northSouth.externalIPs, [{ address: '192.0.2.10', family: 4 }]);
+  t.same(web.northSouth.loadBalancerIPs, [{ address: '198.51.100.7', family: 4, ipMode: 'VIP' }, { address: '198.51.100.8', family: 4, ipMode: 'Proxy' }]);
+  t.equal(web.northSouth.externalTrafficPolicy, 'Local');
+  t.equal(web.northSouth.healthCheckNodePort, 32000);
+  t.same(web.northSouth.sourceRanges, [{ family: 4, address: '203.0.113.0', prefixLen: 24 }]);
+  t.same(got.services.get('default/np')!.northSouth.nodePorts, [{ port: 53, protocol: 'UDP', nodePort: 30053, index: 0 }]);
+  t.same(got.services.get('default/json')!.northSouth.nodePorts, [{ port: 443, protocol: 'TCP', nodePort: 30443, index: 0 }]);
+});

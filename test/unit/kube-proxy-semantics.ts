@@ -353,3 +353,67 @@ t.test('kube-proxy proxier (iptables, nftables): internalTrafficPolicy Local wit
   t.same(fe.backends, [], 'nothing selectable: refused at connect()');
   t.ok(fe.localOnly, 'the frontend is marked Local');
 });
+
+// externalTrafficPolicy, read in kubernetes/kubernetes:
+//   pkg/proxy/topology.go  CategorizeEndpoints: localEndpoints (ready local
+//                          ones, else serving-and-terminating local ones)
+//                          serve external traffic under Local; clusterEndpoints
+//                          serve it under Cluster, whatever internalTrafficPolicy says
+//   pkg/proxy/iptables/proxier.go  the external traffic chain: Local keeps the
+//                          client's traffic on this node's endpoints, but
+//                          traffic from this node and its pods is sent on
+//                          (lbctl's internal-scope twin; kube-proxy sends it to
+//                          the cluster endpoints, lbctl to what internalTrafficPolicy
+//                          picks, as Cilium's two scopes: they differ only under
+//                          internalTrafficPolicy Local)
+const NP = '0.0.0.0:30080/TCP';
+const NP_INT = '0.0.0.0:30080/TCP/internal';
+const nodePortWeb = (spec: Record<string, unknown> = {}): Service =>
+  web({ type: 'NodePort', ports: [{ name: 'http', port: 80, nodePort: 30080 }], ...spec });
+
+function frontends(svc: Service, eps: Ep[]): ReadonlyMap<string, Frontend> {
+  return desiredState({ services: [svc], slices: [slice('web-1', eps)], node: node() }).frontends;
+}
+const at = (d: ReadonlyMap<string, Frontend>, key: string): Frontend => {
+  const f = d.get(key);
+  if (!f) throw new Error(`no frontend ${key}`);
+  return f;
+};
+
+t.test('kube-proxy CategorizeEndpoints: externalTrafficPolicy Local serves outside clients from ready local endpoints; an internal twin serves the node', async (t) => {
+  const eps: Ep[] = [{ ip: '10.0.0.1', local: true }, { ip: '10.0.0.2' }, { ip: '10.0.0.3', local: true, ready: false }];
+  const d = frontends(nodePortWeb({ externalTrafficPolicy: 'Local' }), eps);
+  t.same([...d.keys()].sort(), [NP, NP_INT, FE]);
+  t.same(selected(at(d, NP)), ['10.0.0.1'], 'external entry: ready local endpoints only');
+  t.ok(at(d, NP).externalLocal);
+  t.equal(at(d, NP).scope, undefined, 'the external entry has the plain key');
+  t.same(selected(at(d, NP_INT)), ['10.0.0.1', '10.0.0.2'], 'internal twin: every ready endpoint (internalTrafficPolicy Cluster)');
+  t.equal(at(d, NP_INT).scope, 'internal');
+  t.equal(at(d, NP_INT).type, 'NodePort');
+  t.same(selected(at(d, FE)), ['10.0.0.1', '10.0.0.2'], 'the ClusterIP frontend is unchanged');
+  t.notOk(at(d, FE).externalLocal);
+});
+
+t.test('kube-proxy CategorizeEndpoints: Local with no ready local endpoint falls back to serving-terminating local ones, else none (drop)', async (t) => {
+  const d = frontends(nodePortWeb({ externalTrafficPolicy: 'Local' }), [
+    { ip: '10.0.0.1', local: true, ready: false, serving: true, terminating: true },
+    { ip: '10.0.0.2' },
+  ]);
+  t.same(selected(at(d, NP)), ['10.0.0.1'], 'the local serving-terminating endpoint');
+  t.same(selected(at(d, NP_INT)), ['10.0.0.2'], 'the twin: the ready remote one');
+  const none = frontends(nodePortWeb({ externalTrafficPolicy: 'Local' }), [{ ip: '10.0.0.2' }]);
+  t.same(selected(at(none, NP)), [], 'no local endpoint: nothing selectable, the datapath drops');
+  t.same(selected(at(none, NP_INT)), ['10.0.0.2'], 'clients on the node still reach it');
+});
+
+t.test('kube-proxy: external traffic follows externalTrafficPolicy only; internalTrafficPolicy Local shapes the ClusterIP and the twin', async (t) => {
+  const eps: Ep[] = [{ ip: '10.0.0.1', local: true }, { ip: '10.0.0.2' }];
+  const clusterExt = frontends(nodePortWeb({ internalTrafficPolicy: 'Local' }), eps);
+  t.same([...clusterExt.keys()].sort(), [NP, FE], 'eTP Cluster: no twin');
+  t.same(selected(at(clusterExt, NP)), ['10.0.0.1', '10.0.0.2'], 'NodePort under eTP Cluster: every ready endpoint, though iTP is Local');
+  t.same(selected(at(clusterExt, FE)), ['10.0.0.1'], 'ClusterIP under iTP Local: local only');
+  const bothLocal = frontends(nodePortWeb({ internalTrafficPolicy: 'Local', externalTrafficPolicy: 'Local' }), eps);
+  t.same(selected(at(bothLocal, NP)), ['10.0.0.1']);
+  t.same(selected(at(bothLocal, NP_INT)), ['10.0.0.1'], 'the twin follows iTP Local');
+  t.ok(at(bothLocal, NP_INT).localOnly);
+});

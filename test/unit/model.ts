@@ -340,3 +340,188 @@ t.test('model: a Service whose computation throws keeps its frontends, is report
   t.equal(m.frontends.get('10.96.0.10:80/TCP' as never), held, 'web keeps the frontend it had');
   t.ok(m.frontends.has('10.96.0.54:53/UDP' as never), 'dns moved in the same flush');
 });
+
+// North-south: NodePort, LoadBalancer and external IP frontends beside the
+// ClusterIP ones (src/model/north-south.ts read by validateService, the
+// range and the frontends in from-k8s.ts, conflicts in desired.ts).
+
+const keysOf = (d: DesiredState): string[] => [...d.keys()].sort();
+const backendsOf = (d: DesiredState, key: string): string[] => fe(d, key).backends.map((b) => `${b.address}:${b.port}`);
+const WEB_SLICES = [
+  eps(slice('web-v4', 'web', 'IPv4', [{ name: 'http', port: 8080 }, { name: 'dns', port: 5353, protocol: 'UDP' }], [{ addresses: ['10.0.0.2'] }, { addresses: ['10.0.0.3'] }])),
+  eps(slice('web-v6', 'web', 'IPv6', [{ name: 'http', port: 8080 }], [{ addresses: ['fd00::2'] }])),
+];
+
+t.test('north-south: a NodePort service gets a NodePort frontend per family and port, with the backends of its ClusterIP frontend', async (t) => {
+  const np = svc(
+    service('web', ['10.96.0.10', 'fd00:96::10'], [
+      { name: 'http', port: 80, targetPort: 'http', nodePort: 30080 },
+      { name: 'dns', port: 53, protocol: 'UDP', nodePort: 30053 },
+    ], { type: 'NodePort' }),
+  );
+  const out = desiredState({ services: [np], slices: WEB_SLICES });
+  t.same(keysOf(out.frontends), [
+    '0.0.0.0:30053/UDP',
+    '0.0.0.0:30080/TCP',
+    '10.96.0.10:53/UDP',
+    '10.96.0.10:80/TCP',
+    '[::]:30053/UDP',
+    '[::]:30080/TCP',
+    '[fd00:96::10]:53/UDP',
+    '[fd00:96::10]:80/TCP',
+  ]);
+  t.same(out.skipped, []);
+  for (const [nodePort, clusterIP] of [['0.0.0.0:30080/TCP', '10.96.0.10:80/TCP'], ['0.0.0.0:30053/UDP', '10.96.0.10:53/UDP'], ['[::]:30080/TCP', '[fd00:96::10]:80/TCP']] as const) {
+    t.same(backendsOf(out.frontends, nodePort), backendsOf(out.frontends, clusterIP), `${nodePort}: the backends of ${clusterIP}`);
+  }
+  t.same(backendsOf(out.frontends, '0.0.0.0:30080/TCP'), ['10.0.0.2:8080', '10.0.0.3:8080'], 'the named targetPort resolved per slice');
+  t.same(backendsOf(out.frontends, '0.0.0.0:30053/UDP'), ['10.0.0.2:5353', '10.0.0.3:5353']);
+  const n = fe(out.frontends, '0.0.0.0:30080/TCP');
+  t.match(n, { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP', type: 'NodePort', externalLocal: false, sourceRanges: [], service: { name: 'web', portName: 'http' } });
+  t.equal(n.scope, undefined, 'the external scope: no scope');
+  const c = fe(out.frontends, '10.96.0.10:80/TCP');
+  t.match(c, { type: 'ClusterIP', externalLocal: false, sourceRanges: [], healthCheckNodePort: undefined, scope: undefined });
+});
+
+t.test('north-south: the key text of a ClusterIP frontend is what it always was, whatever else the service asks for', async (t) => {
+  const plain = desiredState({ services: [svc(service('web', ['10.96.0.10', 'fd00:96::10'], [{ name: 'http', port: 80 }, { name: 'dns', port: 53, protocol: 'UDP' }]))], slices: WEB_SLICES });
+  const KEYS = ['10.96.0.10:53/UDP', '10.96.0.10:80/TCP', '[fd00:96::10]:53/UDP', '[fd00:96::10]:80/TCP'];
+  t.same(keysOf(plain.frontends), KEYS);
+  const lb = desiredState({
+    services: [svc({ ...service('web', ['10.96.0.10', 'fd00:96::10'], [{ name: 'http', port: 80, nodePort: 30080 }, { name: 'dns', port: 53, protocol: 'UDP', nodePort: 30053 }], { type: 'LoadBalancer', externalTrafficPolicy: 'Local', externalIPs: ['192.0.2.10'] }), status: { loadBalancer: { ingress: [{ ip: '198.51.100.7' }] } } })],
+    slices: WEB_SLICES,
+  });
+  const clusterIPs = [...lb.frontends.values()].filter((f) => f.type === 'ClusterIP').map((f) => f.key).sort();
+  t.same(clusterIPs, KEYS);
+  for (const key of KEYS) t.same(fe(lb.frontends, key), fe(plain.frontends, key), `${key}: the same frontend, field by field`);
+});
+
+t.test('north-south: LoadBalancer ingress IPs and external IPs get frontends at the service port; ipMode Proxy and other families do not', async (t) => {
+  const raw = {
+    ...service('web', ['10.96.0.10'], [{ name: 'http', port: 80, nodePort: 30080 }], {
+      type: 'LoadBalancer',
+      externalIPs: ['192.0.2.10', 'fd00::10'],
+      loadBalancerSourceRanges: ['203.0.113.0/24'],
+    }),
+    status: { loadBalancer: { ingress: [{ ip: '198.51.100.7' }, { ip: '198.51.100.8', ipMode: 'Proxy' }, { hostname: 'lb.example.com' }] } },
+  };
+  const out = desiredState({ services: [svc(raw)], slices: WEB_SLICES });
+  t.same(keysOf(out.frontends), ['0.0.0.0:30080/TCP', '10.96.0.10:80/TCP', '192.0.2.10:80/TCP', '198.51.100.7:80/TCP']);
+  const lbFe = fe(out.frontends, '198.51.100.7:80/TCP');
+  t.match(lbFe, { type: 'LoadBalancer', port: 80, sourceRanges: [{ family: 4, address: '203.0.113.0', prefixLen: 24 }] });
+  t.same(backendsOf(out.frontends, '198.51.100.7:80/TCP'), ['10.0.0.2:8080', '10.0.0.3:8080']);
+  t.match(fe(out.frontends, '192.0.2.10:80/TCP'), { type: 'ExternalIP', port: 80, sourceRanges: [] });
+  t.same(fe(out.frontends, '0.0.0.0:30080/TCP').sourceRanges, [], 'source ranges guard LoadBalancer addresses only, as kube-proxy');
+  t.same(
+    out.skipped.map((s) => [s.service, s.reason, s.detail]),
+    [
+      ['default/web', 'ignored-field', 'Service default/web: spec.externalIPs[1] fd00::10 is IPv6, a family the service does not have: not served'],
+      ['default/web', 'ignored-field', 'Service default/web: status.loadBalancer.ingress[2] has only a hostname ("lb.example.com"): not served (kube-proxy serves IPs only)'],
+    ],
+    'each bad value named with the service; the rest served',
+  );
+  const clusterOnly = desiredState({ services: [svc(service('ext', ['10.96.0.11'], [{ name: 'http', port: 80 }], { externalIPs: ['192.0.2.11'] }))], slices: [] });
+  t.same(keysOf(clusterOnly.frontends), ['10.96.0.11:80/TCP', '192.0.2.11:80/TCP'], 'a ClusterIP service with external IPs: those too, and no NodePort');
+});
+
+t.test('north-south: source ranges failing closed drop the LoadBalancer frontends only', async (t) => {
+  const raw = {
+    ...service('web', ['10.96.0.10'], [{ name: 'http', port: 80, nodePort: 30080 }], { type: 'LoadBalancer', externalIPs: ['192.0.2.10'], loadBalancerSourceRanges: ['nonsense'] }),
+    status: { loadBalancer: { ingress: [{ ip: '198.51.100.7' }] } },
+  };
+  const out = desiredState({ services: [svc(raw)], slices: WEB_SLICES });
+  t.same(keysOf(out.frontends), ['0.0.0.0:30080/TCP', '10.96.0.10:80/TCP', '192.0.2.10:80/TCP'], 'no 198.51.100.7: closed rather than open to all');
+  t.match(out.skipped.map((s) => s.detail), [/loadBalancerSourceRanges\[0\] "nonsense" is not a CIDR/, /no valid spec.loadBalancerSourceRanges: its LoadBalancer addresses are not served/]);
+  const open = desiredState({ services: [svc({ ...raw, spec: { ...raw.spec, loadBalancerSourceRanges: ['nonsense', '203.0.113.0/24'] } })], slices: WEB_SLICES });
+  t.ok(open.frontends.has('198.51.100.7:80/TCP' as never), 'one valid range: served, with that range');
+});
+
+t.test('north-south: a nodePort outside --nodeport-range is reported and left out, the rest of the service served', async (t) => {
+  const raw = service('web', ['10.96.0.10'], [{ name: 'http', port: 80, nodePort: 8080 }, { name: 'dns', port: 53, protocol: 'UDP', nodePort: 30053 }], { type: 'NodePort' });
+  const out = desiredState({ services: [svc(raw)], slices: WEB_SLICES });
+  t.same(keysOf(out.frontends), ['0.0.0.0:30053/UDP', '10.96.0.10:53/UDP', '10.96.0.10:80/TCP']);
+  t.same(out.skipped, [{ service: 'default/web', reason: 'ignored-field', detail: 'Service default/web: spec.ports[0].nodePort 8080 is outside --nodeport-range 30000-32767: not served' }]);
+  const wide = desiredState({ services: [svc(raw)], slices: WEB_SLICES, nodePortRange: { first: 8000, last: 32767 } });
+  t.same(keysOf(wide.frontends), ['0.0.0.0:30053/UDP', '0.0.0.0:8080/TCP', '10.96.0.10:53/UDP', '10.96.0.10:80/TCP'], 'another range (desiredState input)');
+  t.same(wide.skipped, []);
+  const m = new DesiredModel({ nodePortRange: { first: 8000, last: 9000 } });
+  m.setService('default/web', svc(raw));
+  const { newSkips } = m.flush();
+  t.same(keysOf(m.frontends), ['0.0.0.0:8080/TCP', '10.96.0.10:53/UDP', '10.96.0.10:80/TCP'], 'DesiredModel option');
+  t.match(newSkips, [{ reason: 'ignored-field', detail: /spec.ports\[1\].nodePort 30053 is outside --nodeport-range 8000-9000/ }]);
+  t.same(svc(raw).northSouth.problems, [], 'the Service itself keeps every valid nodePort: the range is the model\'s');
+});
+
+t.test('north-south: two services on one nodePort: the first by namespace/name serves it, the other is named', async (t) => {
+  const a = svc(service('a', ['10.96.0.1'], [{ name: 'http', port: 80, nodePort: 30080 }], { type: 'NodePort' }));
+  const b = svc(service('b', ['10.96.0.2'], [{ name: 'http', port: 8080, nodePort: 30080 }, { name: 'udp', port: 8080, protocol: 'UDP', nodePort: 30080 }], { type: 'NodePort' }));
+  for (const order of [[a, b], [b, a]]) {
+    const out = desiredState({ services: order, slices: [] });
+    t.equal(fe(out.frontends, '0.0.0.0:30080/TCP').service.name, 'a', `a holds 30080/TCP (order ${order.map((s) => s.name).join(',')})`);
+    t.equal(fe(out.frontends, '0.0.0.0:30080/UDP').service.name, 'b', 'the same number over UDP is another port');
+    t.ok(out.frontends.has('10.96.0.2:8080/TCP' as never), 'b keeps its ClusterIP frontends');
+    t.same(out.skipped, [{ service: 'default/b', reason: 'conflict', detail: 'nodePort 30080/TCP (0.0.0.0:30080/TCP) is already served for default/a' }]);
+  }
+});
+
+t.test('north-south: an internal-scope twin goes with its external frontend, never to a service that lost it', async (t) => {
+  const ext = (name: string, etp: string): Service =>
+    svc(service(name, [name === 'a' ? '10.96.0.1' : '10.96.0.2'], [{ name: 'http', port: 80 }], { externalIPs: ['192.0.2.10'], externalTrafficPolicy: etp }));
+  const m = new DesiredModel();
+  m.setService('default/b', ext('b', 'Cluster'));
+  m.flush();
+  // a (first by name) arrives with eTP Local: b holds 192.0.2.10:80 and keeps it; a's twin goes to nobody.
+  m.setService('default/a', ext('a', 'Local'));
+  const first = m.flush();
+  t.equal(fe(m.frontends, '192.0.2.10:80/TCP').service.name, 'b');
+  t.notOk(m.frontends.has('192.0.2.10:80/TCP/internal' as never), 'no twin without its external entry');
+  t.same(first.newSkips.map((s) => [s.service, s.detail]), [['default/a', '192.0.2.10:80/TCP is already served for default/b']], 'one conflict, for the external key');
+  // b goes: a takes the external key and, with it, the twin (which only the external key's change touches).
+  m.setService('default/b', undefined);
+  t.same([...m.flush().changed].sort(), ['10.96.0.2:80/TCP', '192.0.2.10:80/TCP', '192.0.2.10:80/TCP/internal']);
+  t.equal(fe(m.frontends, '192.0.2.10:80/TCP').service.name, 'a');
+  t.equal(fe(m.frontends, '192.0.2.10:80/TCP/internal').service.name, 'a');
+  t.same(m.skipped(), [], 'nothing left in conflict');
+  // b returns with Local: a holds both; b is named once.
+  m.setService('default/b', ext('b', 'Local'));
+  const back = m.flush();
+  t.equal(fe(m.frontends, '192.0.2.10:80/TCP/internal').service.name, 'a');
+  t.same(back.newSkips.map((s) => [s.service, s.detail]), [['default/b', '192.0.2.10:80/TCP is already served for default/a']]);
+  // a switches to Cluster: its twin goes, and b's twin does not come with a's external key.
+  m.setService('default/a', ext('a', 'Cluster'));
+  t.same([...m.flush().changed].sort(), ['192.0.2.10:80/TCP', '192.0.2.10:80/TCP/internal']);
+  t.equal(fe(m.frontends, '192.0.2.10:80/TCP').service.name, 'a');
+  t.notOk(m.frontends.has('192.0.2.10:80/TCP/internal' as never));
+});
+
+t.test('north-south: a change of what lbctl programs for a frontend changes it; an equal recomputation keeps the object', async (t) => {
+  const base = service('web', ['10.96.0.10'], [{ name: 'http', port: 80, nodePort: 30080 }], { type: 'LoadBalancer', loadBalancerSourceRanges: ['203.0.113.0/24'] });
+  const withIngress = (spec: Partial<NonNullable<typeof base.spec>>) => svc({ ...base, spec: { ...base.spec, ...spec }, status: { loadBalancer: { ingress: [{ ip: '198.51.100.7' }] } } });
+  const m = new DesiredModel();
+  m.setService('default/web', withIngress({}));
+  m.flush();
+  const before = new Map(m.frontends);
+  m.setService('default/web', withIngress({}));
+  t.same([...m.flush().changed], [], 'equal: nothing changed');
+  for (const [k, f] of m.frontends) t.equal(f, before.get(k), `${k}: same object`);
+  m.setService('default/web', withIngress({ loadBalancerSourceRanges: ['203.0.114.0/24'] }));
+  t.same([...m.flush().changed], ['198.51.100.7:80/TCP'], 'other source ranges: the LoadBalancer frontend');
+  m.setService('default/web', withIngress({ loadBalancerSourceRanges: ['203.0.114.0/24'], externalTrafficPolicy: 'Local', healthCheckNodePort: 32000 }));
+  t.same([...m.flush().changed].sort(), ['0.0.0.0:30080/TCP', '0.0.0.0:30080/TCP/internal', '198.51.100.7:80/TCP', '198.51.100.7:80/TCP/internal'], 'eTP Local: the external entries change and gain twins');
+  t.equal(fe(m.frontends, '198.51.100.7:80/TCP').healthCheckNodePort, 32000);
+  t.equal(fe(m.frontends, '10.96.0.10:80/TCP').healthCheckNodePort, undefined, 'not on the ClusterIP frontend');
+});
+
+t.test('north-south: an address the service already serves on that port keeps its first frontend (cluster IP, then external IP, then LoadBalancer)', async (t) => {
+  const raw = {
+    ...service('web', ['10.96.0.10'], [{ name: 'http', port: 80 }], { type: 'LoadBalancer', externalIPs: ['10.96.0.10', '192.0.2.10'] }),
+    status: { loadBalancer: { ingress: [{ ip: '192.0.2.10' }, { ip: '198.51.100.7' }] } },
+  };
+  const out = desiredState({ services: [svc(raw)], slices: WEB_SLICES });
+  t.same([...out.frontends.values()].map((f) => [f.key, f.type]).sort(), [
+    ['10.96.0.10:80/TCP', 'ClusterIP'],
+    ['192.0.2.10:80/TCP', 'ExternalIP'],
+    ['198.51.100.7:80/TCP', 'LoadBalancer'],
+  ]);
+  t.same(out.skipped, [], 'not a conflict: one service');
+});

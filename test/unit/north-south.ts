@@ -16,7 +16,7 @@ t.test('NodePorts: valid ones in the range, the rest named and left out', async 
     { port: 82, nodePort: 'x' },
     { port: 83 },
   ] } }, ID, [4]);
-  t.same(ns.nodePorts, [{ port: 80, protocol: 'TCP', nodePort: 30080 }, { port: 53, protocol: 'UDP', nodePort: 30053 }]);
+  t.same(ns.nodePorts, [{ port: 80, protocol: 'TCP', nodePort: 30080, index: 0 }, { port: 53, protocol: 'UDP', nodePort: 30053, index: 1 }]);
   t.same(ns.problems, [
     'Service default/web: spec.ports[2].nodePort 80 is outside --nodeport-range 30000-32767: not served',
     'Service default/web: spec.ports[3].nodePort "x" is not a port',

@@ -5,7 +5,8 @@
 // entries a live master is moving away from.
 import t from 'tap';
 import type { DesiredState } from '../../src/model/types.js';
-import { plan, type IdAssignment, type MapOp, type PlanScope } from '../../src/reconcile/plan.js';
+import { masterFlags, plan, type IdAssignment, type MapOp, type PlanScope } from '../../src/reconcile/plan.js';
+import { LbSvcFlags } from '../../src/datapath/abi.gen.js';
 import { RealizedState } from '../../src/reconcile/realized.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
 import { frontend, state } from '../fakes/frontends.js';
@@ -128,3 +129,58 @@ t.test('maxEntries: a frontend whose new entries do not fit is held whole and li
   t.same([...after.refused], [], 'the room A\'s removal frees counts');
 });
 
+
+// North-south frontends: a NodePort surrogate with its internal twin
+// (externalTrafficPolicy Local), an external IP, a LoadBalancer IP with
+// source ranges, beside a ClusterIP frontend.
+const CIP = frontend('10.96.0.5', 80, ['10.0.0.1', '10.0.0.2']);
+const NP = frontend('0.0.0.0', 30080, ['10.0.0.1'], [], { type: 'NodePort', externalLocal: true });
+const NP_INT = frontend('0.0.0.0', 30080, ['10.0.0.1', '10.0.0.2'], [], { type: 'NodePort', externalLocal: true, scope: 'internal' });
+const EXT = frontend('192.0.2.10', 80, ['10.0.0.1'], [], { type: 'ExternalIP' });
+const LB = frontend('198.51.100.7', 80, ['10.0.0.2'], [], { type: 'LoadBalancer', sourceRanges: [{ family: 4, address: '203.0.113.0', prefixLen: 24 }] });
+const NP6 = frontend('::', 30080, ['fd00::1'], [], { type: 'NodePort' });
+const NS_RIDS = { [CIP.key]: 1, [NP.key]: 2, [NP_INT.key]: 3, [EXT.key]: 4, [LB.key]: 5, [NP6.key]: 6 };
+const NS_BIDS = { '10.0.0.1': 1, '10.0.0.2': 2, 'fd00::1': 3 };
+
+t.test('north-south: wildcard entries only for ClusterIP addresses, never 0.0.0.0, ::, external or LoadBalancer IPs', async (t) => {
+  const { ops } = plan(new RealizedState(), state(CIP, NP, NP_INT, EXT, LB, NP6), ids(NS_BIDS, NS_RIDS), { prune: true });
+  const wildcards = ops.filter((o) => o.kind === 'put-master' && o.master.type === 'Wildcard').map((o) => 'key' in o && o.key);
+  t.same(wildcards, ['10.96.0.5:0/ANY']);
+  t.same(
+    ops.filter((o) => o.kind === 'put-master' && o.master.type !== 'Wildcard').map((o) => 'key' in o && o.key),
+    ['10.96.0.5:80/TCP', '0.0.0.0:30080/TCP', '0.0.0.0:30080/TCP/internal', '192.0.2.10:80/TCP', '198.51.100.7:80/TCP', '[::]:30080/TCP'],
+    'every frontend has its master, the twin under its own key',
+  );
+});
+
+t.test('north-south: master types and flags; the twin has its own rev-NAT id; the surrogate\'s rev-NAT entry is 0.0.0.0 and the nodePort', async (t) => {
+  const { ops } = plan(new RealizedState(), state(CIP, NP, NP_INT, EXT, LB), ids(NS_BIDS, NS_RIDS), { prune: true });
+  const master = (key: string) => {
+    const op = ops.find((o) => o.kind === 'put-master' && o.key === key);
+    if (op?.kind !== 'put-master') throw new Error(`no master for ${key}`);
+    return op.master;
+  };
+  const F = LbSvcFlags;
+  t.match(master(NP.key), { type: 'NodePort', flags: F.LB_SVC_F_LOCAL_EXTERNAL | F.LB_SVC_F_TWO_SCOPES, revNatId: 2, count: 1 });
+  t.match(master(NP_INT.key), { type: 'NodePort', flags: 0, revNatId: 3, count: 2 }, 'the twin: neither Local (its backends are not local only) nor two-scopes');
+  t.match(master(EXT.key), { type: 'ExternalIP', flags: 0 });
+  t.match(master(LB.key), { type: 'LoadBalancer', flags: F.LB_SVC_F_SRC_RANGE });
+  t.match(master(CIP.key), { type: 'ClusterIP', flags: 0 });
+  t.equal(masterFlags({ ...NP, localOnly: true, affinityTimeout: 10 }), F.LB_SVC_F_AFFINITY | F.LB_SVC_F_LOCAL_INTERNAL | F.LB_SVC_F_LOCAL_EXTERNAL | F.LB_SVC_F_TWO_SCOPES);
+  const revNat = ops.filter((o) => o.kind === 'put-revnat').map((o) => o.kind === 'put-revnat' && [o.id, o.entry.address, o.entry.port]);
+  t.same(revNat, [[1, '10.96.0.5', 80], [2, '0.0.0.0', 30080], [3, '0.0.0.0', 30080], [4, '192.0.2.10', 80], [5, '198.51.100.7', 80]]);
+  t.same(plan(realize(state(CIP, NP, NP_INT, EXT, LB), ids(NS_BIDS, NS_RIDS)), state(CIP, NP, NP_INT, EXT, LB), ids(NS_BIDS, NS_RIDS), { prune: true }).ops, [], 'read back from the maps: nothing to write');
+});
+
+t.test('north-south: a removed ClusterIP frontend takes its wildcard, though an external IP of another service stays at its address', async (t) => {
+  const id = ids({ '10.0.0.1': 1, '10.0.0.2': 2 }, { [CIP.key]: 1, '10.96.0.5:443/TCP': 2 });
+  const ext = frontend('10.96.0.5', 443, ['10.0.0.1'], [], { type: 'ExternalIP' });
+  const r = realize(state(CIP, ext), id);
+  t.ok(r.frontends.has('10.96.0.5:0/ANY'), 'the ClusterIP has its wildcard');
+  for (const changed of [undefined, [CIP.key]]) {
+    const { ops } = plan(r, state(ext), id, { prune: true, ...(changed ? { changed } : {}) });
+    t.same(show(ops).filter((o) => o.includes('ANY')), ['delete-master 10.96.0.5:0/ANY'], `${changed ? 'change' : 'full'} plan: the wildcard goes`);
+  }
+  const np = realize(state(NP), ids(NS_BIDS, NS_RIDS));
+  t.same(show(plan(np, state(), ids(NS_BIDS, NS_RIDS), { prune: true, changed: [NP.key] }).ops), ['delete-master 0.0.0.0:30080/TCP', 'delete-slot 0.0.0.0:30080/TCP#1', 'delete-revnat 2', 'delete-backend 1'], 'a NodePort goes without a wildcard to remove');
+});

@@ -33,8 +33,8 @@ t.test('from a dump: frontends with their slots (gaps kept), reference counts an
   t.equal(e.slots.length - 1, 3, 'length - 1 is the highest slot held');
   t.equal(r.slotRefs.get(7), 2, 'backend 7 is named by two slots');
   t.equal(r.slotRefs.get(8), 1);
-  t.equal(r.addrRefs.get('10.96.0.1'), 1, 'one frontend at the address (the wildcard does not count)');
-  t.equal(r.addrRefs.get('fd00::1'), 1, 'a frontend with slots but no master counts');
+  t.equal(r.addrRefs.get('10.96.0.1'), 1, 'one ClusterIP master at the address (the wildcard does not count)');
+  t.equal(r.addrRefs.get('fd00::1'), undefined, 'slots without a master do not count: no type says the address needs a wildcard');
   t.same(
     ['lb4_services', 'lb6_services', 'lb4_backends', 'lb6_backends', 'lb4_reverse_nat', 'lb6_reverse_nat'].map((m) => r.entries(m as never)),
     [4, 1, 1, 1, 1, 0],
@@ -65,6 +65,33 @@ t.test('slots and masters: counts follow every change, and an entry with nothing
   r.deleteMaster(key);
   r.deleteSlot(key, 1);
   t.equal(r.entries('lb4_services'), 0, 'deleting what is not there changes nothing');
+});
+
+t.test('address references count ClusterIP masters only: other frontends have no wildcard', async (t) => {
+  const r = new RealizedState();
+  const np = { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP' } as const;
+  r.putMaster('0.0.0.0:30080/TCP', np, { ...master, type: 'NodePort' });
+  t.equal(r.addrRefs.has('0.0.0.0'), false, 'a NodePort surrogate');
+  const ext = { address: '10.96.0.1', family: 4, port: 443, protocol: 'TCP' } as const;
+  r.putMaster('10.96.0.1:443/TCP', ext, { ...master, type: 'ExternalIP' });
+  t.equal(r.addrRefs.has('10.96.0.1'), false, 'an external IP');
+  r.putMaster('10.96.0.1:80/TCP', fe, master);
+  t.equal(r.addrRefs.get('10.96.0.1'), 1, 'a cluster IP at the same address');
+  r.putMaster('10.96.0.1:80/TCP', fe, { ...master, type: 'LoadBalancer' });
+  t.equal(r.addrRefs.has('10.96.0.1'), false, 'the same key turned into another type drops its reference');
+  r.putMaster('10.96.0.1:80/TCP', fe, master);
+  r.deleteMaster('10.96.0.1:80/TCP');
+  t.equal(r.addrRefs.has('10.96.0.1'), false, 'a deleted ClusterIP master drops it');
+});
+
+t.test('an internal-scope entry keeps its scope: deletes and adoption find it by its own key', async (t) => {
+  const twin = { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP', scope: 'internal' } as const;
+  const r = RealizedState.from({ services: [{ fe: twin, slot: 0, master: { ...master, type: 'NodePort' } }], backends: [], revNat: [] });
+  t.same([...r.frontends.keys()], ['0.0.0.0:30080/TCP/internal']);
+  t.equal(r.frontends.get('0.0.0.0:30080/TCP/internal')!.fe.scope, 'internal');
+  const plain = new RealizedState();
+  plain.putSlot('10.96.0.1:80/TCP', { ...fe, scope: undefined }, 1, 3);
+  t.notOk('scope' in plain.frontends.get('10.96.0.1:80/TCP')!.fe, 'an external entry carries no scope field');
 });
 
 t.test('backends: per-family counts, also when an id changes family', async (t) => {

@@ -477,3 +477,99 @@ t.test("liveness' write probe: a rewrite of a realized rev-NAT entry, else id 0 
   r.probeWrite();
   t.same(maps.calls.map((c) => `${c.method} ${c.what}`), ['rewriteRevNat 4/1', 'putRevNat 4/0', 'deleteRevNat 4/0']);
 });
+
+// North-south frontends through the reconciler and the fake maps: the twin
+// of an externalTrafficPolicy Local frontend is its own entry, with its own
+// rev-NAT id, and reads back under its own key.
+const npDesired = (): DesiredState => {
+  const v = validateService({
+    ...service('web', ['10.96.0.10'], [{ name: 'p', port: 80, nodePort: 30080 }], { type: 'LoadBalancer', externalTrafficPolicy: 'Local', externalIPs: ['192.0.2.10'] }),
+    status: { loadBalancer: { ingress: [{ ip: '198.51.100.7' }] } },
+  });
+  if (!v.ok) throw new Error(v.reason);
+  const e = validateEndpointSlice(slice('web-1', 'web', 'IPv4', [{ name: 'p', port: 8080 }], [{ addresses: ['10.0.0.2'] }, { addresses: ['10.0.0.3'] }]));
+  if (!e.ok) throw new Error(e.reason);
+  return desiredState({ services: [v.value], slices: [e.value] }).frontends;
+};
+
+t.test('north-south: twins round-trip through the maps with their scope; a restarted reconciler adopts every id and writes nothing', async (t) => {
+  const m = new FakeLbMaps();
+  const d = npDesired();
+  t.same([...d.keys()].sort(), [
+    '0.0.0.0:30080/TCP',
+    '0.0.0.0:30080/TCP/internal',
+    '10.96.0.10:80/TCP',
+    '192.0.2.10:80/TCP',
+    '192.0.2.10:80/TCP/internal',
+    '198.51.100.7:80/TCP',
+    '198.51.100.7:80/TCP/internal',
+  ]);
+  const first = new Reconciler(m);
+  first.sync(d, { prune: true });
+  t.equal(consistent(m), undefined);
+  const masters = [...m.services.values()].filter((e) => e.slot === 0);
+  t.same(masters.filter((e) => e.master!.type === 'Wildcard').map((e) => e.fe.address), ['10.96.0.10'], 'one wildcard: the cluster IP\'s');
+  const twin = m.services.get('0.0.0.0:30080/TCP/internal#0')!;
+  t.same(twin.fe, { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP', scope: 'internal' }, 'the key keeps its scope');
+  t.same(m.services.get('0.0.0.0:30080/TCP#0')!.fe, { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP' }, 'the external key has none');
+  const ids = new Set(masters.filter((e) => e.master!.type !== 'Wildcard').map((e) => e.master!.revNatId));
+  t.equal(ids.size, 7, 'seven frontends, seven rev-NAT ids');
+  const before = JSON.stringify(m.dump());
+  const again = new Reconciler(m);
+  t.same(again.restore(), { frontends: 7, backends: 2 });
+  for (const [key, fe] of d) t.equal(again.revNatIds[4].get(key), first.revNatIds[4].get(key), `${fe.key}: its id adopted`);
+  t.equal(again.sync(d, { prune: true }).planned, 0, 'nothing to write');
+  t.equal(JSON.stringify(m.dump()), before);
+  again.sync(new Map(), { prune: true });
+  t.same([...m.services.keys()], [], 'and all of it removed, twins included');
+});
+
+t.test('change syncs over random transitions of mixed types and scopes leave exactly what a full plan would', async (t) => {
+  // As above, with each key's type drawn at random (a ClusterIP address may
+  // turn into an external IP and back) and twins: wildcards must follow the
+  // ClusterIP frontends alone.
+  let seed = 7;
+  const rand = (n: number): number => {
+    seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+    return seed % n;
+  };
+  const types = ['ClusterIP', 'ClusterIP', 'ExternalIP', 'LoadBalancer', 'NodePort'] as const;
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  let d = new Map<FrontendKey, Frontend>();
+  let violations = 0;
+  m.failWhen = () => (consistent(m) && violations++, false);
+  for (let step = 0; step < 200; step++) {
+    const next = new Map(d);
+    for (let k = 1 + rand(3); k > 0; k--) {
+      const type = types[rand(types.length)]!;
+      const ip = type === 'NodePort' ? '0.0.0.0' : `10.96.0.${1 + rand(3)}`;
+      const port = [80, 443][rand(2)]!;
+      const backends = Array.from({ length: rand(3) }, () => `10.0.0.${1 + rand(5)}`).filter((a, i, all) => all.indexOf(a) === i).sort();
+      const local = type !== 'ClusterIP' && rand(2) === 0;
+      const fe = frontend(ip, port, backends, [], { type, externalLocal: local });
+      const twin = frontend(ip, port, backends, [], { type, externalLocal: local, scope: 'internal' });
+      if (rand(3) === 0) {
+        next.delete(fe.key);
+        next.delete(twin.key);
+        continue;
+      }
+      next.set(fe.key, fe);
+      if (local) next.set(twin.key, twin);
+      else next.delete(twin.key);
+    }
+    d = next;
+    sync(r, d, { prune: true });
+    const wildcards = [...m.services.values()].filter((e) => e.master?.type === 'Wildcard').map((e) => e.fe.address).sort();
+    const clusterIPs = [...new Set([...d.values()].filter((f) => f.type === 'ClusterIP').map((f) => f.address))].sort();
+    if (wildcards.join() !== clusterIPs.join()) t.fail(`step ${step}: wildcards ${wildcards.join()} for cluster IPs ${clusterIPs.join()}`);
+    if (step % 25 === 24) {
+      m.failWhen = undefined;
+      holdsExactly(t, m, d, `after step ${step}`);
+      m.failWhen = () => (consistent(m) && violations++, false);
+    }
+  }
+  m.failWhen = undefined;
+  t.equal(violations, 0, 'no half-written service between any two writes');
+  holdsExactly(t, m, d, 'after 200 change syncs');
+});
