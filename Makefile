@@ -69,6 +69,7 @@ $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
 $(OUT)/tests/sock_destroy_test.bpf.o: bpf/sock_destroy.c
+$(OUT)/tests/nodeport_test.bpf.o: bpf/nodeport.c
 
 $(OUT):
 	@mkdir -p $@

@@ -1,0 +1,379 @@
+// Ethernet frames for BPF_PROG_TEST_RUN: IPv4 and IPv6 (with extension
+// headers), TCP and UDP with correct checksums, IPv4 fragments, ARP and an
+// ICMPv6 neighbour solicitation; and a parser that reads a frame back and
+// says whether its IPv4 header and transport checksums are valid. Addresses
+// are strings ('10.0.0.5', 'fd00::1') and MACs 'aa:bb:cc:dd:ee:ff'.
+import ipaddr from 'ipaddr.js';
+
+export const ETH_P_IP = 0x0800;
+export const ETH_P_ARP = 0x0806;
+export const ETH_P_IPV6 = 0x86dd;
+export const IPPROTO_TCP = 6;
+export const IPPROTO_UDP = 17;
+export const IPPROTO_ICMPV6 = 58;
+export const NEXTHDR_HOP = 0;
+export const NEXTHDR_ROUTING = 43;
+export const NEXTHDR_FRAGMENT = 44;
+export const NEXTHDR_AUTH = 51;
+export const NEXTHDR_DEST = 60;
+
+export const TCP_FIN = 0x01;
+export const TCP_SYN = 0x02;
+export const TCP_RST = 0x04;
+export const TCP_PSH = 0x08;
+export const TCP_ACK = 0x10;
+
+const ETH_HLEN = 14;
+
+export function mac(s: string): Buffer {
+  const b = Buffer.from(s.split(':').map((x) => parseInt(x, 16)));
+  if (b.length !== 6) throw new RangeError(`not a MAC address: ${s}`);
+  return b;
+}
+
+export function macString(b: Buffer): string {
+  return [...b].map((x) => x.toString(16).padStart(2, '0')).join(':');
+}
+
+/** An IPv4 address as the number the codecs take for a __be32 field. */
+export function ip4(s: string): number {
+  return Buffer.from(ipaddr.IPv4.parse(s).toByteArray()).readUInt32BE(0);
+}
+
+export function ip4String(n: number): string {
+  return ipaddr.fromByteArray([...u32be(n)]).toString();
+}
+
+/** An IPv6 address as its 16 bytes (what the codecs take for __be32[4]). */
+export function ip6(s: string): Buffer {
+  return Buffer.from(ipaddr.IPv6.parse(s).toByteArray());
+}
+
+export function ip6String(b: Buffer): string {
+  return (ipaddr.fromByteArray([...b]) as ipaddr.IPv6).toRFC5952String();
+}
+
+function u32be(n: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32BE(n >>> 0);
+  return b;
+}
+
+function addrBytes(s: string): Buffer {
+  return s.includes(':') ? ip6(s) : u32be(ip4(s));
+}
+
+// ---- the Internet checksum (RFC 1071)
+
+/** The ones' complement sum of `b` as 16-bit big-endian words (odd length: zero padded), unfolded. */
+export function onesSum(b: Buffer, initial = 0): number {
+  let sum = initial;
+  for (let i = 0; i + 1 < b.length; i += 2) sum += b.readUInt16BE(i);
+  if (b.length % 2) sum += b[b.length - 1]! << 8;
+  return sum;
+}
+
+function fold(sum: number): number {
+  while (sum > 0xffff) sum = (sum & 0xffff) + Math.floor(sum / 0x10000);
+  return sum;
+}
+
+/** The checksum of `b` (its own checksum field zero), starting from a partial sum. */
+export function checksum(b: Buffer, initial = 0): number {
+  return ~fold(onesSum(b, initial)) & 0xffff;
+}
+
+/** The pseudo header's sum for a transport segment of `len` bytes. */
+function pseudoSum(src: Buffer, dst: Buffer, proto: number, len: number): number {
+  if (src.length === 4) return onesSum(Buffer.concat([src, dst, Buffer.from([0, proto]), u16be(len)]));
+  const lenb = Buffer.alloc(4);
+  lenb.writeUInt32BE(len);
+  return onesSum(Buffer.concat([src, dst, lenb, Buffer.from([0, 0, 0, proto])]));
+}
+
+function u16be(n: number): Buffer {
+  const b = Buffer.alloc(2);
+  b.writeUInt16BE(n);
+  return b;
+}
+
+// ---- builders
+
+export interface L4Spec {
+  proto: 'tcp' | 'udp';
+  sport: number;
+  dport: number;
+  /** TCP flags (default SYN) */
+  flags?: number;
+  seq?: number;
+  payload?: Buffer;
+  /** UDP: send without a checksum (0), as IPv4 allows */
+  zeroChecksum?: boolean;
+}
+
+export interface FrameSpec extends L4Spec {
+  src: string;
+  dst: string;
+  srcMac?: string;
+  dstMac?: string;
+  /** IPv4 TTL or IPv6 hop limit (default 64) */
+  ttl?: number;
+  /** IPv4 identification */
+  id?: number;
+  /** IPv6: extension headers before the transport header, outermost first */
+  ext?: Array<{ type: number; body?: Buffer }>;
+}
+
+const DEFAULT_SRC_MAC = '02:00:00:00:00:fe';
+const DEFAULT_DST_MAC = '02:00:00:00:01:01';
+
+/** A transport segment with its checksum over the given pseudo-header addresses. */
+export function l4Segment(spec: L4Spec, src: string, dst: string): Buffer {
+  const payload = spec.payload ?? Buffer.from('lbctl');
+  const proto = spec.proto === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
+  let seg: Buffer;
+  let csumOff: number;
+  if (spec.proto === 'tcp') {
+    seg = Buffer.alloc(20 + payload.length);
+    seg.writeUInt16BE(spec.sport, 0);
+    seg.writeUInt16BE(spec.dport, 2);
+    seg.writeUInt32BE(spec.seq ?? 1000, 4);
+    seg.writeUInt32BE((spec.flags ?? TCP_SYN) & TCP_ACK ? 2000 : 0, 8);
+    seg[12] = 5 << 4;
+    seg[13] = spec.flags ?? TCP_SYN;
+    seg.writeUInt16BE(65535, 14);
+    payload.copy(seg, 20);
+    csumOff = 16;
+  } else {
+    seg = Buffer.alloc(8 + payload.length);
+    seg.writeUInt16BE(spec.sport, 0);
+    seg.writeUInt16BE(spec.dport, 2);
+    seg.writeUInt16BE(seg.length, 4);
+    payload.copy(seg, 8);
+    csumOff = 6;
+  }
+  if (!spec.zeroChecksum) {
+    let c = checksum(seg, pseudoSum(addrBytes(src), addrBytes(dst), proto, seg.length));
+    if (c === 0 && spec.proto === 'udp') c = 0xffff;
+    seg.writeUInt16BE(c, csumOff);
+  }
+  return seg;
+}
+
+function eth(type: number, srcMac = DEFAULT_SRC_MAC, dstMac = DEFAULT_DST_MAC): Buffer {
+  return Buffer.concat([mac(dstMac), mac(srcMac), u16be(type)]);
+}
+
+export interface Ip4HeaderSpec {
+  src: string;
+  dst: string;
+  proto: number;
+  payloadLen: number;
+  ttl?: number;
+  id?: number;
+  moreFragments?: boolean;
+  /** fragment offset in 8-byte units */
+  fragOffset?: number;
+}
+
+export function ip4Header(h: Ip4HeaderSpec): Buffer {
+  const b = Buffer.alloc(20);
+  b[0] = 0x45;
+  b.writeUInt16BE(20 + h.payloadLen, 2);
+  b.writeUInt16BE(h.id ?? 0x1234, 4);
+  b.writeUInt16BE((h.moreFragments ? 0x2000 : 0) | (h.fragOffset ?? 0), 6);
+  b[8] = h.ttl ?? 64;
+  b[9] = h.proto;
+  u32be(ip4(h.src)).copy(b, 12);
+  u32be(ip4(h.dst)).copy(b, 16);
+  b.writeUInt16BE(checksum(b), 10);
+  return b;
+}
+
+/** An Ethernet + IPv4 or IPv6 + TCP/UDP frame, every checksum valid (but a UDP one asked to be zero). */
+export function frame(spec: FrameSpec): Buffer {
+  const seg = l4Segment(spec, spec.src, spec.dst);
+  const proto = spec.proto === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
+  if (!spec.src.includes(':')) {
+    const ipSpec: Ip4HeaderSpec = { src: spec.src, dst: spec.dst, proto, payloadLen: seg.length };
+    if (spec.ttl !== undefined) ipSpec.ttl = spec.ttl;
+    if (spec.id !== undefined) ipSpec.id = spec.id;
+    return Buffer.concat([eth(ETH_P_IP, spec.srcMac, spec.dstMac), ip4Header(ipSpec), seg]);
+  }
+  return ip6Frame(spec.src, spec.dst, proto, seg, spec.ext ?? [], spec.ttl ?? 64, spec.srcMac, spec.dstMac);
+}
+
+/** Extension headers: each padded to a multiple of 8 bytes (AH: of 4, with its own length rule). */
+function extHeaders(ext: Array<{ type: number; body?: Buffer }>, last: number): { bytes: Buffer; first: number } {
+  const parts: Buffer[] = [];
+  for (let i = 0; i < ext.length; i++) {
+    const e = ext[i]!;
+    const next = i + 1 < ext.length ? ext[i + 1]!.type : last;
+    const body = e.body ?? Buffer.alloc(0);
+    const unit = e.type === NEXTHDR_AUTH ? 4 : 8;
+    const total = Math.max(unit === 4 ? 12 : 8, Math.ceil((2 + body.length) / unit) * unit);
+    const h = Buffer.alloc(total);
+    h[0] = next;
+    h[1] = e.type === NEXTHDR_AUTH ? total / 4 - 2 : total / 8 - 1;
+    // PadN options fill what the body leaves (Hop-by-Hop and Destination Options).
+    body.copy(h, 2);
+    const pad = total - 2 - body.length;
+    if ((e.type === NEXTHDR_DEST || e.type === NEXTHDR_HOP) && pad >= 2) {
+      h[2 + body.length] = 1;
+      h[3 + body.length] = pad - 2;
+    }
+    parts.push(h);
+  }
+  return { bytes: Buffer.concat(parts), first: ext.length ? ext[0]!.type : last };
+}
+
+function ip6Frame(src: string, dst: string, proto: number, l4: Buffer, ext: Array<{ type: number; body?: Buffer }>, hop: number,
+  srcMac?: string, dstMac?: string): Buffer {
+  const { bytes, first } = extHeaders(ext, proto);
+  const h = Buffer.alloc(40);
+  h.writeUInt32BE(0x60000000, 0);
+  h.writeUInt16BE(bytes.length + l4.length, 4);
+  h[6] = first;
+  h[7] = hop;
+  ip6(src).copy(h, 8);
+  ip6(dst).copy(h, 24);
+  return Buffer.concat([eth(ETH_P_IPV6, srcMac, dstMac), h, bytes, l4]);
+}
+
+/**
+ * One IPv4 datagram split into fragments of the transport segment at the
+ * given byte offsets (multiples of 8): the first carries the ports and MF,
+ * the later ones only data. The segment's checksum covers the whole.
+ */
+export function fragments4(spec: FrameSpec, cuts: number[]): Buffer[] {
+  const seg = l4Segment(spec, spec.src, spec.dst);
+  const proto = spec.proto === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
+  const bounds = [0, ...cuts, seg.length];
+  const out: Buffer[] = [];
+  for (let i = 0; i + 1 < bounds.length; i++) {
+    const [from, to] = [bounds[i]!, bounds[i + 1]!];
+    if (from % 8) throw new RangeError('fragment offsets are multiples of 8');
+    const part = seg.subarray(from, to);
+    const h = ip4Header({ src: spec.src, dst: spec.dst, proto, payloadLen: part.length, ttl: spec.ttl ?? 64, id: spec.id ?? 0x4242,
+      moreFragments: i + 2 < bounds.length, fragOffset: from / 8 });
+    out.push(Buffer.concat([eth(ETH_P_IP, spec.srcMac, spec.dstMac), h, part]));
+  }
+  return out;
+}
+
+/** An ARP request (who-has `target` tell `sender`). */
+export function arpRequest(sender: string, target: string, srcMac = DEFAULT_SRC_MAC): Buffer {
+  const b = Buffer.alloc(28);
+  b.writeUInt16BE(1, 0); // Ethernet
+  b.writeUInt16BE(ETH_P_IP, 2);
+  b[4] = 6;
+  b[5] = 4;
+  b.writeUInt16BE(1, 6); // request
+  mac(srcMac).copy(b, 8);
+  u32be(ip4(sender)).copy(b, 14);
+  u32be(ip4(target)).copy(b, 24);
+  return Buffer.concat([eth(ETH_P_ARP, srcMac, 'ff:ff:ff:ff:ff:ff'), b]);
+}
+
+/** An ICMPv6 neighbour solicitation for `target`, to its solicited-node multicast address. */
+export function neighbourSolicitation(src: string, target: string, srcMac = DEFAULT_SRC_MAC): Buffer {
+  const t = ip6(target);
+  const dst = ip6('ff02::1:ff00:0');
+  t.copy(dst, 13, 13);
+  const body = Buffer.alloc(32);
+  body[0] = 135;
+  t.copy(body, 8);
+  body[24] = 1; // source link-layer address option
+  body[25] = 1;
+  mac(srcMac).copy(body, 26);
+  body.writeUInt16BE(checksum(body, pseudoSum(ip6(src), dst, IPPROTO_ICMPV6, body.length)), 2);
+  const dstMac = `33:33:${[...dst.subarray(12)].map((x) => x.toString(16).padStart(2, '0')).join(':')}`;
+  return ip6Frame(src, ip6String(dst), IPPROTO_ICMPV6, body, [], 255, srcMac, dstMac);
+}
+
+// ---- parser
+
+export interface ParsedFrame {
+  dstMac: string;
+  srcMac: string;
+  ethType: number;
+  family: 4 | 6;
+  src: string;
+  dst: string;
+  /** TTL or hop limit */
+  ttl: number;
+  proto: number;
+  /** IPv4 */
+  id?: number;
+  moreFragments?: boolean;
+  fragOffset?: number;
+  /** IPv4: the header checksum verifies */
+  ipChecksumOk?: boolean;
+  /** offset of the transport header in the frame */
+  l4Offset: number;
+  /** the transport bytes this frame carries (a fragment's part for IPv4 fragments) */
+  l4: Buffer;
+  /** TCP/UDP of an unfragmented packet or a first fragment */
+  sport?: number;
+  dport?: number;
+  tcpFlags?: number;
+  /** the transport checksum field as sent */
+  l4Checksum?: number;
+  /**
+   * The transport checksum verifies over the pseudo header (unfragmented
+   * packets only; undefined for fragments and UDP sent without one).
+   */
+  l4ChecksumOk?: boolean;
+}
+
+/** Whether a transport segment's checksum verifies for these pseudo-header addresses. */
+export function l4ChecksumOk(seg: Buffer, src: string, dst: string, proto: number): boolean {
+  return fold(onesSum(seg, pseudoSum(addrBytes(src), addrBytes(dst), proto, seg.length))) === 0xffff;
+}
+
+export function parseFrame(f: Buffer): ParsedFrame {
+  const ethType = f.readUInt16BE(12);
+  const base = { dstMac: macString(f.subarray(0, 6)), srcMac: macString(f.subarray(6, 12)), ethType };
+  let out: ParsedFrame;
+  let whole = true;
+  if (ethType === ETH_P_IP) {
+    const ihl = (f[ETH_HLEN]! & 0x0f) * 4;
+    const totLen = f.readUInt16BE(ETH_HLEN + 2);
+    const frag = f.readUInt16BE(ETH_HLEN + 6);
+    const l4Offset = ETH_HLEN + ihl;
+    out = {
+      ...base, family: 4,
+      src: ip4String(f.readUInt32BE(ETH_HLEN + 12)), dst: ip4String(f.readUInt32BE(ETH_HLEN + 16)),
+      ttl: f[ETH_HLEN + 8]!, proto: f[ETH_HLEN + 9]!, id: f.readUInt16BE(ETH_HLEN + 4),
+      moreFragments: (frag & 0x2000) !== 0, fragOffset: frag & 0x1fff,
+      ipChecksumOk: fold(onesSum(f.subarray(ETH_HLEN, ETH_HLEN + ihl))) === 0xffff,
+      l4Offset, l4: f.subarray(l4Offset, ETH_HLEN + totLen),
+    };
+    whole = !out.moreFragments && out.fragOffset === 0;
+    if (out.fragOffset !== 0) return out;
+  } else if (ethType === ETH_P_IPV6) {
+    let nh = f[ETH_HLEN + 6]!;
+    let off = ETH_HLEN + 40;
+    while ([NEXTHDR_HOP, NEXTHDR_ROUTING, NEXTHDR_DEST, NEXTHDR_AUTH, NEXTHDR_FRAGMENT].includes(nh)) {
+      const len = nh === NEXTHDR_AUTH ? (f[off + 1]! + 2) * 4 : nh === NEXTHDR_FRAGMENT ? 8 : (f[off + 1]! + 1) * 8;
+      if (nh === NEXTHDR_FRAGMENT) whole = false;
+      nh = f[off]!;
+      off += len;
+    }
+    out = {
+      ...base, family: 6, src: ip6String(f.subarray(ETH_HLEN + 8, ETH_HLEN + 24)), dst: ip6String(f.subarray(ETH_HLEN + 24, ETH_HLEN + 40)),
+      ttl: f[ETH_HLEN + 7]!, proto: nh, l4Offset: off, l4: f.subarray(off, ETH_HLEN + 40 + f.readUInt16BE(ETH_HLEN + 4)),
+    };
+  } else {
+    throw new RangeError(`not an IP frame (ethertype 0x${ethType.toString(16)})`);
+  }
+  if (out.proto !== IPPROTO_TCP && out.proto !== IPPROTO_UDP) return out;
+  out.sport = out.l4.readUInt16BE(0);
+  out.dport = out.l4.readUInt16BE(2);
+  out.l4Checksum = out.l4.readUInt16BE(out.proto === IPPROTO_TCP ? 16 : 6);
+  if (out.proto === IPPROTO_TCP) out.tcpFlags = out.l4[13]!;
+  if (whole && !(out.proto === IPPROTO_UDP && out.family === 4 && out.l4Checksum === 0)) {
+    out.l4ChecksumOk = l4ChecksumOk(out.l4, out.src, out.dst, out.proto);
+  }
+  return out;
+}
