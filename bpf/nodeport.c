@@ -223,7 +223,6 @@ static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup 
 	fib->l4_protocol = f->l4.proto;
 	fib->sport = sport;
 	fib->dport = dport;
-	fib->tot_len = f->tot_len;
 	fib->ipv4_src = src;
 	fib->ipv4_dst = dst;
 	fib->ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
@@ -283,6 +282,35 @@ static __always_inline int np4_xlate_fwd(struct __sk_buff *skb, const struct np4
 	return 0;
 }
 
+/*
+ * A backend for a new flow: from the frontend's Maglev table when it has one
+ * (the slot the flow's hash names: every node picks the same backend for a
+ * flow, and a backend change moves few flows), else at random. Session
+ * affinity keeps the socket layer's per-client choice instead.
+ */
+static __always_inline struct lb4_backend *np4_select(struct lb4_key *key, const struct lb_service *svc, const struct np4_flow *f,
+						      const struct lb_np_config *cfg, __u32 *backend_id)
+{
+	if ((svc->flags & LB_SVC_F_MAGLEV) && !lb_svc_has_affinity(svc) && cfg->maglev_m) {
+		__u32 outer = svc->rev_nat_index;
+		void *table = bpf_map_lookup_elem(&lb_maglev, &outer);
+
+		if (table) {
+			__u32 slot = np_jhash_3words(bpf_ntohl(f->saddr), ((__u32)bpf_ntohs(f->dport) << 16) | bpf_ntohs(f->sport),
+						     f->l4.proto, cfg->maglev_seed4) % cfg->maglev_m;
+			__u32 *id = bpf_map_lookup_elem(table, &slot);
+			struct lb4_backend *be = id && *id ? bpf_map_lookup_elem(&lb4_backends, id) : NULL;
+
+			if (be) {
+				*backend_id = *id;
+				return be;
+			}
+		}
+	}
+	/* The client is its address here; affinity entries are per network namespace at the socket layer. */
+	return lb4_select_backend(key, svc, ((__u64)f->saddr << 8) | 0xff, backend_id);
+}
+
 /* A new flow: source ranges, a backend, local or remote, the CT entries. */
 static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_flow *f, struct lb4_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
@@ -303,8 +331,7 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 		lb_count(svc->flags & LB_SVC_F_LOCAL_EXTERNAL ? LB_MTR_NP_LOCAL_NONE : LB_MTR_NP_NO_BACKEND);
 		return TC_ACT_SHOT;
 	}
-	/* The client is its address here; affinity entries are per network namespace at the socket layer. */
-	be = lb4_select_backend(key, svc, ((__u64)f->saddr << 8) | 0xff, &backend_id);
+	be = np4_select(key, svc, f, cfg, &backend_id);
 	if (!be) {
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
@@ -406,11 +433,15 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	} else {
 		__u64 before = ct->expires;
 
-		np_ct_touch(&ct->expires, &ct->flags, &f->l4, now, 0);
+		np_ct_touch(&ct->expires, &ct->flags, &f->l4, now, np_tcp_syn(&f->l4) ? 0 : LB_CT_F_SEEN_REPLY);
 		if (ct->expires != before)
 			np4_touch_reply(f, ct, now);
 	}
 	np4_frag_record(f);
+	if ((ct->flags & LB_CT_F_SNAT) && f->ttl <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
 	if (np4_xlate_fwd(skb, f, ct) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
@@ -467,6 +498,11 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 	if (!ct)
 		return TC_ACT_UNSPEC;
 	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), LB_CT_F_SEEN_REPLY);
+	np4_frag_record(f);
+	if (f->ttl <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
 	if (np4_xlate_rev(skb, f, ct) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
@@ -516,6 +552,7 @@ static __always_inline int np4_egress(struct __sk_buff *skb)
 	if (!ct)
 		return TC_ACT_UNSPEC;
 	np_ct_touch(&ct->expires, &ct->flags, &f.l4, np_now(), LB_CT_F_SEEN_REPLY);
+	np4_frag_record(&f);
 	if (np4_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct iphdr, saddr), f.saddr, ct->addr1) < 0 ||
 	    np_rewrite_port(skb, &f.l4, offsetof(struct tcphdr, source), f.sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
@@ -637,7 +674,6 @@ static __always_inline int np6_fib(struct __sk_buff *skb, struct bpf_fib_lookup 
 	fib->l4_protocol = f->l4.proto;
 	fib->sport = sport;
 	fib->dport = dport;
-	fib->tot_len = f->tot_len;
 	ip6_copy(fib->ipv6_src, src);
 	ip6_copy(fib->ipv6_dst, dst);
 	fib->ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
@@ -697,6 +733,33 @@ static __always_inline int np6_xlate_fwd(struct __sk_buff *skb, const struct np6
 	return 0;
 }
 
+static __always_inline __u32 np6_addr_hash(const __be32 *a)
+{
+	return bpf_ntohl(a[0]) ^ bpf_ntohl(a[1]) ^ bpf_ntohl(a[2]) ^ bpf_ntohl(a[3]);
+}
+
+static __always_inline struct lb6_backend *np6_select(struct lb6_key *key, const struct lb_service *svc, const struct np6_flow *f,
+						      const struct lb_np_config *cfg, __u32 *backend_id)
+{
+	if ((svc->flags & LB_SVC_F_MAGLEV) && !lb_svc_has_affinity(svc) && cfg->maglev_m) {
+		__u32 outer = svc->rev_nat_index | LB_MAGLEV_V6;
+		void *table = bpf_map_lookup_elem(&lb_maglev, &outer);
+
+		if (table) {
+			__u32 slot = np_jhash_3words(np6_addr_hash(f->saddr), ((__u32)bpf_ntohs(f->dport) << 16) | bpf_ntohs(f->sport),
+						     f->l4.proto, cfg->maglev_seed6) % cfg->maglev_m;
+			__u32 *id = bpf_map_lookup_elem(table, &slot);
+			struct lb6_backend *be = id && *id ? bpf_map_lookup_elem(&lb6_backends, id) : NULL;
+
+			if (be) {
+				*backend_id = *id;
+				return be;
+			}
+		}
+	}
+	return lb6_select_backend(key, svc, ((__u64)f->saddr[3] << 8) | 0xfe, backend_id);
+}
+
 static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_flow *f, struct lb6_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
 					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now)
@@ -716,7 +779,7 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 		lb_count(svc->flags & LB_SVC_F_LOCAL_EXTERNAL ? LB_MTR_NP_LOCAL_NONE : LB_MTR_NP_NO_BACKEND);
 		return TC_ACT_SHOT;
 	}
-	be = lb6_select_backend(key, svc, ((__u64)f->saddr[3] << 8) | 0xfe, &backend_id);
+	be = np6_select(key, svc, f, cfg, &backend_id);
 	if (!be) {
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
@@ -813,9 +876,13 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	} else {
 		__u64 before = ct->expires;
 
-		np_ct_touch(&ct->expires, &ct->flags, &f->l4, now, 0);
+		np_ct_touch(&ct->expires, &ct->flags, &f->l4, now, np_tcp_syn(&f->l4) ? 0 : LB_CT_F_SEEN_REPLY);
 		if (ct->expires != before)
 			np6_touch_reply(f, ct, now);
+	}
+	if ((ct->flags & LB_CT_F_SNAT) && f->hop_limit <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
 	}
 	if (np6_xlate_fwd(skb, f, ct) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
@@ -858,6 +925,10 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 	if (!ct)
 		return TC_ACT_UNSPEC;
 	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), LB_CT_F_SEEN_REPLY);
+	if (f->hop_limit <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
 	if (np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f->saddr, ct->addr1) < 0 ||
 	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, source), f->sport, ct->port1) < 0 ||
 	    np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, daddr), f->daddr, ct->addr2) < 0 ||

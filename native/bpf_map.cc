@@ -492,11 +492,68 @@ static Napi::Value OpenPinnedMap(const Napi::CallbackInfo& info) {
   return BpfMap::FromFd(env, std::move(fd), meta);
 }
 
+// mapCreate({ type, keySize, valueSize, maxEntries, flags?, name? }): bpf_map_create;
+// the returned map owns the fd. For maps no object declares (the inner maps
+// of a map-in-map, filled and then put into the outer map by fd).
+static Napi::Value MapCreate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsObject()) throwArgError(env, "mapCreate: expected an options object");
+  Napi::Object o = info[0].As<Napi::Object>();
+  auto num = [&](const char* k, bool required, uint32_t dflt) -> uint32_t {
+    Napi::Value v = o.Get(k);
+    if (v.IsUndefined()) {
+      if (required) throwArgError(env, std::string("mapCreate: options.") + k + " is required");
+      return dflt;
+    }
+    if (!v.IsNumber()) throwArgError(env, std::string("mapCreate: options.") + k + " must be a number");
+    double d = v.As<Napi::Number>().DoubleValue();
+    if (d < 0 || d > 4294967295.0 || d != static_cast<double>(static_cast<uint32_t>(d))) throwArgError(env, std::string("mapCreate: options.") + k + " must be an integer in [0, 2^32)");
+    return static_cast<uint32_t>(d);
+  };
+  uint32_t type = num("type", true, 0);
+  uint32_t keySize = num("keySize", true, 0);
+  uint32_t valueSize = num("valueSize", true, 0);
+  uint32_t maxEntries = num("maxEntries", true, 0);
+  uint32_t flags = num("flags", false, 0);
+  std::string name;
+  Napi::Value nv = o.Get("name");
+  if (nv.IsString()) name = nv.As<Napi::String>().Utf8Value();
+  LIBBPF_OPTS(bpf_map_create_opts, opts, .map_flags = flags);
+  int r = bpf_map_create(static_cast<enum bpf_map_type>(type), name.empty() ? nullptr : name.substr(0, BPF_OBJ_NAME_LEN - 1).c_str(), keySize, valueSize, maxEntries, &opts);
+  ErrCtx c;
+  c.map = name;
+  if (r < 0) throwBpfError(env, "bpf_map_create", errFromRet(r), c);
+  UniqueFd fd(r);
+  MapMeta meta;
+  if (int e = mapInfoByFd(fd.get(), &meta)) throwBpfError(env, "bpf_obj_get_info_by_fd", e, c);
+  return BpfMap::FromFd(env, std::move(fd), meta);
+}
+
+// mapById(id): bpf_map_get_fd_by_id + info (a map-in-map's lookups give inner
+// map ids); null when no map has that id any more.
+static Napi::Value MapById(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint32_t id = static_cast<uint32_t>(argI32(info, 0, "id"));
+  int r = bpf_map_get_fd_by_id(id);
+  if (r < 0) {
+    if (errno == ENOENT) return env.Null();
+    ErrCtx c;
+    throwBpfError(env, "bpf_map_get_fd_by_id", errno, c);
+  }
+  UniqueFd fd(r);
+  MapMeta meta;
+  ErrCtx c;
+  if (int e = mapInfoByFd(fd.get(), &meta)) throwBpfError(env, "bpf_obj_get_info_by_fd", e, c);
+  return BpfMap::FromFd(env, std::move(fd), meta);
+}
+
 void InitMap(Napi::Env env, Napi::Object exports) {
   Napi::Function ctor = BpfMap::Define(env);
   addonData(env).mapCtor = Napi::Persistent(ctor);
   exports.Set("RawBpfMap", ctor);
   exports.Set("openPinnedMap", Napi::Function::New(env, OpenPinnedMap, "openPinnedMap"));
+  exports.Set("mapCreate", Napi::Function::New(env, MapCreate, "mapCreate"));
+  exports.Set("mapById", Napi::Function::New(env, MapById, "mapById"));
 }
 
 }  // namespace lbn

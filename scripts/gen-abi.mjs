@@ -92,6 +92,25 @@ function intOf(types, ptrId) {
   return types.get(types.get(ptrId).type_id).nr_elems;
 }
 
+/** The inner map of `__array(values, struct { __uint(...) ... })`: sizes given by __uint, never __type. */
+function innerOf(types, arrayId, outer) {
+  const arr = types.get(arrayId);
+  const ptr = arr?.kind === 'ARRAY' ? types.get(arr.type_id) : undefined;
+  const def = ptr?.kind === 'PTR' ? types.get(ptr.type_id) : undefined;
+  if (def?.kind !== 'STRUCT') throw new Error(`map ${outer}: values is not an array of pointers to a map definition`);
+  const m = Object.fromEntries(def.members.map((x) => [x.name, x.type_id]));
+  for (const f of ['type', 'key_size', 'value_size', 'max_entries']) {
+    if (m[f] === undefined) throw new Error(`map ${outer}: its inner map must declare ${f} with __uint`);
+  }
+  return {
+    type: intOf(types, m.type),
+    keySize: intOf(types, m.key_size),
+    valueSize: intOf(types, m.value_size),
+    maxEntries: intOf(types, m.max_entries),
+    flags: m.map_flags ? intOf(types, m.map_flags) : 0,
+  };
+}
+
 for (const obj of objs) {
   const types = loadBtf(obj);
   for (const t of types.values()) {
@@ -112,6 +131,10 @@ for (const obj of objs) {
         flags: m.map_flags ? intOf(types, m.map_flags) : 0,
         object: path.basename(obj),
       };
+      // A map of maps (__array(values, struct {...})): its inner map's
+      // definition, which user space creates (bpf_map_create) and puts in
+      // the outer map by fd. Lookups of the outer map give the inner's id.
+      if (m.values !== undefined) entry.inner = innerOf(types, m.values, variable.name);
       const prev = maps.get(entry.name);
       if (prev && JSON.stringify({ ...prev, object: '' }) !== JSON.stringify({ ...entry, object: '' })) {
         throw new Error(`map ${entry.name} is defined differently in ${prev.object} and ${entry.object}`);
@@ -253,6 +276,17 @@ emit('  readonly maxEntries: number;');
 emit('  readonly key: Codec<K>;');
 emit('  readonly value: Codec<V>;');
 emit('  readonly object: string;');
+emit('  /** A map of maps: the inner map user space creates (the outer value is its fd on update, its id on lookup). */');
+emit('  readonly inner?: InnerMapSpec;');
+emit('}');
+emit('');
+emit('export interface InnerMapSpec {');
+emit('  readonly type: number;');
+emit('  readonly keySize: number;');
+emit('  readonly valueSize: number;');
+emit('  /** The template\'s size; with BPF_F_INNER_MAP in flags, inner maps may have any size. */');
+emit('  readonly maxEntries: number;');
+emit('  readonly flags: number;');
 emit('}');
 emit('');
 const codecName = (c) => c.struct ?? c.scalar;
@@ -268,6 +302,7 @@ for (const m of [...maps.values()].sort((a, b) => a.name.localeCompare(b.name)))
   emit(`    key: ${codecName(m.key)},`);
   emit(`    value: ${codecName(m.value)},`);
   emit(`    object: '${m.object}',`);
+  if (m.inner) emit(`    inner: { type: MapType.${MAP_TYPES[m.inner.type] ?? m.inner.type}, keySize: ${m.inner.keySize}, valueSize: ${m.inner.valueSize}, maxEntries: ${m.inner.maxEntries}, flags: ${m.inner.flags} },`);
   emit(`  } as MapSpec<${codecType(m.key)}, ${codecType(m.value)}>,`);
 }
 emit('} as const;');

@@ -99,7 +99,7 @@ enum lb_metric {
 	LB_MTR_NP_REJECT = 20,		/* an ICMP port unreachable was sent */
 	LB_MTR_NP_NO_SNAT_ADDR = 21,	/* the egress device has no address to SNAT to: dropped */
 	LB_MTR_NP_BAD_PACKET = 22,	/* a malformed header of a service flow: dropped */
-	LB_MTR_NP_TTL = 23,		/* TTL/hop limit expired on a forwarded packet: left to the stack */
+	LB_MTR_NP_TTL = 23,		/* TTL/hop limit would expire on a packet forwarded here: dropped */
 	LB_MTR_MAX = 24,		/* append only: a value is never renumbered */
 };
 
@@ -375,7 +375,17 @@ struct lb_np_config {
 	__u16 snat_max;
 	__u32 flags;		/* enum lb_np_config_flags */
 	__u32 snat_retries;	/* random tries after the tuple hash's port */
+	__u32 maglev_m;		/* --maglev-table-size: entries of every lb_maglev table */
+	__u32 maglev_seed4;	/* flow hash seeds (--maglev-hash-seed), the same on every node */
+	__u32 maglev_seed6;
+	__u32 pad;
 };
+
+/*
+ * lb_maglev's key: the frontend's rev-NAT id, with LB_MAGLEV_V6 set for an
+ * IPv6 frontend (rev-NAT ids are per family).
+ */
+#define LB_MAGLEV_V6	(1U << 31)
 
 /*
  * loadBalancerSourceRanges (LPM trie): prefixlen counts the rev-NAT id's 32
@@ -418,7 +428,7 @@ _Static_assert(sizeof(struct lb6_ct_entry) == 56, "lb6_ct_entry size");
 _Static_assert(sizeof(struct lb4_frag_key) == 12, "lb4_frag_key size");
 _Static_assert(sizeof(struct lb_node_addr_key) == 20, "lb_node_addr_key size");
 _Static_assert(sizeof(struct lb_device) == 24, "lb_device size");
-_Static_assert(sizeof(struct lb_np_config) == 16, "lb_np_config size");
+_Static_assert(sizeof(struct lb_np_config) == 32, "lb_np_config size");
 _Static_assert(sizeof(struct lb4_src_range_key) == 12, "lb4_src_range_key size");
 _Static_assert(sizeof(struct lb6_src_range_key) == 24, "lb6_src_range_key size");
 

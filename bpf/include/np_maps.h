@@ -16,6 +16,8 @@
 #define LB_NODE_ADDRS_MAX	1024
 #define LB_DEVICES_MAX		256
 #define LB_SRC_RANGE_MAX	16384
+#define LB_MAGLEV_MAX		65536
+#define LB_MAGLEV_M		16381	/* the inner template's size; BPF_F_INNER_MAP lets tables have any */
 
 /* both directions of every translated flow (see struct lb4_ct_key) */
 struct {
@@ -89,5 +91,28 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_src_range SEC(".maps");
+
+/*
+ * Maglev lookup tables, one per frontend served at tc (LB_SVC_F_MAGLEV in
+ * its master entry): rev-NAT id (| LB_MAGLEV_V6) -> an array of M backend
+ * ids. The agent builds each table (every node the same, from the backends'
+ * addresses) in a new inner map and swaps it in with one update of the
+ * outer entry, so a packet sees the old table or the new one, never a mix.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, LB_MAGLEV_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_ARRAY);
+		__uint(key_size, sizeof(__u32));
+		__uint(value_size, sizeof(__u32));
+		__uint(max_entries, LB_MAGLEV_M);
+		__uint(map_flags, BPF_F_INNER_MAP);
+	});
+} lb_maglev SEC(".maps");
 
 #endif /* __NP_MAPS_H */

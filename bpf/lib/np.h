@@ -103,8 +103,9 @@ static __always_inline int np6_rewrite_addr(struct __sk_buff *skb, const struct 
 
 /*
  * Decrements the TTL of a packet this program forwards itself (the stack
- * would have). False when it has expired: the caller leaves the packet to
- * the stack, which answers with ICMP time exceeded.
+ * would have). The caller checked it was above 1 before translating: a
+ * packet left to the stack after SNAT carries the node's own source, which
+ * the stack drops as a martian instead of answering "time exceeded".
  */
 static __always_inline bool np4_dec_ttl(struct __sk_buff *skb, __u8 ttl)
 {
@@ -158,6 +159,33 @@ static __always_inline bool np_fib_routed(int rc)
 static __always_inline __u64 np_now(void)
 {
 	return bpf_ktime_get_ns() / 1000000000ULL;
+}
+
+static __always_inline __u32 np_rol32(__u32 w, __u32 s)
+{
+	return (w << s) | (w >> (32 - s));
+}
+
+/*
+ * The kernel's jhash_3words (include/linux/jhash.h): the Maglev flow hash,
+ * the same in src/lb/maglev.ts (flowSlot4), so tests can predict a flow's
+ * backend from user space.
+ */
+static __always_inline __u32 np_jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initval)
+{
+	__u32 iv = initval + 0xdeadbeef + (3 << 2);
+
+	a += iv;
+	b += iv;
+	c += iv;
+	c ^= b; c -= np_rol32(b, 14);
+	a ^= c; a -= np_rol32(c, 11);
+	b ^= a; b -= np_rol32(a, 25);
+	c ^= b; c -= np_rol32(b, 16);
+	a ^= c; a -= np_rol32(c, 4);
+	b ^= a; b -= np_rol32(a, 14);
+	c ^= b; c -= np_rol32(b, 24);
+	return c;
 }
 
 /* A small, good-enough mix of a flow's words (SNAT port choice; not shared with user space). */

@@ -94,7 +94,7 @@ export class Agent implements AgentView {
   private nodePortError: string | undefined;
   private readonly runner: BoundedFrequencyRunner;
   /** The desired state, kept up to date event by event (kube-proxy's change trackers). */
-  private readonly model = new DesiredModel();
+  private readonly model: DesiredModel;
   private stats: { -readonly [K in keyof SyncStats]: SyncStats[K] } = { count: 0, inProgress: false };
   private synced = false;
   /** Frontends the last sync could not program, by key (logged once when they first appear). */
@@ -106,6 +106,7 @@ export class Agent implements AgentView {
   private readonly firstAttempted = new Promise<void>((resolve) => (this.attempted = resolve));
 
   constructor(private readonly opts: AgentOptions) {
+    this.model = new DesiredModel(opts.nodePort ? { nodePortRange: opts.nodePort.settings.nodePortRange } : {});
     this.model.setNode(this.nodeWithout());
     this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
       minIntervalMs: opts.minSyncPeriodMs ?? 0,

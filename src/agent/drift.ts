@@ -44,7 +44,8 @@ export function frontendStatuses(desired: Iterable<Frontend>, revNatIdOf: (fe: F
   const out: FrontendStatus[] = [];
   const addresses = new Set<string>();
   for (const fe of desired) {
-    addresses.add(fe.address);
+    // Only cluster IPs have wildcard entries (refusing their other ports).
+    if (fe.type === 'ClusterIP') addresses.add(fe.address);
     const want = {
       backends: fe.backends.map(text),
       terminating: fe.terminating.map(text),
@@ -95,7 +96,7 @@ export function frontendStatuses(desired: Iterable<Frontend>, revNatIdOf: (fe: F
         else if (rn.address !== fe.address || rn.port !== fe.port) details.push(`rev-NAT entry ${m.revNatId} is ${formatAddr(rn.address, fe.family, rn.port)}, intended ${formatAddr(fe.address, fe.family, fe.port)}`);
       }
       const wild = serviceAddrKey({ address: fe.address, family: fe.family, port: 0, protocol: 'ANY' });
-      if (!groups.get(wild)?.master) {
+      if (fe.type === 'ClusterIP' && !groups.get(wild)?.master) {
         details.push(`no wildcard entry for ${fe.address}: its other ports are not refused`);
       }
     }

@@ -14,6 +14,8 @@ import { addresses as rtnlAddrs, links as rtnlLinks, watch as rtnlWatch } from '
 
 export interface NodePortOptions {
   readonly settings: NodePortSettings;
+  /** Seeds the Maglev tables' permutations (--maglev-hash-seed's first word), the same on every node. */
+  readonly maglevTableSeed: number;
   /** --devices; undefined: detect. */
   readonly devices?: readonly string[];
   /** --nodeport-addresses, parsed. */

@@ -67,6 +67,8 @@ export function buildProgram(): Command {
     .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
     .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')
     .option('--snat-port-range <first-last>', 'source ports of SNATed flows to remote backends; overlaps neither the NodePort range nor ip_local_port_range', '61000-65535')
+    .option('--maglev-table-size <m>', 'entries of each Maglev table (a prime; 64 KiB per north-south frontend at the default)', positiveInt, 16381)
+    .option('--maglev-hash-seed <seed>', 'Maglev hash seed, 16 base64 characters; the same on every node', 'JLfvgnHc2kaSUFaI')
     .option('--external-clusterip', 'serve ClusterIPs to packets from outside the node too (default: only the node and its pods reach them)')
     .action(async (opts) => (await import('./commands/agent.js')).agentCommand(opts));
 

@@ -180,7 +180,7 @@ export const lb_node_addr_key: Codec<LbNodeAddrKey> = {
   },
 };
 
-/** struct lb_np_config (16 bytes) */
+/** struct lb_np_config (32 bytes) */
 export interface LbNpConfig {
   nodeportMin: number;
   nodeportMax: number;
@@ -188,18 +188,25 @@ export interface LbNpConfig {
   snatMax: number;
   flags: number;
   snatRetries: number;
+  maglevM: number;
+  maglevSeed4: number;
+  maglevSeed6: number;
 }
 
 export const lb_np_config: Codec<LbNpConfig> = {
   name: 'lb_np_config',
-  size: 16,
-  encode(v, b = Buffer.alloc(16), o = 0) {
+  size: 32,
+  encode(v, b = Buffer.alloc(32), o = 0) {
+    b.writeUInt32LE(0, o + 28);
     b.writeUInt16LE(v.nodeportMin, o + 0);
     b.writeUInt16LE(v.nodeportMax, o + 2);
     b.writeUInt16LE(v.snatMin, o + 4);
     b.writeUInt16LE(v.snatMax, o + 6);
     b.writeUInt32LE(v.flags, o + 8);
     b.writeUInt32LE(v.snatRetries, o + 12);
+    b.writeUInt32LE(v.maglevM, o + 16);
+    b.writeUInt32LE(v.maglevSeed4, o + 20);
+    b.writeUInt32LE(v.maglevSeed6, o + 24);
     return b;
   },
   decode(b, o = 0) {
@@ -210,6 +217,9 @@ export const lb_np_config: Codec<LbNpConfig> = {
       snatMax: b.readUInt16LE(o + 6),
       flags: b.readUInt32LE(o + 8),
       snatRetries: b.readUInt32LE(o + 12),
+      maglevM: b.readUInt32LE(o + 16),
+      maglevSeed4: b.readUInt32LE(o + 20),
+      maglevSeed6: b.readUInt32LE(o + 24),
     };
   },
 };
@@ -877,6 +887,17 @@ export interface MapSpec<K, V> {
   readonly key: Codec<K>;
   readonly value: Codec<V>;
   readonly object: string;
+  /** A map of maps: the inner map user space creates (the outer value is its fd on update, its id on lookup). */
+  readonly inner?: InnerMapSpec;
+}
+
+export interface InnerMapSpec {
+  readonly type: number;
+  readonly keySize: number;
+  readonly valueSize: number;
+  /** The template's size; with BPF_F_INNER_MAP in flags, inner maps may have any size. */
+  readonly maxEntries: number;
+  readonly flags: number;
 }
 
 /** Every map of the datapath, with the defaults compiled into the object. */
@@ -899,6 +920,16 @@ export const mapSpecs = {
     value: lb_device,
     object: 'nodeport.bpf.o',
   } as MapSpec<number, LbDevice>,
+  lb_maglev: {
+    name: 'lb_maglev',
+    type: MapType.HASH_OF_MAPS,
+    flags: 1,
+    maxEntries: 65536,
+    key: u32,
+    value: u32,
+    object: 'nodeport.bpf.o',
+    inner: { type: MapType.ARRAY, keySize: 4, valueSize: 4, maxEntries: 16381, flags: 4096 },
+  } as MapSpec<number, number>,
   lb_metrics: {
     name: 'lb_metrics',
     type: MapType.PERCPU_ARRAY,

@@ -45,6 +45,8 @@ export interface NodePortSettings {
   readonly snatRetries: number;
   /** --external-clusterip: ClusterIPs are served to packets from outside too. */
   readonly externalClusterIP: boolean;
+  /** --maglev-table-size (a prime) and the flow hash seeds of --maglev-hash-seed. */
+  readonly maglev: { readonly m: number; readonly seed4: number; readonly seed6: number };
 }
 
 export const DEFAULT_SNAT_RANGE: PortRange = { first: 61000, last: 65535 };
@@ -137,6 +139,9 @@ export class NodePortDatapath {
       snatMax: s.snatRange.last,
       flags: s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0,
       snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
+      maglevM: s.maglev.m,
+      maglevSeed4: s.maglev.seed4,
+      maglevSeed6: s.maglev.seed6,
     });
     this.object.map('lb_np_config').update(u32.encode(0), value, BPF_ANY);
   }

@@ -224,6 +224,17 @@ export function libbpfVersion(): string { return guard(() => native().libbpfVers
 export function numPossibleCpus(): number { return guard(() => native().numPossibleCpus()); }
 
 /** Open a map pinned in bpffs; the returned map owns its fd (close() it). */
+/** A map no object declares (bpf_map_create): the inner maps of a map-in-map. Close it when done (an outer map keeps its own reference). */
+export function mapCreate(opts: { type: number; keySize: number; valueSize: number; maxEntries: number; flags?: number; name?: string }): BpfMap {
+  return new BpfMap(guard(() => native().mapCreate(opts)));
+}
+
+/** A map by id (a map-in-map lookup gives the inner map's id); null when it is gone. */
+export function mapById(id: number): BpfMap | null {
+  const raw = guard(() => native().mapById(id));
+  return raw ? new BpfMap(raw) : null;
+}
+
 export function openPinnedMap(path: string): BpfMap {
   return new BpfMap(guard(() => native().openPinnedMap(path)));
 }

@@ -182,6 +182,10 @@ export interface NativeBinding {
   numPossibleCpus(): number;
   openObject(path: string, opts?: OpenOptions): RawBpfObject;
   openPinnedMap(path: string): RawBpfMap;
+  /** bpf_map_create: a map no object declares (a map-in-map's inner maps); owns its fd. */
+  mapCreate(opts: { type: number; keySize: number; valueSize: number; maxEntries: number; flags?: number; name?: string }): RawBpfMap;
+  /** A map by id (what a map-in-map lookup returns); null when it is gone. */
+  mapById(id: number): RawBpfMap | null;
   progInfoById(id: number): { id: number; name: string; tag: string; type: number } | null;
   pinnedLinkInfo(path: string): { id: number; progId: number; type: number; attachType?: number; cgroupId?: number };
   /** bpf_link_update on a pinned link (atomic program replacement) */

@@ -17,6 +17,7 @@ import { parseCidrs } from '../../datapath/devices.js';
 import { DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
 import type { NodePortOptions } from '../../agent/nodeport.js';
 import { checkDisjoint, parsePortRange } from '../flags.js';
+import { checkTableSize, DEFAULT_MAGLEV_SEED, DEFAULT_MAGLEV_TABLE_SIZE, parseMaglevSeed } from '../../lb/maglev.js';
 
 export interface AgentCommandOptions {
   source?: string;
@@ -46,6 +47,8 @@ export interface AgentCommandOptions {
   nodeportRange?: string;
   snatPortRange?: string;
   externalClusterip?: boolean;
+  maglevTableSize?: number;
+  maglevHashSeed?: string;
 }
 
 /** The tc datapath's options from the flags; a bad value refuses the start, naming the flag. */
@@ -57,8 +60,17 @@ export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphem
   if (ephemeral) checkDisjoint({ flag: '--snat-port-range', range: snatRange }, { flag: 'net.ipv4.ip_local_port_range', range: ephemeral });
   const devices = opts.devices?.split(',').map((d) => d.trim()).filter(Boolean);
   if (opts.devices !== undefined && devices!.length === 0) throw new ConfigError('--devices: no device named (use --no-nodeport to serve no device)');
+  const m = checkTableSize(opts.maglevTableSize ?? DEFAULT_MAGLEV_TABLE_SIZE);
+  const seeds = parseMaglevSeed(opts.maglevHashSeed ?? DEFAULT_MAGLEV_SEED);
   return {
-    settings: { nodePortRange, snatRange, snatRetries: DEFAULT_SNAT_RETRIES, externalClusterIP: opts.externalClusterip === true },
+    settings: {
+      nodePortRange,
+      snatRange,
+      snatRetries: DEFAULT_SNAT_RETRIES,
+      externalClusterIP: opts.externalClusterip === true,
+      maglev: { m, seed4: seeds.flow4, seed6: seeds.flow6 },
+    },
+    maglevTableSeed: seeds.table,
     ...(devices ? { devices } : {}),
     ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
   };
