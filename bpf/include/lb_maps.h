@@ -22,6 +22,7 @@
 #define LB_REVNAT_MAX		65536
 #define LB_SOCK_REVNAT_MAX	262144
 #define LB_AFFINITY_MAX		65536
+#define LB_NODE_ADDRS_MAX	1024
 
 /* BPF unit tests (bpf/tests) include the programs with their maps unpinned. */
 #ifndef LB_MAP_PINNING
@@ -115,6 +116,20 @@ struct {
 	__uint(max_entries, LB_AFFINITY_MAX);
 	__uint(pinning, LB_MAP_PINNING);
 } lb_affinity SEC(".maps");
+
+/*
+ * The node's addresses (the agent writes those of the tc devices, as
+ * --nodeport-addresses allows): the NodePort surrogate (0.0.0.0 / ::)
+ * answers on them, at tc and for sockets of the node and its pods.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb_node_addr_key);
+	__type(value, struct lb_node_addr);
+	__uint(max_entries, LB_NODE_ADDRS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_node_addrs SEC(".maps");
 
 /*
  * enum lb_metric -> per-CPU packet/socket counter. Sized with room to grow

@@ -100,7 +100,8 @@ enum lb_metric {
 	LB_MTR_NP_NO_SNAT_ADDR = 21,	/* the egress device has no address to SNAT to: dropped */
 	LB_MTR_NP_BAD_PACKET = 22,	/* a malformed header of a service flow: dropped */
 	LB_MTR_NP_TTL = 23,		/* TTL/hop limit would expire on a packet forwarded here: dropped */
-	LB_MTR_MAX = 24,		/* append only: a value is never renumbered */
+	LB_MTR_BIND_REFUSED = 24,	/* a socket's bind to a service's nodePort refused (EADDRINUSE) */
+	LB_MTR_MAX = 25,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */

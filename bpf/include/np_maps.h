@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The maps only the tc datapath (bpf/nodeport.c) uses, beside the shared ones
- * of lb_maps.h: connection tracking, IPv4 fragments, node addresses, the
- * devices it runs on, its settings and loadBalancerSourceRanges. A separate
+ * of lb_maps.h: connection tracking, IPv4 fragments, the devices it runs
+ * on, its settings, loadBalancerSourceRanges and Maglev tables. A separate
  * header so the socket object does not create them (libbpf creates every
  * map an object declares, used or not).
  */
@@ -13,7 +13,6 @@
 
 #define LB_CT_MAX		262144
 #define LB_FRAG_MAX		8192
-#define LB_NODE_ADDRS_MAX	1024
 #define LB_DEVICES_MAX		256
 #define LB_SRC_RANGE_MAX	16384
 #define LB_MAGLEV_MAX		65536
@@ -45,15 +44,6 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb4_frag SEC(".maps");
 
-/* the node's addresses: the NodePort surrogate (0.0.0.0 / ::) answers on them */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct lb_node_addr_key);
-	__type(value, struct lb_node_addr);
-	__uint(max_entries, LB_NODE_ADDRS_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(pinning, LB_MAP_PINNING);
-} lb_node_addrs SEC(".maps");
 
 /* ifindex -> the device's SNAT addresses; a backend routed out of one is remote */
 struct {

@@ -831,7 +831,8 @@ export const LbMetric = {
   LB_MTR_NP_NO_SNAT_ADDR: 21,
   LB_MTR_NP_BAD_PACKET: 22,
   LB_MTR_NP_TTL: 23,
-  LB_MTR_MAX: 24,
+  LB_MTR_BIND_REFUSED: 24,
+  LB_MTR_MAX: 25,
 } as const;
 
 /** enum lb_np_config_flags */
@@ -946,7 +947,7 @@ export const mapSpecs = {
     maxEntries: 1024,
     key: lb_node_addr_key,
     value: lb_node_addr,
-    object: 'nodeport.bpf.o',
+    object: 'sock.bpf.o',
   } as MapSpec<LbNodeAddrKey, LbNodeAddr>,
   lb_np_config: {
     name: 'lb_np_config',
