@@ -70,7 +70,7 @@ export function expand(groups, host = false) {
   for (const g of groups) {
     if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
     else if (g === 'kernel') out.push('test/native', 'test/bpf');
-    else if (g === 'bpf-unit') out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/verify-objects.ts');
+    else if (g === 'bpf-unit') out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/maglev.ts', 'test/bpf/verify-objects.ts');
     else if (g === 'e2e') out.push(...e2eFiles());
     else {
       const m = /^e2e:(\d+)\/(\d+)$/.exec(g);

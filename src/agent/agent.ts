@@ -142,13 +142,20 @@ export class Agent implements AgentView {
     }
     // The ids' ranges follow the loaded maps' sizes (--max-services, --max-backends).
     const maxEntries = Object.fromEntries(LB_MAP_NAMES.map((name) => [name, this.datapath!.object.map(name).maxEntries]));
-    this.reconciler = new Reconciler(this.datapath.maps, { maxEntries });
+    // The tc datapath first: the reconciler writes its tables and ranges too.
+    if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, features);
+    const np = this.nodePort;
+    this.reconciler = new Reconciler(this.datapath.maps, {
+      maxEntries,
+      ...(np && this.opts.nodePort
+        ? { northSouth: { maps: np.datapath.northSouthMaps, maglevM: this.opts.nodePort.settings.maglev.m, maglevSeed: this.opts.nodePort.maglevTableSeed } }
+        : {}),
+    });
     const restored = this.reconciler.restore();
     log.info({ ...restored, bpfRoot: this.opts.datapath.bpfRoot, cgroup: this.opts.datapath.cgroup }, 'datapath ready; state restored from pinned maps');
     const revNat = { 4: this.datapath.object.map('lb4_sock_revnat'), 6: this.datapath.object.map('lb6_sock_revnat') };
     this.terminator = await UdpTerminator.open({ revNat, cgroup: this.opts.datapath.cgroup });
     log.info(this.terminator.detection, `stale connected UDP sockets of removed backends: ${this.terminator.mechanism}`);
-    if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, features);
 
     await this.opts.source.start((e) => this.changed(e));
     // The first sync: the one the source's first events asked for, or one
@@ -179,6 +186,7 @@ export class Agent implements AgentView {
         mapsDir: mapsDir(bpfRoot),
         linksDir: linksDir(bpfRoot),
         mode: has(features, 'tcx') ? 'tcx' : 'clsact',
+        maglevM: opts.settings.maglev.m,
       });
     } catch (err) {
       this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;
@@ -420,7 +428,7 @@ export class Agent implements AgentView {
 
   frontends(): FrontendStatus[] {
     if (!this.datapath) return [];
-    return frontendStatuses(this.model.frontends.values(), (fe) => this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0, this.datapath.maps.dump());
+    return frontendStatuses(this.model.frontends.values(), (fe) => this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0, this.datapath.maps.dump(), this.nodePort !== undefined);
   }
 
   datapathCounters(): Record<string, bigint> {

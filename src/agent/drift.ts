@@ -23,7 +23,7 @@ interface Grouped {
 
 const text = (b: { address: string; family: 4 | 6; port: number }): string => formatAddr(b.address, b.family, b.port);
 
-export function frontendStatuses(desired: Iterable<Frontend>, revNatIdOf: (fe: Frontend) => number, dump: MapsDump): FrontendStatus[] {
+export function frontendStatuses(desired: Iterable<Frontend>, revNatIdOf: (fe: Frontend) => number, dump: MapsDump, northSouth = false): FrontendStatus[] {
   const backends = new Map(dump.backends.map((b) => [b.id, b.backend]));
   const revNat = { 4: new Map<number, { address: string; port: number }>(), 6: new Map<number, { address: string; port: number }>() };
   for (const e of dump.revNat) revNat[e.family].set(e.id, e);
@@ -72,7 +72,8 @@ export function frontendStatuses(desired: Iterable<Frontend>, revNatIdOf: (fe: F
         if (m.qcount !== fe.terminating.length) details.push(`qcount ${m.qcount}, intended ${fe.terminating.length}`);
         if (m.revNatId !== want.revNatId) details.push(`rev-NAT id ${m.revNatId}, intended ${want.revNatId}`);
         if (m.type !== fe.type) details.push(`type ${m.type}, intended ${fe.type}`);
-        if (m.flags !== masterFlags(fe)) details.push(`flags 0x${m.flags.toString(16)}, intended 0x${masterFlags(fe).toString(16)}`);
+        const flags = masterFlags(fe, northSouth);
+        if (m.flags !== flags) details.push(`flags 0x${m.flags.toString(16)}, intended 0x${flags.toString(16)}`);
         if (m.affinityTimeout !== fe.affinityTimeout) details.push(`affinity timeout ${m.affinityTimeout} s, intended ${fe.affinityTimeout} s`);
       }
       const intended: Backend[] = [...fe.backends, ...fe.terminating];

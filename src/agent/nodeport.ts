@@ -52,11 +52,11 @@ export class NodePortAgent {
   private status: NodePortStatus;
 
   constructor(
-    private readonly dp: NodePortDatapath,
+    readonly datapath: NodePortDatapath,
     private readonly opts: NodePortOptions,
     private readonly log: Logger,
   ) {
-    this.status = { mode: dp.mode, devices: [], nodeAddresses: [], waiting: [], problems: [] };
+    this.status = { mode: datapath.mode, devices: [], nodeAddresses: [], waiting: [], problems: [] };
   }
 
   /** Throws (ConfigError) when --devices names a device this network namespace does not have. */
@@ -66,7 +66,7 @@ export class NodePortAgent {
       const missing = this.opts.devices.filter((d) => !names.has(d));
       if (missing.length > 0) throw new ConfigError(`--devices: no device ${missing.join(', ')} in this network namespace (ip link lists ${[...names].join(', ')})`);
     }
-    this.dp.configure(this.opts.settings);
+    this.datapath.configure(this.opts.settings);
     this.reservePorts();
     this.refresh();
     this.watcher = rtnlWatch(
@@ -106,9 +106,9 @@ export class NodePortAgent {
     const sel = selectDevices(links, addrs, this.opts.devices);
     const nodeAddrs = nodePortAddresses(sel.devices, this.opts.addressCidrs ?? []);
     const before = this.status;
-    const problems = this.dp.sync(sel.devices, nodeAddrs);
+    const problems = this.datapath.sync(sel.devices, nodeAddrs);
     this.status = {
-      mode: this.dp.mode,
+      mode: this.datapath.mode,
       devices: sel.devices.map((d: Device) => ({ name: d.name, index: d.index, addresses: d.addresses.map((a) => `${a.address}/${a.prefixLen}`) })),
       nodeAddresses: nodeAddrs.map((a: DeviceAddress) => a.address),
       waiting: sel.waiting,
@@ -116,7 +116,7 @@ export class NodePortAgent {
     };
     const names = (s: NodePortStatus): string => s.devices.map((d) => `${d.name}#${d.index}`).join(',');
     if (names(before) !== names(this.status) || before.nodeAddresses.join() !== this.status.nodeAddresses.join()) {
-      this.log.info({ devices: this.status.devices.map((d) => d.name), nodeAddresses: this.status.nodeAddresses, mode: this.dp.mode }, 'tc datapath: devices and node addresses');
+      this.log.info({ devices: this.status.devices.map((d) => d.name), nodeAddresses: this.status.nodeAddresses, mode: this.datapath.mode }, 'tc datapath: devices and node addresses');
     }
     for (const w of sel.waiting) if (!before.waiting.includes(w)) this.log.warn({ device: w }, 'device named by --devices is not usable yet; attached when it is');
     for (const p of problems) this.log.error({ problem: p }, 'tc datapath: device not attached');
@@ -135,6 +135,6 @@ export class NodePortAgent {
     this.watcher = undefined;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
-    this.dp.close();
+    this.datapath.close();
   }
 }

@@ -44,6 +44,30 @@ export type LbWrite =
   | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
   | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry };
 
+/** A loadBalancerSourceRanges entry as the datapath holds it. */
+export interface SrcRangeEntry {
+  readonly family: Family;
+  readonly revNatId: number;
+  readonly address: string;
+  readonly prefixLen: number;
+}
+
+/**
+ * The tc datapath's per-frontend maps the reconciler writes: Maglev tables
+ * (lb_maglev) and source ranges (lb*_src_range). Present only when the tc
+ * object is loaded.
+ */
+export interface NorthSouthMaps {
+  /** Writes a whole table (M backend ids) as `table`'s, replacing any (one outer update: atomic). */
+  putMaglev(table: number, ids: Uint32Array): void;
+  deleteMaglev(table: number): void;
+  /** The tables the map holds (keys only: reading M entries each is not needed to adopt them). */
+  maglevKeys(): number[];
+  putSrcRange(e: SrcRangeEntry): void;
+  deleteSrcRange(e: SrcRangeEntry): void;
+  srcRanges(): SrcRangeEntry[];
+}
+
 /** A batch that failed part way: its first `written` writes are in the map. */
 export class PartialWriteError extends Error {
   constructor(

@@ -24,6 +24,7 @@ import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
 import { LbNpConfigFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
 import type { Device, DeviceAddress } from './devices.js';
 import { verifyMapLayout } from './maps.js';
+import { KernelMaglevMaps, KernelNorthSouthMaps } from './maglev-maps.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const NODEPORT_OBJECT = path.join(ROOT, 'bpf/.output/nodeport.bpf.o');
@@ -89,6 +90,8 @@ export interface NodePortOptions {
   readonly linksDir: string;
   /** tcx where the kernel has it (the feature probe says), clsact elsewhere. */
   readonly mode: AttachMode;
+  /** Slots of every Maglev table (--maglev-table-size). */
+  readonly maglevM: number;
   readonly object?: string;
 }
 
@@ -96,14 +99,18 @@ export class NodePortDatapath {
   private readonly attached = new Map<number, AttachedDevice>();
   private readonly addrs: BpfMap;
   private readonly devices: BpfMap;
+  /** Maglev tables and source ranges, for the reconciler. */
+  readonly northSouthMaps: KernelNorthSouthMaps;
 
   private constructor(
     readonly object: BpfObject,
     readonly mode: AttachMode,
     private readonly linksDir: string,
+    maglevM: number,
   ) {
     this.addrs = object.map('lb_node_addrs');
     this.devices = object.map('lb_devices');
+    this.northSouthMaps = new KernelNorthSouthMaps(new KernelMaglevMaps(object.map('lb_maglev'), maglevM), { 4: object.map('lb4_src_range'), 6: object.map('lb6_src_range') });
   }
 
   static async load(opts: NodePortOptions): Promise<NodePortDatapath> {
@@ -127,7 +134,7 @@ export class NodePortDatapath {
       object.close();
       throw err;
     }
-    return new NodePortDatapath(object, opts.mode, opts.linksDir);
+    return new NodePortDatapath(object, opts.mode, opts.linksDir, opts.maglevM);
   }
 
   /** Writes the settings the programs read (before any attach). */

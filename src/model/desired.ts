@@ -80,6 +80,7 @@ export function sameFrontend(a: Frontend, b: Frontend): boolean {
     a.externalLocal === b.externalLocal &&
     a.healthCheckNodePort === b.healthCheckNodePort &&
     sameRanges(a.sourceRanges, b.sourceRanges) &&
+    a.maglev === b.maglev &&
     a.service.namespace === b.service.namespace &&
     a.service.name === b.service.name &&
     a.service.portName === b.service.portName &&

@@ -232,6 +232,7 @@ export function serviceFrontends(
         scope,
         externalLocal: extLocal,
         sourceRanges,
+        maglev: type !== 'ClusterIP' && scope === undefined && svc.lbAlgorithm === 'maglev',
         healthCheckNodePort: type === 'ClusterIP' ? undefined : hc,
       });
       const eps = candidates(slices, ip.family, p.name, p.protocol, node?.name);

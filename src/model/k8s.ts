@@ -57,6 +57,7 @@ export interface RawEndpointSlice {
 export const SERVICE_NAME_LABEL = 'kubernetes.io/service-name';
 /** A Service with this label belongs to another proxy; kube-proxy skips it too. */
 export const SERVICE_PROXY_NAME_LABEL = 'service.kubernetes.io/service-proxy-name';
+export const LB_ALGORITHM_ANNOTATIONS = ['lbctl.io/lb-algorithm', 'service.cilium.io/lb-algorithm'] as const;
 /** A Service with this label is not proxied: kube-proxy's informers select `!service.kubernetes.io/headless`. */
 export const HEADLESS_LABEL = 'service.kubernetes.io/headless';
 export const ZONE_LABEL = 'topology.kubernetes.io/zone';
@@ -98,6 +99,14 @@ export interface Service {
    * when the service asks for none of it, as most do.
    */
   readonly northSouth: NorthSouth;
+  /**
+   * How the tc datapath picks a backend for a new flow to this service's
+   * NodePort, LoadBalancer and external IPs: 'maglev' (the default: every
+   * node picks the same backend for a flow) or 'random', from the
+   * lbctl.io/lb-algorithm annotation (Cilium's service.cilium.io/lb-algorithm
+   * is read too).
+   */
+  readonly lbAlgorithm: 'maglev' | 'random';
 }
 
 /** The north-south half of a service that has none: one shared object. */
@@ -282,6 +291,15 @@ export function validateService(obj: unknown): Validated<Service> {
   if (itp !== 'Cluster' && itp !== 'Local') return fail(`${id}: spec.internalTrafficPolicy ${show(itp)} is not Cluster or Local`);
   const proxyName = raw.metadata?.labels?.[SERVICE_PROXY_NAME_LABEL];
   const headlessLabel = raw.metadata?.labels?.[HEADLESS_LABEL] !== undefined;
+  const annotations = (raw.metadata as { annotations?: Record<string, unknown> } | undefined)?.annotations;
+  let lbAlgorithm: 'maglev' | 'random' = 'maglev';
+  for (const a of LB_ALGORITHM_ANNOTATIONS) {
+    const v = annotations?.[a];
+    if (v === undefined) continue;
+    if (v === 'random' || v === 'maglev') lbAlgorithm = v;
+    else return fail(`${id}: annotation ${a} ${show(v)} is not maglev or random`);
+    break;
+  }
   // Headless and ExternalName services are not proxied at all: their
   // north-south fields are not read (nor reported).
   const ns = clusterIPs.length === 0 ? NO_NORTH_SOUTH : orNone(northSouth(raw as RawNorthSouth, id, clusterIPs.map((c) => c.family), ALL_PORTS));
@@ -301,6 +319,7 @@ export function validateService(obj: unknown): Validated<Service> {
     proxyName: typeof proxyName === 'string' ? proxyName : undefined,
     headlessLabel,
     northSouth: ns,
+    lbAlgorithm,
   };
   return { ok: true, value };
 }

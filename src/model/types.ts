@@ -42,6 +42,12 @@ export interface Frontend extends L3n4Addr {
   readonly externalLocal: boolean;
   /** loadBalancerSourceRanges, on LoadBalancer frontends; empty: every client. */
   readonly sourceRanges: readonly SourceRange[];
+  /**
+   * The tc datapath picks this frontend's backends from a Maglev table
+   * (NodePort, LoadBalancer and ExternalIP frontends' external entries,
+   * unless the service asks for random).
+   */
+  readonly maglev: boolean;
   /** The service's healthCheckNodePort (LoadBalancer, externalTrafficPolicy Local), on its NodePort, LoadBalancer and ExternalIP frontends. */
   readonly healthCheckNodePort?: number;
 }

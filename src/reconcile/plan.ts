@@ -27,7 +27,8 @@
 // change sync plans only the frontends that changed; the realized state's
 // reference counts tell which backends and wildcards that left unused, so
 // its cost follows the change, not the number of services.
-import { serviceAddrKey, type Backend, type Family, type FrontendKey, type ServiceAddr } from '../lb/types.js';
+import { backendKey, serviceAddrKey, type Backend, type Family, type FrontendKey, type ServiceAddr } from '../lb/types.js';
+import type { SourceRange } from '../model/north-south.js';
 import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import type { MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
@@ -42,7 +43,24 @@ export type MapOp =
   | { readonly kind: 'put-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
   | { readonly kind: 'delete-slot'; readonly key: string; readonly fe: ServiceAddr; readonly slot: number }
   | { readonly kind: 'put-master'; readonly key: string; readonly fe: ServiceAddr; readonly master: MasterEntry }
-  | { readonly kind: 'delete-master'; readonly key: string; readonly fe: ServiceAddr };
+  | { readonly kind: 'delete-master'; readonly key: string; readonly fe: ServiceAddr }
+  /** A frontend's Maglev table (lb_maglev, keyed `table`), built from `backends` when written; swapped in whole. */
+  | { readonly kind: 'put-maglev'; readonly key: string; readonly fe: ServiceAddr; readonly table: number; readonly backends: readonly MaglevEntry[]; readonly fingerprint: string }
+  | { readonly kind: 'delete-maglev'; readonly key: string; readonly fe: ServiceAddr; readonly table: number }
+  /** A frontend's loadBalancerSourceRanges (lb*_src_range, keyed by rev-NAT id): `add` written, `remove` deleted. */
+  | { readonly kind: 'put-srcranges'; readonly key: string; readonly fe: ServiceAddr; readonly revNatId: number; readonly add: readonly SourceRange[]; readonly remove: readonly SourceRange[]; readonly fingerprint: string; readonly oldRevNatId?: number }
+  | { readonly kind: 'delete-srcranges'; readonly key: string; readonly fe: ServiceAddr; readonly revNatId: number; readonly remove: readonly SourceRange[] };
+
+/** A backend in a Maglev table: the name every node hashes, and the id written. */
+export interface MaglevEntry {
+  readonly key: string;
+  readonly id: number;
+}
+
+/** lb_maglev's key of a frontend: its rev-NAT id, the top bit set for IPv6 (bpf/include/lb_types.h LB_MAGLEV_V6). */
+export const maglevTableKey = (revNatId: number, family: Family): number => (family === 6 ? (revNatId | 0x80000000) >>> 0 : revNatId);
+
+const rangeText = (r: SourceRange): string => `${r.address}/${r.prefixLen}`;
 
 export interface IdAssignment {
   backendId(b: Backend): number;
@@ -84,9 +102,11 @@ function sameMaster(a: MasterEntry, b: MasterEntry): boolean {
  * backends; TWO_SCOPES: the internal twin exists, which the model emits for
  * every such frontend); the twin's backends follow the internal policy.
  */
-export function masterFlags(fe: Frontend): number {
+/** The master entry's flags; `maglev`: the datapath has Maglev tables (the tc object is loaded). */
+export function masterFlags(fe: Frontend, maglev = false): number {
   const external = fe.externalLocal && fe.scope !== 'internal';
   return (
+    (maglev && fe.maglev ? LbSvcFlags.LB_SVC_F_MAGLEV : 0) |
     (fe.affinityTimeout > 0 ? LbSvcFlags.LB_SVC_F_AFFINITY : 0) |
     (fe.localOnly ? LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL : 0) |
     (external ? LbSvcFlags.LB_SVC_F_LOCAL_EXTERNAL | LbSvcFlags.LB_SVC_F_TWO_SCOPES : 0) |
@@ -142,6 +162,8 @@ export interface PlanScope {
    * (the kernel's E2BIG is then the reconciler's matter).
    */
   readonly maxEntries?: Partial<Record<LbMapName, number>>;
+  /** The tc datapath is loaded: north-south frontends get Maglev tables and source ranges. */
+  readonly northSouth?: boolean;
 }
 
 function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
@@ -204,9 +226,16 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   /** Addresses of held frontends: their wildcards stay (but are not written for them). */
   const wildcardsKept = new Set<string>();
   const refused = new Map<string, Refusal>();
+  /** Maglev tables and source ranges desired (or kept with a held frontend): a full plan deletes the others. */
+  const maglevWanted = new Set<number>();
+  const rangesWanted = new Set<string>();
+  const maglevPuts: MapOp[] = [];
+  const lateNorthSouth: MapOp[] = [];
   const keep = (fe: Frontend): void => {
     if (hasWildcard(fe.type)) wildcardsKept.add(fe.address);
     const have = r.frontends.get(fe.key);
+    rangesWanted.add(fe.key);
+    if (have?.master) maglevWanted.add(maglevTableKey(have.master.revNatId, fe.family));
     if (!have) return;
     for (const [, id] of heldSlots(have)) planned.add(id);
     if (have.master) heldRevNat[fe.family].add(have.master.revNatId);
@@ -219,6 +248,13 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       bump(slotDelta, old, -1);
     }
     if (have.master && hasWildcard(have.master.type)) bump(addrDelta, have.fe.address, -1);
+    // Its Maglev table and source ranges go after its master (no new flow reads them then).
+    if (have.master) {
+      const table = maglevTableKey(have.master.revNatId, have.fe.family);
+      if (r.maglev.has(table)) removals.push({ kind: 'delete-maglev', key, fe: have.fe, table });
+    }
+    const ranges = r.srcRanges.get(key);
+    if (ranges) removals.push({ kind: 'delete-srcranges', key, fe: have.fe, revNatId: ranges.revNatId, remove: ranges.ranges });
     // A full plan deletes every rev-NAT entry no desired frontend uses, below.
     const id = have.master?.revNatId;
     if (!full && id !== undefined && r.revNat[have.fe.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.fe.family });
@@ -294,7 +330,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       qcount: fe.terminating.length,
       revNatId,
       type: fe.type,
-      flags: masterFlags(fe),
+      flags: masterFlags(fe, scope.northSouth === true),
       affinityTimeout: fe.affinityTimeout,
     };
     if (!have?.master || !sameMaster(have.master, master)) {
@@ -306,6 +342,32 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
         if (s <= slot) continue;
         mine.shrink.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
         slotBumps.push([old, -1]);
+      }
+    }
+    // North-south: the Maglev table and source ranges, written before the
+    // master whose flags send the datapath to them (without a table the
+    // datapath picks at random, so a table written late is never a drop).
+    const northSouth: MapOp[] = [];
+    const late: MapOp[] = [];
+    if (scope.northSouth === true) {
+      const table = maglevTableKey(revNatId, f);
+      if (fe.maglev) {
+        const backends = fe.backends.map((b) => ({ key: backendKey(b), id: ids.backendId(b) }));
+        const fingerprint = backends.map((e) => `${e.key}=${e.id}`).sort().join(',');
+        if (r.maglev.get(table) !== fingerprint) northSouth.push({ kind: 'put-maglev', key: fe.key, fe, table, backends, fingerprint });
+      } else if (r.maglev.has(table)) {
+        late.push({ kind: 'delete-maglev', key: fe.key, fe, table });
+      }
+      const haveRanges = r.srcRanges.get(fe.key);
+      if (fe.sourceRanges.length > 0) {
+        const fingerprint = `${revNatId}|${fe.sourceRanges.map(rangeText).sort().join(',')}`;
+        if (haveRanges?.fingerprint !== fingerprint) {
+          const keepOld = haveRanges?.revNatId === revNatId ? new Set(fe.sourceRanges.map(rangeText)) : new Set<string>();
+          const remove = haveRanges ? haveRanges.ranges.filter((x) => !keepOld.has(rangeText(x))) : [];
+          northSouth.push({ kind: 'put-srcranges', key: fe.key, fe, revNatId, add: fe.sourceRanges, remove, fingerprint, ...(haveRanges && haveRanges.revNatId !== revNatId ? { oldRevNatId: haveRanges.revNatId } : {}) } as MapOp);
+        }
+      } else if (haveRanges) {
+        late.push({ kind: 'delete-srcranges', key: fe.key, fe, revNatId: haveRanges.revNatId, remove: haveRanges.ranges });
       }
     }
     const wildcardNew = hasWildcard(fe.type) && !wildcardsSeen.has(fe.address);
@@ -328,6 +390,10 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     for (const [map, n] of need) if (room.has(map)) room.set(map, room.get(map)! - n);
     for (const id of newBackends) planned.add(id);
     for (const [id, by] of slotBumps) bump(slotDelta, id, by);
+    if (fe.maglev) maglevWanted.add(maglevTableKey(revNatId, f));
+    if (fe.sourceRanges.length > 0) rangesWanted.add(fe.key);
+    append(maglevPuts, northSouth);
+    append(lateNorthSouth, late);
     const wasCounted = have?.master !== undefined && hasWildcard(have.master.type);
     if (wasCounted !== hasWildcard(fe.type)) bump(addrDelta, fe.address, wasCounted ? -1 : 1);
     if (wildcardNew) wildcardsSeen.add(fe.address);
@@ -408,13 +474,28 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       }
     }
   }
-  for (const list of [backendPuts, revNatPuts, slotPuts, masterPuts]) {
+  for (const list of [backendPuts, revNatPuts, slotPuts]) {
     append(ops, list[4]);
     append(ops, list[6]);
   }
+  append(ops, maglevPuts);
+  append(ops, masterPuts[4]);
+  append(ops, masterPuts[6]);
   append(ops, shrinks);
   append(ops, wildcardPuts[4]);
   append(ops, wildcardPuts[6]);
   append(ops, lateRevNatDeletes);
+  append(ops, lateNorthSouth);
+  if (full && scope.prune) {
+    // Tables and ranges no desired frontend has (a frontend gone while the agent was down).
+    const removedHere = new Set(ops.filter((o) => o.kind === 'delete-maglev').map((o) => (o as { table: number }).table));
+    for (const table of r.maglev.keys()) {
+      if (!maglevWanted.has(table) && !removedHere.has(table)) ops.push({ kind: 'delete-maglev', key: `maglev:${table}`, fe: { address: '', family: table & 0x80000000 ? 6 : 4, port: 0, protocol: 'ANY' }, table });
+    }
+    const rangesRemoved = new Set(ops.filter((o) => o.kind === 'delete-srcranges').map((o) => o.key));
+    for (const [key, have] of r.srcRanges) {
+      if (!rangesWanted.has(key) && !rangesRemoved.has(key)) ops.push({ kind: 'delete-srcranges', key, fe: have.fe, revNatId: have.revNatId, remove: have.ranges });
+    }
+  }
   return { ops, refused };
 }

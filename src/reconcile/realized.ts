@@ -7,6 +7,7 @@
 // map it mirrors, so the map pressure (entries in use / max_entries) costs
 // nothing to report.
 import type { Backend, Family } from '../lb/types.js';
+import type { SourceRange } from '../model/north-south.js';
 import type { MapsDump, MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
 import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 import type { LB_MAP_NAMES } from '../datapath/maps.js';
@@ -41,7 +42,24 @@ function bump<K>(m: Map<K, number>, k: K, by: number): void {
   else m.delete(k);
 }
 
+/** A frontend's source ranges as written (lb*_src_range). */
+export interface RealizedRanges {
+  readonly fe: ServiceAddr;
+  readonly revNatId: number;
+  readonly ranges: readonly SourceRange[];
+  /** The plan's fingerprint of what was written ('' when read back after a restart: rewritten once). */
+  readonly fingerprint: string;
+}
+
 export class RealizedState {
+  /**
+   * Maglev tables by lb_maglev key, with the fingerprint of the backends
+   * they were built from ('' for a table found at restart: rewritten once,
+   * an atomic swap of the same content).
+   */
+  readonly maglev = new Map<number, string>();
+  /** Source ranges by frontend key. */
+  readonly srcRanges = new Map<string, RealizedRanges>();
   /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
   readonly frontends = new Map<string, RealizedFrontend>();
   readonly backends = new Map<number, Backend>();

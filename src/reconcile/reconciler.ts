@@ -12,7 +12,9 @@
 // way the sync goes on with the others, and the result names what was not
 // programmed and why. Any other write error stops the sync.
 import { LbError } from '../errors.js';
-import type { LbMaps } from '../datapath/lbmaps.js';
+import type { LbMaps, NorthSouthMaps } from '../datapath/lbmaps.js';
+import { maglevTable } from '../lb/maglev.js';
+import type { SourceRange } from '../model/north-south.js';
 import { PartialWriteError, type LbWrite } from '../datapath/lbmaps.js';
 import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family, type FrontendKey, type L3n4Addr, type ServiceAddr } from '../lb/types.js';
 import { type DesiredState, type Frontend } from '../model/types.js';
@@ -78,6 +80,12 @@ export interface ReconcilerOptions {
    * both families). Unknown: ids span 32 bits and pressure() omits the map.
    */
   readonly maxEntries?: Partial<Record<LbMapName, number>>;
+  /**
+   * The tc datapath is loaded: north-south frontends get Maglev tables of
+   * `maglevM` slots (permutations seeded by `maglevSeed`, the same on every
+   * node) and source ranges, written through `maps`.
+   */
+  readonly northSouth?: { readonly maps: NorthSouthMaps; readonly maglevM: number; readonly maglevSeed: number };
 }
 
 /** The kernel's (or an allocator's) answer when a map has no room for a new key. */
@@ -127,6 +135,14 @@ export function describeOp(op: MapOp): string {
       return `put ${serviceAddrKey(op.fe)} master (count ${op.master.count})`;
     case 'delete-master':
       return `delete ${serviceAddrKey(op.fe)} master`;
+    case 'put-maglev':
+      return `put ${op.key} Maglev table ${op.table} (${op.backends.length} backends)`;
+    case 'delete-maglev':
+      return `delete Maglev table ${op.table}`;
+    case 'put-srcranges':
+      return `put ${op.key} source ranges (${op.add.length}, ${op.remove.length} removed)`;
+    case 'delete-srcranges':
+      return `delete ${op.key} source ranges (${op.remove.length})`;
   }
 }
 
@@ -158,12 +174,14 @@ export class Reconciler {
   readonly backendIds: IdAllocator<BackendIdKey>;
   readonly revNatIds: Record<Family, IdAllocator<FrontendKey>>;
   private readonly maxEntries: Partial<Record<LbMapName, number>>;
+  private readonly northSouth: ReconcilerOptions['northSouth'];
 
   constructor(
     private readonly maps: LbMaps,
     opts: ReconcilerOptions = {},
   ) {
     this.maxEntries = opts.maxEntries ?? {};
+    this.northSouth = opts.northSouth;
     const cap = (name: LbMapName): number => {
       const n = this.maxEntries[name];
       return n !== undefined && Number.isInteger(n) && n > 0 ? Math.min(n, 0xffffffff) : 0xffffffff;
@@ -198,6 +216,7 @@ export class Reconciler {
    */
   restore(): { frontends: number; backends: number } {
     this.realizedState = RealizedState.from(this.maps.dump());
+    this.readNorthSouth(new Map());
     this.clean = false;
     let frontends = 0;
     for (const [key, fe] of this.realizedState.frontends) {
@@ -207,6 +226,31 @@ export class Reconciler {
     }
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
     return { frontends, backends: this.realizedState.backends.size };
+  }
+
+  /**
+   * The tc datapath's Maglev tables and source ranges as the maps hold them.
+   * A table keeps the fingerprint `known` gives it (a resync: the agent
+   * wrote it), else '' (found at restart: rewritten once by the first sync,
+   * an atomic swap of the same content). Ranges are grouped under the
+   * frontend whose master has their rev-NAT id; ranges of no frontend are
+   * kept under a key of their own, and the next full plan deletes them.
+   */
+  private readNorthSouth(known: ReadonlyMap<number, string>): void {
+    const ns = this.northSouth;
+    if (!ns) return;
+    const r = this.realizedState;
+    for (const table of ns.maps.maglevKeys()) r.maglev.set(table, known.get(table) ?? '');
+    const byId = new Map<string, string>();
+    for (const [key, fe] of r.frontends) if (fe.master && fe.fe.protocol !== 'ANY') byId.set(`${fe.fe.family}/${fe.master.revNatId}`, key);
+    const groups = new Map<string, { fe: ServiceAddr; revNatId: number; ranges: SourceRange[] }>();
+    for (const e of ns.maps.srcRanges()) {
+      const key = byId.get(`${e.family}/${e.revNatId}`) ?? `src-range:${e.family}/${e.revNatId}`;
+      let g = groups.get(key);
+      if (!g) groups.set(key, (g = { fe: r.frontends.get(key)?.fe ?? { address: '', family: e.family, port: 0, protocol: 'ANY' }, revNatId: e.revNatId, ranges: [] }));
+      g.ranges.push({ family: e.family, address: e.address, prefixLen: e.prefixLen });
+    }
+    for (const [key, g] of groups) r.srcRanges.set(key, { ...g, fingerprint: '' });
   }
 
   /**
@@ -248,7 +292,9 @@ export class Reconciler {
    * next plan then repairs whatever changed behind the agent's back (drift).
    */
   resync(): void {
+    const before = this.realizedState;
     this.realizedState = RealizedState.from(this.maps.dump());
+    this.readNorthSouth(before.maglev);
     this.clean = false;
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
   }
@@ -300,6 +346,7 @@ export class Reconciler {
       for (const fe of desired.values()) acquire(fe);
     }
     const t1 = performance.now();
+    const northSouth = this.northSouth !== undefined;
     const { ops, refused: tooBig } = plan(
       this.realizedState,
       desired,
@@ -307,7 +354,7 @@ export class Reconciler {
         backendId: (b) => backendIds.get(b)!,
         revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
       },
-      { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}), maxEntries: this.maxEntries },
+      { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}), maxEntries: this.maxEntries, northSouth },
     );
     for (const [frontend, { map, reason }] of tooBig) refused.frontends.set(frontend, { frontend, map, reason });
 
@@ -501,6 +548,24 @@ export class Reconciler {
         return m.putMaster(op.fe, op.master);
       case 'delete-master':
         return m.deleteMaster(op.fe);
+      case 'put-maglev': {
+        const ns = this.northSouth!;
+        return ns.maps.putMaglev(op.table, maglevTable(op.backends, ns.maglevM, ns.maglevSeed));
+      }
+      case 'delete-maglev':
+        return this.northSouth!.maps.deleteMaglev(op.table);
+      case 'put-srcranges': {
+        const ns = this.northSouth!.maps;
+        const family = op.fe.family;
+        for (const r of op.add) ns.putSrcRange({ family, revNatId: op.revNatId, address: r.address, prefixLen: r.prefixLen });
+        for (const r of op.remove) ns.deleteSrcRange({ family, revNatId: op.oldRevNatId ?? op.revNatId, address: r.address, prefixLen: r.prefixLen });
+        return;
+      }
+      case 'delete-srcranges': {
+        const ns = this.northSouth!.maps;
+        for (const r of op.remove) ns.deleteSrcRange({ family: op.fe.family, revNatId: op.revNatId, address: r.address, prefixLen: r.prefixLen });
+        return;
+      }
     }
   }
 
@@ -533,6 +598,18 @@ export class Reconciler {
         break;
       case 'delete-master':
         r.deleteMaster(op.key);
+        break;
+      case 'put-maglev':
+        r.maglev.set(op.table, op.fingerprint);
+        break;
+      case 'delete-maglev':
+        r.maglev.delete(op.table);
+        break;
+      case 'put-srcranges':
+        r.srcRanges.set(op.key, { fe: op.fe, revNatId: op.revNatId, ranges: op.add, fingerprint: op.fingerprint });
+        break;
+      case 'delete-srcranges':
+        r.srcRanges.delete(op.key);
         break;
     }
   }

@@ -4,7 +4,7 @@ import { frontendKey, type Backend } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 
 /** What a north-south frontend adds: its type, scope, externalTrafficPolicy Local, source ranges. */
-export type FrontendExtra = Partial<Pick<Frontend, 'type' | 'scope' | 'externalLocal' | 'sourceRanges' | 'healthCheckNodePort' | 'localOnly'>>;
+export type FrontendExtra = Partial<Pick<Frontend, 'type' | 'scope' | 'externalLocal' | 'sourceRanges' | 'healthCheckNodePort' | 'localOnly' | 'maglev'>>;
 
 export function frontend(ip: string, port: number, backends: string[], terminating: string[] = [], extra: FrontendExtra = {}): Frontend {
   const family = ip.includes(':') ? 6 : 4;
@@ -21,6 +21,7 @@ export function frontend(ip: string, port: number, backends: string[], terminati
     localOnly: false,
     externalLocal: false,
     sourceRanges: [],
+    maglev: false,
     ...extra,
   };
 }

@@ -58,6 +58,7 @@ function frontend(i: number): Frontend {
     service: { namespace: 'default', name: `svc-${i}`, portName: 'p' },
     backends: [{ address: `10.0.0.${i}`, family: 4, port: 8080, protocol: 'TCP', state: 'active' }],
     terminating: [],
+    maglev: false,
     affinityTimeout: 0,
     localOnly: false,
     externalLocal: false,

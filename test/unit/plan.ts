@@ -36,6 +36,7 @@ function apply(m: FakeLbMaps, op: MapOp): void {
     case 'delete-slot': return m.deleteSlot(op.fe, op.slot);
     case 'put-master': return m.putMaster(op.fe, op.master);
     case 'delete-master': return m.deleteMaster(op.fe);
+    default: return undefined; // north-south ops: a plan without northSouth makes none
   }
 }
 
@@ -50,6 +51,10 @@ const show = (ops: readonly MapOp[]): string[] =>
       case 'delete-slot': return `delete-slot ${o.key}#${o.slot}`;
       case 'put-master': return `put-master ${o.key}`;
       case 'delete-master': return `delete-master ${o.key}`;
+      case 'put-maglev': return `put-maglev ${o.table} ${o.backends.map((b) => b.id).join(',')}`;
+      case 'delete-maglev': return `delete-maglev ${o.table}`;
+      case 'put-srcranges': return `put-srcranges ${o.key} +${o.add.map((r) => `${r.address}/${r.prefixLen}`).join(',')} -${o.remove.map((r) => `${r.address}/${r.prefixLen}`).join(',')}`;
+      case 'delete-srcranges': return `delete-srcranges ${o.key}`;
     }
   });
 
