@@ -3,7 +3,7 @@
 // `maxEntries`, a map behaves as a full BPF hash map does: a put of a new
 // key beyond max_entries fails with E2BIG, a put of an existing key (and a
 // delete) still works (test/native/maps.ts checks this of the kernel).
-import type { LbMaps, MapsDump, MasterEntry, RevNatEntry, ServiceEntry } from '../../src/datapath/lbmaps.js';
+import type { LbMaps, MapsDump, MasterEntry, NorthSouthMaps, RevNatEntry, ServiceEntry, SrcRangeEntry } from '../../src/datapath/lbmaps.js';
 import { serviceAddrKey, type ServiceAddr } from '../../src/lb/types.js';
 import type { Backend, Family } from '../../src/lb/types.js';
 import type { LbMapName } from '../../src/reconcile/realized.js';
@@ -135,4 +135,45 @@ export function consistent(m: FakeLbMaps): string | undefined {
     if (!m.revNat.has(`${e.fe.family}/${e.master.revNatId}`)) return `${key} names missing rev-NAT ${e.master.revNatId}`;
   }
   return undefined;
+}
+
+/** The tc datapath's per-frontend maps in memory: Maglev tables by key, source ranges as text. */
+export class FakeNorthSouthMaps implements NorthSouthMaps {
+  readonly tables = new Map<number, Uint32Array>();
+  readonly ranges = new Set<string>();
+  /** Every write, in order ("put-maglev 7", "delete-range 4/7/10.0.0.0/8"). */
+  readonly log: string[] = [];
+
+  putMaglev(table: number, ids: Uint32Array): void {
+    this.tables.set(table, ids);
+    this.log.push(`put-maglev ${table}`);
+  }
+
+  deleteMaglev(table: number): void {
+    this.tables.delete(table);
+    this.log.push(`delete-maglev ${table}`);
+  }
+
+  maglevKeys(): number[] {
+    return [...this.tables.keys()];
+  }
+
+  putSrcRange(e: SrcRangeEntry): void {
+    const k = `${e.family}/${e.revNatId}/${e.address}/${e.prefixLen}`;
+    this.ranges.add(k);
+    this.log.push(`put-range ${k}`);
+  }
+
+  deleteSrcRange(e: SrcRangeEntry): void {
+    const k = `${e.family}/${e.revNatId}/${e.address}/${e.prefixLen}`;
+    this.ranges.delete(k);
+    this.log.push(`delete-range ${k}`);
+  }
+
+  srcRanges(): SrcRangeEntry[] {
+    return [...this.ranges].map((k) => {
+      const [family, revNatId, address, prefixLen] = k.split('/');
+      return { family: Number(family) as 4 | 6, revNatId: Number(revNatId), address: address!, prefixLen: Number(prefixLen) };
+    });
+  }
 }

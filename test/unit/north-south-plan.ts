@@ -1,0 +1,106 @@
+// The tc datapath's per-frontend writes through the plan and the
+// reconciler: a north-south frontend's Maglev table and source ranges are
+// written before the master whose flags send the datapath to them, and
+// deleted after it; a change rewrites only what changed; a restart adopts
+// the tables it finds and rewrites each once; tables and ranges nothing
+// desires any more are removed by a full sync.
+import t from 'tap';
+import { LbSvcFlags } from '../../src/datapath/abi.gen.js';
+import { DEFAULT_MAGLEV_TABLE_SIZE, maglevTable } from '../../src/lb/maglev.js';
+import { maglevTableKey, plan, type MapOp } from '../../src/reconcile/plan.js';
+import { RealizedState } from '../../src/reconcile/realized.js';
+import { Reconciler } from '../../src/reconcile/reconciler.js';
+import { FakeLbMaps, FakeNorthSouthMaps } from '../fakes/fake-maps.js';
+import { frontend, state } from '../fakes/frontends.js';
+
+const M = 251;
+const SEED = 12345;
+const LB = (backends: string[], ranges: Array<[string, number]> = []) =>
+  frontend('192.168.7.7', 80, backends, [], {
+    type: 'LoadBalancer',
+    maglev: true,
+    sourceRanges: ranges.map(([address, prefixLen]) => ({ family: 4 as const, address, prefixLen })),
+  });
+
+const kinds = (ops: readonly MapOp[]): string[] => ops.filter((o) => o.kind !== 'put-backend' && o.kind !== 'put-slot' && o.kind !== 'delete-slot' && o.kind !== 'put-revnat').map((o) => o.kind);
+
+t.test('a north-south frontend: table and ranges before its master, master flagged', async (t) => {
+  const fe = LB(['10.0.0.1', '10.0.0.2'], [['10.1.0.0', 16]]);
+  const ids = { backendId: (b: { address: string }) => Number(b.address.split('.')[3]), revNatId: () => 3 };
+  const { ops } = plan(new RealizedState(), state(fe), ids, { prune: true, northSouth: true });
+  t.same(kinds(ops), ['put-maglev', 'put-srcranges', 'put-master'], 'table, ranges, then the master');
+  const master = ops.find((o) => o.kind === 'put-master') as Extract<MapOp, { kind: 'put-master' }>;
+  t.equal(master.master.flags & LbSvcFlags.LB_SVC_F_MAGLEV, LbSvcFlags.LB_SVC_F_MAGLEV, 'the master says the table is there');
+  t.equal(master.master.flags & LbSvcFlags.LB_SVC_F_SRC_RANGE, LbSvcFlags.LB_SVC_F_SRC_RANGE, 'and that ranges apply');
+  const table = ops.find((o) => o.kind === 'put-maglev') as Extract<MapOp, { kind: 'put-maglev' }>;
+  t.equal(table.table, maglevTableKey(3, 4), 'keyed by the rev-NAT id');
+  t.same(table.backends.map((b) => b.id), [1, 2], 'built from the selectable backends');
+
+  const withoutTc = plan(new RealizedState(), state(fe), ids, { prune: true });
+  t.same(kinds(withoutTc.ops), ['put-master'], 'without the tc datapath: no table, no ranges');
+  t.equal((withoutTc.ops.find((o) => o.kind === 'put-master') as Extract<MapOp, { kind: 'put-master' }>).master.flags & LbSvcFlags.LB_SVC_F_MAGLEV, 0, 'and no Maglev flag');
+
+  const cluster = frontend('10.96.0.1', 80, ['10.0.0.1']);
+  t.same(kinds(plan(new RealizedState(), state(cluster), ids, { prune: true, northSouth: true }).ops), ['put-master', 'put-master'], 'a ClusterIP frontend: no table (its master and its wildcard)');
+  t.equal(maglevTableKey(3, 6), 0x80000003, 'an IPv6 frontend\'s table key has the top bit set');
+});
+
+t.test('through the reconciler: writes, changes, removal and restart', async (t) => {
+  const maps = new FakeLbMaps();
+  const ns = new FakeNorthSouthMaps();
+  const rec = new Reconciler(maps, { northSouth: { maps: ns, maglevM: M, maglevSeed: SEED } });
+  rec.restore();
+  const v1 = LB(['10.0.0.1', '10.0.0.2'], [['10.1.0.0', 16], ['10.2.0.0', 16]]);
+  rec.sync(state(v1), { prune: true });
+  t.equal(ns.tables.size, 1, 'one table');
+  const [key, table] = [...ns.tables][0]!;
+  const ids = [...new Set(table)].sort();
+  t.equal(ids.length, 2, 'naming both backends');
+  t.same(table, maglevTable([...rec.realized.backends].map(([id, b]) => ({ key: `${b.address}:${b.port}/${b.protocol}`, id })), M, SEED), 'the table src/lb/maglev.ts builds');
+  t.equal(ns.ranges.size, 2, 'two source ranges');
+  t.ok(maps.dump().services.some((e) => e.slot === 0 && e.fe.address === '192.168.7.7' && e.master!.flags & LbSvcFlags.LB_SVC_F_MAGLEV), 'the master was written, flagged');
+
+  ns.log.length = 0;
+  rec.sync(state(v1), { prune: true });
+  t.same(ns.log, [], 'an unchanged frontend writes no table and no range');
+
+  ns.log.length = 0;
+  const v2 = LB(['10.0.0.1', '10.0.0.2', '10.0.0.3'], [['10.1.0.0', 16]]);
+  rec.sync(state(v2), { prune: true, changed: new Set([v2.key]) });
+  t.same(ns.log.filter((l) => l.startsWith('put-maglev')), [`put-maglev ${key}`], 'a backend more: the table is rewritten (swapped) under the same key');
+  t.ok(ns.log.some((l) => l.startsWith('delete-range') && l.includes('10.2.0.0')), 'the range no longer given is deleted');
+  t.equal(ns.ranges.size, 1);
+
+  // A restart: a new reconciler over the same maps adopts the table, rewrites it once.
+  const again = new Reconciler(maps, { northSouth: { maps: ns, maglevM: M, maglevSeed: SEED } });
+  again.restore();
+  ns.log.length = 0;
+  again.sync(state(v2), { prune: true });
+  t.same(ns.log.filter((l) => l.startsWith('put-maglev')), [`put-maglev ${key}`], 'after a restart each table is rewritten once (same content, atomic swap)');
+  ns.log.length = 0;
+  again.sync(state(v2), { prune: true });
+  t.same(ns.log, [], 'and then left alone');
+
+  // Random instead of Maglev: the master loses its flag first, the table goes after.
+  ns.log.length = 0;
+  const random = { ...v2, maglev: false };
+  again.sync(state(random), { prune: true, changed: new Set([random.key]) });
+  t.same(ns.log, [`delete-maglev ${key}`], 'lb-algorithm random: the table is deleted');
+
+  // Removed: master first, then the ranges.
+  ns.log.length = 0;
+  again.sync(state(), { prune: true, changed: new Set([random.key]) });
+  t.ok(ns.log.some((l) => l.startsWith('delete-range')), 'a removed frontend\'s ranges are deleted');
+  t.equal(ns.ranges.size, 0);
+  t.equal(ns.tables.size, 0);
+
+  // Left behind by a frontend removed while the agent was down: a full sync removes them.
+  ns.putMaglev(99, new Uint32Array(M));
+  ns.putSrcRange({ family: 4, revNatId: 42, address: '10.9.0.0', prefixLen: 16 });
+  const third = new Reconciler(maps, { northSouth: { maps: ns, maglevM: M, maglevSeed: SEED } });
+  third.restore();
+  third.sync(state(), { prune: true });
+  t.equal(ns.tables.size, 0, 'an orphaned table is deleted by a full sync');
+  t.equal(ns.ranges.size, 0, 'and orphaned ranges');
+  t.ok(DEFAULT_MAGLEV_TABLE_SIZE > M);
+});
