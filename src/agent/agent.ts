@@ -456,7 +456,15 @@ export class Agent implements AgentView {
         ? { state: 'off' }
         : this.nodePortError !== undefined || !this.nodePort
           ? { state: 'failed', error: this.nodePortError ?? 'not started' }
-          : { state: 'serving', ...this.nodePort.view() },
+          : {
+              state: 'serving',
+              ...this.nodePort.view(),
+              maglev: {
+                m: this.opts.nodePort.settings.maglev.m,
+                tables: this.reconciler?.realized.maglev.size ?? 0,
+                bytes: (this.reconciler?.realized.maglev.size ?? 0) * this.opts.nodePort.settings.maglev.m * 4,
+              },
+            },
     };
   }
 

@@ -56,6 +56,8 @@ export interface KernelStatus {
     readonly nodeAddresses?: readonly string[];
     readonly waiting?: readonly string[];
     readonly problems?: readonly string[];
+    /** Maglev tables in the kernel: slots each, how many, and their memory (slots * 4 bytes each). */
+    readonly maglev?: { readonly m: number; readonly tables: number; readonly bytes: number };
   };
 }
 

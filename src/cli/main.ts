@@ -81,7 +81,9 @@ export function buildProgram(): Command {
       .description(description)
       .option('--bpf-root <path>', 'bpffs directory of the pinned maps', DEFAULT_BPF_ROOT)
       .option('-o, --output <format>', 'text or json', output, 'text');
-  listCommand(bpf, 'lb', 'list frontends and their backends').action(async (opts) => (await import('./commands/lb-list.js')).lbListCommand(opts));
+  listCommand(bpf, 'lb', 'list frontends and their backends')
+    .option('--maglev', "each north-south frontend's Maglev table: its backends' shares")
+    .action(async (opts) => (await import('./commands/lb-list.js')).lbListCommand(opts));
   listCommand(bpf, 'metrics', 'list the per-CPU datapath counters, summed').action(async (opts) => (await import('./commands/metrics-list.js')).metricsListCommand(opts));
   listCommand(bpf, 'ct', "list the tc datapath's tracked flows (both directions)").action(async (opts) => (await import('./commands/ct-list.js')).ctListCommand(opts));
   listCommand(bpf, 'nat', "list the tc datapath's SNAT translations").action(async (opts) => (await import('./commands/ct-list.js')).natListCommand(opts));

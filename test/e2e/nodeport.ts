@@ -5,7 +5,7 @@
 // home. See test/helpers/nodeport-lab.ts for the addresses.
 import t from 'tap';
 import { stringify } from 'yaml';
-import { createSandbox, CLIENT_PY, SLOW } from '../helpers/sandbox.js';
+import { CLI_TIMEOUT_MS, createSandbox, CLIENT_PY, LBCTL, run, SLOW } from '../helpers/sandbox.js';
 import { EXT, EXTERNAL_IP, extGet, LB_IP, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
 
 const HTTP = 8080;
@@ -118,6 +118,23 @@ t.test('NodePort, external IP and LoadBalancer from outside the node, IPv4 and I
   t.ok(list.some((e) => e.type === 'NodePort' && e.frontend.startsWith('0.0.0.0:30080/TCP')), 'lbctl bpf lb list shows the NodePort surrogate');
   t.ok(list.some((e) => e.type === 'ExternalIP' && e.frontend.startsWith(`${EXTERNAL_IP.v4}:80/TCP`)), 'and the external IP');
   t.ok(list.some((e) => e.type === 'LoadBalancer' && e.frontend.startsWith(`${LB_IP.v4}:80/TCP`)), 'and the LoadBalancer IP');
+
+  const text = await sb.lbctl(['bpf', 'lb', 'list']);
+  t.match(text.stdout, new RegExp(`${NODE1.v4.replace(/\./g, '\\.')}:30080/TCP\\s.*\\[NodePort`), 'the text listing shows the NodePort at each node address, as Cilium does');
+  const maglev = JSON.parse((await sb.lbctl(['bpf', 'lb', 'list', '--maglev', '-o', 'json'])).stdout) as Array<{ frontend: string; type: string; maglev?: Array<{ slots: number; share: number }> }>;
+  const surrogate = maglev.find((e) => e.frontend === '0.0.0.0:30080/TCP');
+  t.equal(surrogate?.maglev?.length, 2, `--maglev: the NodePort's table names its two backends (${JSON.stringify(surrogate?.maglev)})`);
+  t.ok(surrogate?.maglev?.every((m) => m.share > 45 && m.share < 55), 'in even shares');
+  const lbLocal = maglev.find((e) => e.frontend === `${LB_IP.v4}:80/TCP`);
+  t.equal(lbLocal?.maglev?.length, 1, 'the eTP=Local LoadBalancer IP\'s table names only the local pod');
+
+  const ct = JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ direction: string; destination: string; flags: string[]; snat?: string; translatedTo: string }>;
+  t.ok(ct.some((c) => c.direction === 'IN' && c.destination === `${NODE1.v4}:30080` && c.flags.includes('snat') && c.snat?.startsWith(NODE1_TO_N2.v4)), 'bpf ct list: a SNATed flow to the NodePort');
+  t.ok(ct.some((c) => c.direction === 'IN' && c.flags.includes('local') && c.translatedTo === `${POD1.v4}:${HTTP}`), 'and a local one');
+  const nat = await sb.lbctl(['bpf', 'nat', 'list']);
+  t.match(nat.stdout, new RegExp(`XLATE_SRC ${NODE1_TO_N2.v4.replace(/\./g, '\\.')}:6\\d{4}`), 'bpf nat list: the SNAT translations, in Cilium\'s line format');
+  const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
+  t.match(status.stdout, /NodePort:\s+nodeport\.bpf\.o at tc \((tcx|clsact)\) on n1\w .*n1\w .*Maglev: \d+ tables of 16381 slots/, `lbctl status shows the tc datapath (${status.stdout.split('\n').find((l) => l.startsWith('NodePort')) ?? status.stderr})`);
 
   const metrics = await sb.metrics();
   t.ok((metrics['np_new'] ?? 0) > 0 && (metrics['np_rev'] ?? 0) > 0, `the tc counters count new flows and replies (np_new ${metrics['np_new']}, np_rev ${metrics['np_rev']})`);
