@@ -13,6 +13,7 @@ import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type
 import { linksDir, loadDatapath, mapsDir, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { NodePortDatapath } from '../datapath/nodeport.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
+import { ServiceHealthServers } from './service-health.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { DesiredModel } from '../model/desired.js';
@@ -44,6 +45,8 @@ export interface AgentOptions {
   readonly nodeName?: string;
   /** Serve NodePorts, LoadBalancer and external IPs at tc (absent: the socket programs only). */
   readonly nodePort?: NodePortOptions;
+  /** The agent's /healthz verdict, for healthCheckNodePort answers (kube-proxy's serviceProxyHealthy). */
+  readonly healthy?: () => boolean;
 }
 
 export interface SyncReport extends Omit<SyncResult, 'phasesMs' | 'notProgrammed'> {
@@ -92,6 +95,10 @@ export class Agent implements AgentView {
   private features: DatapathFeatures | undefined;
   private nodePort: NodePortAgent | undefined;
   private nodePortError: string | undefined;
+  /** healthCheckNodePort servers (with the tc datapath only: they serve its LoadBalancer frontends). */
+  private serviceHealth: ServiceHealthServers | undefined;
+  /** Ports that could not be bound, by service: reported once each. */
+  private serviceHealthProblems = new Map<string, string>();
   private readonly runner: BoundedFrequencyRunner;
   /** The desired state, kept up to date event by event (kube-proxy's change trackers). */
   private readonly model: DesiredModel;
@@ -201,10 +208,39 @@ export class Agent implements AgentView {
       throw err;
     }
     this.nodePort = agent;
+    this.serviceHealth = new ServiceHealthServers({ healthy: () => this.opts.healthy?.() ?? true });
+  }
+
+  /**
+   * The healthCheckNodePort servers after a sync: one per LoadBalancer
+   * service with externalTrafficPolicy Local, counting this node's ready
+   * endpoints (the IPs its external entries hold). In the background: a
+   * sync never waits for a socket.
+   */
+  private syncServiceHealth(): void {
+    const sh = this.serviceHealth;
+    if (!sh) return;
+    const targets = new Map<string, { namespace: string; name: string; port: number; ips: Set<string> }>();
+    for (const fe of this.model.frontends.values()) {
+      if (fe.healthCheckNodePort === undefined || !fe.externalLocal || fe.scope === 'internal') continue;
+      const key = `${fe.service.namespace}/${fe.service.name}`;
+      let t = targets.get(key);
+      if (!t) targets.set(key, (t = { namespace: fe.service.namespace, name: fe.service.name, port: fe.healthCheckNodePort, ips: new Set() }));
+      for (const b of fe.backends) t.ips.add(b.address);
+    }
+    const list = [...targets.values()].map((t) => ({ namespace: t.namespace, name: t.name, port: t.port, localEndpoints: t.ips.size }));
+    void sh.sync(list).then((problems) => {
+      const now = new Map(problems.map((p) => [p.service, `${p.port}: ${p.reason}`]));
+      for (const [service, what] of now) {
+        if (this.serviceHealthProblems.get(service) !== what) this.opts.log.warn({ service, healthCheckNodePort: what }, 'healthCheckNodePort cannot be served (retried at the next sync)');
+      }
+      this.serviceHealthProblems = now;
+    });
   }
 
   async stop(): Promise<void> {
     this.runner.stop();
+    await this.serviceHealth?.close();
     this.nodePort?.stop();
     await this.opts.source.stop();
     await this.runner.idle();
@@ -286,6 +322,7 @@ export class Agent implements AgentView {
       });
       ok = true;
       this.synced = true;
+      this.syncServiceHealth();
       this.stats.lastSuccess = Date.now();
       this.stats.lastError = undefined;
       if (pendingSince !== undefined) this.opts.metrics?.networkProgramming((Date.now() - pendingSince) / 1000);

@@ -136,6 +136,15 @@ t.test('NodePort, external IP and LoadBalancer from outside the node, IPv4 and I
   const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
   t.match(status.stdout, /NodePort:\s+nodeport\.bpf\.o at tc \((tcx|clsact)\) on n1\w .*n1\w .*Maglev: \d+ tables of 16381 slots/, `lbctl status shows the tc datapath (${status.stdout.split('\n').find((l) => l.startsWith('NodePort')) ?? status.stderr})`);
 
+  // healthCheckNodePort of the eTP=Local LoadBalancer service: kube-proxy's answer, from the agent.
+  const hc = await lab.inExt(['curl', '-sS', '-D', '-', '--max-time', String(5 * SLOW), `http://${NODE1.v4}:32000/`]);
+  t.equal(hc.code, 0, `healthCheckNodePort answers (${hc.stderr.trim()})`);
+  t.match(hc.stdout, /^HTTP\/1\.1 200/, '200: a ready local endpoint and a healthy agent');
+  t.match(hc.stdout, /content-type: application\/json/i, 'JSON');
+  t.match(hc.stdout, /x-load-balancing-endpoint-weight: 1/i, 'the endpoint weight header: one local endpoint');
+  const body = JSON.parse(hc.stdout.split(/\r?\n\r?\n/)[1] ?? '{}') as { service?: { namespace: string; name: string }; localEndpoints?: number; serviceProxyHealthy?: boolean };
+  t.same(body, { service: { namespace: 'default', name: 'local' }, localEndpoints: 1, serviceProxyHealthy: true }, "kube-proxy's body");
+
   const metrics = await sb.metrics();
   t.ok((metrics['np_new'] ?? 0) > 0 && (metrics['np_rev'] ?? 0) > 0, `the tc counters count new flows and replies (np_new ${metrics['np_new']}, np_rev ${metrics['np_rev']})`);
   await lab.agent.stop(10_000 * SLOW);

@@ -125,6 +125,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   };
   // The metrics read the datapath's counters through the agent, which reports into the metrics.
   let agent: Agent | undefined;
+  let health: Health | undefined;
   const metrics = new AgentMetrics({ view: { datapathCounters: () => agent?.datapathCounters() ?? {} } });
   const nodeName = opts.nodeName ?? process.env.NODE_NAME ?? os.hostname();
   agent = new Agent({
@@ -139,10 +140,11 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     log,
     metrics,
     ...(nodePort ? { nodePort } : {}),
+    healthy: () => health?.healthz().healthy ?? false,
     minSyncPeriodMs: opts.minSyncPeriod,
     syncPeriodMs: opts.syncPeriod,
   });
-  const health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
+  health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
   // Servers first: /livez answers and /readyz says "not yet" while the agent starts.
   const healthServer = await startHealthServer({ health, metrics, port: opts.healthPort, host: opts.healthBindAddress });
   const metricsServer = await startMetricsServer({ metrics, port: opts.metricsPort, host: opts.metricsBindAddress });
