@@ -214,21 +214,22 @@ export class Agent implements AgentView {
   /**
    * The healthCheckNodePort servers after a sync: one per LoadBalancer
    * service with externalTrafficPolicy Local, counting this node's ready
-   * endpoints (the IPs its external entries hold). In the background: a
-   * sync never waits for a socket.
+   * endpoints (the IPs its external entries hold, per family: a dual-stack
+   * pod is one endpoint, as each of kube-proxy's per-family proxiers counts
+   * it). In the background: a sync never waits for a socket.
    */
   private syncServiceHealth(): void {
     const sh = this.serviceHealth;
     if (!sh) return;
-    const targets = new Map<string, { namespace: string; name: string; port: number; ips: Set<string> }>();
+    const targets = new Map<string, { namespace: string; name: string; port: number; ips: Record<4 | 6, Set<string>> }>();
     for (const fe of this.model.frontends.values()) {
       if (fe.healthCheckNodePort === undefined || !fe.externalLocal || fe.scope === 'internal') continue;
       const key = `${fe.service.namespace}/${fe.service.name}`;
       let t = targets.get(key);
-      if (!t) targets.set(key, (t = { namespace: fe.service.namespace, name: fe.service.name, port: fe.healthCheckNodePort, ips: new Set() }));
-      for (const b of fe.backends) t.ips.add(b.address);
+      if (!t) targets.set(key, (t = { namespace: fe.service.namespace, name: fe.service.name, port: fe.healthCheckNodePort, ips: { 4: new Set(), 6: new Set() } }));
+      for (const b of fe.backends) t.ips[b.family].add(b.address);
     }
-    const list = [...targets.values()].map((t) => ({ namespace: t.namespace, name: t.name, port: t.port, localEndpoints: t.ips.size }));
+    const list = [...targets.values()].map((t) => ({ namespace: t.namespace, name: t.name, port: t.port, localEndpoints: Math.max(t.ips[4].size, t.ips[6].size) }));
     void sh.sync(list).then((problems) => {
       const now = new Map(problems.map((p) => [p.service, `${p.port}: ${p.reason}`]));
       for (const [service, what] of now) {
