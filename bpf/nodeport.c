@@ -14,6 +14,13 @@
  * rev-DNAT, then redirected towards the client.
  * Egress, a local backend's reply: rev-DNAT (source back to the frontend).
  *
+ * A new flow to a frontend without endpoints is answered with an ICMP port
+ * unreachable, as kube-proxy's REJECT rule does (externalTrafficPolicy
+ * Local with endpoints only elsewhere is dropped instead, as kube-proxy
+ * does). ICMP errors about translated flows, both ways, get the flow's
+ * translation inside and out, so path MTU discovery works through it (see
+ * the ICMP section).
+ *
  * Anything else returns TC_ACT_UNSPEC (tcx's TCX_NEXT): the next program
  * and the stack see the packet untouched. ClusterIPs are not served from
  * outside unless the agent says so (--external-clusterip).
@@ -45,6 +52,17 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Upper bound of --snat-port-range retries the verifier sees. */
 #define NP_SNAT_TRIES_MAX	32
+
+/*
+ * Not tc verdicts: what a family's handler asks its section entry to do
+ * next, in a subprogram of its own whose stack frame sits beside the
+ * handler's rather than under it (together they would pass 512 bytes).
+ */
+#define NP_DO_ICMP	0x100	/* an ICMP packet: maybe an error about a translated flow */
+#define NP_DO_REJECT	0x101	/* a new flow to a frontend without endpoints: port unreachable */
+
+/* np4_parse()/np6_parse(): an ICMP or ICMPv6 packet, left to the ICMP handlers. */
+#define NP_PARSE_ICMP	2
 
 #define TCP_F_FIN	0x01
 #define TCP_F_SYN	0x02
@@ -111,7 +129,10 @@ struct np4_flow {
 	struct np_l4 l4;
 };
 
-/* 0: a TCP or UDP packet (fragment) whose addresses and ports are in `f`; <0: not ours to look at. */
+/*
+ * 0: a TCP or UDP packet (fragment) whose addresses and ports are in `f`;
+ * NP_PARSE_ICMP: an ICMP packet (nothing in `f`); <0: not ours to look at.
+ */
 static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 {
 	struct iphdr ip;
@@ -120,6 +141,8 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 
 	if (bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0 || ip.ihl < 5 || ip.version != 4)
 		return -1;
+	if (ip.protocol == IPPROTO_ICMP)
+		return NP_PARSE_ICMP;
 	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
 		return -1;
 	f->saddr = ip.saddr;
@@ -215,12 +238,12 @@ static __always_inline bool np4_src_allowed(const struct lb_service *svc, __be32
 	return bpf_map_lookup_elem(&lb4_src_range, &k) != NULL;
 }
 
-static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup *fib, const struct np4_flow *f,
+static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 proto,
 				   __be32 src, __be32 dst, __be16 sport, __be16 dport)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->family = AF_INET;
-	fib->l4_protocol = f->l4.proto;
+	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
 	fib->ipv4_src = src;
@@ -311,6 +334,28 @@ static __always_inline struct lb4_backend *np4_select(struct lb4_key *key, const
 	return lb4_select_backend(key, svc, ((__u64)f->saddr << 8) | 0xff, backend_id);
 }
 
+/*
+ * A frontend without a selectable backend whose service has endpoints on
+ * other nodes: externalTrafficPolicy Local with none here, which kube-proxy
+ * drops silently. Its internal-scope twin follows internalTrafficPolicy: if
+ * that is Cluster and the twin has no endpoint either (ready or
+ * terminating), the service has none anywhere and the client is refused,
+ * as kube-proxy's REJECT rule does for every service without endpoints.
+ */
+static __always_inline bool np4_endpoints_elsewhere(struct lb4_key *key, const struct lb_service *svc)
+{
+	const struct lb_service *twin;
+
+	if (!(svc->flags & LB_SVC_F_LOCAL_EXTERNAL))
+		return false;
+	if (!(svc->flags & LB_SVC_F_TWO_SCOPES))
+		return true;
+	key->scope = LB_SCOPE_INT;
+	twin = lb4_lookup_service(key);
+	key->scope = LB_SCOPE_EXT;
+	return !twin || (twin->flags & LB_SVC_F_LOCAL_INTERNAL) || twin->count || twin->qcount;
+}
+
 /* A new flow: source ranges, a backend, local or remote, the CT entries. */
 static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_flow *f, struct lb4_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
@@ -328,15 +373,19 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 		return TC_ACT_SHOT;
 	}
 	if (!lb_svc_has_backends(svc)) {
-		lb_count(svc->flags & LB_SVC_F_LOCAL_EXTERNAL ? LB_MTR_NP_LOCAL_NONE : LB_MTR_NP_NO_BACKEND);
-		return TC_ACT_SHOT;
+		if (np4_endpoints_elsewhere(key, svc)) {
+			lb_count(LB_MTR_NP_LOCAL_NONE);
+			return TC_ACT_SHOT;
+		}
+		lb_count(LB_MTR_NP_NO_BACKEND);
+		return NP_DO_REJECT;
 	}
 	be = np4_select(key, svc, f, cfg, &backend_id);
 	if (!be) {
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
 	}
-	rc = np4_fib(skb, &fib, f, f->saddr, be->address, f->sport, be->port);
+	rc = np4_fib(skb, &fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
 	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib.ifindex) : NULL;
 	if (!dev && rc != BPF_FIB_LKUP_RET_NOT_FWDED && !np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
@@ -450,7 +499,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	if (!(ct->flags & LB_CT_F_SNAT))
 		return TC_ACT_OK;
 	/* remote: forward it ourselves, as the stack would */
-	rc = np4_fib(skb, &fib, f, ct->addr2, ct->addr1, ct->port2, ct->port1);
+	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 	if (!np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -508,7 +557,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
-	rc = np4_fib(skb, &fib, f, ct->addr1, ct->addr2, ct->port1, ct->port2);
+	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
 	if (!np_fib_routed(rc)) {
@@ -529,8 +578,14 @@ static __always_inline int np4_ingress(struct __sk_buff *skb)
 	struct lb_service *svc;
 	struct np4_flow f;
 	bool node_addr = false;
+	int rc;
 
-	if (!cfg || np4_parse(skb, &f) < 0)
+	if (!cfg)
+		return TC_ACT_UNSPEC;
+	rc = np4_parse(skb, &f);
+	if (rc == NP_PARSE_ICMP)
+		return NP_DO_ICMP;
+	if (rc < 0)
 		return TC_ACT_UNSPEC;
 	svc = np4_lookup(&f, &key, cfg, &node_addr);
 	if (svc)
@@ -545,8 +600,12 @@ static __always_inline int np4_egress(struct __sk_buff *skb)
 {
 	struct lb4_ct_entry *ct;
 	struct np4_flow f;
+	int rc;
 
-	if (np4_parse(skb, &f) < 0)
+	rc = np4_parse(skb, &f);
+	if (rc == NP_PARSE_ICMP)
+		return NP_DO_ICMP;
+	if (rc < 0)
 		return TC_ACT_UNSPEC;
 	ct = np4_reply_entry(&f, LB_CT_F_LOCAL);
 	if (!ct)
@@ -577,7 +636,8 @@ struct np6_flow {
 /*
  * 0: a TCP or UDP packet whose addresses and ports are in `f`, after at most
  * NP_IPV6_EXT_MAX extension headers; 1: a fragment (no ports to translate
- * by); <0: not ours to look at.
+ * by); NP_PARSE_ICMP: an ICMPv6 packet right after the IPv6 header (nothing
+ * in `f`); <0: not ours to look at.
  */
 static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 {
@@ -603,6 +663,8 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 		off += nh == NEXTHDR_AUTH ? (ext[1] + 2) * 4 : (ext[1] + 1) * 8;
 		nh = ext[0];
 	}
+	if (nh == IPPROTO_ICMPV6 && off == NP_L3_OFF + sizeof(struct ipv6hdr))
+		return NP_PARSE_ICMP;
 	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
 		return -1;
 	ip6_copy(f->saddr, ip.saddr.in6_u.u6_addr32);
@@ -666,12 +728,12 @@ static __always_inline bool np6_src_allowed(const struct lb_service *svc, const 
 	return bpf_map_lookup_elem(&lb6_src_range, &k) != NULL;
 }
 
-static __always_inline int np6_fib(struct __sk_buff *skb, struct bpf_fib_lookup *fib, const struct np6_flow *f,
+static __always_inline int np6_fib(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 proto,
 				   const __be32 *src, const __be32 *dst, __be16 sport, __be16 dport)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
 	fib->family = AF_INET6;
-	fib->l4_protocol = f->l4.proto;
+	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
 	ip6_copy(fib->ipv6_src, src);
@@ -760,6 +822,20 @@ static __always_inline struct lb6_backend *np6_select(struct lb6_key *key, const
 	return lb6_select_backend(key, svc, ((__u64)f->saddr[3] << 8) | 0xfe, backend_id);
 }
 
+static __always_inline bool np6_endpoints_elsewhere(struct lb6_key *key, const struct lb_service *svc)
+{
+	const struct lb_service *twin;
+
+	if (!(svc->flags & LB_SVC_F_LOCAL_EXTERNAL))
+		return false;
+	if (!(svc->flags & LB_SVC_F_TWO_SCOPES))
+		return true;
+	key->scope = LB_SCOPE_INT;
+	twin = lb6_lookup_service(key);
+	key->scope = LB_SCOPE_EXT;
+	return !twin || (twin->flags & LB_SVC_F_LOCAL_INTERNAL) || twin->count || twin->qcount;
+}
+
 static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_flow *f, struct lb6_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
 					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now)
@@ -776,15 +852,19 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 		return TC_ACT_SHOT;
 	}
 	if (!lb_svc_has_backends(svc)) {
-		lb_count(svc->flags & LB_SVC_F_LOCAL_EXTERNAL ? LB_MTR_NP_LOCAL_NONE : LB_MTR_NP_NO_BACKEND);
-		return TC_ACT_SHOT;
+		if (np6_endpoints_elsewhere(key, svc)) {
+			lb_count(LB_MTR_NP_LOCAL_NONE);
+			return TC_ACT_SHOT;
+		}
+		lb_count(LB_MTR_NP_NO_BACKEND);
+		return NP_DO_REJECT;
 	}
 	be = np6_select(key, svc, f, cfg, &backend_id);
 	if (!be) {
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
 	}
-	rc = np6_fib(skb, &fib, f, f->saddr, be->address, f->sport, be->port);
+	rc = np6_fib(skb, &fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
 	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib.ifindex) : NULL;
 	if (!dev && rc != BPF_FIB_LKUP_RET_NOT_FWDED && !np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
@@ -891,7 +971,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	lb_count(LB_MTR_NP_FWD);
 	if (!(ct->flags & LB_CT_F_SNAT))
 		return TC_ACT_OK;
-	rc = np6_fib(skb, &fib, f, ct->addr2, ct->addr1, ct->port2, ct->port1);
+	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 	if (!np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -937,7 +1017,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
-	rc = np6_fib(skb, &fib, f, ct->addr1, ct->addr2, ct->port1, ct->port2);
+	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
 	if (!np_fib_routed(rc)) {
@@ -963,6 +1043,8 @@ static __always_inline int np6_ingress(struct __sk_buff *skb)
 	if (!cfg)
 		return TC_ACT_UNSPEC;
 	rc = np6_parse(skb, &f);
+	if (rc == NP_PARSE_ICMP)
+		return NP_DO_ICMP;
 	if (rc)
 		return TC_ACT_UNSPEC; /* fragments: see docs/nodeport.md (IPv6 fragments are not translated) */
 	svc = np6_lookup(&f, &key, cfg, &node_addr);
@@ -977,8 +1059,12 @@ static __always_inline int np6_egress(struct __sk_buff *skb)
 {
 	struct lb6_ct_entry *ct;
 	struct np6_flow f;
+	int rc;
 
-	if (np6_parse(skb, &f))
+	rc = np6_parse(skb, &f);
+	if (rc == NP_PARSE_ICMP)
+		return NP_DO_ICMP;
+	if (rc)
 		return TC_ACT_UNSPEC;
 	ct = np6_reply_entry(&f, LB_CT_F_LOCAL);
 	if (!ct)
@@ -990,6 +1076,656 @@ static __always_inline int np6_egress(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
+	return TC_ACT_UNSPEC;
+}
+
+/* ------------------------------------------------------------------ ICMP */
+
+/*
+ * The ICMP errors this datapath sends itself (port unreachable, for a
+ * frontend without endpoints) are rate-limited per CPU by a token bucket:
+ * NP_ICMP_BURST at once, then NP_ICMP_RATE a second, as Linux limits its
+ * own (icmp_msgs_burst, icmp_msgs_per_sec), so spoofed packets do not make
+ * the node a reflector. The bucket is the program's scratch state, not the
+ * agent's: it is declared here rather than in bpf/include, unpinned (each
+ * load starts with a full bucket), and written by this program only.
+ */
+#define NP_ICMP_RATE		100
+#define NP_ICMP_BURST		100
+#define NP_ICMP_TOKEN_NS	(1000000000ULL / NP_ICMP_RATE)
+
+struct lb_icmp_bucket {
+	__u64 stamp;		/* bpf_ktime_get_ns() up to which tokens were added */
+	__u64 tokens;		/* errors that may be sent now */
+};
+
+_Static_assert(sizeof(struct lb_icmp_bucket) == 16, "lb_icmp_bucket size");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb_icmp_bucket);
+	__uint(max_entries, 1);
+} lb_icmp_bucket SEC(".maps");
+
+static __always_inline bool np_icmp_take_token(void)
+{
+	__u32 zero = 0;
+	struct lb_icmp_bucket *b = bpf_map_lookup_elem(&lb_icmp_bucket, &zero);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 add;
+
+	if (!b)
+		return false;
+	if (now > b->stamp) {
+		add = (now - b->stamp) / NP_ICMP_TOKEN_NS;
+		if (add >= NP_ICMP_BURST || b->tokens + add >= NP_ICMP_BURST) {
+			b->tokens = NP_ICMP_BURST;
+			b->stamp = now;
+		} else if (add) {
+			b->tokens += add;
+			b->stamp += add * NP_ICMP_TOKEN_NS;
+		}
+	}
+	if (!b->tokens)
+		return false;
+	b->tokens--;
+	return true;
+}
+
+/* RFC 1122 3.2.2: no ICMP error to a source that is not one host (0/8, loopback, multicast, reserved, broadcast). */
+static __always_inline bool np4_unicast(__be32 addr)
+{
+	__u32 first = bpf_ntohl(addr) >> 24;
+
+	return first != 0 && first != 127 && first < 224;
+}
+
+static __always_inline bool np6_unicast(const __be32 *a)
+{
+	if ((bpf_ntohl(a[0]) >> 24) == 0xff)
+		return false;
+	return a[0] || a[1] || a[2] || (a[3] && a[3] != bpf_htonl(1));
+}
+
+/*
+ * A client's packet to a frontend without endpoints becomes its answer, an
+ * ICMP port unreachable from the frontend (kube-proxy's REJECT), and goes
+ * back out of the device it came in on: MACs and addresses swapped, cut to
+ * the answer's length, quoting the packet's IP header and the first 8
+ * bytes of its TCP or UDP header (RFC 792: the ports and, for TCP, the
+ * sequence number the client's stack matches the error by). It is dropped
+ * instead when the bucket is empty or the packet must not be answered (not
+ * from one host, or sent to a multicast MAC).
+ *
+ * The skb keeps its checksum state: one that came in CHECKSUM_PARTIAL was
+ * sent by a process on this machine, and goes back to it with the
+ * checksums taken as good; CHECKSUM_COMPLETE means nothing on the way out.
+ */
+static __noinline int np_reject4(struct __sk_buff *skb)
+{
+	struct np_icmphdr icmp = { .type = ICMP_DEST_UNREACH, .code = ICMP_PORT_UNREACH };
+	__u8 quote[60 + 8] = {};	/* the longest IPv4 header and 8 bytes */
+	__u8 eth[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+	struct iphdr ip;
+	__be32 client;
+	__u32 qlen;
+	__s64 sum;
+
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(eth)) < 0 || bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0)
+		return TC_ACT_SHOT;
+	if (ip.ihl < 5 || (eth[0] & 1) || !np4_unicast(ip.saddr) || !np_icmp_take_token())
+		return TC_ACT_SHOT;
+	qlen = ip.ihl * 4 + 8;
+	if (bpf_skb_load_bytes(skb, NP_L3_OFF, quote, qlen) < 0)
+		return TC_ACT_SHOT;
+
+	client = ip.saddr;
+	ip.ihl = 5;
+	ip.tos = IPTOS_PREC_INTERNETCONTROL;
+	ip.tot_len = bpf_htons(sizeof(ip) + sizeof(icmp) + qlen);
+	ip.id = (__be16)bpf_get_prandom_u32();
+	ip.frag_off = 0;
+	ip.ttl = 64;
+	ip.protocol = IPPROTO_ICMP;
+	ip.check = 0;
+	ip.saddr = ip.daddr;
+	ip.daddr = client;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	ip.check = np_csum_fold(sum);
+	/* no pseudo header for ICMP; the quote's zeroed tail adds nothing */
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), 0);
+	if (sum >= 0)
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)quote, sizeof(quote), sum);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	icmp.check = np_csum_fold(sum);
+
+	__builtin_memcpy(swapped, eth + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, eth, ETH_ALEN);
+	if (bpf_skb_change_tail(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp) + qlen, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP_L3_OFF, &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip), &icmp, sizeof(icmp), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp), quote, qlen, 0) < 0)
+		return TC_ACT_SHOT;
+	lb_count(LB_MTR_NP_REJECT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* The ICMPv6 checksum's pseudo header (RFC 8200 8.1). */
+struct np6_pseudo {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be32 len;
+	__u8 zero[3];
+	__u8 nexthdr;
+};
+
+/* What an ICMPv6 port unreachable quotes of the packet at most: the IPv6 header, extension headers, the ports. */
+#define NP_ICMP6_QUOTE		128
+
+/*
+ * IPv6: an ICMPv6 destination unreachable, port unreachable (type 1 code
+ * 4), quoting the packet from its IPv6 header on, up to NP_ICMP6_QUOTE
+ * bytes (RFC 4443 asks for as much as fits 1280; the client's stack needs
+ * the headers up to its ports and sequence number). Its checksum covers the
+ * pseudo header.
+ */
+static __noinline int np_reject6(struct __sk_buff *skb)
+{
+	struct np_icmphdr icmp = { .type = ICMPV6_DEST_UNREACH, .code = ICMPV6_PORT_UNREACH };
+	__u8 quote[NP_ICMP6_QUOTE] = {};
+	struct np6_pseudo ph = {};
+	__u8 eth[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+	struct ipv6hdr ip;
+	__u32 qlen;
+	__s64 sum;
+
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(eth)) < 0 || bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0)
+		return TC_ACT_SHOT;
+	if ((eth[0] & 1) || !np6_unicast(ip.saddr.in6_u.u6_addr32) || !np_icmp_take_token())
+		return TC_ACT_SHOT;
+	qlen = sizeof(ip) + bpf_ntohs(ip.payload_len);
+	if (qlen > NP_ICMP6_QUOTE)
+		qlen = NP_ICMP6_QUOTE;
+	if (bpf_skb_load_bytes(skb, NP_L3_OFF, quote, qlen) < 0)
+		return TC_ACT_SHOT;
+
+	ip6_copy(ph.saddr, ip.daddr.in6_u.u6_addr32);
+	ip6_copy(ph.daddr, ip.saddr.in6_u.u6_addr32);
+	ph.len = bpf_htonl(sizeof(icmp) + qlen);
+	ph.nexthdr = IPPROTO_ICMPV6;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
+	if (sum >= 0)
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&icmp, sizeof(icmp), sum);
+	if (sum >= 0)
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)quote, sizeof(quote), sum);
+	if (sum < 0)
+		return TC_ACT_SHOT;
+	icmp.check = np_csum_fold(sum);
+
+	ip.priority = 0;
+	ip.flow_lbl[0] = 0;
+	ip.flow_lbl[1] = 0;
+	ip.flow_lbl[2] = 0;
+	ip.payload_len = bpf_htons(sizeof(icmp) + qlen);
+	ip.nexthdr = IPPROTO_ICMPV6;
+	ip.hop_limit = 64;
+	ip6_copy(ip.saddr.in6_u.u6_addr32, ph.saddr);
+	ip6_copy(ip.daddr.in6_u.u6_addr32, ph.daddr);
+
+	__builtin_memcpy(swapped, eth + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, eth, ETH_ALEN);
+	if (bpf_skb_change_tail(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp) + qlen, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP_L3_OFF, &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip), &icmp, sizeof(icmp), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp), quote, qlen, 0) < 0)
+		return TC_ACT_SHOT;
+	lb_count(LB_MTR_NP_REJECT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/*
+ * ICMP errors about translated flows, so path MTU discovery (fragmentation
+ * needed, packet too big) and the other errors reach the end that caused
+ * them. The flow is the one the quoted packet belongs to, looked up in CT
+ * as its other direction is keyed; the error then gets the translation the
+ * flow's packets get in its direction, inside (the quote) and outside:
+ *
+ * - at ingress, about a reply we sent a client from a frontend (a router
+ *   on the client's side): the ORIG entry of the client's flow. The quote
+ *   becomes the reply as the backend sent it (from the backend; to our SNAT
+ *   address and port after SNAT), the error goes to the backend: up the
+ *   stack to a local one (its source, the router, kept), forwarded from our
+ *   SNAT address to a remote one (whose node has no route to the router);
+ * - at ingress, about a request we forwarded to a remote backend (its
+ *   network, or the backend itself): the REPLY entry of its SNAT port. The
+ *   quote becomes the request as the client sent it (client to frontend),
+ *   the error goes to the client. Its source stays a router's, but the
+ *   backend's own address becomes the frontend's: the client never learns
+ *   a backend address (notes/issue14-research.md 8.4, item 5);
+ * - at egress, about a request we delivered to a local backend (the
+ *   backend itself, or this node's stack on the way to it): the REPLY entry
+ *   of the local flow. The quote's destination becomes the frontend, and a
+ *   source that is the backend's the frontend's too.
+ *
+ * Of the quote only the IP header, the ports and the TCP or UDP checksum
+ * (when quoted) are read and rewritten. IPv6: the error right after the
+ * IPv6 header, the quoted transport header right after the quoted IPv6
+ * header (no extension headers). An error about anything else (no flow, an
+ * ICMP echo, a later fragment, a fragmented error) is left untouched.
+ */
+
+/* Destination unreachable (fragmentation needed among them), time exceeded, parameter problem. */
+static __always_inline bool np4_icmp_is_error(__u8 type, __u8 code)
+{
+	return (type == ICMP_DEST_UNREACH && code <= 15) || (type == ICMP_TIME_EXCEEDED && code <= 1) ||
+	       (type == ICMP_PARAMETERPROB && code <= 2);
+}
+
+/* An ICMP error about a TCP or UDP packet: where its parts are, and what the quote names. */
+struct np4_icmp {
+	__u32 icmp_off;		/* the ICMP header */
+	__u32 in_off;		/* the quoted IP header */
+	__u32 in_l4_off;	/* the quoted TCP or UDP header */
+	__u32 in_csum_off;	/* its checksum; 0: not quoted, or a UDP datagram sent without one */
+	__be32 saddr;		/* the error's own source and destination */
+	__be32 daddr;
+	__be32 in_saddr;	/* the quoted packet's */
+	__be32 in_daddr;
+	__be16 in_sport;
+	__be16 in_dport;
+	__u8 in_proto;
+	__u8 ttl;
+};
+
+/* 0: an error of a type above, sent to the source of the TCP or UDP packet it quotes; <0: anything else. */
+static __always_inline int np4_icmp_parse(struct __sk_buff *skb, struct np4_icmp *ic)
+{
+	struct iphdr ip;
+	__u8 tc[2];
+	__u32 ports, end;
+	__u16 csum;
+
+	if (bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5 ||
+	    ip.protocol != IPPROTO_ICMP || (bpf_ntohs(ip.frag_off) & (IP_MF | IP_OFFSET)))
+		return -1;
+	ic->saddr = ip.saddr;
+	ic->daddr = ip.daddr;
+	ic->ttl = ip.ttl;
+	end = NP_L3_OFF + bpf_ntohs(ip.tot_len);
+	ic->icmp_off = NP_L3_OFF + ip.ihl * 4;
+	if (bpf_skb_load_bytes(skb, ic->icmp_off, tc, sizeof(tc)) < 0 || !np4_icmp_is_error(tc[0], tc[1]))
+		return -1;
+	ic->in_off = ic->icmp_off + NP_ICMP_HLEN;
+	if (bpf_skb_load_bytes(skb, ic->in_off, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5 ||
+	    (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP) || (bpf_ntohs(ip.frag_off) & IP_OFFSET))
+		return -1;
+	if (ip.saddr != ic->daddr)
+		return -1;
+	ic->in_saddr = ip.saddr;
+	ic->in_daddr = ip.daddr;
+	ic->in_proto = ip.protocol;
+	ic->in_l4_off = ic->in_off + ip.ihl * 4;
+	if (ic->in_l4_off + sizeof(ports) > end || bpf_skb_load_bytes(skb, ic->in_l4_off, &ports, sizeof(ports)) < 0)
+		return -1;
+	ic->in_sport = (__be16)ports;
+	ic->in_dport = (__be16)(ports >> 16);
+	/* RFC 792 quotes 8 bytes: a TCP checksum is often cut off, and then left as it is */
+	ic->in_csum_off = np_l4_csum_off(ip.protocol, ic->in_l4_off);
+	if (ic->in_csum_off + sizeof(csum) > end || bpf_skb_load_bytes(skb, ic->in_csum_off, &csum, sizeof(csum)) < 0 ||
+	    (ip.protocol == IPPROTO_UDP && !csum))
+		ic->in_csum_off = 0;
+	return 0;
+}
+
+/*
+ * Rewrites the quote's source (`src`) or destination address and port.
+ * The quoted IP header's checksum balances the address; a quoted TCP or
+ * UDP checksum follows the port and the address (its pseudo header, as
+ * Cilium rewrites it), so the quote's sum moves by the address change,
+ * which the ICMP checksum takes; without one it takes the port's.
+ */
+static __noinline int np4_icmp_quote(struct __sk_buff *skb, const struct np4_icmp *ic, bool src, __be32 addr, __be16 port)
+{
+	__be32 old_a = src ? ic->in_saddr : ic->in_daddr;
+	__be16 old_p = src ? ic->in_sport : ic->in_dport;
+	__u32 icmp_csum = ic->icmp_off + NP_ICMP_CSUM;
+
+	if (np_csum_follow(skb, ic->in_off + offsetof(struct iphdr, check), old_a, addr, sizeof(addr)) < 0 ||
+	    bpf_skb_store_bytes(skb, ic->in_off + (src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr)),
+				&addr, sizeof(addr), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ic->in_l4_off + (src ? offsetof(struct tcphdr, source) : offsetof(struct tcphdr, dest)),
+				&port, sizeof(port), 0) < 0)
+		return -1;
+	if (!ic->in_csum_off)
+		return np_csum_follow(skb, icmp_csum, old_p, port, sizeof(port));
+	if (np_csum_follow(skb, ic->in_csum_off, old_a, addr, sizeof(addr)) < 0 ||
+	    np_csum_follow(skb, ic->in_csum_off, old_p, port, sizeof(port)) < 0 ||
+	    (ic->in_proto == IPPROTO_UDP && np_udp_csum_nonzero(skb, ic->in_csum_off) < 0))
+		return -1;
+	return np_csum_follow(skb, icmp_csum, addr, old_a, sizeof(addr));
+}
+
+/* An error about a reply we sent from a frontend: to the backend, about its reply as it sent it. */
+static __always_inline int np4_icmp_to_backend(struct __sk_buff *skb, const struct np4_icmp *ic, const struct lb4_ct_entry *ct)
+{
+	bool snat = ct->flags & LB_CT_F_SNAT;
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (snat && ic->ttl <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	if (np4_icmp_quote(skb, ic, true, ct->addr1, ct->port1) < 0 ||
+	    (snat && np4_icmp_quote(skb, ic, false, ct->addr2, ct->port2) < 0) ||
+	    np4_rewrite_l3(skb, NP_L3_OFF + offsetof(struct iphdr, daddr), ic->daddr, ct->addr1) < 0 ||
+	    (snat && np4_rewrite_l3(skb, NP_L3_OFF + offsetof(struct iphdr, saddr), ic->saddr, ct->addr2) < 0)) {
+		lb_count(LB_MTR_NP_BAD_PACKET);
+		return TC_ACT_SHOT;
+	}
+	lb_count(LB_MTR_NP_ICMP_XLATE);
+	if (!snat)
+		return TC_ACT_OK;
+	rc = np4_fib(skb, &fib, IPPROTO_ICMP, ct->addr2, ct->addr1, 0, 0);
+	if (!np_fib_routed(rc)) {
+		lb_count(LB_MTR_NP_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	if (!np4_dec_ttl(skb, ic->ttl)) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	return np_fib_redirect(skb, &fib, rc);
+}
+
+/* An error about a request we forwarded to a remote backend: to the client, about its request as it sent it. */
+static __always_inline int np4_icmp_to_client(struct __sk_buff *skb, const struct np4_icmp *ic, const struct lb4_ct_entry *ct)
+{
+	__be32 src = ic->saddr == ic->in_daddr ? ct->addr1 : ic->saddr;
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (ic->ttl <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	if (np4_icmp_quote(skb, ic, true, ct->addr2, ct->port2) < 0 ||
+	    np4_icmp_quote(skb, ic, false, ct->addr1, ct->port1) < 0 ||
+	    np4_rewrite_l3(skb, NP_L3_OFF + offsetof(struct iphdr, daddr), ic->daddr, ct->addr2) < 0 ||
+	    np4_rewrite_l3(skb, NP_L3_OFF + offsetof(struct iphdr, saddr), ic->saddr, src) < 0) {
+		lb_count(LB_MTR_NP_BAD_PACKET);
+		return TC_ACT_SHOT;
+	}
+	lb_count(LB_MTR_NP_ICMP_XLATE);
+	rc = np4_fib(skb, &fib, IPPROTO_ICMP, src, ct->addr2, 0, 0);
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
+		return TC_ACT_OK;
+	if (!np_fib_routed(rc)) {
+		lb_count(LB_MTR_NP_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	if (!np4_dec_ttl(skb, ic->ttl)) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	return np_fib_redirect(skb, &fib, rc);
+}
+
+static __noinline int np_icmp_ingress4(struct __sk_buff *skb)
+{
+	struct lb4_ct_key k = { .dir = LB_CT_ORIG };
+	struct lb4_ct_entry *ct;
+	struct np4_icmp ic;
+	__u64 now;
+
+	if (np4_icmp_parse(skb, &ic) < 0)
+		return TC_ACT_UNSPEC;
+	now = np_now();
+	k.saddr = ic.in_daddr;
+	k.daddr = ic.in_saddr;
+	k.sport = ic.in_dport;
+	k.dport = ic.in_sport;
+	k.proto = ic.in_proto;
+	ct = bpf_map_lookup_elem(&lb4_ct, &k);
+	if (ct && ct->expires > now)
+		return np4_icmp_to_backend(skb, &ic, ct);
+	k.dir = LB_CT_REPLY;
+	ct = bpf_map_lookup_elem(&lb4_ct, &k);
+	if (ct && (ct->flags & LB_CT_F_SNAT) && ct->expires > now)
+		return np4_icmp_to_client(skb, &ic, ct);
+	return TC_ACT_UNSPEC;
+}
+
+static __noinline int np_icmp_egress4(struct __sk_buff *skb)
+{
+	struct lb4_ct_key k = { .dir = LB_CT_REPLY };
+	struct lb4_ct_entry *ct;
+	struct np4_icmp ic;
+
+	if (np4_icmp_parse(skb, &ic) < 0)
+		return TC_ACT_UNSPEC;
+	k.saddr = ic.in_daddr;
+	k.daddr = ic.in_saddr;
+	k.sport = ic.in_dport;
+	k.dport = ic.in_sport;
+	k.proto = ic.in_proto;
+	ct = bpf_map_lookup_elem(&lb4_ct, &k);
+	if (!ct || !(ct->flags & LB_CT_F_LOCAL) || ct->expires <= np_now())
+		return TC_ACT_UNSPEC;
+	if (np4_icmp_quote(skb, &ic, false, ct->addr1, ct->port1) < 0 ||
+	    (ic.saddr == ic.in_daddr && np4_rewrite_l3(skb, NP_L3_OFF + offsetof(struct iphdr, saddr), ic.saddr, ct->addr1) < 0)) {
+		lb_count(LB_MTR_NP_BAD_PACKET);
+		return TC_ACT_SHOT;
+	}
+	lb_count(LB_MTR_NP_ICMP_XLATE);
+	return TC_ACT_UNSPEC;
+}
+
+/* IPv6: ICMPv6 right after the IPv6 header, quoting an IPv6 header right before TCP or UDP. */
+#define NP6_ICMP_OFF		(NP_L3_OFF + sizeof(struct ipv6hdr))
+#define NP6_ICMP_CSUM_OFF	(NP6_ICMP_OFF + NP_ICMP_CSUM)
+#define NP6_ICMP_IN_OFF		(NP6_ICMP_OFF + NP_ICMP_HLEN)
+#define NP6_ICMP_IN_L4_OFF	(NP6_ICMP_IN_OFF + sizeof(struct ipv6hdr))
+
+struct np6_icmp {
+	__be32 saddr[4];	/* the error's own source and destination */
+	__be32 daddr[4];
+	__be32 in_saddr[4];	/* the quoted packet's */
+	__be32 in_daddr[4];
+	__u32 in_csum_off;	/* the quoted TCP or UDP checksum; 0: not quoted */
+	__be16 in_sport;
+	__be16 in_dport;
+	__u8 in_proto;
+	__u8 hop_limit;
+};
+
+static __always_inline int np6_icmp_parse(struct __sk_buff *skb, struct np6_icmp *ic)
+{
+	struct ipv6hdr ip;
+	__u32 ports, end;
+	__u16 csum;
+	__u8 type;
+
+	if (bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0 || ip.version != 6 || ip.nexthdr != IPPROTO_ICMPV6)
+		return -1;
+	ip6_copy(ic->saddr, ip.saddr.in6_u.u6_addr32);
+	ip6_copy(ic->daddr, ip.daddr.in6_u.u6_addr32);
+	ic->hop_limit = ip.hop_limit;
+	end = NP6_ICMP_OFF + bpf_ntohs(ip.payload_len);
+	/* destination unreachable, packet too big, time exceeded, parameter problem */
+	if (bpf_skb_load_bytes(skb, NP6_ICMP_OFF, &type, sizeof(type)) < 0 || type < ICMPV6_DEST_UNREACH ||
+	    type > ICMPV6_PARAMPROB)
+		return -1;
+	if (bpf_skb_load_bytes(skb, NP6_ICMP_IN_OFF, &ip, sizeof(ip)) < 0 || ip.version != 6 ||
+	    (ip.nexthdr != IPPROTO_TCP && ip.nexthdr != IPPROTO_UDP))
+		return -1;
+	if (!np6_addr_eq(ip.saddr.in6_u.u6_addr32, ic->daddr))
+		return -1;
+	ip6_copy(ic->in_saddr, ip.saddr.in6_u.u6_addr32);
+	ip6_copy(ic->in_daddr, ip.daddr.in6_u.u6_addr32);
+	ic->in_proto = ip.nexthdr;
+	if (NP6_ICMP_IN_L4_OFF + sizeof(ports) > end || bpf_skb_load_bytes(skb, NP6_ICMP_IN_L4_OFF, &ports, sizeof(ports)) < 0)
+		return -1;
+	ic->in_sport = (__be16)ports;
+	ic->in_dport = (__be16)(ports >> 16);
+	ic->in_csum_off = np_l4_csum_off(ip.nexthdr, NP6_ICMP_IN_L4_OFF);
+	if (ic->in_csum_off + sizeof(csum) > end || bpf_skb_load_bytes(skb, ic->in_csum_off, &csum, sizeof(csum)) < 0 ||
+	    (ip.nexthdr == IPPROTO_UDP && !csum))
+		ic->in_csum_off = 0;
+	return 0;
+}
+
+/*
+ * IPv6 has no header checksum: a quoted TCP or UDP checksum balances the
+ * quote's address (its pseudo header) and port; without one the ICMPv6
+ * checksum takes both.
+ */
+static __noinline int np6_icmp_quote(struct __sk_buff *skb, const struct np6_icmp *ic, bool src, const __be32 *addr, __be16 port)
+{
+	const __be32 *old_a = src ? ic->in_saddr : ic->in_daddr;
+	__be16 old_p = src ? ic->in_sport : ic->in_dport;
+	__u32 csum_off = ic->in_csum_off ? ic->in_csum_off : NP6_ICMP_CSUM_OFF;
+
+	if (bpf_skb_store_bytes(skb, NP6_ICMP_IN_OFF + (src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr)),
+				addr, 16, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, NP6_ICMP_IN_L4_OFF + (src ? offsetof(struct tcphdr, source) : offsetof(struct tcphdr, dest)),
+				&port, sizeof(port), 0) < 0 ||
+	    np_csum_follow_diff(skb, csum_off, bpf_csum_diff((__be32 *)old_a, 16, (__be32 *)addr, 16, 0)) < 0 ||
+	    np_csum_follow(skb, csum_off, old_p, port, sizeof(port)) < 0)
+		return -1;
+	if (ic->in_csum_off && ic->in_proto == IPPROTO_UDP)
+		return np_udp_csum_nonzero(skb, ic->in_csum_off);
+	return 0;
+}
+
+/* The error's own address at `off`: the ICMPv6 checksum follows it (pseudo header). */
+static __always_inline int np6_icmp_rewrite_outer(struct __sk_buff *skb, __u32 off, const __be32 *old, const __be32 *new)
+{
+	if (np6_addr_eq(old, new))
+		return 0;
+	if (np_csum_follow_diff(skb, NP6_ICMP_CSUM_OFF, bpf_csum_diff((__be32 *)old, 16, (__be32 *)new, 16, 0)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, new, 16, 0);
+}
+
+static __always_inline int np6_icmp_to_backend(struct __sk_buff *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
+{
+	bool snat = ct->flags & LB_CT_F_SNAT;
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (snat && ic->hop_limit <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	if (np6_icmp_quote(skb, ic, true, ct->addr1, ct->port1) < 0 ||
+	    (snat && np6_icmp_quote(skb, ic, false, ct->addr2, ct->port2) < 0) ||
+	    np6_icmp_rewrite_outer(skb, NP_L3_OFF + offsetof(struct ipv6hdr, daddr), ic->daddr, ct->addr1) < 0 ||
+	    (snat && np6_icmp_rewrite_outer(skb, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), ic->saddr, ct->addr2) < 0)) {
+		lb_count(LB_MTR_NP_BAD_PACKET);
+		return TC_ACT_SHOT;
+	}
+	lb_count(LB_MTR_NP_ICMP_XLATE);
+	if (!snat)
+		return TC_ACT_OK;
+	rc = np6_fib(skb, &fib, IPPROTO_ICMPV6, ct->addr2, ct->addr1, 0, 0);
+	if (!np_fib_routed(rc)) {
+		lb_count(LB_MTR_NP_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	if (!np6_dec_hoplimit(skb, ic->hop_limit)) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	return np_fib_redirect(skb, &fib, rc);
+}
+
+static __always_inline int np6_icmp_to_client(struct __sk_buff *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
+{
+	const __be32 *src = np6_addr_eq(ic->saddr, ic->in_daddr) ? ct->addr1 : ic->saddr;
+	struct bpf_fib_lookup fib;
+	int rc;
+
+	if (ic->hop_limit <= 1) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	if (np6_icmp_quote(skb, ic, true, ct->addr2, ct->port2) < 0 ||
+	    np6_icmp_quote(skb, ic, false, ct->addr1, ct->port1) < 0 ||
+	    np6_icmp_rewrite_outer(skb, NP_L3_OFF + offsetof(struct ipv6hdr, daddr), ic->daddr, ct->addr2) < 0 ||
+	    np6_icmp_rewrite_outer(skb, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), ic->saddr, src) < 0) {
+		lb_count(LB_MTR_NP_BAD_PACKET);
+		return TC_ACT_SHOT;
+	}
+	lb_count(LB_MTR_NP_ICMP_XLATE);
+	rc = np6_fib(skb, &fib, IPPROTO_ICMPV6, src, ct->addr2, 0, 0);
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
+		return TC_ACT_OK;
+	if (!np_fib_routed(rc)) {
+		lb_count(LB_MTR_NP_FIB_FAIL);
+		return TC_ACT_SHOT;
+	}
+	if (!np6_dec_hoplimit(skb, ic->hop_limit)) {
+		lb_count(LB_MTR_NP_TTL);
+		return TC_ACT_SHOT;
+	}
+	return np_fib_redirect(skb, &fib, rc);
+}
+
+static __noinline int np_icmp_ingress6(struct __sk_buff *skb)
+{
+	struct lb6_ct_key k = { .dir = LB_CT_ORIG };
+	struct lb6_ct_entry *ct;
+	struct np6_icmp ic;
+	__u64 now;
+
+	if (np6_icmp_parse(skb, &ic) < 0)
+		return TC_ACT_UNSPEC;
+	now = np_now();
+	ip6_copy(k.saddr, ic.in_daddr);
+	ip6_copy(k.daddr, ic.in_saddr);
+	k.sport = ic.in_dport;
+	k.dport = ic.in_sport;
+	k.proto = ic.in_proto;
+	ct = bpf_map_lookup_elem(&lb6_ct, &k);
+	if (ct && ct->expires > now)
+		return np6_icmp_to_backend(skb, &ic, ct);
+	k.dir = LB_CT_REPLY;
+	ct = bpf_map_lookup_elem(&lb6_ct, &k);
+	if (ct && (ct->flags & LB_CT_F_SNAT) && ct->expires > now)
+		return np6_icmp_to_client(skb, &ic, ct);
+	return TC_ACT_UNSPEC;
+}
+
+static __noinline int np_icmp_egress6(struct __sk_buff *skb)
+{
+	struct lb6_ct_key k = { .dir = LB_CT_REPLY };
+	struct lb6_ct_entry *ct;
+	struct np6_icmp ic;
+
+	if (np6_icmp_parse(skb, &ic) < 0)
+		return TC_ACT_UNSPEC;
+	ip6_copy(k.saddr, ic.in_daddr);
+	ip6_copy(k.daddr, ic.in_saddr);
+	k.sport = ic.in_dport;
+	k.dport = ic.in_sport;
+	k.proto = ic.in_proto;
+	ct = bpf_map_lookup_elem(&lb6_ct, &k);
+	if (!ct || !(ct->flags & LB_CT_F_LOCAL) || ct->expires <= np_now())
+		return TC_ACT_UNSPEC;
+	if (np6_icmp_quote(skb, &ic, false, ct->addr1, ct->port1) < 0 ||
+	    (np6_addr_eq(ic.saddr, ic.in_daddr) &&
+	     np6_icmp_rewrite_outer(skb, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), ic.saddr, ct->addr1) < 0)) {
+		lb_count(LB_MTR_NP_BAD_PACKET);
+		return TC_ACT_SHOT;
+	}
+	lb_count(LB_MTR_NP_ICMP_XLATE);
 	return TC_ACT_UNSPEC;
 }
 
@@ -1019,19 +1755,35 @@ static __noinline int np_egress6(struct __sk_buff *skb)
 SEC("tc")
 int lb_nodeport_ingress(struct __sk_buff *skb)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return np_ingress4(skb);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return np_ingress6(skb);
+	int rc;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		rc = np_ingress4(skb);
+		if (rc == NP_DO_ICMP)
+			return np_icmp_ingress4(skb);
+		return rc == NP_DO_REJECT ? np_reject4(skb) : rc;
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		rc = np_ingress6(skb);
+		if (rc == NP_DO_ICMP)
+			return np_icmp_ingress6(skb);
+		return rc == NP_DO_REJECT ? np_reject6(skb) : rc;
+	}
 	return TC_ACT_UNSPEC;
 }
 
 SEC("tc")
 int lb_nodeport_egress(struct __sk_buff *skb)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return np_egress4(skb);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return np_egress6(skb);
+	int rc;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		rc = np_egress4(skb);
+		return rc == NP_DO_ICMP ? np_icmp_egress4(skb) : rc;
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		rc = np_egress6(skb);
+		return rc == NP_DO_ICMP ? np_icmp_egress6(skb) : rc;
+	}
 	return TC_ACT_UNSPEC;
 }

@@ -42,6 +42,37 @@
 #define NEXTHDR_DEST	60
 #define NP_IPV6_EXT_MAX	4	/* extension headers walked before giving up */
 
+/*
+ * ICMP (RFC 792) and ICMPv6 (RFC 4443): an error quotes the packet that
+ * caused it (its IP header and at least 8 bytes of what follows) after a
+ * header of NP_ICMP_HLEN bytes. The types below are those the datapath
+ * sends or translates.
+ */
+#define NP_ICMP_HLEN		8	/* type, code, checksum, 4 bytes of the type's own */
+#define NP_ICMP_CSUM		2	/* the checksum's offset in that header */
+#define ICMP_DEST_UNREACH	3
+#define ICMP_PORT_UNREACH	3
+#define ICMP_TIME_EXCEEDED	11
+#define ICMP_PARAMETERPROB	12
+#define ICMPV6_DEST_UNREACH	1
+#define ICMPV6_PKT_TOOBIG	2
+#define ICMPV6_TIME_EXCEED	3
+#define ICMPV6_PARAMPROB	4
+#define ICMPV6_PORT_UNREACH	4
+#define IPTOS_PREC_INTERNETCONTROL 0xc0	/* the TOS Linux gives the errors it sends */
+
+struct np_icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 check;
+	__be32 rest;		/* unused (0) in a port unreachable */
+};
+
+static __always_inline bool np6_addr_eq(const __be32 *a, const __be32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
 /* Offsets in the packet of the fields a translation rewrites. */
 struct np_l4 {
 	__u32 l4_off;		/* transport header */
@@ -63,6 +94,16 @@ static __always_inline __u64 np_csum_flags(const struct np_l4 *l4)
 	return l4->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 }
 
+/* Rewrites one IPv4 address at `off` (saddr or daddr) with the IP header checksum only. */
+static __always_inline int np4_rewrite_l3(struct __sk_buff *skb, __u32 off, __be32 old, __be32 new)
+{
+	if (old == new)
+		return 0;
+	if (bpf_l3_csum_replace(skb, NP_L3_OFF + offsetof(struct iphdr, check), old, new, sizeof(new)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+}
+
 /* Rewrites one IPv4 address at `off` (saddr or daddr) with the IP and L4 checksums. */
 static __always_inline int np4_rewrite_addr(struct __sk_buff *skb, const struct np_l4 *l4, __u32 off, __be32 old, __be32 new)
 {
@@ -71,9 +112,7 @@ static __always_inline int np4_rewrite_addr(struct __sk_buff *skb, const struct 
 	if (l4->has_ports && l4->csum_off &&
 	    bpf_l4_csum_replace(skb, l4->csum_off, old, new, BPF_F_PSEUDO_HDR | np_csum_flags(l4) | sizeof(new)) < 0)
 		return -1;
-	if (bpf_l3_csum_replace(skb, NP_L3_OFF + offsetof(struct iphdr, check), old, new, sizeof(new)) < 0)
-		return -1;
-	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
+	return np4_rewrite_l3(skb, off, old, new);
 }
 
 /* Rewrites a port (`which`: 0 source, 2 destination) with the L4 checksum. */
@@ -99,6 +138,51 @@ static __always_inline int np6_rewrite_addr(struct __sk_buff *skb, const struct 
 			return -1;
 	}
 	return bpf_skb_store_bytes(skb, off, new, 16, 0);
+}
+
+/*
+ * Checksums inside an ICMP error (the quoted packet's, and the ICMP
+ * header's own) are plain 16-bit fields to the skb: they are updated with
+ * bpf_l3_csum_replace, which never consults or changes skb->ip_summed or
+ * skb->csum. Every rewrite of an error keeps each checksummed region's sum,
+ * so a CHECKSUM_COMPLETE skb's csum stays right without being touched.
+ */
+
+/* The checksum at `off` follows a change of `size` (2 or 4) bytes it covers, old -> new. */
+static __always_inline int np_csum_follow(struct __sk_buff *skb, __u32 off, __u32 old, __u32 new, __u32 size)
+{
+	return bpf_l3_csum_replace(skb, off, old, new, size);
+}
+
+/* The checksum at `off` follows a change whose bpf_csum_diff() is `diff`. */
+static __always_inline int np_csum_follow_diff(struct __sk_buff *skb, __u32 off, __s64 diff)
+{
+	if (diff < 0)
+		return -1;
+	return bpf_l3_csum_replace(skb, off, 0, diff, 0);
+}
+
+/* A UDP checksum a rewrite made 0 ("none") is sent as 0xffff, its equal in ones' complement. */
+static __always_inline int np_udp_csum_nonzero(struct __sk_buff *skb, __u32 off)
+{
+	__u16 c;
+
+	if (bpf_skb_load_bytes(skb, off, &c, sizeof(c)) < 0)
+		return -1;
+	if (c)
+		return 0;
+	c = 0xffff;
+	return bpf_skb_store_bytes(skb, off, &c, sizeof(c), 0);
+}
+
+/* The Internet checksum (RFC 1071) of a bpf_csum_diff() sum, as it is stored. */
+static __always_inline __u16 np_csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
 }
 
 /*

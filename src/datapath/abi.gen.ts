@@ -135,6 +135,28 @@ export const lb_device: Codec<LbDevice> = {
   },
 };
 
+/** struct lb_icmp_bucket (16 bytes) */
+export interface LbIcmpBucket {
+  stamp: bigint;
+  tokens: bigint;
+}
+
+export const lb_icmp_bucket: Codec<LbIcmpBucket> = {
+  name: 'lb_icmp_bucket',
+  size: 16,
+  encode(v, b = Buffer.alloc(16), o = 0) {
+    b.writeBigUInt64LE(v.stamp, o + 0);
+    b.writeBigUInt64LE(v.tokens, o + 8);
+    return b;
+  },
+  decode(b, o = 0) {
+    return {
+      stamp: b.readBigUInt64LE(o + 0),
+      tokens: b.readBigUInt64LE(o + 8),
+    };
+  },
+};
+
 /** struct lb_node_addr (8 bytes) */
 export interface LbNodeAddr {
   ifindex: number;
@@ -921,6 +943,15 @@ export const mapSpecs = {
     value: lb_device,
     object: 'nodeport.bpf.o',
   } as MapSpec<number, LbDevice>,
+  lb_icmp_bucket: {
+    name: 'lb_icmp_bucket',
+    type: MapType.PERCPU_ARRAY,
+    flags: 0,
+    maxEntries: 1,
+    key: u32,
+    value: lb_icmp_bucket,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, LbIcmpBucket>,
   lb_maglev: {
     name: 'lb_maglev',
     type: MapType.HASH_OF_MAPS,

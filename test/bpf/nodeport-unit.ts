@@ -17,13 +17,14 @@ import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import {
   lb4_backend, lb4_ct_entry, lb4_ct_key, lb4_frag_key, lb4_frag_ports, lb4_key, lb4_src_range_key, lb6_backend, lb6_ct_entry,
-  lb6_ct_key, lb6_key, lb6_src_range_key, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, lb_service, LbMetric,
+  lb6_ct_key, lb6_key, lb6_src_range_key, lb_device, lb_icmp_bucket, lb_node_addr, lb_node_addr_key, lb_np_config, lb_service, LbMetric,
   LbSvcFlags, LbSvcType, u32, u8, type Lb4CtEntry, type Lb4CtKey, type Lb6CtEntry, type Lb6CtKey, type LbNpConfig,
 } from '../../src/datapath/abi.gen.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import {
-  arpRequest, checksum, fragments4, frame, ip4, ip6, IPPROTO_TCP, IPPROTO_UDP, l4ChecksumOk, NEXTHDR_DEST, NEXTHDR_HOP, neighbourSolicitation,
-  parseFrame, TCP_ACK, TCP_FIN, TCP_SYN, type FrameSpec, type ParsedFrame,
+  arpRequest, checksum, echoRequest, fragments4, frame, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, icmpError,
+  ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_PORT_UNREACH, ip4, ip6, ipPacket, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
+  l4ChecksumOk, NEXTHDR_DEST, NEXTHDR_HOP, neighbourSolicitation, parseFrame, TCP_ACK, TCP_FIN, TCP_SYN, type FrameSpec, type ParsedFrame,
 } from '../helpers/packet.js';
 
 // Privileged: as root (make test, CI) these always run; elsewhere they stop loudly.
@@ -90,8 +91,12 @@ interface Frontend {
   backends: Backend[];
   /** selectable slots (default: every backend) */
   count?: number;
+  /** terminating slots after them */
+  qcount?: number;
   /** sessionAffinity timeout, seconds */
   affinityTimeout?: number;
+  /** enum lb_scope of the key (default external) */
+  scope?: number;
 }
 
 interface Run { rc: number; out: Buffer; p: ParsedFrame }
@@ -126,7 +131,7 @@ async function inNamespace(): Promise<void> {
   const maps = {
     svc4: m('lb4_services'), svc6: m('lb6_services'), be4: m('lb4_backends'), be6: m('lb6_backends'), ct4: m('lb4_ct'), ct6: m('lb6_ct'),
     frag4: m('lb4_frag'), nodeAddrs: m('lb_node_addrs'), devices: m('lb_devices'), config: m('lb_np_config'), src4: m('lb4_src_range'),
-    src6: m('lb6_src_range'), affinity: m('lb_affinity'), metrics: m('lb_metrics'),
+    src6: m('lb6_src_range'), affinity: m('lb_affinity'), metrics: m('lb_metrics'), icmpBucket: m('lb_icmp_bucket'),
   };
 
   const setConfig = (over: Partial<LbNpConfig> = {}): void => maps.config.update(u32.encode(0), lb_np_config.encode({ ...CONFIG, ...over }));
@@ -144,18 +149,33 @@ async function inNamespace(): Promise<void> {
       for (const k of map.keys()) map.delete(k);
     }
     setConfig();
+    setBucket({ stamp: 0n, tokens: 0n }); // refilled in full by the first error sent
     for (const a of [NODE4, NODE6]) maps.nodeAddrs.update(nodeAddrKey(a), lb_node_addr.encode({ ifindex: np0, flags: 0 }));
     maps.devices.update(u32.encode(np0), lb_device.encode({ addr4: ip4(NODE4), addr6: ip6(NODE6), flags: 0 }));
   }
 
+  /** Every CPU's bucket of ICMP errors the datapath may send (its own rate limit). */
+  function setBucket(b: { stamp: bigint; tokens: bigint }): void {
+    const value = Buffer.alloc(maps.icmpBucket.valueBufSize);
+    for (let o = 0; o + lb_icmp_bucket.size <= value.length; o += lb_icmp_bucket.size) lb_icmp_bucket.encode(b, value, o);
+    maps.icmpBucket.update(u32.encode(0), value);
+  }
+  /** The tokens left, summed over CPUs. */
+  function bucketTokens(): bigint {
+    const v = maps.icmpBucket.lookup(u32.encode(0))!;
+    let sum = 0n;
+    for (let o = 0; o + lb_icmp_bucket.size <= v.length; o += lb_icmp_bucket.size) sum += lb_icmp_bucket.decode(v, o).tokens;
+    return sum;
+  }
+
   function putService(f: Frontend): void {
     const proto = (f.proto ?? 'tcp') === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
-    const master = lb_service.encode({ backendId: 0, revNatIndex: f.revNat, affinityTimeout: f.affinityTimeout ?? 0, count: f.count ?? f.backends.length, qcount: 0, type: f.type, flags: f.flags ?? 0 });
+    const master = lb_service.encode({ backendId: 0, revNatIndex: f.revNat, affinityTimeout: f.affinityTimeout ?? 0, count: f.count ?? f.backends.length, qcount: f.qcount ?? 0, type: f.type, flags: f.flags ?? 0 });
     const isV4 = v4(f.address);
     f.backends.forEach((b, i) => putSlot(f, i + 1, b));
     const key = isV4
-      ? lb4_key.encode({ address: ip4(f.address), dport: f.port, backendSlot: 0, proto, scope: 0 })
-      : lb6_key.encode({ address: ip6(f.address), dport: f.port, backendSlot: 0, proto, scope: 0 });
+      ? lb4_key.encode({ address: ip4(f.address), dport: f.port, backendSlot: 0, proto, scope: f.scope ?? 0 })
+      : lb6_key.encode({ address: ip6(f.address), dport: f.port, backendSlot: 0, proto, scope: f.scope ?? 0 });
     (isV4 ? maps.svc4 : maps.svc6).update(key, master);
   }
 
@@ -165,10 +185,10 @@ async function inNamespace(): Promise<void> {
     const value = lb_service.encode({ backendId: b.id, revNatIndex: 0, affinityTimeout: 0, count: 0, qcount: 0, type: LbSvcType.LB_SVC_NONE, flags: 0 });
     if (v4(f.address)) {
       maps.be4.update(u32.encode(b.id), lb4_backend.encode({ address: ip4(b.address), port: b.port, proto, state: 0 }));
-      maps.svc4.update(lb4_key.encode({ address: ip4(f.address), dport: f.port, backendSlot: slot, proto, scope: 0 }), value);
+      maps.svc4.update(lb4_key.encode({ address: ip4(f.address), dport: f.port, backendSlot: slot, proto, scope: f.scope ?? 0 }), value);
     } else {
       maps.be6.update(u32.encode(b.id), lb6_backend.encode({ address: ip6(b.address), port: b.port, proto, state: 0 }));
-      maps.svc6.update(lb6_key.encode({ address: ip6(f.address), dport: f.port, backendSlot: slot, proto, scope: 0 }), value);
+      maps.svc6.update(lb6_key.encode({ address: ip6(f.address), dport: f.port, backendSlot: slot, proto, scope: f.scope ?? 0 }), value);
     }
   }
 
@@ -551,18 +571,296 @@ async function inNamespace(): Promise<void> {
     t.equal(out6.delta(LbMetric.LB_MTR_NP_SRC_RANGE), 1n);
   });
 
-  t.test('no backend: eTP Local with none on this node, and a frontend without backends, are dropped and counted', async (t) => {
+  /** What the datapath answered `input` with when it refused it: an ICMP port unreachable, every byte and checksum. */
+  function isReject(t: Test, r: Run, input: Buffer, what: string): void {
+    const sent = parseFrame(input);
+    const v6 = sent.family === 6;
+    const qlen = v6 ? Math.min(40 + input.readUInt16BE(14 + 4), 128) : 20 + 8;
+    t.equal(r.rc, TC_ACT_REDIRECT, `${what}: TC_ACT_REDIRECT (back out of the device)`);
+    t.match(r.p, { srcMac: sent.dstMac, dstMac: sent.srcMac, src: sent.dst, dst: sent.src, ttl: 64, proto: v6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP },
+      `${what}: from the frontend to the client, the MACs swapped`);
+    if (!v6) t.equal(r.p.ipChecksumOk, true, `${what}: IPv4 header checksum valid`);
+    t.match(r.p.icmp, { type: v6 ? ICMPV6_DEST_UNREACH : ICMP_DEST_UNREACH, code: v6 ? ICMPV6_PORT_UNREACH : ICMP_PORT_UNREACH, rest: 0, checksumOk: true },
+      `${what}: port unreachable, its ${v6 ? 'ICMPv6 checksum (with the pseudo header)' : 'ICMP checksum'} valid`);
+    t.ok(r.p.icmp?.body.equals(input.subarray(14, 14 + qlen)), `${what}: it quotes the packet's first ${qlen} bytes`);
+    t.equal(r.out.length, 14 + (v6 ? 40 : 20) + 8 + qlen, `${what}: nothing after the quote (${r.out.length} bytes)`);
+  }
+
+  t.test('no endpoints: a new flow is refused with an ICMP port unreachable from the frontend, TCP and UDP, both families', async (t) => {
     reset();
-    putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, flags: LbSvcFlags.LB_SVC_F_LOCAL_EXTERNAL, revNat: 90, backends: [], count: 0 });
     putService({ address: LB4, port: 81, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 91, backends: [], count: 0 });
-    const local = counting(() => ingress(fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 48000, dport: 80 })));
-    t.equal(local.result.rc, TC_ACT_SHOT, 'eTP Local, count 0: TC_ACT_SHOT');
-    t.equal(local.delta(LbMetric.LB_MTR_NP_LOCAL_NONE), 1n, 'NP_LOCAL_NONE counted');
-    t.equal(local.delta(LbMetric.LB_MTR_NP_NO_BACKEND), 0n);
-    const none = counting(() => ingress(fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 48001, dport: 81 })));
-    t.equal(none.result.rc, TC_ACT_SHOT, 'eTP Cluster, count 0: TC_ACT_SHOT');
-    t.equal(none.delta(LbMetric.LB_MTR_NP_NO_BACKEND), 1n, 'NP_NO_BACKEND counted');
+    putService({ address: EXT4, port: 53, proto: 'udp', type: LbSvcType.LB_SVC_EXTERNAL_IP, revNat: 92, backends: [], count: 0 });
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 93, backends: [], count: 0 });
+    putService({ address: LB6, port: 81, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 94, backends: [], count: 0 });
+    putService({ address: LB6, port: 53, proto: 'udp', type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 95, backends: [], count: 0 });
+    const cases: Array<[string, Buffer]> = [
+      ['IPv4 TCP SYN', fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 48100, dport: 81, flags: TCP_SYN, seq: 0x01020304 })],
+      ['IPv4 UDP', fromClient({ src: CLIENT4, dst: EXT4, proto: 'udp', sport: 48101, dport: 53, payload: Buffer.from('a query of some length') })],
+      ['IPv4 NodePort on a node address', fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 48102, dport: NODEPORT })],
+      ['IPv6 TCP SYN', fromClient({ src: CLIENT6, dst: LB6, proto: 'tcp', sport: 48103, dport: 81 })],
+      ['IPv6 UDP, empty', fromClient({ src: CLIENT6, dst: LB6, proto: 'udp', sport: 48104, dport: 53, payload: Buffer.alloc(0) })],
+      ['IPv6 UDP, longer than the quote', fromClient({ src: CLIENT6, dst: LB6, proto: 'udp', sport: 48105, dport: 53, payload: Buffer.alloc(301, 9) })],
+    ];
+    for (const [what, input] of cases) {
+      const r = counting(() => ingress(input));
+      isReject(t, r.result, input, what);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_NO_BACKEND), 1n, `${what}: NP_NO_BACKEND counted`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_REJECT), 1n, `${what}: NP_REJECT counted`);
+    }
+    t.equal(maps.ct4.keys().length + maps.ct6.keys().length, 0, 'no CT entry written');
+  });
+
+  t.test('no endpoints under externalTrafficPolicy Local: dropped when some are elsewhere, refused when there are none at all', async (t) => {
+    reset();
+    const lb = (port: number, revNat: number, flags: number): Frontend =>
+      ({ address: LB4, port, type: LbSvcType.LB_SVC_LOADBALANCER, flags, revNat, backends: [], count: 0 });
+    const local = LbSvcFlags.LB_SVC_F_LOCAL_EXTERNAL;
+    const twoScopes = LbSvcFlags.LB_SVC_F_LOCAL_EXTERNAL | LbSvcFlags.LB_SVC_F_TWO_SCOPES;
+    putService(lb(80, 90, local)); // no twin: nothing known of other nodes
+    putService(lb(82, 96, twoScopes)); // the twin (internalTrafficPolicy Cluster) has a backend elsewhere
+    putService({ ...lb(82, 97, 0), scope: 1, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }], count: 1 });
+    putService(lb(83, 98, twoScopes)); // the twin has none: the service has none anywhere
+    putService({ ...lb(83, 99, 0), scope: 1 });
+    putService(lb(84, 100, twoScopes)); // the twin is internalTrafficPolicy Local: it cannot tell
+    putService({ ...lb(84, 101, LbSvcFlags.LB_SVC_F_LOCAL_INTERNAL), scope: 1 });
+    putService(lb(85, 102, twoScopes)); // only terminating endpoints elsewhere
+    putService({ ...lb(85, 103, 0), scope: 1, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }], count: 0, qcount: 1 });
+    const to = (dport: number): Buffer => fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 48000 + dport, dport });
+    for (const [port, what] of [[80, 'no twin'], [82, 'a backend elsewhere'], [84, 'the twin is internal Local'], [85, 'a terminating backend elsewhere']] as const) {
+      const r = counting(() => ingress(to(port)));
+      t.equal(r.result.rc, TC_ACT_SHOT, `${what}: TC_ACT_SHOT`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_LOCAL_NONE), 1n, `${what}: NP_LOCAL_NONE counted`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_NO_BACKEND) + r.delta(LbMetric.LB_MTR_NP_REJECT), 0n, `${what}: not refused`);
+    }
+    const none = to(83);
+    const r = counting(() => ingress(none));
+    isReject(t, r.result, none, 'no endpoint anywhere (the twin is internal Cluster and empty)');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_NO_BACKEND), 1n, 'NP_NO_BACKEND counted');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_REJECT), 1n, 'NP_REJECT counted');
     t.equal(maps.ct4.keys().length, 0, 'no CT entry written');
+  });
+
+  t.test('refusals: rate-limited per CPU, and never sent to a source that is not one host', async (t) => {
+    reset();
+    putService({ address: LB4, port: 81, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 91, backends: [], count: 0 });
+    putService({ address: LB6, port: 81, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 94, backends: [], count: 0 });
+    const syn = (src: string, sport: number, dstMac = NP0_MAC): Buffer =>
+      frame({ srcMac: GW_MAC, dstMac, src, dst: src.includes(':') ? LB6 : LB4, proto: 'tcp', sport, dport: 81 });
+    // A bucket that is empty and will not be refilled before 2^62 ns.
+    setBucket({ stamp: 1n << 62n, tokens: 0n });
+    const empty = counting(() => ingress(syn(CLIENT4, 48200)));
+    t.equal(empty.result.rc, TC_ACT_SHOT, 'an empty bucket: TC_ACT_SHOT');
+    t.equal(empty.delta(LbMetric.LB_MTR_NP_NO_BACKEND), 1n, 'NP_NO_BACKEND counted');
+    t.equal(empty.delta(LbMetric.LB_MTR_NP_REJECT), 0n, 'NP_REJECT not');
+    setBucket({ stamp: 1n << 62n, tokens: 1n });
+    const before = bucketTokens();
+    isReject(t, ingress(syn(CLIENT4, 48201)), syn(CLIENT4, 48201), 'one token left');
+    t.equal(bucketTokens(), before - 1n, 'the refusal took it');
+    setBucket({ stamp: 0n, tokens: 0n });
+    isReject(t, ingress(syn(CLIENT6, 48202)), syn(CLIENT6, 48202), 'the bucket refilled with time');
+    t.ok(bucketTokens() >= 99n, `refilled to the burst on that CPU, less the one sent (${bucketTokens()} tokens in all)`);
+
+    for (const [what, input] of [
+      ['from 0.0.0.0', syn('0.0.0.0', 48203)],
+      ['from a multicast address', syn('224.0.0.5', 48204)],
+      ['from the loopback network', syn('127.0.0.1', 48205)],
+      ['from an IPv6 multicast address', syn('ff02::1', 48206)],
+      ['from ::', syn('::', 48207)],
+      ['to a multicast MAC', syn(CLIENT4, 48208, '01:00:5e:00:00:01')],
+    ] as const) {
+      const r = counting(() => ingress(input));
+      t.equal(r.result.rc, TC_ACT_SHOT, `${what}: TC_ACT_SHOT`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_REJECT), 0n, `${what}: no refusal sent`);
+    }
+  });
+
+  /** The quote an error should carry after translation: `spec`'s IP packet, cut as the error's was. */
+  const quoteOf = (spec: FrameSpec, len?: number): Buffer => (len === undefined ? ipPacket(spec) : ipPacket(spec).subarray(0, len));
+
+  t.test('an ICMP error from a remote backend’s side about a request goes to the client, about the request it sent (IPv4)', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 120, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: EXT4, port: 54, proto: 'udp', type: LbSvcType.LB_SVC_EXTERNAL_IP, revNat: 121, backends: [{ id: 8, address: REMOTE_BE4, port: 5353 }] });
+    const request: FrameSpec = { src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42100, dport: NODEPORT, flags: TCP_ACK, seq: 777, payload: Buffer.alloc(60, 0x42) };
+    ingress(fromClient({ ...request, flags: TCP_SYN, payload: Buffer.alloc(0) }));
+    const fwd = ingress(fromClient(request));
+    t.equal(fwd.rc, TC_ACT_REDIRECT, 'the request goes to the backend SNATed');
+    const forwarded = fwd.out.subarray(14); // as the backend's network saw it: NODE4:snat -> REMOTE_BE4:8080, TTL 63
+    // What the client sent, TTL as the quote has it.
+    const sent: FrameSpec = { ...request, ttl: 63 };
+
+    for (const [what, quoteLen] of [['RFC 792 quote (IP header and 8 bytes: no TCP checksum)', 28], ['a quote with the TCP checksum, cut in the payload', 48]] as const) {
+      const err = icmpError({ src: PEER4, dst: NODE4, type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1400, quoted: forwarded, quoteLen,
+        srcMac: PEER_MAC, dstMac: NP0_MAC });
+      const r = counting(() => ingress(err));
+      t.equal(r.result.rc, TC_ACT_REDIRECT, `${what}: TC_ACT_REDIRECT towards the client`);
+      t.match(r.result.p, { src: PEER4, dst: CLIENT4, ttl: 63, proto: IPPROTO_ICMP, ipChecksumOk: true, srcMac: NP0_MAC, dstMac: GW_MAC },
+        `${what}: to the client; the router's address stays the source; TTL decremented`);
+      t.match(r.result.p.icmp, { type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1400, checksumOk: true }, `${what}: fragmentation needed, MTU 1400, ICMP checksum valid`);
+      t.ok(r.result.p.icmp?.body.equals(quoteOf(sent, quoteLen)), `${what}: the quote is the client's request byte for byte (IP checksum${quoteLen > 36 ? ', TCP checksum' : ''} included)`);
+      t.match(r.result.p.icmp?.inner, { src: CLIENT4, dst: NODE4, sport: 42100, dport: NODEPORT, ipChecksumOk: true });
+      t.equal(r.delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 1n, `${what}: NP_ICMP_XLATE counted`);
+    }
+
+    // The backend itself: UDP port unreachable, the whole datagram quoted.
+    const query: FrameSpec = { src: CLIENT4, dst: EXT4, proto: 'udp', sport: 46200, dport: 54, payload: Buffer.from('is anyone there') };
+    const q = ingress(fromClient(query));
+    t.equal(q.rc, TC_ACT_REDIRECT);
+    const unreach = icmpError({ src: REMOTE_BE4, dst: NODE4, type: ICMP_DEST_UNREACH, code: ICMP_PORT_UNREACH, quoted: q.out.subarray(14),
+      srcMac: PEER_MAC, dstMac: NP0_MAC });
+    const u = ingress(unreach);
+    t.equal(u.rc, TC_ACT_REDIRECT);
+    t.match(u.p, { src: EXT4, dst: CLIENT4, ipChecksumOk: true }, 'from the backend itself: the source becomes the frontend (the client never sees a backend address)');
+    t.match(u.p.icmp, { type: ICMP_DEST_UNREACH, code: ICMP_PORT_UNREACH, checksumOk: true });
+    t.ok(u.p.icmp?.body.equals(quoteOf({ ...query, ttl: 63 })), 'the whole quote is the client\'s datagram byte for byte');
+    t.match(u.p.icmp?.inner, { src: CLIENT4, sport: 46200, dst: EXT4, dport: 54, ipChecksumOk: true, l4ChecksumOk: true }, 'its UDP checksum verifies');
+  });
+
+  t.test('an ICMPv6 error from a remote backend’s side about a request goes to the client (pseudo headers included)', async (t) => {
+    reset();
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 122, backends: [{ id: 8, address: REMOTE_BE6, port: 8080 }] });
+    const request: FrameSpec = { src: CLIENT6, dst: NODE6, proto: 'tcp', sport: 42101, dport: NODEPORT, flags: TCP_SYN, payload: Buffer.from('hello over there') };
+    const fwd = ingress(fromClient(request));
+    t.equal(fwd.rc, TC_ACT_REDIRECT);
+    const sent: FrameSpec = { ...request, ttl: 63 };
+    for (const [what, quoteLen] of [['the whole packet quoted', undefined], ['IPv6 header and 8 bytes (no TCP checksum)', 48]] as const) {
+      const err = icmpError({ src: PEER6, dst: NODE6, type: ICMPV6_PKT_TOOBIG, code: 0, rest: 1280, quoted: fwd.out.subarray(14), quoteLen,
+        srcMac: PEER_MAC, dstMac: NP0_MAC });
+      const r = counting(() => ingress(err));
+      t.equal(r.result.rc, TC_ACT_REDIRECT, `${what}: TC_ACT_REDIRECT`);
+      t.match(r.result.p, { src: PEER6, dst: CLIENT6, ttl: 63, proto: IPPROTO_ICMPV6, dstMac: GW_MAC }, `${what}: to the client, from the router`);
+      t.match(r.result.p.icmp, { type: ICMPV6_PKT_TOOBIG, rest: 1280, checksumOk: true }, `${what}: packet too big, MTU 1280, ICMPv6 checksum valid`);
+      t.ok(r.result.p.icmp?.body.equals(quoteOf(sent, quoteLen)), `${what}: the quote is the client's packet byte for byte`);
+      if (quoteLen === undefined) t.equal(r.result.p.icmp?.inner?.l4ChecksumOk, true, `${what}: the quoted TCP checksum verifies`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 1n);
+    }
+  });
+
+  t.test('an ICMP error from the client’s side about a reply goes to the backend, about the reply it sent', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 130, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 131, backends: [{ id: 1, address: LOCAL_BE4, port: 8080 }] });
+    const router = '10.0.0.1'; // on the client's side, behind the gateway
+
+    // remote: the reply came back SNATed, went to the client from NODE4:30080
+    const syn = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42200, dport: NODEPORT, flags: TCP_SYN }));
+    const snat = syn.p.sport!;
+    const reply: FrameSpec = { src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: snat, flags: TCP_SYN | TCP_ACK, seq: 5000, payload: Buffer.alloc(100, 0x61) };
+    const back = ingress(fromPeer(reply));
+    t.match(back.p, { src: NODE4, sport: NODEPORT, dst: CLIENT4, ttl: 63 }, 'the reply as the client got it');
+    for (const [what, quoteLen] of [['RFC 792 quote', 28], ['the whole reply quoted', undefined]] as const) {
+      const err = icmpError({ src: router, dst: NODE4, type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1280, quoted: back.out.subarray(14), quoteLen,
+        srcMac: GW_MAC, dstMac: NP0_MAC });
+      const r = counting(() => ingress(err));
+      t.equal(r.result.rc, TC_ACT_REDIRECT, `remote, ${what}: TC_ACT_REDIRECT towards the backend's node`);
+      t.match(r.result.p, { src: NODE4, dst: REMOTE_BE4, ttl: 63, ipChecksumOk: true, srcMac: NP0_MAC, dstMac: PEER_MAC },
+        `remote, ${what}: from our SNAT address (the backend's node has no route to the router) to the backend`);
+      t.match(r.result.p.icmp, { type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1280, checksumOk: true }, `remote, ${what}: ICMP checksum valid`);
+      t.ok(r.result.p.icmp?.body.equals(quoteOf({ ...reply, ttl: 63 }, quoteLen)), `remote, ${what}: the quote is the backend's reply as it sent it (to the SNAT port)`);
+      if (quoteLen === undefined) t.equal(r.result.p.icmp?.inner?.l4ChecksumOk, true, `remote, ${what}: the quoted TCP checksum verifies`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 1n);
+    }
+
+    // local: the pod's reply was rev-DNATed at egress
+    ingress(fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 41100, dport: 80, flags: TCP_SYN }));
+    const podReply: FrameSpec = { src: LOCAL_BE4, dst: CLIENT4, proto: 'tcp', sport: 8080, dport: 41100, flags: TCP_SYN | TCP_ACK, payload: Buffer.alloc(33, 0x62) };
+    const out = egress(fromPod(podReply));
+    t.match(out.p, { src: LB4, sport: 80 }, 'the local reply as the client got it');
+    const err = icmpError({ src: router, dst: LB4, type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1280, quoted: out.out.subarray(14),
+      srcMac: GW_MAC, dstMac: NP0_MAC });
+    const r = counting(() => ingress(err));
+    t.equal(r.result.rc, TC_ACT_OK, 'local: TC_ACT_OK (the stack delivers it to the pod)');
+    t.match(r.result.p, { src: router, dst: LOCAL_BE4, ttl: 64, ipChecksumOk: true }, 'local: to the backend, from the router');
+    t.match(r.result.p.icmp, { checksumOk: true, rest: 1280 }, 'local: ICMP checksum valid');
+    t.ok(r.result.p.icmp?.body.equals(quoteOf(podReply)), 'local: the quote is the pod\'s reply byte for byte');
+    t.equal(r.result.p.icmp?.inner?.l4ChecksumOk, true, 'local: the quoted TCP checksum verifies');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 1n);
+  });
+
+  t.test('an ICMPv6 error from the client’s side about a reply goes to the backend', async (t) => {
+    reset();
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 132, backends: [{ id: 8, address: REMOTE_BE6, port: 8080 }] });
+    putService({ address: LB6, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 133, backends: [{ id: 9, address: LOCAL_BE6, port: 8080 }] });
+    const router = 'fd00:c::1';
+    const syn = ingress(fromClient({ src: CLIENT6, dst: NODE6, proto: 'tcp', sport: 42201, dport: NODEPORT, flags: TCP_SYN }));
+    const reply: FrameSpec = { src: REMOTE_BE6, dst: NODE6, proto: 'tcp', sport: 8080, dport: syn.p.sport!, flags: TCP_SYN | TCP_ACK, payload: Buffer.alloc(90, 0x63) };
+    const back = ingress(fromPeer(reply));
+    const err = icmpError({ src: router, dst: NODE6, type: ICMPV6_PKT_TOOBIG, code: 0, rest: 1280, quoted: back.out.subarray(14), srcMac: GW_MAC, dstMac: NP0_MAC });
+    const r = counting(() => ingress(err));
+    t.equal(r.result.rc, TC_ACT_REDIRECT, 'remote: TC_ACT_REDIRECT');
+    t.match(r.result.p, { src: NODE6, dst: REMOTE_BE6, ttl: 63, dstMac: PEER_MAC }, 'remote: from our SNAT address to the backend');
+    t.match(r.result.p.icmp, { type: ICMPV6_PKT_TOOBIG, rest: 1280, checksumOk: true }, 'remote: ICMPv6 checksum valid');
+    t.ok(r.result.p.icmp?.body.equals(quoteOf({ ...reply, ttl: 63 })), 'remote: the quote is the backend\'s reply byte for byte');
+    t.equal(r.result.p.icmp?.inner?.l4ChecksumOk, true, 'remote: the quoted TCP checksum verifies');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 1n);
+
+    ingress(fromClient({ src: CLIENT6, dst: LB6, proto: 'tcp', sport: 41101, dport: 80, flags: TCP_SYN }));
+    const podReply: FrameSpec = { src: LOCAL_BE6, dst: CLIENT6, proto: 'tcp', sport: 8080, dport: 41101, flags: TCP_SYN | TCP_ACK, payload: Buffer.alloc(20, 0x64) };
+    const out = egress(fromPod(podReply));
+    const cut = icmpError({ src: router, dst: LB6, type: ICMPV6_PKT_TOOBIG, code: 0, rest: 1280, quoted: out.out.subarray(14), quoteLen: 48,
+      srcMac: GW_MAC, dstMac: NP0_MAC });
+    const l = ingress(cut);
+    t.equal(l.rc, TC_ACT_OK, 'local: TC_ACT_OK');
+    t.match(l.p, { src: router, dst: LOCAL_BE6, ttl: 64 }, 'local: to the backend, from the router');
+    t.match(l.p.icmp, { checksumOk: true }, 'local, a quote without the TCP checksum: the ICMPv6 checksum takes the change');
+    t.ok(l.p.icmp?.body.equals(quoteOf(podReply, 48)), 'local: the quote is the pod\'s reply byte for byte');
+  });
+
+  t.test('an ICMP error leaving towards a client about a request to a local backend comes from the frontend', async (t) => {
+    reset();
+    putService({ address: EXT4, port: 53, proto: 'udp', type: LbSvcType.LB_SVC_EXTERNAL_IP, revNat: 140, backends: [{ id: 1, address: LOCAL_BE4B, port: 5353 }] });
+    putService({ address: LB6, port: 53, proto: 'udp', type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 141, backends: [{ id: 2, address: LOCAL_BE6, port: 5353 }] });
+    for (const [client, frontend, backend, sport] of [[CLIENT4, EXT4, LOCAL_BE4B, 46300], [CLIENT6, LB6, LOCAL_BE6, 46301]] as const) {
+      const v6 = client.includes(':');
+      const query: FrameSpec = { src: client, dst: frontend, proto: 'udp', sport, dport: 53, payload: Buffer.from('anyone?') };
+      const q = ingress(fromClient(query));
+      t.equal(q.rc, TC_ACT_OK);
+      // The pod answers port unreachable; then this node's stack answers time exceeded (its own address stays).
+      for (const [what, src] of [['the backend itself', backend], ['this node', v6 ? NODE6 : NODE4]] as const) {
+        const err = icmpError({ src, dst: client, type: v6 ? ICMPV6_DEST_UNREACH : (src === backend ? ICMP_DEST_UNREACH : ICMP_TIME_EXCEEDED),
+          code: v6 ? ICMPV6_PORT_UNREACH : (src === backend ? ICMP_PORT_UNREACH : 0), quoted: q.out.subarray(14), srcMac: NP0_MAC, dstMac: GW_MAC });
+        const r = counting(() => egress(err));
+        t.equal(r.result.rc, TC_ACT_UNSPEC, `IPv${v6 ? 6 : 4}, ${what}: TC_ACT_UNSPEC (the stack sends it on)`);
+        t.match(r.result.p, { src: src === backend ? frontend : src, dst: client }, `IPv${v6 ? 6 : 4}, ${what}: ${src === backend ? 'from the frontend' : 'from the node'}`);
+        if (!v6) t.equal(r.result.p.ipChecksumOk, true);
+        t.match(r.result.p.icmp, { checksumOk: true }, `IPv${v6 ? 6 : 4}, ${what}: ICMP checksum valid`);
+        t.ok(r.result.p.icmp?.body.equals(quoteOf(query)), `IPv${v6 ? 6 : 4}, ${what}: the quote is the client's datagram byte for byte`);
+        t.equal(r.result.p.icmp?.inner?.l4ChecksumOk, true, `IPv${v6 ? 6 : 4}, ${what}: its UDP checksum verifies`);
+        t.equal(r.delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 1n);
+      }
+    }
+  });
+
+  t.test('ICMP about no known flow, and ICMP that is no error, pass untouched (TC_ACT_UNSPEC)', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 150, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    const syn = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_SYN }));
+    const known = syn.out.subarray(14); // a request of a known flow, as forwarded
+    const v4err = (src: string, dst: string, quoted: Buffer): Buffer =>
+      icmpError({ src, dst, type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1400, quoted, quoteLen: 28, srcMac: GW_MAC, dstMac: NP0_MAC });
+    const v6err = (src: string, dst: string, quoted: Buffer): Buffer =>
+      icmpError({ src, dst, type: ICMPV6_PKT_TOOBIG, code: 0, rest: 1280, quoted, srcMac: GW_MAC, dstMac: NP0_MAC });
+    const ingressCases: Array<[string, Buffer]> = [
+      ['about a reply of no flow', v4err('10.0.0.1', NODE4, ipPacket({ src: NODE4, dst: CLIENT4, proto: 'tcp', sport: NODEPORT, dport: 49999, flags: TCP_SYN | TCP_ACK }))],
+      ['about a request to a SNAT port no flow has', v4err(PEER4, NODE4, ipPacket({ src: NODE4, dst: REMOTE_BE4, proto: 'tcp', sport: 61234, dport: 8080 }))],
+      ['about the node\'s own connection', v4err('10.0.0.1', NODE4, ipPacket({ src: NODE4, dst: CLIENT4, proto: 'tcp', sport: 22, dport: 50000, flags: TCP_ACK }))],
+      ['sent elsewhere than to the quote\'s source', v4err(PEER4, LB4, known)],
+      ['ICMP echo request', echoRequest(CLIENT4, NODE4, GW_MAC, NP0_MAC)],
+      ['ICMPv6 packet too big about no flow', v6err('fd00:c::1', NODE6, ipPacket({ src: NODE6, dst: CLIENT6, proto: 'tcp', sport: NODEPORT, dport: 49999, flags: TCP_ACK }))],
+      ['ICMPv6 echo request', echoRequest(CLIENT6, NODE6, GW_MAC, NP0_MAC)],
+    ];
+    const egressCases: Array<[string, Buffer]> = [
+      ['a port unreachable about no flow', icmpError({ src: LOCAL_BE4, dst: CLIENT4, type: ICMP_DEST_UNREACH, code: ICMP_PORT_UNREACH,
+        quoted: ipPacket({ src: CLIENT4, dst: LOCAL_BE4, proto: 'udp', sport: 40000, dport: 5353 }), srcMac: NP0_MAC, dstMac: GW_MAC })],
+      ['about the remote flow (not a local one)', icmpError({ src: NODE4, dst: REMOTE_BE4, type: ICMP_DEST_UNREACH, code: ICMP_PORT_UNREACH,
+        quoted: known, srcMac: NP0_MAC, dstMac: PEER_MAC })],
+    ];
+    const { delta } = counting(() => {
+      for (const [what, input] of ingressCases) untouched(t, ingress(input), input, `ingress, ${what}`);
+      for (const [what, input] of egressCases) untouched(t, egress(input), input, `egress, ${what}`);
+    });
+    t.equal(delta(LbMetric.LB_MTR_NP_ICMP_XLATE), 0n, 'nothing counted as translated');
+    t.equal(maps.ct4.keys().length, 2, 'no CT entry written (the one flow\'s two)');
   });
 
   t.test('session affinity: a client’s new flows stay on its backend', async (t) => {

@@ -1,13 +1,16 @@
 // Ethernet frames for BPF_PROG_TEST_RUN: IPv4 and IPv6 (with extension
-// headers), TCP and UDP with correct checksums, IPv4 fragments, ARP and an
-// ICMPv6 neighbour solicitation; and a parser that reads a frame back and
-// says whether its IPv4 header and transport checksums are valid. Addresses
-// are strings ('10.0.0.5', 'fd00::1') and MACs 'aa:bb:cc:dd:ee:ff'.
+// headers), TCP and UDP with correct checksums, IPv4 fragments, ARP, an
+// ICMPv6 neighbour solicitation, ICMP echo requests and ICMP/ICMPv6 errors
+// quoting a packet; and a parser that reads a frame back (an ICMP error's
+// quoted packet too) and says whether its IPv4 header, transport and ICMP
+// checksums are valid. Addresses are strings ('10.0.0.5', 'fd00::1') and
+// MACs 'aa:bb:cc:dd:ee:ff'.
 import ipaddr from 'ipaddr.js';
 
 export const ETH_P_IP = 0x0800;
 export const ETH_P_ARP = 0x0806;
 export const ETH_P_IPV6 = 0x86dd;
+export const IPPROTO_ICMP = 1;
 export const IPPROTO_TCP = 6;
 export const IPPROTO_UDP = 17;
 export const IPPROTO_ICMPV6 = 58;
@@ -16,6 +19,17 @@ export const NEXTHDR_ROUTING = 43;
 export const NEXTHDR_FRAGMENT = 44;
 export const NEXTHDR_AUTH = 51;
 export const NEXTHDR_DEST = 60;
+
+// ICMP (RFC 792) and ICMPv6 (RFC 4443) types and codes the tests use.
+export const ICMP_DEST_UNREACH = 3;
+export const ICMP_PORT_UNREACH = 3;
+export const ICMP_FRAG_NEEDED = 4;
+export const ICMP_TIME_EXCEEDED = 11;
+export const ICMP_ECHO = 8;
+export const ICMPV6_DEST_UNREACH = 1;
+export const ICMPV6_PORT_UNREACH = 4;
+export const ICMPV6_PKT_TOOBIG = 2;
+export const ICMPV6_ECHO_REQUEST = 128;
 
 export const TCP_FIN = 0x01;
 export const TCP_SYN = 0x02;
@@ -261,6 +275,61 @@ export function fragments4(spec: FrameSpec, cuts: number[]): Buffer[] {
   return out;
 }
 
+/** The IP packet of a frame (the frame without its Ethernet header). */
+export function ipPacket(spec: FrameSpec): Buffer {
+  return frame(spec).subarray(ETH_HLEN);
+}
+
+export interface IcmpSpec {
+  /** the error's own addresses (the family follows `src`) */
+  src: string;
+  dst: string;
+  type: number;
+  code: number;
+  /** the header's last 4 bytes: the next-hop MTU of "fragmentation needed" (in its low 16 bits), the MTU of "packet too big" */
+  rest?: number;
+  /** what follows the 8-byte header: for an error, the quoted IP packet (possibly cut short) */
+  body: Buffer;
+  ttl?: number;
+  srcMac?: string;
+  dstMac?: string;
+}
+
+/** An ICMP or ICMPv6 message in a frame, its checksums valid (ICMPv6: over the pseudo header). */
+export function icmpFrame(spec: IcmpSpec): Buffer {
+  const v6 = spec.src.includes(':');
+  const msg = Buffer.alloc(8 + spec.body.length);
+  msg[0] = spec.type;
+  msg[1] = spec.code;
+  msg.writeUInt32BE((spec.rest ?? 0) >>> 0, 4);
+  spec.body.copy(msg, 8);
+  if (!v6) {
+    msg.writeUInt16BE(checksum(msg), 2);
+    const h = ip4Header({ src: spec.src, dst: spec.dst, proto: IPPROTO_ICMP, payloadLen: msg.length, ttl: spec.ttl ?? 64, id: 0x3131 });
+    return Buffer.concat([eth(ETH_P_IP, spec.srcMac, spec.dstMac), h, msg]);
+  }
+  msg.writeUInt16BE(checksum(msg, pseudoSum(ip6(spec.src), ip6(spec.dst), IPPROTO_ICMPV6, msg.length)), 2);
+  return ip6Frame(spec.src, spec.dst, IPPROTO_ICMPV6, msg, [], spec.ttl ?? 64, spec.srcMac, spec.dstMac);
+}
+
+/**
+ * An ICMP error quoting `quoted` (an IP packet, e.g. from ipPacket()), cut to
+ * `quoteLen` bytes when given: 28 is RFC 792's IPv4 header and 8 bytes.
+ */
+export function icmpError(spec: Omit<IcmpSpec, 'body'> & { quoted: Buffer; quoteLen?: number }): Buffer {
+  const body = spec.quoteLen === undefined ? spec.quoted : spec.quoted.subarray(0, spec.quoteLen);
+  return icmpFrame({ ...spec, body });
+}
+
+/** An ICMP echo request (ping), or ICMPv6's. */
+export function echoRequest(src: string, dst: string, srcMac?: string, dstMac?: string): Buffer {
+  const v6 = src.includes(':');
+  const spec: IcmpSpec = { src, dst, type: v6 ? ICMPV6_ECHO_REQUEST : ICMP_ECHO, code: 0, rest: 0x00010001, body: Buffer.from('lbctl ping') };
+  if (srcMac !== undefined) spec.srcMac = srcMac;
+  if (dstMac !== undefined) spec.dstMac = dstMac;
+  return icmpFrame(spec);
+}
+
 /** An ARP request (who-has `target` tell `sender`). */
 export function arpRequest(sender: string, target: string, srcMac = DEFAULT_SRC_MAC): Buffer {
   const b = Buffer.alloc(28);
@@ -293,10 +362,8 @@ export function neighbourSolicitation(src: string, target: string, srcMac = DEFA
 
 // ---- parser
 
-export interface ParsedFrame {
-  dstMac: string;
-  srcMac: string;
-  ethType: number;
+/** An IP packet read from its first byte: a frame's, or the one an ICMP error quotes (maybe cut short). */
+export interface ParsedPacket {
   family: 4 | 6;
   src: string;
   dst: string;
@@ -321,9 +388,29 @@ export interface ParsedFrame {
   l4Checksum?: number;
   /**
    * The transport checksum verifies over the pseudo header (unfragmented
-   * packets only; undefined for fragments and UDP sent without one).
+   * packets only; undefined for fragments and UDP sent without one, and
+   * for a quote cut short of the whole segment).
    */
   l4ChecksumOk?: boolean;
+  /** ICMP and ICMPv6 */
+  icmp?: {
+    type: number;
+    code: number;
+    /** the header's last 4 bytes */
+    rest: number;
+    /** over the message, and for ICMPv6 the pseudo header too */
+    checksumOk: boolean;
+    /** what follows the 8-byte header */
+    body: Buffer;
+    /** an error's quoted packet, as far as it is quoted */
+    inner?: ParsedPacket;
+  };
+}
+
+export interface ParsedFrame extends ParsedPacket {
+  dstMac: string;
+  srcMac: string;
+  ethType: number;
 }
 
 /** Whether a transport segment's checksum verifies for these pseudo-header addresses. */
@@ -334,45 +421,76 @@ export function l4ChecksumOk(seg: Buffer, src: string, dst: string, proto: numbe
 export function parseFrame(f: Buffer): ParsedFrame {
   const ethType = f.readUInt16BE(12);
   const base = { dstMac: macString(f.subarray(0, 6)), srcMac: macString(f.subarray(6, 12)), ethType };
-  let out: ParsedFrame;
+  if (ethType !== ETH_P_IP && ethType !== ETH_P_IPV6) throw new RangeError(`not an IP frame (ethertype 0x${ethType.toString(16)})`);
+  const p = parsePacket(f, ETH_HLEN, ethType === ETH_P_IP ? 4 : 6);
+  return { ...base, ...p };
+}
+
+const ICMP_ERRORS = {
+  4: [ICMP_DEST_UNREACH, ICMP_TIME_EXCEEDED, 12],
+  6: [ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, 3, 4],
+};
+
+/**
+ * The IP packet at `at` in `f`, which may end early (an ICMP error's quote):
+ * what is there is read, checksums that need what is missing are left
+ * undefined. l4Offset is an offset in `f`.
+ */
+export function parsePacket(f: Buffer, at: number, family: 4 | 6): ParsedPacket {
+  let out: ParsedPacket;
   let whole = true;
-  if (ethType === ETH_P_IP) {
-    const ihl = (f[ETH_HLEN]! & 0x0f) * 4;
-    const totLen = f.readUInt16BE(ETH_HLEN + 2);
-    const frag = f.readUInt16BE(ETH_HLEN + 6);
-    const l4Offset = ETH_HLEN + ihl;
+  let l4End: number;
+  if (family === 4) {
+    const ihl = (f[at]! & 0x0f) * 4;
+    const totLen = f.readUInt16BE(at + 2);
+    const frag = f.readUInt16BE(at + 6);
+    const l4Offset = at + ihl;
+    l4End = at + totLen;
     out = {
-      ...base, family: 4,
-      src: ip4String(f.readUInt32BE(ETH_HLEN + 12)), dst: ip4String(f.readUInt32BE(ETH_HLEN + 16)),
-      ttl: f[ETH_HLEN + 8]!, proto: f[ETH_HLEN + 9]!, id: f.readUInt16BE(ETH_HLEN + 4),
+      family: 4,
+      src: ip4String(f.readUInt32BE(at + 12)), dst: ip4String(f.readUInt32BE(at + 16)),
+      ttl: f[at + 8]!, proto: f[at + 9]!, id: f.readUInt16BE(at + 4),
       moreFragments: (frag & 0x2000) !== 0, fragOffset: frag & 0x1fff,
-      ipChecksumOk: fold(onesSum(f.subarray(ETH_HLEN, ETH_HLEN + ihl))) === 0xffff,
-      l4Offset, l4: f.subarray(l4Offset, ETH_HLEN + totLen),
+      ipChecksumOk: fold(onesSum(f.subarray(at, at + ihl))) === 0xffff,
+      l4Offset, l4: f.subarray(l4Offset, Math.min(l4End, f.length)),
     };
     whole = !out.moreFragments && out.fragOffset === 0;
     if (out.fragOffset !== 0) return out;
-  } else if (ethType === ETH_P_IPV6) {
-    let nh = f[ETH_HLEN + 6]!;
-    let off = ETH_HLEN + 40;
+  } else {
+    let nh = f[at + 6]!;
+    let off = at + 40;
     while ([NEXTHDR_HOP, NEXTHDR_ROUTING, NEXTHDR_DEST, NEXTHDR_AUTH, NEXTHDR_FRAGMENT].includes(nh)) {
       const len = nh === NEXTHDR_AUTH ? (f[off + 1]! + 2) * 4 : nh === NEXTHDR_FRAGMENT ? 8 : (f[off + 1]! + 1) * 8;
       if (nh === NEXTHDR_FRAGMENT) whole = false;
       nh = f[off]!;
       off += len;
     }
+    l4End = at + 40 + f.readUInt16BE(at + 4);
     out = {
-      ...base, family: 6, src: ip6String(f.subarray(ETH_HLEN + 8, ETH_HLEN + 24)), dst: ip6String(f.subarray(ETH_HLEN + 24, ETH_HLEN + 40)),
-      ttl: f[ETH_HLEN + 7]!, proto: nh, l4Offset: off, l4: f.subarray(off, ETH_HLEN + 40 + f.readUInt16BE(ETH_HLEN + 4)),
+      family: 6, src: ip6String(f.subarray(at + 8, at + 24)), dst: ip6String(f.subarray(at + 24, at + 40)),
+      ttl: f[at + 7]!, proto: nh, l4Offset: off, l4: f.subarray(off, Math.min(l4End, f.length)),
     };
-  } else {
-    throw new RangeError(`not an IP frame (ethertype 0x${ethType.toString(16)})`);
+  }
+  const complete = out.l4.length === l4End - out.l4Offset;
+  if (out.proto === IPPROTO_ICMP || out.proto === IPPROTO_ICMPV6) {
+    if (out.l4.length < 8) return out;
+    const sum = out.proto === IPPROTO_ICMP ? onesSum(out.l4) : onesSum(out.l4, pseudoSum(addrBytes(out.src), addrBytes(out.dst), IPPROTO_ICMPV6, out.l4.length));
+    const type = out.l4[0]!;
+    const body = out.l4.subarray(8);
+    out.icmp = { type, code: out.l4[1]!, rest: out.l4.readUInt32BE(4), checksumOk: complete && fold(sum) === 0xffff, body };
+    if (ICMP_ERRORS[out.family].includes(type) && body.length >= (out.family === 4 ? 20 : 40)) {
+      out.icmp.inner = parsePacket(body, 0, out.family);
+    }
+    return out;
   }
   if (out.proto !== IPPROTO_TCP && out.proto !== IPPROTO_UDP) return out;
+  if (out.l4.length < 4) return out;
   out.sport = out.l4.readUInt16BE(0);
   out.dport = out.l4.readUInt16BE(2);
-  out.l4Checksum = out.l4.readUInt16BE(out.proto === IPPROTO_TCP ? 16 : 6);
-  if (out.proto === IPPROTO_TCP) out.tcpFlags = out.l4[13]!;
-  if (whole && !(out.proto === IPPROTO_UDP && out.family === 4 && out.l4Checksum === 0)) {
+  const csumOff = out.proto === IPPROTO_TCP ? 16 : 6;
+  if (out.l4.length >= csumOff + 2) out.l4Checksum = out.l4.readUInt16BE(csumOff);
+  if (out.proto === IPPROTO_TCP && out.l4.length >= 14) out.tcpFlags = out.l4[13]!;
+  if (whole && complete && out.l4Checksum !== undefined && !(out.proto === IPPROTO_UDP && out.family === 4 && out.l4Checksum === 0)) {
     out.l4ChecksumOk = l4ChecksumOk(out.l4, out.src, out.dst, out.proto);
   }
   return out;
