@@ -5,7 +5,9 @@ was reached on, so a client can tell which backend served it.
   backend.py --http 10.244.1.1:8080 --http [fd00:244::1:1]:8080 --udp 10.244.1.1:9000
 
 HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address),
-      with the client's address in an X-Client header ("ADDR:PORT").
+      with the client's address in an X-Client header ("ADDR:PORT");
+      GET /bytes/N answers N bytes instead (a large response, for path MTU
+      tests), with the same header.
 UDP:  every datagram is answered with "ADDR:PORT|<payload>" from that address
       (with --udp-peer: "ADDR:PORT|PEER|<payload>", PEER the sender's address).
 Prints "ready" on stdout once every socket is bound; runs until killed.
@@ -31,8 +33,15 @@ def format_addr(sockname):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+BYTES_MAX = 1 << 30
+CHUNK = b"x" * 65536
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path.startswith("/bytes/"):
+            self.send_bytes(self.path[len("/bytes/"):])
+            return
         body = (format_addr(self.connection.getsockname()) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
@@ -41,6 +50,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+
+    def send_bytes(self, count):
+        n = int(count) if count.isdigit() else -1
+        if not 0 <= n <= BYTES_MAX:
+            self.send_error(400, "GET /bytes/N takes 0 <= N <= %d" % BYTES_MAX)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("X-Client", format_addr(self.client_address))
+        self.send_header("Content-Length", str(n))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        while n > 0:
+            chunk = CHUNK[: min(n, len(CHUNK))]
+            self.wfile.write(chunk)
+            n -= len(chunk)
 
     def log_message(self, *args):
         pass
