@@ -8,6 +8,12 @@
  * service. Entries are thin: each picks a verdict from a __ helper that
  * returns 0 or -errno and works on plain addresses (so IPv4-mapped IPv6
  * sockets reuse the IPv4 path, and tests can drive the helpers directly).
+ *
+ * NodePorts from the node and its pods (docs/socket-lb.md): a destination
+ * that is no frontend but a node address, loopback or 0.0.0.0/:: on a
+ * nodePort is balanced through the NodePort surrogate, and post_bind keeps
+ * nodePorts free of local listeners. A frontend with two scopes is served
+ * to these clients from its internal-scope twin.
  */
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -58,11 +64,15 @@ static __always_inline __be16 ctx_dst_port(const struct bpf_sock_addr *ctx)
 #define LB_HAVE_SET_RETVAL 1
 #endif
 
-/* Refuse the syscall with ECONNREFUSED, as kube-proxy's REJECT rule does. */
-static __always_inline int sys_refuse(void)
+/*
+ * Refuse the syscall with `err` (ECONNREFUSED for connect and sendmsg, as
+ * kube-proxy's REJECT rule does; EADDRINUSE for bind). Without
+ * bpf_set_retval the kernel turns a rejection into EPERM.
+ */
+static __always_inline int sys_refuse(int err)
 {
 #if LB_HAVE_SET_RETVAL
-	bpf_set_retval(-ECONNREFUSED);
+	bpf_set_retval(-err);
 #endif
 	return SYS_REJECT;
 }
@@ -92,8 +102,13 @@ static __always_inline bool sock4_revnat_same(const struct lb4_sock_revnat *a, c
 	return a->address == b->address && a->port == b->port && a->rev_nat_index == b->rev_nat_index;
 }
 
-/* 0 when the entry is in place (written or already there), else -errno. */
-static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_backend *backend,
+/*
+ * 0 when the entry is in place (written or already there), else -errno.
+ * `dialled` is the address the socket asked for, which replies and
+ * getpeername() report: the frontend's own address, or for a NodePort the
+ * node or loopback address it was dialled on (never the surrogate's 0.0.0.0).
+ */
+static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_backend *backend, __be32 dialled,
 					       const struct lb4_key *svc_key, __u32 rev_nat_index)
 {
 	struct lb4_sock_key key = {
@@ -102,7 +117,7 @@ static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_ba
 		.port = backend->port,
 	};
 	struct lb4_sock_revnat val = {
-		.address = svc_key->address,
+		.address = dialled,
 		.port = svc_key->dport,
 		.rev_nat_index = rev_nat_index,
 	};
@@ -116,10 +131,44 @@ static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_ba
 	return bpf_map_update_elem(&lb4_sock_revnat, &key, &val, BPF_ANY);
 }
 
+#define LB_LOOPBACK4		bpf_htonl(0x7f000001)	/* 127.0.0.1 */
+#define LB_LOOPBACK4_NET	bpf_htonl(0x7f000000)	/* 127.0.0.0/8 */
+#define LB_LOOPBACK4_MASK	bpf_htonl(0xff000000)
+
+/*
+ * Where the NodePort surrogate answers a socket of the node or a pod: the
+ * node's addresses (lb_node_addrs) and loopback (127.0.0.0/8, as Cilium
+ * and kube-proxy's LOCAL address type). 0.0.0.0 needs no check: it is the
+ * surrogate's own key, found by the first lookup.
+ */
+static __always_inline bool sock4_nodeport_dst(__be32 addr)
+{
+	return (addr & LB_LOOPBACK4_MASK) == LB_LOOPBACK4_NET || lb4_is_node_addr(addr);
+}
+
+/*
+ * A frontend miss: the NodePort surrogate for the port and protocol when
+ * the destination is this node; key->address is 0 then. Checking the
+ * surrogate first keeps non-service traffic at one lookup more: few
+ * destination ports are nodePorts, so lb_node_addrs is seldom consulted.
+ */
+static __always_inline struct lb_service *sock4_lookup_nodeport(struct lb4_key *key)
+{
+	__be32 dst = key->address;
+	struct lb_service *svc;
+
+	svc = lb4_lookup_surrogate(key);
+	if (!svc || sock4_nodeport_dst(dst))
+		return svc;
+	key->address = dst;
+	return NULL;
+}
+
 /*
  * Service address -> backend, in place. Returns 0 when translated,
- * -LB_NOT_SERVICE when the address is no service (one or two lookups),
- * -ECONNREFUSED when the caller must refuse the syscall.
+ * -LB_NOT_SERVICE when the address is no service (three lookups at most,
+ * and lb_node_addrs when the port is a nodePort), -ECONNREFUSED when the
+ * caller must refuse the syscall.
  */
 static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
 {
@@ -128,6 +177,8 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 		.dport = *port,
 		.proto = proto,
 	};
+	/* connect() to 0.0.0.0 reaches the local host: report loopback, as the kernel would */
+	__be32 dialled = *addr ? *addr : LB_LOOPBACK4;
 	struct lb4_backend *backend;
 	struct lb_service *svc;
 	__u32 backend_id = 0;
@@ -141,8 +192,11 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 			lb_count(LB_MTR_NO_SERVICE_PORT);
 			return -ECONNREFUSED;
 		}
-		return -LB_NOT_SERVICE;
+		svc = sock4_lookup_nodeport(&key);
+		if (!svc)
+			return -LB_NOT_SERVICE;
 	}
+	svc = lb4_client_view(&key, svc);
 	if (!lb_svc_has_backends(svc)) {
 		lb_count(LB_MTR_NO_BACKEND);
 		return -ECONNREFUSED;
@@ -158,7 +212,7 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 	 * from this entry. Without it a UDP client would drop every reply, so
 	 * UDP refuses rather than proceed; TCP only loses getpeername.
 	 */
-	if (sock4_record_revnat(lb_sock_cookie(ctx), backend, &key,
+	if (sock4_record_revnat(lb_sock_cookie(ctx), backend, dialled, &key,
 				svc->rev_nat_index) < 0) {
 		lb_count(LB_MTR_REVNAT_UPDATE_FAIL);
 		if (proto == IPPROTO_UDP)
@@ -169,6 +223,29 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 	*port = backend->port;
 	lb_count(LB_MTR_XLATE_FWD);
 	return 0;
+}
+
+/*
+ * Whether the frontend a socket rev-NAT entry names still exists under the
+ * same rev-NAT id: the entry at the recorded address (its internal twin's
+ * id counts too), else, for a NodePort recorded at the node or loopback
+ * address it was dialled on, the surrogate. A live ClusterIP costs one
+ * lookup, as before.
+ */
+static __always_inline bool sock4_revnat_live(const struct lb4_sock_revnat *val, __u32 proto)
+{
+	struct lb4_key key = {
+		.address = val->address,
+		.dport = val->port,
+		.proto = proto,
+	};
+	struct lb_service *svc;
+
+	svc = lb4_lookup_service(&key);
+	if (svc && lb4_frontend_has_revnat(&key, svc, val->rev_nat_index))
+		return true;
+	svc = lb4_lookup_surrogate(&key);
+	return svc && lb4_frontend_has_revnat(&key, svc, val->rev_nat_index);
 }
 
 /*
@@ -184,18 +261,12 @@ static __always_inline int __sock4_xlate_rev(void *ctx, __u32 proto, __be32 *add
 		.port = *port,
 	};
 	struct lb4_sock_revnat *val;
-	struct lb4_key svc_key = {};
-	struct lb_service *svc;
 
 	val = bpf_map_lookup_elem(&lb4_sock_revnat, &key);
 	if (!val)
 		return -ENOENT;
 
-	svc_key.address = val->address;
-	svc_key.dport = val->port;
-	svc_key.proto = proto;
-	svc = lb4_lookup_service(&svc_key);
-	if (!svc || svc->rev_nat_index != val->rev_nat_index) {
+	if (!sock4_revnat_live(val, proto)) {
 		bpf_map_delete_elem(&lb4_sock_revnat, &key);
 		lb_count(LB_MTR_REVNAT_STALE);
 		return -ENOENT;
@@ -217,7 +288,7 @@ static __always_inline bool sock6_revnat_same(const struct lb6_sock_revnat *a, c
 }
 
 /* As sock4_record_revnat. */
-static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_backend *backend,
+static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_backend *backend, const __be32 *dialled,
 					       const struct lb6_key *svc_key, __u32 rev_nat_index)
 {
 	struct lb6_sock_key key = {
@@ -231,13 +302,44 @@ static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_ba
 	struct lb6_sock_revnat *old;
 
 	ip6_copy(key.address, backend->address);
-	ip6_copy(val.address, svc_key->address);
+	ip6_copy(val.address, dialled);
 	if (!LB_REVNAT_ALWAYS_WRITE && svc_key->proto == IPPROTO_UDP) {
 		old = bpf_map_lookup_elem(&lb6_sock_revnat, &key);
 		if (old && sock6_revnat_same(old, &val))
 			return 0;
 	}
 	return bpf_map_update_elem(&lb6_sock_revnat, &key, &val, BPF_ANY);
+}
+
+static __always_inline bool ip6_is_zero(const __be32 *a)
+{
+	return !(a[0] | a[1] | a[2] | a[3]);
+}
+
+/* ::1 */
+static __always_inline bool ip6_is_loopback(const __be32 *a)
+{
+	return !(a[0] | a[1] | a[2]) && a[3] == bpf_htonl(1);
+}
+
+/* As sock4_nodeport_dst: the node's addresses and ::1 (:: is the surrogate's own key). */
+static __always_inline bool sock6_nodeport_dst(const __be32 *addr)
+{
+	return ip6_is_loopback(addr) || lb6_is_node_addr(addr);
+}
+
+/* As sock4_lookup_nodeport. */
+static __always_inline struct lb_service *sock6_lookup_nodeport(struct lb6_key *key)
+{
+	struct lb_service *svc;
+	__be32 dst[4];
+
+	ip6_copy(dst, key->address);
+	svc = lb6_lookup_surrogate(key);
+	if (!svc || sock6_nodeport_dst(dst))
+		return svc;
+	ip6_copy(key->address, dst);
+	return NULL;
 }
 
 static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
@@ -249,6 +351,7 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 	struct lb6_backend *backend;
 	struct lb_service *svc;
 	__u32 backend_id = 0;
+	__be32 dialled[4];
 
 	if (!proto_is_balanced(proto))
 		return -LB_NOT_SERVICE;
@@ -260,8 +363,15 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 			lb_count(LB_MTR_NO_SERVICE_PORT);
 			return -ECONNREFUSED;
 		}
-		return -LB_NOT_SERVICE;
+		svc = sock6_lookup_nodeport(&key);
+		if (!svc)
+			return -LB_NOT_SERVICE;
 	}
+	svc = lb6_client_view(&key, svc);
+	/* connect() to :: reaches the local host: report ::1, as the kernel would */
+	ip6_copy(dialled, addr);
+	if (ip6_is_zero(dialled))
+		dialled[3] = bpf_htonl(1);
 	if (!lb_svc_has_backends(svc)) {
 		lb_count(LB_MTR_NO_BACKEND);
 		return -ECONNREFUSED;
@@ -271,7 +381,7 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return -ECONNREFUSED;
 	}
-	if (sock6_record_revnat(lb_sock_cookie(ctx), backend, &key,
+	if (sock6_record_revnat(lb_sock_cookie(ctx), backend, dialled, &key,
 				svc->rev_nat_index) < 0) {
 		lb_count(LB_MTR_REVNAT_UPDATE_FAIL);
 		if (proto == IPPROTO_UDP)
@@ -284,6 +394,23 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 	return 0;
 }
 
+/* As sock4_revnat_live. */
+static __always_inline bool sock6_revnat_live(const struct lb6_sock_revnat *val, __u32 proto)
+{
+	struct lb6_key key = {
+		.dport = val->port,
+		.proto = proto,
+	};
+	struct lb_service *svc;
+
+	ip6_copy(key.address, val->address);
+	svc = lb6_lookup_service(&key);
+	if (svc && lb6_frontend_has_revnat(&key, svc, val->rev_nat_index))
+		return true;
+	svc = lb6_lookup_surrogate(&key);
+	return svc && lb6_frontend_has_revnat(&key, svc, val->rev_nat_index);
+}
+
 static __always_inline int __sock6_xlate_rev(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
 {
 	struct lb6_sock_key key = {
@@ -291,19 +418,13 @@ static __always_inline int __sock6_xlate_rev(void *ctx, __u32 proto, __be32 *add
 		.port = *port,
 	};
 	struct lb6_sock_revnat *val;
-	struct lb6_key svc_key = {};
-	struct lb_service *svc;
 
 	ip6_copy(key.address, addr);
 	val = bpf_map_lookup_elem(&lb6_sock_revnat, &key);
 	if (!val)
 		return -ENOENT;
 
-	ip6_copy(svc_key.address, val->address);
-	svc_key.dport = val->port;
-	svc_key.proto = proto;
-	svc = lb6_lookup_service(&svc_key);
-	if (!svc || svc->rev_nat_index != val->rev_nat_index) {
+	if (!sock6_revnat_live(val, proto)) {
 		bpf_map_delete_elem(&lb6_sock_revnat, &key);
 		lb_count(LB_MTR_REVNAT_STALE);
 		return -ENOENT;
@@ -313,6 +434,50 @@ static __always_inline int __sock6_xlate_rev(void *ctx, __u32 proto, __be32 *add
 	*port = val->port;
 	lb_count(LB_MTR_XLATE_REV);
 	return 0;
+}
+
+/*
+ * An IPv6 socket's destination, either way: ::ffff:a.b.c.d goes through the
+ * IPv4 tables (and comes back as ::ffff:<backend>), the rest through IPv6.
+ */
+static __always_inline int __sock6_fwd(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
+{
+	if (ip6_is_v4mapped(addr))
+		return __sock4_xlate_fwd(ctx, proto, &addr[3], port);
+	return __sock6_xlate_fwd(ctx, proto, addr, port);
+}
+
+static __always_inline int __sock6_rev(void *ctx, __u32 proto, __be32 *addr, __be16 *port)
+{
+	if (ip6_is_v4mapped(addr))
+		return __sock4_xlate_rev(ctx, proto, &addr[3], port);
+	return __sock6_xlate_rev(ctx, proto, addr, port);
+}
+
+/*
+ * bind() to a nodePort: refused with -EADDRINUSE whatever the address, so
+ * no process of the node (or of a pod, docs/socket-lb.md) holds a port that
+ * the service owns on every node address. A nodePort is the service's in
+ * both families (the API server allocates it once), so both surrogates are
+ * checked. Port 0 is a socket bound with IP_BIND_ADDRESS_NO_PORT: allowed.
+ * `port` is in network order.
+ */
+static __always_inline int __sock_post_bind(__u32 proto, __be16 port)
+{
+	struct lb4_key k4 = { .dport = port, .proto = proto };
+	struct lb6_key k6 = { .dport = port, .proto = proto };
+	struct lb_service *svc;
+
+	if (!proto_is_balanced(proto) || !port)
+		return 0;
+	svc = lb4_lookup_service(&k4);
+	if (!svc || !lb_svc_is_nodeport(svc)) {
+		svc = lb6_lookup_service(&k6);
+		if (!svc || !lb_svc_is_nodeport(svc))
+			return 0;
+	}
+	lb_count(LB_MTR_BIND_REFUSED);
+	return -EADDRINUSE;
 }
 
 /* ------------------------------------------------- ctx <-> address glue */
@@ -325,7 +490,7 @@ static __always_inline int sock4_fwd(struct bpf_sock_addr *ctx)
 
 	err = __sock4_xlate_fwd(ctx, ctx->protocol, &addr, &port);
 	if (err == -ECONNREFUSED)
-		return sys_refuse();
+		return sys_refuse(ECONNREFUSED);
 	if (!err) {
 		ctx->user_ip4 = addr;
 		ctx->user_port = (__u32)port;
@@ -368,12 +533,9 @@ static __always_inline int sock6_fwd(struct bpf_sock_addr *ctx)
 	int err;
 
 	ctx_load_ip6(ctx, addr);
-	if (ip6_is_v4mapped(addr))
-		err = __sock4_xlate_fwd(ctx, ctx->protocol, &addr[3], &port);
-	else
-		err = __sock6_xlate_fwd(ctx, ctx->protocol, addr, &port);
+	err = __sock6_fwd(ctx, ctx->protocol, addr, &port);
 	if (err == -ECONNREFUSED)
-		return sys_refuse();
+		return sys_refuse(ECONNREFUSED);
 	if (!err) {
 		ctx_store_ip6(ctx, addr);
 		ctx->user_port = (__u32)port;
@@ -388,10 +550,7 @@ static __always_inline void sock6_rev(struct bpf_sock_addr *ctx)
 	int err;
 
 	ctx_load_ip6(ctx, addr);
-	if (ip6_is_v4mapped(addr))
-		err = __sock4_xlate_rev(ctx, ctx->protocol, &addr[3], &port);
-	else
-		err = __sock6_xlate_rev(ctx, ctx->protocol, addr, &port);
+	err = __sock6_rev(ctx, ctx->protocol, addr, &port);
 	if (!err) {
 		ctx_store_ip6(ctx, addr);
 		ctx->user_port = (__u32)port;
@@ -450,6 +609,26 @@ int lb_getpeername6(struct bpf_sock_addr *ctx)
 {
 	sock6_rev(ctx);
 	return SYS_PROCEED;
+}
+
+/* bpf_sock.src_port is in host order; a refusal is EADDRINUSE (EPERM without bpf_set_retval). */
+static __always_inline int sock_post_bind(struct bpf_sock *sk)
+{
+	if (__sock_post_bind(sk->protocol, bpf_htons((__u16)sk->src_port)) == -EADDRINUSE)
+		return sys_refuse(EADDRINUSE);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/post_bind4")
+int lb_post_bind4(struct bpf_sock *sk)
+{
+	return sock_post_bind(sk);
+}
+
+SEC("cgroup/post_bind6")
+int lb_post_bind6(struct bpf_sock *sk)
+{
+	return sock_post_bind(sk);
 }
 
 /*

@@ -27,6 +27,16 @@ static __always_inline bool lb_svc_has_affinity(const struct lb_service *svc)
 	return svc->flags & LB_SVC_F_AFFINITY;
 }
 
+static __always_inline bool lb_svc_has_two_scopes(const struct lb_service *svc)
+{
+	return svc->flags & LB_SVC_F_TWO_SCOPES;
+}
+
+static __always_inline bool lb_svc_is_nodeport(const struct lb_service *svc)
+{
+	return svc->type == LB_SVC_NODEPORT;
+}
+
 /* Selectable slot in 1..count; count must be > 0. */
 static __always_inline __u16 lb_select_slot(const struct lb_service *svc)
 {
@@ -66,6 +76,72 @@ static __always_inline struct lb_service *lb4_lookup_service(struct lb4_key *key
 {
 	key->backend_slot = 0;
 	return bpf_map_lookup_elem(&lb4_services, key);
+}
+
+/*
+ * What a client on the node (a socket of the node or of its pods) gets for
+ * the master entry `svc` found at `key`: a frontend with two scopes is
+ * served from its internal-scope twin, whose slots follow
+ * internalTrafficPolicy, while the external entry keeps the node-local
+ * backends externalTrafficPolicy Local gives clients from outside. key->scope
+ * is left on the entry returned, so slot lookups follow it. A twin missing
+ * while its master is being written or removed leaves the external entry in
+ * use: the node-local backends, never a packet to the frontend's address.
+ * Without the flag this is one flag test and no lookup.
+ */
+static __always_inline struct lb_service *lb4_client_view(struct lb4_key *key, struct lb_service *svc)
+{
+	struct lb_service *twin;
+
+	if (!lb_svc_has_two_scopes(svc))
+		return svc;
+	key->scope = LB_SCOPE_INT;
+	twin = lb4_lookup_service(key);
+	if (twin)
+		return twin;
+	key->scope = LB_SCOPE_EXT;
+	return svc;
+}
+
+/* Whether `svc` (found at `key`) or, with two scopes, its twin carries rev-NAT id `id`. */
+static __always_inline bool lb4_frontend_has_revnat(struct lb4_key *key, const struct lb_service *svc, __u32 id)
+{
+	if (svc->rev_nat_index == id)
+		return true;
+	if (!lb_svc_has_two_scopes(svc))
+		return false;
+	key->scope = LB_SCOPE_INT;
+	svc = lb4_lookup_service(key);
+	key->scope = LB_SCOPE_EXT;
+	return svc && svc->rev_nat_index == id;
+}
+
+/* An address of this node (lb_node_addrs, written by the agent). */
+static __always_inline bool lb4_is_node_addr(__be32 addr)
+{
+	struct lb_node_addr_key k = { .address = { addr }, .family = 4 };
+
+	return bpf_map_lookup_elem(&lb_node_addrs, &k) != NULL;
+}
+
+/*
+ * The NodePort surrogate (address 0.0.0.0) for key's port and protocol, in
+ * the external scope; NULL unless it is a NodePort entry. key->address is
+ * left at 0 on a hit and restored on a miss. The caller decides whether the
+ * destination is one the surrogate answers on.
+ */
+static __always_inline struct lb_service *lb4_lookup_surrogate(struct lb4_key *key)
+{
+	__be32 dst = key->address;
+	struct lb_service *svc;
+
+	key->address = 0;
+	key->scope = LB_SCOPE_EXT;
+	svc = lb4_lookup_service(key);
+	if (svc && lb_svc_is_nodeport(svc))
+		return svc;
+	key->address = dst;
+	return NULL;
 }
 
 /*
@@ -130,6 +206,58 @@ static __always_inline struct lb_service *lb6_lookup_service(struct lb6_key *key
 {
 	key->backend_slot = 0;
 	return bpf_map_lookup_elem(&lb6_services, key);
+}
+
+/* As lb4_client_view. */
+static __always_inline struct lb_service *lb6_client_view(struct lb6_key *key, struct lb_service *svc)
+{
+	struct lb_service *twin;
+
+	if (!lb_svc_has_two_scopes(svc))
+		return svc;
+	key->scope = LB_SCOPE_INT;
+	twin = lb6_lookup_service(key);
+	if (twin)
+		return twin;
+	key->scope = LB_SCOPE_EXT;
+	return svc;
+}
+
+/* As lb4_frontend_has_revnat. */
+static __always_inline bool lb6_frontend_has_revnat(struct lb6_key *key, const struct lb_service *svc, __u32 id)
+{
+	if (svc->rev_nat_index == id)
+		return true;
+	if (!lb_svc_has_two_scopes(svc))
+		return false;
+	key->scope = LB_SCOPE_INT;
+	svc = lb6_lookup_service(key);
+	key->scope = LB_SCOPE_EXT;
+	return svc && svc->rev_nat_index == id;
+}
+
+static __always_inline bool lb6_is_node_addr(const __be32 *addr)
+{
+	/* every field spelled out: a partial initializer becomes a .rodata constant */
+	struct lb_node_addr_key k = { .address = { addr[0], addr[1], addr[2], addr[3] }, .family = 6 };
+
+	return bpf_map_lookup_elem(&lb_node_addrs, &k) != NULL;
+}
+
+/* As lb4_lookup_surrogate, at ::. */
+static __always_inline struct lb_service *lb6_lookup_surrogate(struct lb6_key *key)
+{
+	__be32 dst[4];
+	struct lb_service *svc;
+
+	__builtin_memcpy(dst, key->address, sizeof(dst));
+	__builtin_memset(key->address, 0, sizeof(key->address));
+	key->scope = LB_SCOPE_EXT;
+	svc = lb6_lookup_service(key);
+	if (svc && lb_svc_is_nodeport(svc))
+		return svc;
+	__builtin_memcpy(key->address, dst, sizeof(dst));
+	return NULL;
 }
 
 static __always_inline struct lb_service *lb6_lookup_wildcard(const struct lb6_key *key)

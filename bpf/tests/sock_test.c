@@ -578,3 +578,412 @@ int test_revnat6_identical_entry_not_rewritten(struct __sk_buff *skb)
 	bpf_map_delete_elem(&lb6_backends, &id);
 	return 0;
 }
+
+/* ------------------------------------------- scopes and NodePort surrogate */
+
+#define NODE_IP		bpf_htonl(0x0afa0001)	/* 10.250.0.1, a node address */
+#define OTHER_IP	bpf_htonl(0x0afa0063)	/* 10.250.0.99, not one */
+#define LB_IP		bpf_htonl(0x0afa0902)	/* 10.250.9.2, a LoadBalancer IP */
+#define LOOPBACK	bpf_htonl(0x7f000001)
+#define NODEPORT	bpf_htons(30080)
+#define NP_REVNAT	21
+#define NP_INT_REVNAT	22
+#define BE3_IP		bpf_htonl(0x0afc0202)	/* 10.252.2.2, a remote backend */
+
+/* A master entry at `key` (slot 0), and slots 1..count naming backend ids first_id... */
+static __always_inline void put_frontend4(struct lb4_key key, __u16 count, __u32 first_id, __u8 type, __u8 flags,
+					  __u32 rev_nat_index)
+{
+	struct lb_service svc = { .count = count, .rev_nat_index = rev_nat_index, .type = type, .flags = flags };
+	struct lb_service slot = {};
+
+	for (__u16 i = 1; i <= 2; i++) {
+		if (i > count)
+			break;
+		key.backend_slot = i;
+		slot.backend_id = first_id + i - 1;
+		bpf_map_update_elem(&lb4_services, &key, &slot, BPF_ANY);
+	}
+	key.backend_slot = 0;
+	bpf_map_update_elem(&lb4_services, &key, &svc, BPF_ANY);
+}
+
+static __always_inline void del_frontend4(struct lb4_key key)
+{
+	for (__u16 i = 0; i <= 2; i++) {
+		key.backend_slot = i;
+		bpf_map_delete_elem(&lb4_services, &key);
+	}
+}
+
+static __always_inline void put_be4(__u32 id, __be32 addr)
+{
+	struct lb4_backend be = { .address = addr, .port = BE_PORT, .proto = IPPROTO_TCP };
+
+	bpf_map_update_elem(&lb4_backends, &id, &be, BPF_ANY);
+}
+
+static __always_inline void node_addr4(__be32 addr, bool add)
+{
+	struct lb_node_addr_key k = { .address = { addr }, .family = 4 };
+	struct lb_node_addr v = { .ifindex = 1 };
+
+	if (add)
+		bpf_map_update_elem(&lb_node_addrs, &k, &v, BPF_ANY);
+	else
+		bpf_map_delete_elem(&lb_node_addrs, &k);
+}
+
+#define SURROGATE4	((struct lb4_key){ .dport = NODEPORT, .proto = IPPROTO_TCP })
+#define SURROGATE4_INT	((struct lb4_key){ .dport = NODEPORT, .proto = IPPROTO_TCP, .scope = LB_SCOPE_INT })
+
+/* The NodePort 30080/TCP surrogate with backend 1 (BE1), and this node's address. */
+static __always_inline void np4_setup(void)
+{
+	put_be4(1, BE1_IP);
+	put_be4(2, BE3_IP);
+	put_frontend4(SURROGATE4, 1, 1, LB_SVC_NODEPORT, 0, NP_REVNAT);
+	node_addr4(NODE_IP, true);
+}
+
+static __always_inline void np4_clear(void)
+{
+	__u32 id1 = 1, id2 = 2;
+
+	del_frontend4(SURROGATE4);
+	del_frontend4(SURROGATE4_INT);
+	node_addr4(NODE_IP, false);
+	bpf_map_delete_elem(&lb4_backends, &id1);
+	bpf_map_delete_elem(&lb4_backends, &id2);
+}
+
+/* One connect to dst:30080/TCP: 0 and the backend chosen, or -errno. */
+static __always_inline int np4_connect(struct __sk_buff *skb, __be32 dst, __be32 *to)
+{
+	__be16 port = NODEPORT;
+
+	*to = dst;
+	return __sock4_xlate_fwd(skb, IPPROTO_TCP, to, &port);
+}
+
+/* The socket's rev-NAT entry for backend `be` says the address it dialled. */
+static __always_inline bool revnat4_says(struct __sk_buff *skb, __be32 be, __be32 svc, __u32 id)
+{
+	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = be, .port = BE_PORT };
+	struct lb4_sock_revnat *rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+
+	return rev && rev->address == svc && rev->port == NODEPORT && rev->rev_nat_index == id;
+}
+
+/* recvmsg/getpeername for a socket sent to backend `be`: 0 and the address reported, or -errno. */
+static __always_inline int rev4(struct __sk_buff *skb, __be32 be, __be32 *out)
+{
+	__be16 port = BE_PORT;
+	int err;
+
+	*out = be;
+	err = __sock4_xlate_rev(skb, IPPROTO_TCP, out, &port);
+	if (!err && port != NODEPORT)
+		return -EINVAL;
+	return err;
+}
+
+SEC("tc")
+int test_nodeport_on_a_node_address(struct __sk_buff *skb)
+{
+	__be32 to, back;
+
+	np4_clear();
+	np4_setup();
+	CHECK(np4_connect(skb, NODE_IP, &to) == 0 && to == BE1_IP);
+	/* replies and getpeername say the node address dialled, not 0.0.0.0 */
+	CHECK(revnat4_says(skb, BE1_IP, NODE_IP, NP_REVNAT));
+	CHECK(rev4(skb, BE1_IP, &back) == 0 && back == NODE_IP);
+	/* the address stops being the node's: new sockets are no longer balanced */
+	node_addr4(NODE_IP, false);
+	CHECK(np4_connect(skb, NODE_IP, &to) == -LB_NOT_SERVICE && to == NODE_IP);
+	np4_clear();
+	return 0;
+}
+
+SEC("tc")
+int test_nodeport_on_loopback(struct __sk_buff *skb)
+{
+	__be32 to, back;
+
+	np4_clear();
+	np4_setup();
+	CHECK(np4_connect(skb, LOOPBACK, &to) == 0 && to == BE1_IP);
+	CHECK(revnat4_says(skb, BE1_IP, LOOPBACK, NP_REVNAT));
+	CHECK(rev4(skb, BE1_IP, &back) == 0 && back == LOOPBACK);
+	/* all of 127.0.0.0/8 is loopback */
+	CHECK(np4_connect(skb, bpf_htonl(0x7f000102), &to) == 0 && to == BE1_IP);
+	np4_clear();
+	return 0;
+}
+
+/* connect() to 0.0.0.0 is a connect to the local host (the kernel routes it to loopback). */
+SEC("tc")
+int test_nodeport_on_the_any_address(struct __sk_buff *skb)
+{
+	__be32 to, back;
+
+	np4_clear();
+	np4_setup();
+	CHECK(np4_connect(skb, 0, &to) == 0 && to == BE1_IP);
+	CHECK(revnat4_says(skb, BE1_IP, LOOPBACK, NP_REVNAT));
+	CHECK(rev4(skb, BE1_IP, &back) == 0 && back == LOOPBACK);
+	np4_clear();
+	return 0;
+}
+
+SEC("tc")
+int test_no_surrogate_for_other_addresses(struct __sk_buff *skb)
+{
+	struct lb4_key np_udp = { .dport = NODEPORT, .proto = IPPROTO_UDP };
+	__be32 to;
+	__be16 port = NODEPORT;
+
+	np4_clear();
+	np4_setup();
+	/* an address that is not the node's, on the nodePort */
+	CHECK(np4_connect(skb, OTHER_IP, &to) == -LB_NOT_SERVICE && to == OTHER_IP);
+	/* the node address, on another port or protocol */
+	to = NODE_IP;
+	port = bpf_htons(30081);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &to, &port) == -LB_NOT_SERVICE && to == NODE_IP);
+	to = NODE_IP;
+	port = NODEPORT;
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_UDP, &to, &port) == -LB_NOT_SERVICE && to == NODE_IP);
+	/* an entry at 0.0.0.0 that is no NodePort is no surrogate */
+	put_frontend4(np_udp, 1, 1, LB_SVC_CLUSTER_IP, 0, NP_REVNAT);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_UDP, &to, &port) == -LB_NOT_SERVICE && to == NODE_IP);
+	del_frontend4(np_udp);
+	np4_clear();
+	return 0;
+}
+
+/* A surrogate without a selectable backend is refused, as any frontend is. */
+SEC("tc")
+int test_nodeport_without_backends_is_refused(struct __sk_buff *skb)
+{
+	__be32 to;
+
+	np4_clear();
+	node_addr4(NODE_IP, true);
+	put_frontend4(SURROGATE4, 0, 1, LB_SVC_NODEPORT, 0, NP_REVNAT);
+	CHECK(np4_connect(skb, NODE_IP, &to) == -ECONNREFUSED && to == NODE_IP);
+	CHECK(np4_connect(skb, LOOPBACK, &to) == -ECONNREFUSED);
+	np4_clear();
+	return 0;
+}
+
+/* The surrogate deleted (or re-created): the socket's entry is stale and removed. */
+SEC("tc")
+int test_nodeport_revnat_stale_when_the_service_goes(struct __sk_buff *skb)
+{
+	__be32 to, back;
+
+	np4_clear();
+	np4_setup();
+	CHECK(np4_connect(skb, NODE_IP, &to) == 0 && to == BE1_IP);
+	put_frontend4(SURROGATE4, 1, 1, LB_SVC_NODEPORT, 0, NP_REVNAT + 100);
+	CHECK(rev4(skb, BE1_IP, &back) == -ENOENT && back == BE1_IP);
+	CHECK(!revnat4_says(skb, BE1_IP, NODE_IP, NP_REVNAT));
+	np4_clear();
+	return 0;
+}
+
+/*
+ * externalTrafficPolicy Local: the external entry holds the local backend
+ * (BE1), the internal twin the cluster's (BE3). Sockets get the twin.
+ */
+SEC("tc")
+int test_two_scopes_nodeport_serves_the_internal_twin(struct __sk_buff *skb)
+{
+	__be32 to, back;
+
+	np4_clear();
+	np4_setup();
+	put_frontend4(SURROGATE4, 1, 1, LB_SVC_NODEPORT, LB_SVC_F_LOCAL_EXTERNAL | LB_SVC_F_TWO_SCOPES, NP_REVNAT);
+	put_frontend4(SURROGATE4_INT, 1, 2, LB_SVC_NODEPORT, 0, NP_INT_REVNAT);
+	CHECK(np4_connect(skb, NODE_IP, &to) == 0 && to == BE3_IP);
+	CHECK(revnat4_says(skb, BE3_IP, NODE_IP, NP_INT_REVNAT));
+	/* the twin's rev-NAT id is live through the external entry's flag */
+	CHECK(rev4(skb, BE3_IP, &back) == 0 && back == NODE_IP);
+
+	/* the twin without a selectable backend: refused, though the external entry has one */
+	put_frontend4(SURROGATE4_INT, 0, 2, LB_SVC_NODEPORT, 0, NP_INT_REVNAT);
+	CHECK(np4_connect(skb, NODE_IP, &to) == -ECONNREFUSED);
+
+	/* the twin not written yet (or already removed): the external entry serves */
+	del_frontend4(SURROGATE4_INT);
+	CHECK(np4_connect(skb, LOOPBACK, &to) == 0 && to == BE1_IP);
+
+	/* without the flag the twin is never read */
+	put_frontend4(SURROGATE4_INT, 1, 2, LB_SVC_NODEPORT, 0, NP_INT_REVNAT);
+	put_frontend4(SURROGATE4, 1, 1, LB_SVC_NODEPORT, 0, NP_REVNAT);
+	CHECK(np4_connect(skb, NODE_IP, &to) == 0 && to == BE1_IP);
+	/* and a twin's rev-NAT id is stale then */
+	CHECK(rev4(skb, BE3_IP, &back) == -ENOENT);
+	np4_clear();
+	return 0;
+}
+
+/* The same for a LoadBalancer IP, dialled directly (no surrogate involved). */
+SEC("tc")
+int test_two_scopes_loadbalancer_ip(struct __sk_buff *skb)
+{
+	struct lb4_key ext = { .address = LB_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP };
+	struct lb4_key in = { .address = LB_IP, .dport = SVC_PORT, .proto = IPPROTO_TCP, .scope = LB_SCOPE_INT };
+	__be32 addr = LB_IP;
+	__be16 port = SVC_PORT;
+
+	put_be4(1, BE1_IP);
+	put_be4(2, BE3_IP);
+	put_frontend4(ext, 1, 1, LB_SVC_LOADBALANCER, LB_SVC_F_LOCAL_EXTERNAL | LB_SVC_F_TWO_SCOPES, NP_REVNAT);
+	put_frontend4(in, 1, 2, LB_SVC_LOADBALANCER, 0, NP_INT_REVNAT);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0 && addr == BE3_IP && port == BE_PORT);
+	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == 0 && addr == LB_IP && port == SVC_PORT);
+	/* an external IP or LoadBalancer IP without two scopes is balanced as a cluster IP is */
+	put_frontend4(ext, 1, 1, LB_SVC_EXTERNAL_IP, 0, NP_REVNAT);
+	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0 && addr == BE1_IP);
+	del_frontend4(ext);
+	del_frontend4(in);
+	np4_clear();
+	return 0;
+}
+
+/* ::ffff:<node> and ::ffff:127.0.0.1 on an IPv6 socket take the IPv4 path, both ways. */
+SEC("tc")
+int test_nodeport_v4mapped(struct __sk_buff *skb)
+{
+	__be32 a[4] = { 0, 0, bpf_htonl(0x0000ffff), NODE_IP };
+	__be16 port = NODEPORT;
+
+	np4_clear();
+	np4_setup();
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == 0);
+	CHECK(ip6_is_v4mapped(a) && a[3] == BE1_IP && port == BE_PORT);
+	CHECK(revnat4_says(skb, BE1_IP, NODE_IP, NP_REVNAT));
+	CHECK(__sock6_rev(skb, IPPROTO_TCP, a, &port) == 0);
+	CHECK(ip6_is_v4mapped(a) && a[3] == NODE_IP && port == NODEPORT);
+
+	a[3] = LOOPBACK;
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == 0 && a[3] == BE1_IP);
+	CHECK(__sock6_rev(skb, IPPROTO_TCP, a, &port) == 0 && ip6_is_v4mapped(a) && a[3] == LOOPBACK);
+
+	a[3] = OTHER_IP;
+	port = NODEPORT;
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == -LB_NOT_SERVICE && a[3] == OTHER_IP);
+	np4_clear();
+	return 0;
+}
+
+/* IPv6: the surrogate at :: answers on ::1, the node's IPv6 addresses and :: itself. */
+#define NODE6_0		bpf_htonl(0xfd000250)	/* fd00:250::1 */
+#define BE6_0		bpf_htonl(0xfd000252)	/* fd00:252:1::2 */
+
+SEC("tc")
+int test_nodeport6(struct __sk_buff *skb)
+{
+	struct lb6_key np = { .dport = NODEPORT, .proto = IPPROTO_TCP };
+	struct lb_service master = { .count = 1, .rev_nat_index = NP_REVNAT, .type = LB_SVC_NODEPORT };
+	struct lb_service slot = { .backend_id = 5 };
+	struct lb6_backend be = { .address = { BE6_0, bpf_htonl(0x00010000), 0, bpf_htonl(2) }, .port = BE_PORT,
+				  .proto = IPPROTO_TCP };
+	struct lb_node_addr_key nk = { .address = { NODE6_0, 0, 0, bpf_htonl(1) }, .family = 6 };
+	struct lb_node_addr nv = { .ifindex = 1 };
+	__be32 node[4] = { NODE6_0, 0, 0, bpf_htonl(1) };
+	__be32 other[4] = { NODE6_0, 0, 0, bpf_htonl(0x63) };
+	__be32 lo[4] = { 0, 0, 0, bpf_htonl(1) };
+	__be32 any[4] = {};
+	__be32 a[4];
+	__be16 port;
+	__u32 id = 5;
+
+	bpf_map_update_elem(&lb6_backends, &id, &be, BPF_ANY);
+	np.backend_slot = 1;
+	bpf_map_update_elem(&lb6_services, &np, &slot, BPF_ANY);
+	np.backend_slot = 0;
+	bpf_map_update_elem(&lb6_services, &np, &master, BPF_ANY);
+	bpf_map_update_elem(&lb_node_addrs, &nk, &nv, BPF_ANY);
+
+	/* the node address, and back */
+	ip6_copy(a, node);
+	port = NODEPORT;
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == 0 && a[0] == BE6_0 && a[3] == bpf_htonl(2) && port == BE_PORT);
+	CHECK(__sock6_rev(skb, IPPROTO_TCP, a, &port) == 0 && a[0] == NODE6_0 && a[3] == bpf_htonl(1) && port == NODEPORT);
+	/* ::1, and back */
+	ip6_copy(a, lo);
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == 0 && a[0] == BE6_0);
+	CHECK(__sock6_rev(skb, IPPROTO_TCP, a, &port) == 0 && !a[0] && !a[1] && !a[2] && a[3] == bpf_htonl(1));
+	/* ::, reported back as ::1 */
+	ip6_copy(a, any);
+	port = NODEPORT;
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == 0 && a[0] == BE6_0);
+	CHECK(__sock6_rev(skb, IPPROTO_TCP, a, &port) == 0 && !a[0] && !a[1] && !a[2] && a[3] == bpf_htonl(1));
+	/* another address of the prefix is not the node's */
+	ip6_copy(a, other);
+	port = NODEPORT;
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == -LB_NOT_SERVICE && a[3] == bpf_htonl(0x63));
+	/* the node address no longer the node's */
+	bpf_map_delete_elem(&lb_node_addrs, &nk);
+	ip6_copy(a, node);
+	CHECK(__sock6_fwd(skb, IPPROTO_TCP, a, &port) == -LB_NOT_SERVICE);
+
+	bpf_map_delete_elem(&lb6_services, &np);
+	np.backend_slot = 1;
+	bpf_map_delete_elem(&lb6_services, &np);
+	bpf_map_delete_elem(&lb6_backends, &id);
+	return 0;
+}
+
+/* ------------------------------------------------------------- post_bind */
+
+static __always_inline __u64 bind_refused(void)
+{
+	__u32 k = LB_MTR_BIND_REFUSED;
+	__u64 *v = bpf_map_lookup_elem(&lb_metrics, &k);
+
+	return v ? *v : 0;
+}
+
+SEC("tc")
+int test_post_bind_refuses_a_nodeport(struct __sk_buff *skb)
+{
+	struct lb6_key np6 = { .dport = bpf_htons(30090), .proto = IPPROTO_UDP };
+	struct lb_service master6 = { .count = 1, .rev_nat_index = NP_REVNAT, .type = LB_SVC_NODEPORT };
+	__u64 before;
+
+	np4_clear();
+	np4_setup();
+	before = bind_refused();
+	CHECK(__sock_post_bind(IPPROTO_TCP, NODEPORT) == -EADDRINUSE);
+	CHECK(bind_refused() == before + 1);
+	/* another protocol on the same port, another port, port 0, a protocol never balanced */
+	CHECK(__sock_post_bind(IPPROTO_UDP, NODEPORT) == 0);
+	CHECK(__sock_post_bind(IPPROTO_TCP, bpf_htons(30081)) == 0);
+	CHECK(__sock_post_bind(IPPROTO_TCP, 0) == 0);
+	CHECK(__sock_post_bind(IPPROTO_SCTP, NODEPORT) == 0);
+	CHECK(bind_refused() == before + 1);
+
+	/* an IPv6-only nodePort holds the port for both families */
+	CHECK(__sock_post_bind(IPPROTO_UDP, bpf_htons(30090)) == 0);
+	bpf_map_update_elem(&lb6_services, &np6, &master6, BPF_ANY);
+	CHECK(__sock_post_bind(IPPROTO_UDP, bpf_htons(30090)) == -EADDRINUSE);
+	bpf_map_delete_elem(&lb6_services, &np6);
+
+	/* a ClusterIP or LoadBalancer port is no nodePort: binding it is the node's business */
+	np4_clear();
+	put_master4(SVC_IP, NODEPORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
+	CHECK(__sock_post_bind(IPPROTO_TCP, NODEPORT) == 0);
+	clear4();
+	{
+		struct lb4_key k = { .address = SVC_IP, .dport = NODEPORT, .proto = IPPROTO_TCP };
+
+		bpf_map_delete_elem(&lb4_services, &k);
+	}
+	CHECK(bind_refused() == before + 2);
+	return 0;
+}
