@@ -200,6 +200,7 @@ export class Agent implements AgentView {
       log.error({ err: (err as Error).message }, 'tc datapath not loaded: NodePort, LoadBalancer and external IPs are not served; ClusterIPs are');
       return;
     }
+    if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another layout were made anew (their flows and tables start over; the agent rewrites the tables)');
     const agent = new NodePortAgent(dp, opts, log);
     try {
       agent.start();

@@ -17,7 +17,8 @@ import { existsSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
-import { BPF_ANY, BpfObject, isErrno, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
+import { BPF_ANY, BpfObject, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
+import { converter } from './layout.js';
 import { links as rtnlLinks } from '../native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
@@ -126,6 +127,7 @@ export class NodePortDatapath {
       probe.close();
     }
     const shared = new Set(opts.sockObject.mapNames());
+    const replaced = replaceChangedPins(file, opts.mapsDir, shared);
     const reuseMaps = Object.fromEntries(names.filter((n) => shared.has(n)).map((n) => [n, opts.sockObject.map(n).fd]));
     const object = await BpfObject.openLoaded(file, { pinRoot: opts.mapsDir, reuseMaps });
     try {
@@ -134,8 +136,13 @@ export class NodePortDatapath {
       object.close();
       throw err;
     }
-    return new NodePortDatapath(object, opts.mode, opts.linksDir, opts.maglevM);
+    const dp = new NodePortDatapath(object, opts.mode, opts.linksDir, opts.maglevM);
+    dp.replacedMaps = replaced;
+    return dp;
   }
+
+  /** tc-only maps whose pinned layout, size, type or flags differed from this object's: made anew at this load. */
+  replacedMaps: readonly string[] = [];
 
   /** Writes the settings the programs read (before any attach). */
   configure(s: NodePortSettings): void {
@@ -250,6 +257,48 @@ export class NodePortDatapath {
   close(): void {
     this.object.close();
   }
+}
+
+/**
+ * The tc object's own maps are derived or traffic data (flows, fragments,
+ * devices, settings, source ranges, Maglev tables): a pinned one whose key or
+ * value layout (BTF), size, type or flags differs from what the object
+ * declares is unpinned, so the load makes it anew, rather than reused with
+ * its bytes read in a new layout (libbpf checks only sizes) or refused. The
+ * agent rewrites everything but the flows; established NodePort flows of
+ * such a map start over (the socket object's maps are migrated entry by
+ * entry by the loader instead).
+ */
+function replaceChangedPins(file: string, mapsDir: string, shared: ReadonlySet<string>): string[] {
+  const replaced: string[] = [];
+  const object = BpfObject.open(file);
+  try {
+    for (const name of object.mapNames()) {
+      const pin = path.join(mapsDir, name);
+      if (shared.has(name) || !existsSync(pin)) continue;
+      const want = object.mapLayout(name);
+      const have = openPinnedMap(pin);
+      let same: boolean;
+      try {
+        const layout = have.layout();
+        same =
+          have.type === want.type && have.flags === want.flags && have.maxEntries === want.maxEntries && have.keySize === (want.key?.size ?? have.keySize) && have.valueSize === (want.value?.size ?? have.valueSize) &&
+          (!want.key || !want.value || !layout?.key || !layout.value ||
+            (converter(layout.key, want.key, `map ${name} key`).identical && converter(layout.value, want.value, `map ${name} value`).identical));
+      } catch {
+        same = false; // a layout no converter can relate: made anew all the same
+      } finally {
+        have.close();
+      }
+      if (!same) {
+        unpin(pin);
+        replaced.push(name);
+      }
+    }
+  } finally {
+    object.close();
+  }
+  return replaced;
 }
 
 /**
