@@ -48,7 +48,7 @@ function model(n: number, backendsPer = 2) {
 
 t.test('load, attach to a child cgroup, program, list, restore', async (t) => {
   const dp = await loadDatapath({ bpfRoot, cgroup });
-  t.equal(dp.programs.length, 9, 'every program passed the verifier and is attached');
+  t.equal(dp.programs.length, 11, 'every program passed the verifier and is attached');
   t.ok(dp.programs.every((p) => !p.updated), 'fresh links');
   const info = pinnedLinkInfo(path.join(bpfRoot, 'links', 'lb_connect4'));
   t.ok(info.progId > 0);

@@ -39,7 +39,7 @@ type LinkState = Record<string, { id: number; progId: number }>;
 function linkState(sb: Sandbox): LinkState {
   const dir = path.join(sb.bpfRoot, 'links');
   const out: LinkState = {};
-  for (const name of ['lb_connect4', 'lb_connect6', 'lb_sendmsg4', 'lb_sendmsg6', 'lb_recvmsg4', 'lb_recvmsg6', 'lb_getpeername4', 'lb_getpeername6', 'lb_sock_release']) {
+  for (const name of ['lb_connect4', 'lb_connect6', 'lb_sendmsg4', 'lb_sendmsg6', 'lb_recvmsg4', 'lb_recvmsg6', 'lb_getpeername4', 'lb_getpeername6', 'lb_post_bind4', 'lb_post_bind6', 'lb_sock_release']) {
     const p = path.join(dir, name);
     if (!existsSync(p)) continue;
     const li = pinnedLinkInfo(p);
