@@ -19,7 +19,9 @@
  * Local with endpoints only elsewhere is dropped instead, as kube-proxy
  * does). ICMP errors about translated flows, both ways, get the flow's
  * translation inside and out, so path MTU discovery works through it (see
- * the ICMP section).
+ * the ICMP section); a packet this program redirects itself that is bigger
+ * than the egress device's MTU is answered as a router would, with
+ * fragmentation needed or packet too big (see np_mtu_check()).
  *
  * Anything else returns TC_ACT_UNSPEC (tcx's TCX_NEXT): the next program
  * and the stack see the packet untouched. ClusterIPs are not served from
@@ -60,6 +62,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  */
 #define NP_DO_ICMP	0x100	/* an ICMP packet: maybe an error about a translated flow */
 #define NP_DO_REJECT	0x101	/* a new flow to a frontend without endpoints: port unreachable */
+#define NP_DO_TOOBIG	0x10000	/* | the MTU (low 16 bits): fragmentation needed / packet too big; above every verdict */
+#define NP_MTU_MASK	0xffff
 
 /* np4_parse()/np6_parse(): an ICMP or ICMPv6 packet, left to the ICMP handlers. */
 #define NP_PARSE_ICMP	2
@@ -103,6 +107,33 @@ static __always_inline __u64 np_lifetime(const struct np_l4 *l4, __u16 flags)
 	return (flags & LB_CT_F_SEEN_REPLY) ? CT_LIFETIME_TCP : CT_LIFETIME_TCP_SYN;
 }
 
+/*
+ * Path MTU, for a packet this program redirects itself (DNAT+SNAT to a
+ * remote backend, and that backend's replies to the client): after
+ * bpf_redirect() nothing fragments it or answers for it, so one bigger than
+ * the egress device's MTU was lost without a word (the kernel drops it, or
+ * bpf_fib_lookup's own check makes the lookup fail) and the sender never
+ * learned the path's MTU. `seglen` is np_seglen()'s (GSO-aware); the MTU is
+ * lb_devices' copy of the egress device's (5.10's bpf_fib_lookup reports
+ * none, bpf_check_mtu is 5.12+), or the one bpf_fib_lookup reports (5.12+)
+ * when its own check failed. Called before any rewrite: the error built
+ * over the packet then quotes it as its sender sent it. 0: it fits (or no
+ * MTU is known); else NP_DO_TOOBIG | the MTU.
+ */
+static __always_inline int np_mtu_check(const struct bpf_fib_lookup *fib, int rc, __u32 seglen)
+{
+	__u32 ifindex = fib->ifindex;
+	struct lb_device *dev = bpf_map_lookup_elem(&lb_devices, &ifindex);
+	__u32 mtu = dev ? dev->mtu : 0;
+
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && fib->mtu_result)
+		mtu = fib->mtu_result;
+	if (!mtu || mtu > NP_MTU_MASK || seglen <= mtu)
+		return 0;
+	lb_count(LB_MTR_NP_FRAG_NEEDED);
+	return NP_DO_TOOBIG | mtu;
+}
+
 /* Moves an entry's expiry on (at most one write a second) and notes a close. */
 static __always_inline void np_ct_touch(__u64 *expires, __u16 *flags, const struct np_l4 *l4, __u64 now, __u16 set)
 {
@@ -126,6 +157,7 @@ struct np4_flow {
 	__be16 id;
 	__u8 ttl;
 	bool frag_first;	/* MF set, offset 0: later fragments follow it */
+	bool df;		/* don't fragment */
 	struct np_l4 l4;
 };
 
@@ -157,6 +189,7 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 	f->l4.udp_zero_csum = false;
 	frag = bpf_ntohs(ip.frag_off);
 	f->frag_first = (frag & IP_MF) && !(frag & IP_OFFSET);
+	f->df = frag & IP_DF;
 	if (frag & IP_OFFSET) {
 		/* a later fragment: its ports are those its first fragment recorded */
 		struct lb4_frag_key fk = { .saddr = ip.saddr, .daddr = ip.daddr, .id = ip.id, .proto = ip.protocol };
@@ -455,6 +488,23 @@ static __always_inline void np4_touch_reply(const struct np4_flow *f, const stru
 		np_ct_touch(&r->expires, &r->flags, &f->l4, now, 0);
 }
 
+/*
+ * A packet too big for the way out (np_mtu_check() said so, with `mtu`):
+ * with DF it is answered with fragmentation needed (NP_DO_TOOBIG), as a
+ * router answers; without DF it is dropped, as nothing here can fragment
+ * it: bpf_redirect() does not, and the stack cannot have it either (after
+ * the rewrite its source is our own SNAT address, a martian to the stack;
+ * before it, its destination is a frontend, which the stack would deliver
+ * to this node). Senders doing path MTU discovery, every TCP stack among
+ * them, set DF; a datagram fragmented by its sender has fragments without
+ * it, and they are dropped (Cilium's DSR path answers regardless of DF;
+ * RFC 1191 names the error "fragmentation needed and DF set").
+ */
+static __always_inline int np4_too_big(const struct np4_flow *f, int mtu)
+{
+	return f->df ? mtu : TC_ACT_SHOT;
+}
+
 /* A client's packet to a frontend: DNAT (and SNAT), then up the stack or out to the backend's node. */
 static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, struct lb4_key *key,
 				   const struct lb_service *svc, const struct lb_np_config *cfg)
@@ -465,7 +515,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	struct lb4_ct_entry *ct;
 	struct bpf_fib_lookup fib;
 	__u64 now = np_now();
-	int rc;
+	int rc = 0, mtu;
 
 	ct = bpf_map_lookup_elem(&lb4_ct, &ok);
 	if (ct && (ct->expires <= now || ((ct->flags & LB_CT_F_CLOSING) && np_tcp_syn(&f->l4))))
@@ -487,9 +537,20 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			np4_touch_reply(f, ct, now);
 	}
 	np4_frag_record(f);
-	if ((ct->flags & LB_CT_F_SNAT) && f->ttl <= 1) {
-		lb_count(LB_MTR_NP_TTL);
-		return TC_ACT_SHOT;
+	if (ct->flags & LB_CT_F_SNAT) {
+		/* remote: forwarded by us, as the stack would; its checks first, before any rewrite */
+		if (f->ttl <= 1) {
+			lb_count(LB_MTR_NP_TTL);
+			return TC_ACT_SHOT;
+		}
+		rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
+		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		if (mtu)
+			return np4_too_big(f, mtu);
+		if (!np_fib_routed(rc)) {
+			lb_count(LB_MTR_NP_FIB_FAIL);
+			return TC_ACT_SHOT;
+		}
 	}
 	if (np4_xlate_fwd(skb, f, ct) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
@@ -498,12 +559,6 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	lb_count(LB_MTR_NP_FWD);
 	if (!(ct->flags & LB_CT_F_SNAT))
 		return TC_ACT_OK;
-	/* remote: forward it ourselves, as the stack would */
-	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
-	if (!np_fib_routed(rc)) {
-		lb_count(LB_MTR_NP_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
 	if (!np4_dec_ttl(skb, f->ttl)) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
@@ -542,7 +597,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 {
 	struct lb4_ct_entry *ct = np4_reply_entry(f, LB_CT_F_SNAT);
 	struct bpf_fib_lookup fib;
-	int rc;
+	int rc, mtu;
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
@@ -552,18 +607,24 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
 	}
+	/* the way to the client, and whether the reply fits it (an error goes to the backend, from our SNAT address) */
+	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
+	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
+		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		if (mtu)
+			return np4_too_big(f, mtu);
+		if (!np_fib_routed(rc)) {
+			lb_count(LB_MTR_NP_FIB_FAIL);
+			return TC_ACT_SHOT;
+		}
+	}
 	if (np4_xlate_rev(skb, f, ct) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
-	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
-	if (!np_fib_routed(rc)) {
-		lb_count(LB_MTR_NP_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
 	if (!np4_dec_ttl(skb, f->ttl)) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
@@ -941,7 +1002,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	struct lb6_ct_entry *ct;
 	struct bpf_fib_lookup fib;
 	__u64 now = np_now();
-	int rc;
+	int rc = 0, mtu;
 
 	ip6_copy(ok.saddr, f->saddr);
 	ip6_copy(ok.daddr, f->daddr);
@@ -960,9 +1021,20 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 		if (ct->expires != before)
 			np6_touch_reply(f, ct, now);
 	}
-	if ((ct->flags & LB_CT_F_SNAT) && f->hop_limit <= 1) {
-		lb_count(LB_MTR_NP_TTL);
-		return TC_ACT_SHOT;
+	if (ct->flags & LB_CT_F_SNAT) {
+		if (f->hop_limit <= 1) {
+			lb_count(LB_MTR_NP_TTL);
+			return TC_ACT_SHOT;
+		}
+		/* IPv6 routers never fragment: too big is a packet too big to the sender */
+		rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
+		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		if (mtu)
+			return mtu;
+		if (!np_fib_routed(rc)) {
+			lb_count(LB_MTR_NP_FIB_FAIL);
+			return TC_ACT_SHOT;
+		}
 	}
 	if (np6_xlate_fwd(skb, f, ct) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
@@ -971,11 +1043,6 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	lb_count(LB_MTR_NP_FWD);
 	if (!(ct->flags & LB_CT_F_SNAT))
 		return TC_ACT_OK;
-	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
-	if (!np_fib_routed(rc)) {
-		lb_count(LB_MTR_NP_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
 	if (!np6_dec_hoplimit(skb, f->hop_limit)) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
@@ -1000,7 +1067,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 {
 	struct lb6_ct_entry *ct = np6_reply_entry(f, LB_CT_F_SNAT);
 	struct bpf_fib_lookup fib;
-	int rc;
+	int rc, mtu;
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
@@ -1008,6 +1075,16 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 	if (f->hop_limit <= 1) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
+	}
+	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
+	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
+		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		if (mtu)
+			return mtu;
+		if (!np_fib_routed(rc)) {
+			lb_count(LB_MTR_NP_FIB_FAIL);
+			return TC_ACT_SHOT;
+		}
 	}
 	if (np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f->saddr, ct->addr1) < 0 ||
 	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, source), f->sport, ct->port1) < 0 ||
@@ -1017,13 +1094,8 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
-	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
-	if (!np_fib_routed(rc)) {
-		lb_count(LB_MTR_NP_FIB_FAIL);
-		return TC_ACT_SHOT;
-	}
 	if (!np6_dec_hoplimit(skb, f->hop_limit)) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
@@ -1149,20 +1221,26 @@ static __always_inline bool np6_unicast(const __be32 *a)
 }
 
 /*
- * A client's packet to a frontend without endpoints becomes its answer, an
- * ICMP port unreachable from the frontend (kube-proxy's REJECT), and goes
- * back out of the device it came in on: MACs and addresses swapped, cut to
- * the answer's length, quoting the packet's IP header and the first 8
- * bytes of its TCP or UDP header (RFC 792: the ports and, for TCP, the
- * sequence number the client's stack matches the error by). It is dropped
- * instead when the bucket is empty or the packet must not be answered (not
- * from one host, or sent to a multicast MAC).
+ * A packet becomes the ICMP error that answers it, from the address it was
+ * sent to, and goes back out of the device it came in on: MACs and
+ * addresses swapped, cut to the answer's length, quoting the packet's IP
+ * header and the first 8 bytes of its TCP or UDP header (RFC 792: the
+ * ports and, for TCP, the sequence number the sender's stack matches the
+ * error by). `mtu` 0: a client's packet to a frontend without endpoints,
+ * answered with a port unreachable from the frontend (kube-proxy's REJECT);
+ * else a packet too big for the way out (np_mtu_check(), before any
+ * rewrite), answered with fragmentation needed and that next-hop MTU
+ * (RFC 1191): a client's from the frontend, a remote backend's reply from
+ * our SNAT address. It is dropped instead when the bucket is empty or the
+ * packet must not be answered (not from one host, or sent to a multicast
+ * MAC).
  *
  * The skb keeps its checksum state: one that came in CHECKSUM_PARTIAL was
  * sent by a process on this machine, and goes back to it with the
  * checksums taken as good; CHECKSUM_COMPLETE means nothing on the way out.
+ * A GSO skb stops being one when it is cut (bpf_skb_change_tail).
  */
-static __noinline int np_reject4(struct __sk_buff *skb)
+static __noinline int np_icmp_reply4(struct __sk_buff *skb, __u32 mtu)
 {
 	struct np_icmphdr icmp = { .type = ICMP_DEST_UNREACH, .code = ICMP_PORT_UNREACH };
 	__u8 quote[60 + 8] = {};	/* the longest IPv4 header and 8 bytes */
@@ -1179,6 +1257,10 @@ static __noinline int np_reject4(struct __sk_buff *skb)
 	qlen = ip.ihl * 4 + 8;
 	if (bpf_skb_load_bytes(skb, NP_L3_OFF, quote, qlen) < 0)
 		return TC_ACT_SHOT;
+	if (mtu) {
+		icmp.code = ICMP_FRAG_NEEDED;
+		icmp.rest = bpf_htonl(mtu & NP_MTU_MASK);
+	}
 
 	client = ip.saddr;
 	ip.ihl = 5;
@@ -1211,7 +1293,8 @@ static __noinline int np_reject4(struct __sk_buff *skb)
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip), &icmp, sizeof(icmp), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp), quote, qlen, 0) < 0)
 		return TC_ACT_SHOT;
-	lb_count(LB_MTR_NP_REJECT);
+	if (!mtu)
+		lb_count(LB_MTR_NP_REJECT);
 	return bpf_redirect(skb->ifindex, 0);
 }
 
@@ -1224,17 +1307,18 @@ struct np6_pseudo {
 	__u8 nexthdr;
 };
 
-/* What an ICMPv6 port unreachable quotes of the packet at most: the IPv6 header, extension headers, the ports. */
+/* What an ICMPv6 error of ours quotes of the packet at most: the IPv6 header, extension headers, the ports. */
 #define NP_ICMP6_QUOTE		128
 
 /*
  * IPv6: an ICMPv6 destination unreachable, port unreachable (type 1 code
- * 4), quoting the packet from its IPv6 header on, up to NP_ICMP6_QUOTE
- * bytes (RFC 4443 asks for as much as fits 1280; the client's stack needs
- * the headers up to its ports and sequence number). Its checksum covers the
+ * 4), or with `mtu` a packet too big (type 2, the MTU in its 32-bit field),
+ * quoting the packet from its IPv6 header on, up to NP_ICMP6_QUOTE bytes
+ * (RFC 4443 asks for as much as fits 1280; the sender's stack needs the
+ * headers up to its ports and sequence number). Its checksum covers the
  * pseudo header.
  */
-static __noinline int np_reject6(struct __sk_buff *skb)
+static __noinline int np_icmp_reply6(struct __sk_buff *skb, __u32 mtu)
 {
 	struct np_icmphdr icmp = { .type = ICMPV6_DEST_UNREACH, .code = ICMPV6_PORT_UNREACH };
 	__u8 quote[NP_ICMP6_QUOTE] = {};
@@ -1253,6 +1337,11 @@ static __noinline int np_reject6(struct __sk_buff *skb)
 		qlen = NP_ICMP6_QUOTE;
 	if (bpf_skb_load_bytes(skb, NP_L3_OFF, quote, qlen) < 0)
 		return TC_ACT_SHOT;
+	if (mtu) {
+		icmp.type = ICMPV6_PKT_TOOBIG;
+		icmp.code = 0;
+		icmp.rest = bpf_htonl(mtu & NP_MTU_MASK);
+	}
 
 	ip6_copy(ph.saddr, ip.daddr.in6_u.u6_addr32);
 	ip6_copy(ph.daddr, ip.saddr.in6_u.u6_addr32);
@@ -1285,7 +1374,8 @@ static __noinline int np_reject6(struct __sk_buff *skb)
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip), &icmp, sizeof(icmp), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp), quote, qlen, 0) < 0)
 		return TC_ACT_SHOT;
-	lb_count(LB_MTR_NP_REJECT);
+	if (!mtu)
+		lb_count(LB_MTR_NP_REJECT);
 	return bpf_redirect(skb->ifindex, 0);
 }
 
@@ -1761,13 +1851,21 @@ int lb_nodeport_ingress(struct __sk_buff *skb)
 		rc = np_ingress4(skb);
 		if (rc == NP_DO_ICMP)
 			return np_icmp_ingress4(skb);
-		return rc == NP_DO_REJECT ? np_reject4(skb) : rc;
+		if (rc == NP_DO_REJECT)
+			return np_icmp_reply4(skb, 0);
+		if (rc >= NP_DO_TOOBIG)
+			return np_icmp_reply4(skb, rc & NP_MTU_MASK);
+		return rc;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		rc = np_ingress6(skb);
 		if (rc == NP_DO_ICMP)
 			return np_icmp_ingress6(skb);
-		return rc == NP_DO_REJECT ? np_reject6(skb) : rc;
+		if (rc == NP_DO_REJECT)
+			return np_icmp_reply6(skb, 0);
+		if (rc >= NP_DO_TOOBIG)
+			return np_icmp_reply6(skb, rc & NP_MTU_MASK);
+		return rc;
 	}
 	return TC_ACT_UNSPEC;
 }

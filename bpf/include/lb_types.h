@@ -101,7 +101,8 @@ enum lb_metric {
 	LB_MTR_NP_BAD_PACKET = 22,	/* a malformed header of a service flow: dropped */
 	LB_MTR_NP_TTL = 23,		/* TTL/hop limit would expire on a packet forwarded here: dropped */
 	LB_MTR_BIND_REFUSED = 24,	/* a socket's bind to a service's nodePort refused (EADDRINUSE) */
-	LB_MTR_MAX = 25,		/* append only: a value is never renumbered */
+	LB_MTR_NP_FRAG_NEEDED = 25,	/* bigger than the redirect's egress MTU: dropped, answered by frag-needed/packet too big */
+	LB_MTR_MAX = 26,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -357,11 +358,17 @@ struct lb_node_addr {
 	__u32 flags;		/* reserved */
 };
 
-/* A device the tc programs run on, keyed by ifindex: its SNAT addresses. */
+/* A device the tc programs run on, keyed by ifindex: its SNAT addresses and MTU. */
 struct lb_device {
 	__be32 addr4;		/* SNAT source for IPv4 (0: none) */
 	__be32 addr6[4];	/* SNAT source for IPv6 (::: none) */
-	__u32 flags;		/* reserved */
+	/*
+	 * The device's MTU (rtnetlink's IFLA_MTU, rewritten when it changes):
+	 * what a packet redirected out of it must fit (5.10's bpf_fib_lookup
+	 * reports no MTU). 0 (an agent before this field, which wrote a
+	 * reserved 0 here): no check.
+	 */
+	__u32 mtu;
 };
 
 /* Settings of the tc datapath (lb_np_config[0]), written by the agent before attach. */

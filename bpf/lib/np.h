@@ -32,6 +32,7 @@
 /* The devices lbctl attaches to carry Ethernet frames (src/datapath/devices.ts). */
 #define NP_L3_OFF	ETH_HLEN
 
+#define IP_DF		0x4000
 #define IP_MF		0x2000
 #define IP_OFFSET	0x1fff
 
@@ -52,6 +53,7 @@
 #define NP_ICMP_CSUM		2	/* the checksum's offset in that header */
 #define ICMP_DEST_UNREACH	3
 #define ICMP_PORT_UNREACH	3
+#define ICMP_FRAG_NEEDED	4
 #define ICMP_TIME_EXCEEDED	11
 #define ICMP_PARAMETERPROB	12
 #define ICMPV6_DEST_UNREACH	1
@@ -65,7 +67,7 @@ struct np_icmphdr {
 	__u8 type;
 	__u8 code;
 	__sum16 check;
-	__be32 rest;		/* unused (0) in a port unreachable */
+	__be32 rest;		/* 0 in a port unreachable; the next-hop MTU in frag-needed (low 16 bits) and packet too big */
 };
 
 static __always_inline bool np6_addr_eq(const __be32 *a, const __be32 *b)
@@ -232,6 +234,27 @@ static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib
 		return bpf_redirect(fib->ifindex, 0);
 	}
 	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
+}
+
+/*
+ * The length a packet must fit the egress MTU with, as the stack measures
+ * it when forwarding (ip_exceeds_mtu, ip6_pkt_too_big): its own (`len`,
+ * from its IP header) or, for a GSO packet (GRO merged it, or a local
+ * namespace sent it by TSO over a veth), that of each segment it becomes:
+ * its IP and transport headers and gso_size (skb_gso_network_seglen).
+ */
+static __always_inline __u32 np_seglen(struct __sk_buff *skb, const struct np_l4 *l4, __u32 len)
+{
+	__u32 gso = skb->gso_size;
+	__u8 doff;
+
+	if (!gso || !l4->has_ports)
+		return len;
+	if (l4->proto != IPPROTO_TCP)
+		return l4->l4_off - NP_L3_OFF + sizeof(struct udphdr) + gso;
+	if (bpf_skb_load_bytes(skb, l4->l4_off + 12, &doff, sizeof(doff)) < 0)
+		return len;
+	return l4->l4_off - NP_L3_OFF + (doff >> 4) * 4 + gso;
 }
 
 /* A FIB answer that names a way out (possibly without a neighbour entry yet). */

@@ -114,7 +114,7 @@ export const lb_affinity_val: Codec<LbAffinityVal> = {
 export interface LbDevice {
   addr4: number; // network order in the map
   addr6: Buffer;
-  flags: number;
+  mtu: number;
 }
 
 export const lb_device: Codec<LbDevice> = {
@@ -123,14 +123,14 @@ export const lb_device: Codec<LbDevice> = {
   encode(v, b = Buffer.alloc(24), o = 0) {
     b.writeUInt32BE(v.addr4, o + 0);
     putBytes(b, o + 4, 16, v.addr6, 'addr6');
-    b.writeUInt32LE(v.flags, o + 20);
+    b.writeUInt32LE(v.mtu, o + 20);
     return b;
   },
   decode(b, o = 0) {
     return {
       addr4: b.readUInt32BE(o + 0),
       addr6: Buffer.from(b.subarray(o + 4, o + 20)),
-      flags: b.readUInt32LE(o + 20),
+      mtu: b.readUInt32LE(o + 20),
     };
   },
 };
@@ -854,7 +854,8 @@ export const LbMetric = {
   LB_MTR_NP_BAD_PACKET: 22,
   LB_MTR_NP_TTL: 23,
   LB_MTR_BIND_REFUSED: 24,
-  LB_MTR_MAX: 25,
+  LB_MTR_NP_FRAG_NEEDED: 25,
+  LB_MTR_MAX: 26,
 } as const;
 
 /** enum lb_np_config_flags */

@@ -76,11 +76,16 @@ function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
   return lb_node_addr_key.encode({ address, family: a.family });
 }
 
-/** The device's first address of each family: the one SNATed flows leave with. */
+/**
+ * The device's first address of each family (the one SNATed flows leave
+ * with) and its MTU (what a packet the datapath redirects out of it must
+ * fit, or the sender gets fragmentation needed / packet too big). sync()
+ * rewrites it on every rtnetlink burst, so a changed MTU is followed.
+ */
 function deviceValue(d: Device): Buffer {
   const v4 = d.addresses.find((a) => a.family === 4);
   const v6 = d.addresses.find((a) => a.family === 6);
-  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4.address) : 0, addr6: v6 ? ipv6Bytes(v6.address) : Buffer.alloc(16), flags: 0 });
+  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4.address) : 0, addr6: v6 ? ipv6Bytes(v6.address) : Buffer.alloc(16), mtu: d.mtu >>> 0 });
 }
 
 export interface NodePortOptions {

@@ -23,7 +23,7 @@ import {
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import {
   arpRequest, checksum, echoRequest, fragments4, frame, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, icmpError,
-  ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_PORT_UNREACH, ip4, ip6, ipPacket, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
+  icmpFrame, ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_PORT_UNREACH, ip4, ip6, ipPacket, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
   l4ChecksumOk, NEXTHDR_DEST, NEXTHDR_HOP, neighbourSolicitation, parseFrame, TCP_ACK, TCP_FIN, TCP_SYN, type FrameSpec, type ParsedFrame,
 } from '../helpers/packet.js';
 
@@ -151,7 +151,12 @@ async function inNamespace(): Promise<void> {
     setConfig();
     setBucket({ stamp: 0n, tokens: 0n }); // refilled in full by the first error sent
     for (const a of [NODE4, NODE6]) maps.nodeAddrs.update(nodeAddrKey(a), lb_node_addr.encode({ ifindex: np0, flags: 0 }));
-    maps.devices.update(u32.encode(np0), lb_device.encode({ addr4: ip4(NODE4), addr6: ip6(NODE6), flags: 0 }));
+    setDeviceMtu(1500);
+  }
+
+  /** np0's entry in lb_devices, with the MTU the agent would have written (np0's own stays 1500). */
+  function setDeviceMtu(mtu: number): void {
+    maps.devices.update(u32.encode(np0), lb_device.encode({ addr4: ip4(NODE4), addr6: ip6(NODE6), mtu }));
   }
 
   /** Every CPU's bucket of ICMP errors the datapath may send (its own rate limit). */
@@ -991,6 +996,142 @@ async function inNamespace(): Promise<void> {
     t.equal(r.delta(LbMetric.LB_MTR_NP_TTL), 1n, 'NP_TTL counted');
     t.notOk(r.result.rc === TC_ACT_OK && r.result.p.src === NODE4,
       `not TC_ACT_OK with the node's own address as its source (rc ${r.result.rc}, ${r.result.p.src}:${r.result.p.sport} → ${r.result.p.dst}:${r.result.p.dport})`);
+  });
+
+  /**
+   * The ICMP error the datapath must answer `input` with, every byte: from the address `input` was sent to, back to its
+   * sender through the hop it came from (MACs swapped), TTL 64, quoting its first bytes (IPv4: header and 8 bytes; IPv6:
+   * up to 128). IPv4's TOS is Linux's for errors (0xc0); its id is random, so it is taken from `out`.
+   */
+  function expectedError(input: Buffer, type: number, code: number, rest: number, out: Buffer): Buffer {
+    const sent = parseFrame(input);
+    const v6 = sent.family === 6;
+    const qlen = v6 ? Math.min(40 + input.readUInt16BE(14 + 4), 128) : (input[14]! & 0x0f) * 4 + 8;
+    const f = icmpFrame({ src: sent.dst, dst: sent.src, type, code, rest, body: input.subarray(14, 14 + qlen), ttl: 64, srcMac: sent.dstMac, dstMac: sent.srcMac });
+    if (!v6 && out.length >= 34) {
+      f[14 + 1] = 0xc0;
+      out.copy(f, 14 + 4, 14 + 4, 14 + 6);
+      f.writeUInt16BE(0, 14 + 10);
+      f.writeUInt16BE(checksum(f.subarray(14, 34)), 14 + 10);
+    }
+    return f;
+  }
+
+  /** `input` answered with fragmentation needed / packet too big naming `mtu`: the verdict, every byte and checksum. */
+  function isTooBig(t: Test, r: Run, input: Buffer, mtu: number, what: string): void {
+    const v6 = parseFrame(input).family === 6;
+    t.equal(r.rc, TC_ACT_REDIRECT, `${what}: TC_ACT_REDIRECT (the error goes back out of np0)`);
+    const want = expectedError(input, v6 ? ICMPV6_PKT_TOOBIG : ICMP_DEST_UNREACH, v6 ? 0 : ICMP_FRAG_NEEDED, mtu, r.out);
+    t.ok(r.out.equals(want), `${what}: every byte as expected (${r.out.length} bytes)${r.out.equals(want) ? '' : `\n got  ${r.out.toString('hex')}\n want ${want.toString('hex')}`}`);
+    if (!v6) t.equal(r.p.ipChecksumOk, true, `${what}: IPv4 header checksum valid`);
+    t.match(r.p.icmp, { type: v6 ? ICMPV6_PKT_TOOBIG : ICMP_DEST_UNREACH, code: v6 ? 0 : ICMP_FRAG_NEEDED, rest: mtu, checksumOk: true },
+      `${what}: ${v6 ? 'packet too big' : 'fragmentation needed'}, MTU ${mtu}, ${v6 ? 'ICMPv6 checksum (pseudo header) valid' : 'ICMP checksum valid'}`);
+    if (!v6) t.equal(r.out.readUInt16BE(14 + 20 + 6), mtu, `${what}: the next-hop MTU field (RFC 1191) is ${mtu}`);
+    else t.equal(r.out.readUInt32BE(14 + 40 + 4), mtu, `${what}: the MTU field is ${mtu}`);
+  }
+
+  t.test('path MTU: a remote flow\'s packet bigger than the egress device\'s MTU (lb_devices) is answered from the frontend; one that fits is redirected', async (t) => {
+    reset();
+    setDeviceMtu(1280);
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 160, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 161, backends: [{ id: 8, address: REMOTE_BE6, port: 8080 }] });
+    for (const [client, node, be, hdr] of [[CLIENT4, NODE4, REMOTE_BE4, 40], [CLIENT6, NODE6, REMOTE_BE6, 60]] as const) {
+      const v = client.includes(':') ? 'IPv6' : 'IPv4';
+      const syn = ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 49500, dport: NODEPORT, flags: TCP_SYN, df: true }));
+      t.equal(syn.rc, TC_ACT_REDIRECT, `${v}: the SYN is redirected to the backend`);
+      const snat = syn.p.sport!;
+      // A packet of `len` bytes (IP header on), as a client on a 1500-byte link sends it.
+      const data = (len: number, df = true): Buffer => fromClient({ src: client, dst: node, proto: 'tcp', sport: 49500, dport: NODEPORT, flags: TCP_ACK,
+        seq: 4242, payload: Buffer.alloc(len - hdr, 0x61), df });
+
+      const big = data(1500);
+      t.equal(big.length, 1514, `${v}: a 1500-byte packet (frame of 1514)`);
+      const r = counting(() => ingress(big));
+      isTooBig(t, r.result, big, 1280, `${v}, 1500 bytes`);
+      t.match(r.result.p, { src: node, dst: client, srcMac: NP0_MAC, dstMac: GW_MAC }, `${v}: from the frontend the client sent to, to the client`);
+      t.match(r.result.p.icmp?.inner, { src: client, dst: node, sport: 49500, dport: NODEPORT }, `${v}: the quote is the client's packet, untranslated`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 1n, `${v}: NP_FRAG_NEEDED counted`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_FWD) + r.delta(LbMetric.LB_MTR_NP_FIB_FAIL) + r.delta(LbMetric.LB_MTR_NP_REJECT), 0n, `${v}: not forwarded, not a FIB failure, not a refusal`);
+
+      const over = counting(() => ingress(data(1281)));
+      t.equal(over.result.p.icmp?.rest, 1280, `${v}: 1281 bytes: too big too`);
+      const fits = data(1280);
+      const ok = counting(() => ingress(fits));
+      t.equal(ok.result.rc, TC_ACT_REDIRECT, `${v}, 1280 bytes: redirected`);
+      t.match(ok.result.p, { src: node, sport: snat, dst: be, dport: 8080, ttl: 63, dstMac: PEER_MAC, proto: IPPROTO_TCP }, `${v}, 1280 bytes: DNAT and SNAT as ever`);
+      t.equal(ok.result.out.length, fits.length, `${v}, 1280 bytes: nothing cut`);
+      checksumsValid(t, ok.result.p, `${v}, 1280 bytes`);
+      t.equal(ok.delta(LbMetric.LB_MTR_NP_FWD), 1n, `${v}, 1280 bytes: NP_FWD counted`);
+      t.equal(ok.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 0n, `${v}, 1280 bytes: not too big`);
+
+      // GRO: two 1448-byte segments in one packet; each would be 20 (40) + 20 + 1448 bytes on the wire.
+      const gso = counting(() => ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 49500, dport: NODEPORT, flags: TCP_ACK,
+        payload: Buffer.alloc(2 * 1448, 3), df: true }), { size: 1448, segs: 2 }));
+      t.equal(gso.result.rc, TC_ACT_REDIRECT, `${v}, a GSO packet whose segments are too big: answered`);
+      t.equal(gso.result.p.icmp?.rest, 1280, `${v}, GSO: MTU 1280`);
+      t.equal(gso.result.p.icmp?.checksumOk, true, `${v}, GSO: checksum valid`);
+      t.equal(gso.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 1n, `${v}, GSO: NP_FRAG_NEEDED counted`);
+      const small = counting(() => ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 49500, dport: NODEPORT, flags: TCP_ACK,
+        payload: Buffer.alloc(2 * 1200, 3), df: true }), { size: 1200, segs: 2 }));
+      t.equal(small.result.rc, TC_ACT_REDIRECT, `${v}, a GSO packet of 1200-byte segments (${hdr + 1200} on the wire): redirected`);
+      t.match(small.result.p, { dst: be, dport: 8080 }, `${v}, GSO of small segments: translated`);
+      t.equal(small.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 0n, `${v}, GSO of small segments: not too big`);
+
+      if (v === 'IPv4') {
+        const noDf = counting(() => ingress(data(1500, false)));
+        t.equal(noDf.result.rc, TC_ACT_SHOT, 'IPv4 without DF: dropped (nothing here can fragment it)');
+        t.equal(noDf.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 1n, 'IPv4 without DF: NP_FRAG_NEEDED counted');
+        t.equal(noDf.delta(LbMetric.LB_MTR_NP_FWD), 0n, 'IPv4 without DF: not forwarded');
+      }
+    }
+    const orig = ct4({ saddr: ip4(CLIENT4), daddr: ip4(NODE4), sport: 49500, dport: NODEPORT, dir: CT_ORIG });
+    t.ok(orig && orig.addr1 === ip4(REMOTE_BE4) && orig.flags & CT_F_SNAT, 'the flow keeps its CT entry (the backend, SNAT)');
+
+    // An agent before lb_device.mtu wrote 0 there: no check, the packet goes on (np0's own MTU is 1500).
+    setDeviceMtu(0);
+    const old = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 49500, dport: NODEPORT, flags: TCP_ACK, payload: Buffer.alloc(1460), df: true }));
+    t.equal(old.rc, TC_ACT_REDIRECT, 'lb_devices MTU 0 (unknown): redirected');
+    t.match(old.p, { dst: REMOTE_BE4, proto: IPPROTO_TCP }, 'lb_devices MTU 0: translated, not answered');
+  });
+
+  t.test('path MTU: a remote backend\'s reply too big for the way to the client is answered from our SNAT address', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 162, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 163, backends: [{ id: 8, address: REMOTE_BE6, port: 8080 }] });
+    for (const [client, node, be, hdr] of [[CLIENT4, NODE4, REMOTE_BE4, 40], [CLIENT6, NODE6, REMOTE_BE6, 60]] as const) {
+      const v = client.includes(':') ? 'IPv6' : 'IPv4';
+      setDeviceMtu(1500);
+      const syn = ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 49600, dport: NODEPORT, flags: TCP_SYN, df: true }));
+      t.equal(syn.rc, TC_ACT_REDIRECT, `${v}: the SYN is redirected to the backend`);
+      setDeviceMtu(1280);
+      const reply = (len: number): Buffer => fromPeer({ src: be, dst: node, proto: 'tcp', sport: 8080, dport: syn.p.sport!, flags: TCP_ACK,
+        payload: Buffer.alloc(len - hdr, 0x62), df: true });
+      const big = reply(1500);
+      const r = counting(() => ingress(big));
+      isTooBig(t, r.result, big, 1280, `${v} reply, 1500 bytes`);
+      t.match(r.result.p, { src: node, dst: be, srcMac: NP0_MAC, dstMac: PEER_MAC }, `${v}: from our SNAT address to the backend, back towards its node`);
+      t.match(r.result.p.icmp?.inner, { src: be, dst: node, sport: 8080, dport: syn.p.sport! }, `${v}: the quote is the backend's reply as it sent it`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 1n, `${v}: NP_FRAG_NEEDED counted`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_REV), 0n, `${v}: not translated`);
+      const fits = counting(() => ingress(reply(1280)));
+      t.equal(fits.result.rc, TC_ACT_REDIRECT, `${v} reply, 1280 bytes: redirected`);
+      t.match(fits.result.p, { src: node, sport: NODEPORT, dst: client, dport: 49600, dstMac: GW_MAC }, `${v} reply, 1280 bytes: rev-SNAT and rev-DNAT`);
+      t.equal(fits.delta(LbMetric.LB_MTR_NP_REV), 1n, `${v} reply, 1280 bytes: NP_REV counted`);
+    }
+  });
+
+  t.test('path MTU: the errors share the refusals\' rate limit and rules', async (t) => {
+    reset();
+    setDeviceMtu(1280);
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 164, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    const pkt = (flags: number, len = 40): Buffer => fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 49700, dport: NODEPORT, flags,
+      payload: Buffer.alloc(len - 40), df: true });
+    t.equal(ingress(pkt(TCP_SYN)).rc, TC_ACT_REDIRECT, 'the SYN is redirected to the backend');
+    setBucket({ stamp: 1n << 62n, tokens: 0n });
+    const r = counting(() => ingress(pkt(TCP_ACK, 1500)));
+    t.equal(r.result.rc, TC_ACT_SHOT, 'an empty bucket: dropped, no error sent');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 1n, 'NP_FRAG_NEEDED counted all the same');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_REJECT), 0n, 'not counted as a refusal');
   });
 
   // For the record (the verifier's limit is 1,000,000 instructions): what the kernel translated, and

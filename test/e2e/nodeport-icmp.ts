@@ -18,10 +18,18 @@
 //       translated by the datapath (it is about a reply sent from the
 //       frontend); the backends' route caches show the MTU afterwards;
 //   (b) with the link between the nodes at MTU 1280 (both ends);
-//   (c) with the client's link at 1280 too.
+//   (c) with the client's link at 1280 too;
+// - and a 2 MB upload (HTTP POST) to the remote pod completes over (b)'s
+//   links: the client's 1500-byte packets, which the datapath redirects out
+//   of the 1280 node link, are answered from the frontend with
+//   "fragmentation needed" / "packet too big" (the agent writes the device's
+//   new MTU to lb_devices when the link changes), and the client's route
+//   cache shows 1280 towards the frontend afterwards.
 // Traffic stays in the lab's namespaces; the router's client namespace is
 // removed at teardown like the lab's.
 import { execFileSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
 import t, { type Test } from 'tap';
 import { stringify } from 'yaml';
 import { createSandbox, SLOW } from '../helpers/sandbox.js';
@@ -38,6 +46,7 @@ const NP_CLOSED_REMOTE = 30184;
 const NP_CLOSED_LOCAL = 30185;
 const CLOSED = 9001; // no backend listens there
 const DOWNLOAD = 2_000_000;
+const UPLOAD = 2_000_000;
 
 type Family = 'v4' | 'v6';
 const FAMILIES: Family[] = ['v4', 'v6'];
@@ -157,6 +166,15 @@ async function download(lab: Lab, ns: string, host: string, port: number): Promi
   return { code: r.code ?? -1, size: Number(size ?? 0), status: status ?? '', error: r.stderr.trim() };
 }
 
+/** An upload of `file` (UPLOAD bytes) from `ns` by HTTP POST: curl's exit code, the bytes the backend says it received, the HTTP status. */
+async function upload(lab: Lab, ns: string, host: string, port: number, file: string): Promise<{ code: number; received: number; status: string; error: string }> {
+  // no "Expect: 100-continue" (backend.py speaks HTTP/1.0 and would not answer it: curl would wait a second)
+  const r = await lab.inNs(ns, ['curl', '-sS', '-H', 'Expect:', '--data-binary', `@${file}`, '-w', ' %{http_code}', '--max-time', String(20 * SLOW),
+    url(host, port, '/upload')], 30_000);
+  const [received, status] = r.stdout.trim().split(/\s+/);
+  return { code: r.code ?? -1, received: Number(received ?? 0), status: status ?? '', error: r.stderr.trim() };
+}
+
 function ip(...args: string[]): void {
   execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
 }
@@ -274,6 +292,27 @@ t.test('ICMP through the NodePort datapath: refusals without endpoints, path MTU
     ip('-n', lab.n1, 'link', 'set', 'n1b', 'mtu', '1280');
     ip('-n', lab.n2, 'link', 'set', 'n2a', 'mtu', '1280');
     await downloads(t, lab, lab.ext, NODE1, 'node link 1280');
+  });
+
+  // Still (b)'s links: the client's at 1500, so it sends 1500-byte packets; the datapath redirects them out of n1b (1280).
+  await t.test('an upload to the remote pod over the 1280 node link: the client learns 1280 from the datapath', async (t) => {
+    await flushCaches(lab);
+    for (const fam of ['-4', '-6']) await lab.inNs(lab.ext, ['ip', fam, 'route', 'flush', 'cache']);
+    for (const family of FAMILIES) t.equal(await cachedMtu(lab, lab.ext, NODE1[family]), 0, `IPv${family[1]}: the client's route cache starts empty`);
+    const file = path.join(sb.runDir, 'upload.bin');
+    writeFileSync(file, Buffer.alloc(UPLOAD, 0x75));
+    const before = await sb.metrics();
+    for (const family of FAMILIES) {
+      const u = await upload(lab, lab.ext, NODE1[family], NP_REMOTE, file);
+      t.ok(u.code === 0 && u.received === UPLOAD && u.status === '200',
+        `IPv${family[1]}: ${UPLOAD} bytes uploaded to the remote pod (curl ${u.code}, the pod received ${u.received}, HTTP ${u.status}${u.error ? `, ${u.error}` : ''})`);
+    }
+    const after = await sb.metrics();
+    const tooBig = (after['np_frag_needed'] ?? 0) - (before['np_frag_needed'] ?? 0);
+    t.ok(tooBig >= 2, `np_frag_needed counted the client's packets too big for n1b, answered (${tooBig})`);
+    for (const family of FAMILIES) {
+      t.equal(await cachedMtu(lab, lab.ext, NODE1[family]), 1280, `IPv${family[1]}: the client learned MTU 1280 towards the frontend ${NODE1[family]}`);
+    }
   });
 
   await t.test('and the client\'s link at MTU 1280 too (both ends)', async (t) => {

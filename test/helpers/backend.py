@@ -7,7 +7,8 @@ was reached on, so a client can tell which backend served it.
 HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address),
       with the client's address in an X-Client header ("ADDR:PORT");
       GET /bytes/N answers N bytes instead (a large response, for path MTU
-      tests), with the same header.
+      tests), with the same header. POST (any path) reads the body and
+      answers its length in bytes, "N\n" (an upload, for path MTU tests).
 UDP:  every datagram is answered with "ADDR:PORT|<payload>" from that address
       (with --udp-peer: "ADDR:PORT|PEER|<payload>", PEER the sender's address).
 Prints "ready" on stdout once every socket is bound; runs until killed.
@@ -43,6 +44,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_bytes(self.path[len("/bytes/"):])
             return
         body = (format_addr(self.connection.getsockname()) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("X-Client", format_addr(self.client_address))
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        got = 0
+        while got < n:
+            chunk = self.rfile.read(min(n - got, len(CHUNK)))
+            if not chunk:
+                break
+            got += len(chunk)
+        body = f"{got}\n".encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("X-Client", format_addr(self.client_address))

@@ -134,6 +134,8 @@ export interface FrameSpec extends L4Spec {
   ttl?: number;
   /** IPv4 identification */
   id?: number;
+  /** IPv4: set DF (don't fragment), as senders doing path MTU discovery do */
+  df?: boolean;
   /** IPv6: extension headers before the transport header, outermost first */
   ext?: Array<{ type: number; body?: Buffer }>;
 }
@@ -185,6 +187,8 @@ export interface Ip4HeaderSpec {
   payloadLen: number;
   ttl?: number;
   id?: number;
+  /** DF (don't fragment) */
+  df?: boolean;
   moreFragments?: boolean;
   /** fragment offset in 8-byte units */
   fragOffset?: number;
@@ -195,7 +199,7 @@ export function ip4Header(h: Ip4HeaderSpec): Buffer {
   b[0] = 0x45;
   b.writeUInt16BE(20 + h.payloadLen, 2);
   b.writeUInt16BE(h.id ?? 0x1234, 4);
-  b.writeUInt16BE((h.moreFragments ? 0x2000 : 0) | (h.fragOffset ?? 0), 6);
+  b.writeUInt16BE((h.df ? 0x4000 : 0) | (h.moreFragments ? 0x2000 : 0) | (h.fragOffset ?? 0), 6);
   b[8] = h.ttl ?? 64;
   b[9] = h.proto;
   u32be(ip4(h.src)).copy(b, 12);
@@ -212,6 +216,7 @@ export function frame(spec: FrameSpec): Buffer {
     const ipSpec: Ip4HeaderSpec = { src: spec.src, dst: spec.dst, proto, payloadLen: seg.length };
     if (spec.ttl !== undefined) ipSpec.ttl = spec.ttl;
     if (spec.id !== undefined) ipSpec.id = spec.id;
+    if (spec.df !== undefined) ipSpec.df = spec.df;
     return Buffer.concat([eth(ETH_P_IP, spec.srcMac, spec.dstMac), ip4Header(ipSpec), seg]);
   }
   return ip6Frame(spec.src, spec.dst, proto, seg, spec.ext ?? [], spec.ttl ?? 64, spec.srcMac, spec.dstMac);
@@ -372,7 +377,10 @@ export interface ParsedPacket {
   proto: number;
   /** IPv4 */
   id?: number;
+  /** IPv4: DF */
+  dontFragment?: boolean;
   moreFragments?: boolean;
+  /** in 8-byte units */
   fragOffset?: number;
   /** IPv4: the header checksum verifies */
   ipChecksumOk?: boolean;
@@ -450,7 +458,7 @@ export function parsePacket(f: Buffer, at: number, family: 4 | 6): ParsedPacket 
       family: 4,
       src: ip4String(f.readUInt32BE(at + 12)), dst: ip4String(f.readUInt32BE(at + 16)),
       ttl: f[at + 8]!, proto: f[at + 9]!, id: f.readUInt16BE(at + 4),
-      moreFragments: (frag & 0x2000) !== 0, fragOffset: frag & 0x1fff,
+      dontFragment: (frag & 0x4000) !== 0, moreFragments: (frag & 0x2000) !== 0, fragOffset: frag & 0x1fff,
       ipChecksumOk: fold(onesSum(f.subarray(at, at + ihl))) === 0xffff,
       l4Offset, l4: f.subarray(l4Offset, Math.min(l4End, f.length)),
     };
