@@ -65,6 +65,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NP_DO_TOOBIG	0x10000	/* | the MTU (low 16 bits): fragmentation needed / packet too big; above every verdict */
 #define NP_MTU_MASK	0xffff
 
+/* np6_parse(): the first fragment of a datagram (its ports are in the flow). */
+#define NP_PARSE_FRAG	1
 /* np4_parse()/np6_parse(): an ICMP or ICMPv6 packet, left to the ICMP handlers. */
 #define NP_PARSE_ICMP	2
 
@@ -696,15 +698,17 @@ struct np6_flow {
 
 /*
  * 0: a TCP or UDP packet whose addresses and ports are in `f`, after at most
- * NP_IPV6_EXT_MAX extension headers; 1: a fragment (no ports to translate
- * by); NP_PARSE_ICMP: an ICMPv6 packet right after the IPv6 header (nothing
- * in `f`); <0: not ours to look at.
+ * NP_IPV6_EXT_MAX extension headers; NP_PARSE_FRAG: the same of a first
+ * fragment (offset 0: the transport header is in it); NP_PARSE_ICMP: an
+ * ICMPv6 packet right after the IPv6 header (nothing in `f`); <0: not ours
+ * to look at, a later fragment among them (it has no ports).
  */
 static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 {
 	struct ipv6hdr ip;
 	__u32 off = NP_L3_OFF + sizeof(struct ipv6hdr);
 	__u32 ports;
+	int ret = 0;
 	__u8 nh;
 	int i;
 
@@ -713,15 +717,22 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	nh = ip.nexthdr;
 #pragma unroll
 	for (i = 0; i < NP_IPV6_EXT_MAX; i++) {
-		__u8 ext[2];
+		/* next header, length (or reserved), and a fragment header's offset and flags */
+		__u8 ext[4];
 
-		if (nh == NEXTHDR_FRAGMENT)
-			return 1;
-		if (nh != NEXTHDR_HOP && nh != NEXTHDR_ROUTING && nh != NEXTHDR_DEST && nh != NEXTHDR_AUTH)
+		if (nh != NEXTHDR_HOP && nh != NEXTHDR_ROUTING && nh != NEXTHDR_DEST && nh != NEXTHDR_AUTH &&
+		    nh != NEXTHDR_FRAGMENT)
 			break;
 		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
 			return -1;
-		off += nh == NEXTHDR_AUTH ? (ext[1] + 2) * 4 : (ext[1] + 1) * 8;
+		if (nh == NEXTHDR_FRAGMENT) {
+			if ((((__u16)ext[2] << 8) | ext[3]) & IP6_OFFSET)
+				return -1;
+			ret = NP_PARSE_FRAG;
+			off += 8;
+		} else {
+			off += nh == NEXTHDR_AUTH ? (ext[1] + 2) * 4 : (ext[1] + 1) * 8;
+		}
 		nh = ext[0];
 	}
 	if (nh == IPPROTO_ICMPV6 && off == NP_L3_OFF + sizeof(struct ipv6hdr))
@@ -744,7 +755,7 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	f->dport = (__be16)(ports >> 16);
 	if (nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, &f->l4.tcp_flags, 1) < 0)
 		return -1;
-	return 0;
+	return ret;
 }
 
 static __always_inline bool np6_is_node_addr(const __be32 *addr)
@@ -1117,9 +1128,21 @@ static __always_inline int np6_ingress(struct __sk_buff *skb)
 	rc = np6_parse(skb, &f);
 	if (rc == NP_PARSE_ICMP)
 		return NP_DO_ICMP;
-	if (rc)
-		return TC_ACT_UNSPEC; /* fragments: see docs/nodeport.md (IPv6 fragments are not translated) */
+	if (rc < 0)
+		return TC_ACT_UNSPEC;
 	svc = np6_lookup(&f, &key, cfg, &node_addr);
+	if (rc == NP_PARSE_FRAG) {
+		/*
+		 * IPv6 fragments are not translated (no lb6_frag): the first
+		 * fragment of a datagram to a frontend is a counted drop, so the
+		 * datagram never reassembles; the later ones (no ports to tell)
+		 * and fragments of anything else pass untouched.
+		 */
+		if (!svc)
+			return TC_ACT_UNSPEC;
+		lb_count(LB_MTR_NP_FRAG);
+		return TC_ACT_SHOT;
+	}
 	if (svc)
 		return np6_fwd(skb, &f, &key, svc, cfg);
 	if (node_addr && np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
@@ -1137,7 +1160,7 @@ static __always_inline int np6_egress(struct __sk_buff *skb)
 	if (rc == NP_PARSE_ICMP)
 		return NP_DO_ICMP;
 	if (rc)
-		return TC_ACT_UNSPEC;
+		return TC_ACT_UNSPEC; /* not ours, or a fragment: not translated */
 	ct = np6_reply_entry(&f, LB_CT_F_LOCAL);
 	if (!ct)
 		return TC_ACT_UNSPEC;

@@ -35,6 +35,7 @@
 #define IP_DF		0x4000
 #define IP_MF		0x2000
 #define IP_OFFSET	0x1fff
+#define IP6_OFFSET	0xfff8	/* the fragment header's offset, in 8-byte units above its 3 flag bits */
 
 #define NEXTHDR_HOP	0
 #define NEXTHDR_ROUTING	43

@@ -22,7 +22,7 @@ import {
 } from '../../src/datapath/abi.gen.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import {
-  arpRequest, checksum, echoRequest, fragments4, frame, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, icmpError,
+  arpRequest, checksum, echoRequest, fragments4, fragments6, frame, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, icmpError,
   icmpFrame, ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_PORT_UNREACH, ip4, ip6, ipPacket, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
   l4ChecksumOk, NEXTHDR_DEST, NEXTHDR_HOP, neighbourSolicitation, parseFrame, TCP_ACK, TCP_FIN, TCP_SYN, type FrameSpec, type ParsedFrame,
 } from '../helpers/packet.js';
@@ -1132,6 +1132,40 @@ async function inNamespace(): Promise<void> {
     t.equal(r.result.rc, TC_ACT_SHOT, 'an empty bucket: dropped, no error sent');
     t.equal(r.delta(LbMetric.LB_MTR_NP_FRAG_NEEDED), 1n, 'NP_FRAG_NEEDED counted all the same');
     t.equal(r.delta(LbMetric.LB_MTR_NP_REJECT), 0n, 'not counted as a refusal');
+  });
+
+  t.test('IPv6 fragments: a first fragment to a frontend is a counted drop; later ones and other datagrams\' pass untouched', async (t) => {
+    reset();
+    putService({ address: LB6, port: 53, proto: 'udp', type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 170, backends: [{ id: 1, address: LOCAL_BE6, port: 5353 }] });
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 171, backends: [{ id: 2, address: REMOTE_BE6, port: 8080 }] });
+    const frags = (spec: Omit<FrameSpec, 'srcMac' | 'dstMac'>, id: number): Buffer[] =>
+      fragments6({ srcMac: GW_MAC, dstMac: NP0_MAC, payload: Buffer.alloc(48, 0x77), ...spec }, [16], id);
+    const [first, later] = frags({ src: CLIENT6, dst: LB6, proto: 'udp', sport: 46400, dport: 53 }, 0x11) as [Buffer, Buffer];
+    t.match(parseFrame(first), { fragOffset: 0, moreFragments: true, dport: 53 }, 'the builder: a first fragment with the ports');
+    t.match(parseFrame(later), { fragOffset: 2, moreFragments: false }, 'the builder: a later one at offset 16');
+    const [npFirst] = frags({ src: CLIENT6, dst: NODE6, proto: 'tcp', sport: 46401, dport: NODEPORT }, 0x12) as [Buffer];
+    const [optFirst] = frags({ src: CLIENT6, dst: LB6, proto: 'udp', sport: 46402, dport: 53, ext: [{ type: NEXTHDR_DEST, body: Buffer.alloc(4, 1) }] }, 0x13) as [Buffer];
+    for (const [what, input] of [['to an LB frontend', first], ['to the NodePort surrogate on a node address', npFirst],
+      ['to an LB frontend, after a destination options header', optFirst]] as const) {
+      const r = counting(() => ingress(input));
+      t.equal(r.result.rc, TC_ACT_SHOT, `first fragment ${what}: TC_ACT_SHOT`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_FRAG), 1n, `first fragment ${what}: NP_FRAG counted`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_NEW) + r.delta(LbMetric.LB_MTR_NP_FWD), 0n, `first fragment ${what}: not translated`);
+    }
+    t.equal(maps.ct6.keys().length, 0, 'no CT entry written');
+
+    const [noSvc] = frags({ src: CLIENT6, dst: NODE6, proto: 'udp', sport: 46403, dport: 5353 }, 0x14) as [Buffer];
+    const [elsewhere] = frags({ src: CLIENT6, dst: 'fd00:9::1', proto: 'udp', sport: 46404, dport: 53 }, 0x15) as [Buffer];
+    const [otherPort] = frags({ src: CLIENT6, dst: LB6, proto: 'udp', sport: 46405, dport: 54 }, 0x16) as [Buffer];
+    const { delta } = counting(() => {
+      untouched(t, ingress(later), later, 'a later fragment to the frontend (no ports)');
+      untouched(t, ingress(noSvc), noSvc, 'a first fragment to a node address, no NodePort there');
+      untouched(t, ingress(elsewhere), elsewhere, 'a first fragment to an address no service has');
+      untouched(t, ingress(otherPort), otherPort, 'a first fragment to a frontend\'s address, another port');
+      const [fromPodFirst] = fragments6({ src: LOCAL_BE6, dst: CLIENT6, proto: 'udp', sport: 5353, dport: 46400, payload: Buffer.alloc(48), srcMac: NP0_MAC, dstMac: GW_MAC }, [16]) as [Buffer];
+      untouched(t, egress(fromPodFirst), fromPodFirst, 'egress: a first fragment');
+    });
+    t.equal(delta(LbMetric.LB_MTR_NP_FRAG), 0n, 'none of them counted');
   });
 
   // For the record (the verifier's limit is 1,000,000 instructions): what the kernel translated, and

@@ -1,5 +1,5 @@
 // Ethernet frames for BPF_PROG_TEST_RUN: IPv4 and IPv6 (with extension
-// headers), TCP and UDP with correct checksums, IPv4 fragments, ARP, an
+// headers), TCP and UDP with correct checksums, IPv4 and IPv6 fragments, ARP, an
 // ICMPv6 neighbour solicitation, ICMP echo requests and ICMP/ICMPv6 errors
 // quoting a packet; and a parser that reads a frame back (an ICMP error's
 // quoted packet too) and says whether its IPv4 header, transport and ICMP
@@ -280,6 +280,39 @@ export function fragments4(spec: FrameSpec, cuts: number[]): Buffer[] {
   return out;
 }
 
+/**
+ * One IPv6 datagram split into fragments of the transport segment at the
+ * given byte offsets (multiples of 8): each fragment is the IPv6 header,
+ * `spec.ext` (the unfragmentable part), a Fragment header (offset, M,
+ * identification `id`) and its part; the first carries the ports. The
+ * segment's checksum covers the whole.
+ */
+export function fragments6(spec: FrameSpec, cuts: number[], id = 0x6060): Buffer[] {
+  const seg = l4Segment(spec, spec.src, spec.dst);
+  const proto = spec.proto === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
+  const { bytes: ext, first } = extHeaders(spec.ext ?? [], NEXTHDR_FRAGMENT);
+  const bounds = [0, ...cuts, seg.length];
+  const out: Buffer[] = [];
+  for (let i = 0; i + 1 < bounds.length; i++) {
+    const [from, to] = [bounds[i]!, bounds[i + 1]!];
+    if (from % 8) throw new RangeError('fragment offsets are multiples of 8');
+    const part = seg.subarray(from, to);
+    const fh = Buffer.alloc(8);
+    fh[0] = proto;
+    fh.writeUInt16BE(from | (i + 2 < bounds.length ? 1 : 0), 2);
+    fh.writeUInt32BE(id >>> 0, 4);
+    const h = Buffer.alloc(40);
+    h.writeUInt32BE(0x60000000, 0);
+    h.writeUInt16BE(ext.length + fh.length + part.length, 4);
+    h[6] = first;
+    h[7] = spec.ttl ?? 64;
+    ip6(spec.src).copy(h, 8);
+    ip6(spec.dst).copy(h, 24);
+    out.push(Buffer.concat([eth(ETH_P_IPV6, spec.srcMac, spec.dstMac), h, ext, fh, part]));
+  }
+  return out;
+}
+
 /** The IP packet of a frame (the frame without its Ethernet header). */
 export function ipPacket(spec: FrameSpec): Buffer {
   return frame(spec).subarray(ETH_HLEN);
@@ -379,6 +412,7 @@ export interface ParsedPacket {
   id?: number;
   /** IPv4: DF */
   dontFragment?: boolean;
+  /** IPv4, and IPv6 with a Fragment header */
   moreFragments?: boolean;
   /** in 8-byte units */
   fragOffset?: number;
@@ -467,17 +501,23 @@ export function parsePacket(f: Buffer, at: number, family: 4 | 6): ParsedPacket 
   } else {
     let nh = f[at + 6]!;
     let off = at + 40;
+    let frag: { fragOffset: number; moreFragments: boolean } | undefined;
     while ([NEXTHDR_HOP, NEXTHDR_ROUTING, NEXTHDR_DEST, NEXTHDR_AUTH, NEXTHDR_FRAGMENT].includes(nh)) {
       const len = nh === NEXTHDR_AUTH ? (f[off + 1]! + 2) * 4 : nh === NEXTHDR_FRAGMENT ? 8 : (f[off + 1]! + 1) * 8;
-      if (nh === NEXTHDR_FRAGMENT) whole = false;
+      if (nh === NEXTHDR_FRAGMENT) {
+        whole = false;
+        const fo = f.readUInt16BE(off + 2);
+        frag = { fragOffset: fo >> 3, moreFragments: (fo & 1) !== 0 };
+      }
       nh = f[off]!;
       off += len;
     }
     l4End = at + 40 + f.readUInt16BE(at + 4);
     out = {
       family: 6, src: ip6String(f.subarray(at + 8, at + 24)), dst: ip6String(f.subarray(at + 24, at + 40)),
-      ttl: f[at + 7]!, proto: nh, l4Offset: off, l4: f.subarray(off, Math.min(l4End, f.length)),
+      ttl: f[at + 7]!, proto: nh, l4Offset: off, l4: f.subarray(off, Math.min(l4End, f.length)), ...frag,
     };
+    if (frag && frag.fragOffset !== 0) return out;
   }
   const complete = out.l4.length === l4End - out.l4Offset;
   if (out.proto === IPPROTO_ICMP || out.proto === IPPROTO_ICMPV6) {
