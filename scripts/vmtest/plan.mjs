@@ -6,8 +6,9 @@
 //   kernel     test/native and test/bpf: the addon, BPF_PROG_TEST_RUN units,
 //              the real datapath object (the verifier runs on every kernel
 //              anyway, before the suites)
-//   bpf-unit   the BPF_PROG_TEST_RUN unit suites and the verifier's own test:
-//              what every kernel must run even where make test runs no more
+//   bpf-unit   the BPF_PROG_TEST_RUN unit suites, the verifier's own test and
+//              the tc object's instruction budget: what every kernel must
+//              run even where make test runs no more
 //   e2e        every end-to-end file (in a guest, but the host-only ones below)
 //   e2e:K/N    the K-th of N parts of those, balanced by the seconds each
 //              file took in a guest (scripts/vmtest/e2e-seconds): make test
@@ -70,7 +71,10 @@ export function expand(groups, host = false) {
   for (const g of groups) {
     if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
     else if (g === 'kernel') out.push('test/native', 'test/bpf');
-    else if (g === 'bpf-unit') out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/maglev.ts', 'test/bpf/verify-objects.ts');
+    else if (g === 'bpf-unit') {
+      out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/nodeport-budget.ts', 'test/bpf/maglev.ts',
+        'test/bpf/verify-objects.ts');
+    }
     else if (g === 'e2e') out.push(...e2eFiles());
     else {
       const m = /^e2e:(\d+)\/(\d+)$/.exec(g);
