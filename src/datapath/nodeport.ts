@@ -198,8 +198,55 @@ export class NodePortDatapath {
       this.attached.delete(index);
     }
     for (const [k] of this.devices.entries()) if (!byIndex.has(k.readUInt32LE(0))) this.devices.delete(k);
+    problems.push(...this.sweepStale(byIndex));
     return problems;
   }
+
+  /**
+   * Attachments of ours this process did not make and no wanted device has:
+   * left by an earlier agent on a device that is gone (a tcx link pinned
+   * under its old ifindex) or no longer served (--devices changed, detection
+   * changed its mind while the agent was down). tcx pins are swept at every
+   * sync (a directory listing); clsact filters once, at the first sync (a
+   * query per device of the namespace).
+   */
+  private sweepStale(wanted: ReadonlyMap<number, Device>): string[] {
+    const problems: string[] = [];
+    if (existsSync(this.linksDir)) {
+      for (const name of readdirSync(this.linksDir)) {
+        const m = /^tc-(\d+)-(?:ingress|egress)$/.exec(name);
+        if (!m || wanted.has(Number(m[1]))) continue;
+        try {
+          unpin(path.join(this.linksDir, name));
+        } catch (err) {
+          if (!isErrno(err, 'ENOENT')) problems.push(`stale tcx link ${name}: ${(err as Error).message}`);
+        }
+      }
+    }
+    if (this.swept) return problems;
+    this.swept = true;
+    let all: ReturnType<typeof rtnlLinks> = [];
+    try {
+      all = rtnlLinks();
+    } catch (err) {
+      return [...problems, `listing devices for stale filters: ${(err as Error).message}`];
+    }
+    for (const l of all) {
+      if (wanted.has(l.index)) continue;
+      for (const dir of ['ingress', 'egress'] as const) {
+        const f = filter(l.index, dir);
+        try {
+          const have = tcQuery(f);
+          if (have && isOurs(have)) tcDetach(f);
+        } catch {
+          // no clsact qdisc there: nothing of ours
+        }
+      }
+    }
+    return problems;
+  }
+
+  private swept = false;
 
   /** The devices the programs run on now. */
   get attachedDevices(): AttachedDevice[] {
