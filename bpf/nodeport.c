@@ -52,6 +52,21 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define CT_LIFETIME_CLOSE	10
 #define CT_LIFETIME_NONTCP	60
 
+/*
+ * A SNAT port whose TCP flow closed stays taken this long past its entry's
+ * expiry: the backend keeps the old tuple in TIME_WAIT for 60 s, and a new
+ * client's SYN on it (other timestamps) is refused by PAWS about half the
+ * time. A port never used, or whose entry the LRU dropped, is free at once.
+ */
+#define NP_SNAT_TIME_WAIT	60
+
+static __always_inline bool np_snat_port_busy(__u64 expires, __u16 flags, __u8 proto, __u64 now)
+{
+	if (proto == IPPROTO_TCP && (flags & LB_CT_F_CLOSING))
+		expires += NP_SNAT_TIME_WAIT;
+	return expires > now;
+}
+
 /* Upper bound of --snat-port-range retries the verifier sees. */
 #define NP_SNAT_TRIES_MAX	32
 
@@ -314,7 +329,7 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
 		rk.dport = bpf_htons(cfg->snat_min + pick % span);
 		old = bpf_map_lookup_elem(&lb4_ct, &rk);
 		if (old) {
-			if (old->expires > now)
+			if (np_snat_port_busy(old->expires, old->flags, f->l4.proto, now))
 				continue;
 			bpf_map_delete_elem(&lb4_ct, &rk);
 		}
@@ -842,7 +857,7 @@ static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, cons
 		rk.dport = bpf_htons(cfg->snat_min + pick % span);
 		old = bpf_map_lookup_elem(&lb6_ct, &rk);
 		if (old) {
-			if (old->expires > now)
+			if (np_snat_port_busy(old->expires, old->flags, f->l4.proto, now))
 				continue;
 			bpf_map_delete_elem(&lb6_ct, &rk);
 		}

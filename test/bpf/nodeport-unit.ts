@@ -497,6 +497,19 @@ async function inNamespace(): Promise<void> {
     t.equal(d.rc, TC_ACT_REDIRECT, 'a new flow after the expiry');
     t.equal(d.p.sport, a.p.sport, 'takes the expired port over');
     t.match(lb4_ct_entry.decode(maps.ct4.lookup(rkey)!), { port2: 43004 }, 'the reservation now names the new flow');
+
+    // A closed TCP flow's port stays taken through the backend's TIME_WAIT (60 s past its expiry):
+    // a new client's SYN on the old tuple would meet PAWS.
+    const closing = lb4_ct_entry.decode(maps.ct4.lookup(rkey)!);
+    const t0 = BigInt(now());
+    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...closing, flags: closing.flags | CT_F_CLOSING, expires: t0 - 5n }));
+    const e = counting(() => open(43005));
+    t.equal(e.result.rc, TC_ACT_SHOT, 'expired 5 s ago after a close: still in TIME_WAIT at the backend, not reused');
+    t.equal(e.delta(LbMetric.LB_MTR_NP_SNAT_EXHAUSTED), 1n, 'counted as exhaustion');
+    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...closing, flags: closing.flags | CT_F_CLOSING, expires: t0 - 61n }));
+    const f = open(43006);
+    t.equal(f.rc, TC_ACT_REDIRECT, 'expired 61 s ago after a close: past TIME_WAIT, reused');
+    t.equal(f.p.sport, a.p.sport, 'the same port');
   });
 
   t.test('UDP: a zero checksum stays zero, a checksum stays valid (DNAT, and DNAT+SNAT)', async (t) => {
