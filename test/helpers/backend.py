@@ -3,6 +3,7 @@
 was reached on, so a client can tell which backend served it.
 
   backend.py --http 10.244.1.1:8080 --http [fd00:244::1:1]:8080 --udp 10.244.1.1:9000
+             [--tcp-echo 10.244.1.1:7000]
 
 HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address),
       with the client's address in an X-Client header ("ADDR:PORT");
@@ -11,6 +12,9 @@ HTTP: every GET answers "ADDR:PORT\n" (the server socket's own address),
       answers its length in bytes, "N\n" (an upload, for path MTU tests).
 UDP:  every datagram is answered with "ADDR:PORT|<payload>" from that address
       (with --udp-peer: "ADDR:PORT|PEER|<payload>", PEER the sender's address).
+TCP echo (--tcp-echo): a connection stays open; every line is answered with
+      "ADDR:PORT|PEER|<line>\n" (the server socket's address, the peer it sees),
+      for long-lived connections kept across restarts and changes.
 Prints "ready" on stdout once every socket is bound; runs until killed.
 """
 import argparse
@@ -118,17 +122,54 @@ def udp_echo(s, with_peer):
             s.sendto(me + b"|" + data, peer)
 
 
+def tcp_echo_server(spec):
+    family, host, port = split_hostport(spec)
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen(128)
+    return s
+
+
+def tcp_echo_conn(conn):
+    me = format_addr(conn.getsockname()).encode()
+    peer = format_addr(conn.getpeername()).encode()
+    buf = b""
+    try:
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                return
+            buf += data
+            while b"\n" in buf:
+                line, _, buf = buf.partition(b"\n")
+                conn.sendall(me + b"|" + peer + b"|" + line + b"\n")
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def tcp_echo_accept(s):
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=tcp_echo_conn, args=(conn,), daemon=True).start()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--http", action="append", default=[])
     p.add_argument("--udp", action="append", default=[])
+    p.add_argument("--tcp-echo", action="append", default=[], help="ADDR:PORT: line echo on long-lived connections")
     p.add_argument("--udp-peer", action="store_true", help="UDP answers name the sender too")
     p.add_argument("--tag", help="ignored; names the run in ps output")
     args = p.parse_args()
     servers = [http_server(spec) for spec in args.http]
     sockets = [udp_socket(spec) for spec in args.udp]
+    echoes = [tcp_echo_server(spec) for spec in args.tcp_echo]
     threads = [threading.Thread(target=srv.serve_forever, daemon=True) for srv in servers]
     threads += [threading.Thread(target=udp_echo, args=(s, args.udp_peer), daemon=True) for s in sockets]
+    threads += [threading.Thread(target=tcp_echo_accept, args=(s,), daemon=True) for s in echoes]
     for th in threads:
         th.start()
     print("ready", flush=True)

@@ -25,6 +25,13 @@ application saw (peer addresses, reply sources, errno names).
                                            EDESTADDRREQ, with ECONNABORTED in SO_ERROR), a fresh
                                            one is connected (balanced again); every reply and
                                            error with its socket number and epoch ms
+  client.py tcp-long HOST PORT [--interval S] [--seconds MAX] [--stop-file F] [--progress F]
+                                           one long-lived TCP connection to a line echo
+                                           (backend.py --tcp-echo): a line every S seconds,
+                                           each answered with the server's address and the
+                                           peer it sees; never reconnects (a dead connection
+                                           ends the run); every failure with its phase, errno
+                                           name and epoch ms; closed with a FIN at the end
 
 A host containing ':' is dialled on an AF_INET6 socket (so ::ffff:a.b.c.d
 exercises the IPv4-mapped path).
@@ -421,6 +428,97 @@ def cmd_udp_long(a):
     print(json.dumps({"sockets": sockets, "events": events}))
 
 
+def cmd_tcp_long(a):
+    import os
+    import signal
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    out = {"connected": False, "local": None, "peer": None, "sent": 0, "ok": 0, "failed": 0, "failures": [],
+           "servers": {}, "seenAs": {}, "maxLatencyMs": 0.0, "end": None}
+
+    def progress():
+        if not a.progress:
+            return
+        tmp = a.progress + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({k: out[k] for k in ("connected", "local", "peer", "sent", "ok", "failed", "servers", "seenAs", "end")}
+                      | {"failures": out["failures"][:10], "at": round(time.time() * 1000)}, f)
+        os.replace(tmp, a.progress)
+
+    def fail(phase, error):
+        out["failed"] += 1
+        if len(out["failures"]) < 200:
+            out["failures"].append({"n": out["sent"], "phase": phase, "error": error, "at": round(time.time() * 1000)})
+
+    s = socket.socket(family_of(a.host), socket.SOCK_STREAM)
+    s.settimeout(TIMEOUT)
+    try:
+        s.connect((a.host, a.port))
+        out["connected"] = True
+        out["local"] = fmt(s.getsockname())
+        out["peer"] = fmt(s.getpeername())
+    except OSError as e:
+        fail("connect", errname(e))
+        out["end"] = "connect failed"
+        progress()
+        s.close()
+        print(json.dumps(out))
+        return
+    progress()
+    # MAX counts from the connection's start: a connect that took a SYN retransmit still gets its requests.
+    t_end = time.monotonic() + a.seconds
+    buf = b""
+    n = 0
+    while not stop and time.monotonic() < t_end and not (a.stop_file and os.path.exists(a.stop_file)):
+        n += 1
+        t0 = time.monotonic()
+        phase = "send"
+        try:
+            s.sendall(b"req-%d\n" % n)
+            out["sent"] = n
+            phase = "recv"
+            got = None
+            while got is None:
+                while b"\n" not in buf:
+                    data = s.recv(65536)
+                    if not data:
+                        raise ConnectionResetError(errno.ECONNRESET, "closed by the peer")
+                    buf += data
+                line, _, buf = buf.partition(b"\n")
+                server, _, rest = line.decode(errors="replace").partition("|")
+                seen, _, echoed = rest.partition("|")
+                if echoed == "req-%d" % n:
+                    got = (server, seen)
+                # else: a late answer to an earlier, timed-out line: skip it
+            ms = (time.monotonic() - t0) * 1000
+            out["ok"] += 1
+            out["maxLatencyMs"] = round(max(out["maxLatencyMs"], ms), 1)
+            out["servers"][got[0]] = out["servers"].get(got[0], 0) + 1
+            out["seenAs"][got[1]] = out["seenAs"].get(got[1], 0) + 1
+        except socket.timeout:
+            fail(phase, "ETIMEDOUT")
+        except OSError as e:
+            fail(phase, errname(e))
+            out["end"] = "connection lost"
+            break
+        progress()
+        # The pace is the test: a request every S seconds on the one connection.
+        time.sleep(max(0.0, a.interval - (time.monotonic() - t0)))
+    if out["end"] is None:
+        out["end"] = "closed"
+        try:
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(TIMEOUT)
+            while s.recv(65536):
+                pass
+        except OSError:
+            pass
+    s.close()
+    progress()
+    print(json.dumps(out))
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -467,6 +565,14 @@ def main():
     ul.add_argument("--stop-file", help="stop once this file exists")
     ul.add_argument("--progress", help="keep {sockets, events, last} in this file")
     ul.set_defaults(fn=cmd_udp_long)
+    tl = sub.add_parser("tcp-long")
+    tl.add_argument("host")
+    tl.add_argument("port", type=int)
+    tl.add_argument("--interval", type=float, default=0.2, help="seconds between requests")
+    tl.add_argument("--seconds", type=float, default=120.0, help="stop after this long at the latest")
+    tl.add_argument("--stop-file", help="stop (and close with a FIN) once this file exists")
+    tl.add_argument("--progress", help="keep the counts so far in this file")
+    tl.set_defaults(fn=cmd_tcp_long)
     a = p.parse_args()
     a.fn(a)
     sys.stdout.flush()

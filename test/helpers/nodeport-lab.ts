@@ -15,10 +15,17 @@
 //
 // Every namespace is named `${runId}-<role>`, so a crashed run's sweep
 // removes them, and the sandbox's teardown removes them in any case.
+//
+// Both pods also run a line echo on ECHO_PORT (backend.py --tcp-echo), for
+// long-lived connections (client.py tcp-long, startLong()) kept open across
+// restarts and changes. Every client run in the lab's namespaces is killed
+// by its pid at teardown if it still runs.
 import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { AgentSlot } from './sandbox/agent.js';
-import { run, SLOW, type ExecResult } from './sandbox/run.js';
+import { AgentSlot, type SyncReport } from './sandbox/agent.js';
+import { startLoad, type LoadOptions, type LoadRun } from './sandbox/load.js';
+import { CLIENT_PY, killPid, run, sleep, SLOW, type ExecResult } from './sandbox/run.js';
 import { removeNetns } from './sandbox/topology.js';
 import type { Sandbox } from './sandbox.js';
 
@@ -30,6 +37,8 @@ export const POD2 = { v4: '10.252.2.2', v6: 'fd00:252:2::2' };
 /** External and LoadBalancer IPs: routed by the client to node 1, held by nobody. */
 export const EXTERNAL_IP = { v4: '10.250.9.1', v6: 'fd00:250:9::1' };
 export const LB_IP = { v4: '10.250.9.2', v6: 'fd00:250:9::2' };
+/** The pods' line echo (backend.py --tcp-echo), for long-lived connections. */
+export const ECHO_PORT = 7000;
 
 export interface Lab {
   readonly ext: string;
@@ -43,9 +52,53 @@ export interface Lab {
   inExt(cmd: readonly string[], timeoutMs?: number): Promise<ExecResult>;
   /** A command in a namespace of the lab. */
   inNs(ns: string, cmd: readonly string[], timeoutMs?: number): Promise<ExecResult>;
+  /**
+   * Writes a manifest into the watched directory (atomically) and waits for
+   * the first sync node 1's agent finishes after it.
+   */
+  apply(name: string, text: string, timeoutMs?: number): Promise<SyncReport>;
+  /** A steady load (client.py load) from the external client's namespace; stopped at teardown if the test does not. */
+  startLoad(opts: LoadOptions): LoadRun;
+  /** One long-lived TCP connection (client.py tcp-long) from a namespace of the lab (default: the external client). */
+  startLong(host: string, port: number, opts?: LongOptions): LongRun;
 }
 
-function ip(...args: string[]): void {
+export interface LongOptions {
+  /** Seconds between requests (default 0.2). */
+  readonly interval?: number;
+  /** The client stops by itself after this long (default 120). */
+  readonly maxSeconds?: number;
+  /** The namespace it runs in (default: the external client's). */
+  readonly ns?: string;
+}
+
+export interface LongResult {
+  connected: boolean;
+  /** The client's own address and the one it dialled. */
+  local: string | null;
+  peer: string | null;
+  sent: number;
+  ok: number;
+  failed: number;
+  failures: Array<{ n: number; phase: string; error: string; at: number }>;
+  /** Replies per server address (the pod that answered). */
+  servers: Record<string, number>;
+  /** Replies per client address as the pod saw it (the client, or node 1's SNAT address and port). */
+  seenAs: Record<string, number>;
+  maxLatencyMs: number;
+  /** "closed" (a FIN at the end), "connection lost" or "connect failed". */
+  end: string | null;
+}
+
+export interface LongRun {
+  progress(): (Omit<LongResult, 'maxLatencyMs'> & { at: number }) | undefined;
+  /** Until `ok` requests more than now have been answered (the deadline scales with SLOW). */
+  answered(more: number, what: string, timeoutMs?: number): Promise<void>;
+  /** Closes the connection (a FIN) and returns what the client saw. */
+  stop(): Promise<LongResult>;
+}
+
+export function ip(...args: string[]): void {
   execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
 }
 
@@ -54,7 +107,7 @@ function sysctl(ns: string, key: string, value: string): void {
 }
 
 /** A veth pair between two namespaces, up, with addresses. */
-function wire(a: { ns: string; dev: string; v4: string; v6: string }, b: { ns: string; dev: string; v4: string; v6: string }, prefix4 = 24, prefix6 = 64): void {
+export function wire(a: { ns: string; dev: string; v4: string; v6: string }, b: { ns: string; dev: string; v4: string; v6: string }, prefix4 = 24, prefix6 = 64): void {
   ip('link', 'add', a.dev, 'netns', a.ns, 'type', 'veth', 'peer', 'name', b.dev, 'netns', b.ns);
   for (const end of [a, b]) {
     ip('-n', end.ns, 'addr', 'add', `${end.v4}/${prefix4}`, 'dev', end.dev);
@@ -68,6 +121,13 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
   const ns = (role: string): string => `${sb.runId}-${role}`;
   const lab = { ext: ns('ext'), n1: ns('n1'), p1: ns('p1'), n2: ns('n2'), p2: ns('p2') };
   const all = Object.values(lab);
+  // Clients first (by pid), then the namespaces.
+  const clients = new Set<number>();
+  const clientCleanups = new Set<() => void>();
+  sb.addCleanup(() => {
+    clientCleanups.forEach((fn) => fn());
+    clients.forEach((pid) => killPid(pid));
+  });
   sb.addCleanup(() => all.forEach(removeNetns));
   for (const n of all) {
     ip('netns', 'add', n);
@@ -97,8 +157,9 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
     ip('-n', lab.ext, '-6', 'route', 'add', `${a.v6}/128`, 'via', NODE1.v6);
   }
   const servers = (p: { v4: string; v6: string }) => [{ v4: p.v4, v6: p.v6 }];
-  await sb.startBackendsIn(lab.p1, servers(POD1), ['--udp-peer']);
-  await sb.startBackendsIn(lab.p2, servers(POD2), ['--udp-peer']);
+  const echo = (p: { v4: string; v6: string }) => ['--tcp-echo', `${p.v4}:${ECHO_PORT}`, '--tcp-echo', `[${p.v6}]:${ECHO_PORT}`];
+  await sb.startBackendsIn(lab.p1, servers(POD1), ['--udp-peer', ...echo(POD1)]);
+  await sb.startBackendsIn(lab.p2, servers(POD2), ['--udp-peer', ...echo(POD2)]);
 
   const agent = new AgentSlot({
     runDir: sb.runDir,
@@ -109,8 +170,65 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
     netns: lab.n1,
   });
   sb.addCleanup(() => agent.killNow());
-  const inNs = (n: string, cmd: readonly string[], timeoutMs = 20_000): Promise<ExecResult> => run('ip', ['netns', 'exec', n, ...cmd], timeoutMs * SLOW);
-  return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs) };
+  const inNs = (n: string, cmd: readonly string[], timeoutMs = 20_000): Promise<ExecResult> => run('ip', ['netns', 'exec', n, ...cmd], timeoutMs * SLOW, clients);
+  const loadFromExt = (opts: LoadOptions): LoadRun =>
+    startLoad(
+      {
+        runDir: sb.runDir,
+        python: sb.python,
+        // The load sets its own deadline (its run time plus a scaled grace).
+        exec: (cmd, o) => run('ip', ['netns', 'exec', lab.ext, ...cmd], o.timeoutMs ?? 30_000 * SLOW, clients),
+        cleanups: clientCleanups,
+      },
+      opts,
+    );
+  const startLong = (host: string, port: number, opts: LongOptions = {}): LongRun => {
+    const id = Math.random().toString(16).slice(2, 8);
+    const stopFile = path.join(sb.runDir, `long-${id}.stop`);
+    const progressFile = path.join(sb.runDir, `long-${id}.progress`);
+    const maxSeconds = opts.maxSeconds ?? 120;
+    const args = [sb.python, CLIENT_PY, 'tcp-long', host, String(port), '--interval', String(opts.interval ?? 0.2), '--seconds', String(maxSeconds), '--stop-file', stopFile, '--progress', progressFile];
+    const done = run('ip', ['netns', 'exec', opts.ns ?? lab.ext, ...args], (maxSeconds + 30 * SLOW) * 1000, clients);
+    const cleanup = (): void => {
+      if (existsSync(sb.runDir)) writeFileSync(stopFile, '');
+    };
+    clientCleanups.add(cleanup);
+    const progress = (): ReturnType<LongRun['progress']> => {
+      try {
+        return JSON.parse(readFileSync(progressFile, 'utf8')) as ReturnType<LongRun['progress']>;
+      } catch {
+        return undefined;
+      }
+    };
+    return {
+      progress,
+      answered: async (more, what, timeoutMs = 15_000) => {
+        const from = progress()?.ok ?? 0;
+        const deadline = Date.now() + timeoutMs * SLOW;
+        for (;;) {
+          const p = progress();
+          if (p && p.ok >= from + more) return;
+          if (p?.end) throw new Error(`long connection to ${host}:${port} ended (${p.end}) before ${what}: ${JSON.stringify(p)}`);
+          if (Date.now() > deadline) throw new Error(`long connection to ${host}:${port}: timed out waiting for ${what}; progress ${JSON.stringify(p)}`);
+          await sleep(50);
+        }
+      },
+      stop: async () => {
+        cleanup();
+        const r = await done;
+        clientCleanups.delete(cleanup);
+        if (r.code !== 0) throw new Error(`client.py tcp-long failed (${r.code ?? r.signal}): ${r.stderr}`);
+        return JSON.parse(r.stdout) as LongResult;
+      },
+    };
+  };
+  const apply = async (name: string, text: string, timeoutMs = 15_000): Promise<SyncReport> => {
+    const proc = agent.requireAgent();
+    const mark = proc.logs.length;
+    sb.writeManifest(name, text);
+    return (await proc.waitForLog((l) => l.msg === 'sync done', mark, timeoutMs)) as SyncReport;
+  };
+  return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong };
 }
 
 /** curl from the external client: the body (the backend's own address) and the X-Client header (the address it saw). */
@@ -122,3 +240,67 @@ export async function extGet(lab: Lab, host: string, port: number, timeoutS = 3)
   const server = r.stdout.split(/\r?\n\r?\n/)[1]?.trim() ?? '';
   return { ok: true, server, client, error: '' };
 }
+
+/** A pod of the lab as an endpoint: its address of one family and its node. */
+export interface LabEndpoint {
+  readonly address: string;
+  readonly node: 'node1' | 'node2';
+  readonly ready?: boolean;
+}
+
+export const endpoint = (pod: 1 | 2, family: 4 | 6 = 4): LabEndpoint => {
+  const p = pod === 1 ? POD1 : POD2;
+  return { address: family === 4 ? p.v4 : p.v6, node: pod === 1 ? 'node1' : 'node2' };
+};
+
+export interface NorthSouthSpec {
+  readonly name: string;
+  readonly type?: 'NodePort' | 'LoadBalancer';
+  /** One address per family (the first is spec.clusterIP). */
+  readonly clusterIPs: readonly string[];
+  /** name, service port, target port, nodePort (TCP unless said). */
+  readonly ports: ReadonlyArray<{ name: string; port: number; targetPort: number; nodePort: number; protocol?: 'TCP' | 'UDP' }>;
+  readonly externalTrafficPolicy?: 'Cluster' | 'Local';
+  readonly healthCheckNodePort?: number;
+  readonly loadBalancerSourceRanges?: readonly string[];
+  /** status.loadBalancer.ingress IPs. */
+  readonly ingress?: readonly string[];
+}
+
+/** A NodePort or LoadBalancer Service and one EndpointSlice per family, as manifest objects. */
+export function northSouth(spec: NorthSouthSpec, endpoints: Readonly<Partial<Record<4 | 6, readonly LabEndpoint[]>>>): object[] {
+  const families = spec.clusterIPs.map((a) => (a.includes(':') ? 'IPv6' : 'IPv4'));
+  const svc = {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { name: spec.name, namespace: 'default' },
+    spec: {
+      type: spec.type ?? 'NodePort',
+      clusterIP: spec.clusterIPs[0],
+      clusterIPs: [...spec.clusterIPs],
+      ipFamilies: families,
+      ipFamilyPolicy: families.length > 1 ? 'RequireDualStack' : 'SingleStack',
+      ports: spec.ports.map((p) => ({ name: p.name, port: p.port, targetPort: p.targetPort, nodePort: p.nodePort, protocol: p.protocol ?? 'TCP' })),
+      ...(spec.externalTrafficPolicy ? { externalTrafficPolicy: spec.externalTrafficPolicy } : {}),
+      ...(spec.healthCheckNodePort !== undefined ? { healthCheckNodePort: spec.healthCheckNodePort } : {}),
+      ...(spec.loadBalancerSourceRanges ? { loadBalancerSourceRanges: [...spec.loadBalancerSourceRanges] } : {}),
+    },
+    ...(spec.ingress ? { status: { loadBalancer: { ingress: spec.ingress.map((ip) => ({ ip })) } } } : {}),
+  };
+  const slices = ([4, 6] as const)
+    .filter((f) => endpoints[f] !== undefined)
+    .map((f) => ({
+      apiVersion: 'discovery.k8s.io/v1',
+      kind: 'EndpointSlice',
+      metadata: { name: `${spec.name}-v${f}`, namespace: 'default', labels: { 'kubernetes.io/service-name': spec.name } },
+      addressType: f === 4 ? 'IPv4' : 'IPv6',
+      ports: spec.ports.map((p) => ({ name: p.name, port: p.targetPort, protocol: p.protocol ?? 'TCP' })),
+      endpoints: endpoints[f]!.map((e) => ({ addresses: [e.address], conditions: { ready: e.ready ?? true }, nodeName: e.node })),
+    }));
+  return [svc, ...slices];
+}
+
+/** The address part of "ADDR:PORT" or "[ADDR]:PORT". */
+export const hostOf = (hostport: string): string => hostport.replace(/^\[?([^\]]+?)\]?:\d+$/, '$1');
+/** The port part of "ADDR:PORT" or "[ADDR]:PORT". */
+export const portOf = (hostport: string): number => Number(/:(\d+)$/.exec(hostport)?.[1]);

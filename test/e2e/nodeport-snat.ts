@@ -1,0 +1,100 @@
+// SNAT port exhaustion at tc (issue 14): node 1's agent runs with
+// --snat-port-range 61000-61001, two ports. Two long-lived connections from
+// the external client through a NodePort whose only endpoint is the pod on
+// node 2 take both; a third connection gets no answer (the datapath drops
+// its SYNs and counts np_snat_exhausted), and `lbctl bpf nat list` shows the
+// two reservations. Once the two close, their CT entries expire (10 s after
+// the FIN) and a new connection gets a port again.
+import t from 'tap';
+import { yamlDocs } from '../helpers/manifests.js';
+import { ECHO_PORT, endpoint, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD2, portOf } from '../helpers/nodeport-lab.js';
+import { CLIENT_PY, createSandbox, SLOW } from '../helpers/sandbox.js';
+
+const NODE_PORT = 30072;
+const FRONTEND = `${NODE1.v4}:${NODE_PORT}`;
+const SNAT_RANGE = '61000-61001';
+const NODE_ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
+
+const manifests = (): string =>
+  yamlDocs(northSouth({ name: 'remote', clusterIPs: ['10.96.0.12'], ports: [{ name: 'echo', port: 7000, targetPort: ECHO_PORT, nodePort: NODE_PORT }] }, { 4: [endpoint(2, 4)] }));
+
+interface Nat {
+  direction: string;
+  source: string;
+  destination: string;
+  xlate: string;
+  to: string;
+  expiresIn: number;
+}
+
+t.test('SNAT ports run out: a third connection is dropped and counted; ports come back once the CT entries expire', async (t) => {
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  const lab = await makeLab(sb);
+  sb.writeManifest('services.yaml', manifests());
+
+  // The flag's validation: two ports are a range; one that overlaps the ephemeral ports is not.
+  const refused = await lab.agent.start([...NODE_ARGS, '--snat-port-range', '60990-61001']).then(
+    () => undefined,
+    (e: unknown) => e as Error,
+  );
+  t.ok(refused, 'an agent with --snat-port-range 60990-61001 does not start');
+  t.ok(
+    lab.agent.agent!.logs.some((l) => /--snat-port-range 60990-61001 overlaps net\.ipv4\.ip_local_port_range/.test(String(l.line ?? l.msg))),
+    `it names the flag and the ephemeral range it overlaps (${lab.agent.agent!.tail(2)})`,
+  );
+  t.equal(await lab.agent.agent!.exited, 1, 'and exits 1');
+
+  const sync = await lab.agent.start([...NODE_ARGS, '--snat-port-range', SNAT_RANGE]);
+  t.ok(sync.frontends > 0, `--snat-port-range ${SNAT_RANGE} (two ports) is accepted: the agent synced ${sync.frontends} frontends`);
+
+  const a = lab.startLong(NODE1.v4, NODE_PORT);
+  await a.answered(3, 'the first connection to answer');
+  const b = lab.startLong(NODE1.v4, NODE_PORT);
+  await b.answered(3, 'the second connection to answer');
+
+  const nat = JSON.parse((await sb.lbctl(['bpf', 'nat', 'list', '-o', 'json'])).stdout) as Nat[];
+  const out = nat.filter((n) => n.direction === 'OUT' && n.xlate === 'XLATE_SRC');
+  t.equal(out.length, 2, `bpf nat list: two SNATed flows (${JSON.stringify(out)})`);
+  t.same(out.map((n) => n.to).sort(), [`${NODE1_TO_N2.v4}:61000`, `${NODE1_TO_N2.v4}:61001`], 'they hold both ports of the range, at node 1\'s address towards node 2');
+  t.same(out.map((n) => n.source).sort(), [a.progress()!.local, b.progress()!.local].sort(), 'one per long connection');
+  t.ok(out.every((n) => n.destination === `${POD2.v4}:${ECHO_PORT}`), 'both to the remote pod');
+  t.equal(nat.filter((n) => n.direction === 'IN' && n.xlate === 'XLATE_DST').length, 2, 'and the two ways back to the client');
+  const seen = [a, b].map((l) => Object.keys(l.progress()!.seenAs)[0] ?? '').sort();
+  t.same(seen, [`${NODE1_TO_N2.v4}:61000`, `${NODE1_TO_N2.v4}:61001`], 'the pod sees the two SNAT ports');
+
+  const before = (await sb.metrics())['np_snat_exhausted'] ?? 0;
+  const third = await lab.inExt([sb.python, CLIENT_PY, 'refused', NODE1.v4, String(NODE_PORT), '--proto', 'tcp']);
+  const thirdResult = JSON.parse(third.stdout || '{}') as { error?: string | null; ms?: number };
+  t.equal(thirdResult.error, 'TimeoutError', `a third connection gets no answer: its SYNs are dropped (${third.stdout.trim()})`);
+  const exhausted = (await sb.metrics())['np_snat_exhausted'] ?? 0;
+  t.ok(exhausted > before, `np_snat_exhausted counted the drops (${before} → ${exhausted})`);
+  await a.answered(3, 'the first connection to keep answering');
+  await b.answered(3, 'the second connection to keep answering');
+
+  // Closed: the CT entries turn to the closing lifetime (10 s), then the ports are free.
+  const [ra, rb] = [await a.stop(), await b.stop()];
+  t.same([ra.failed, rb.failed, ra.end, rb.end], [0, 0, 'closed', 'closed'], 'the two long connections never failed and closed with a FIN');
+  const closedAt = Date.now();
+  const closing = (JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ destination: string; direction: string; flags: string[]; expiresIn: number }>)
+    .filter((c) => c.direction === 'IN' && c.destination === FRONTEND);
+  t.ok(closing.length === 2 && closing.every((c) => c.flags.includes('closing') && c.expiresIn <= 10), `their CT entries are closing, 10 s at most to live (${JSON.stringify(closing.map((c) => [c.flags, c.expiresIn]))})`);
+
+  let fresh = { ok: false, at: 0, seenAs: '', error: '' };
+  const deadline = closedAt + 20_000 * SLOW;
+  while (Date.now() < deadline) {
+    const r = await lab.inExt([sb.python, CLIENT_PY, 'tcp-long', NODE1.v4, String(NODE_PORT), '--seconds', '0.5', '--interval', '0.2']);
+    const res = JSON.parse(r.stdout || '{}') as { ok?: number; failures?: Array<{ error: string }>; seenAs?: Record<string, number> };
+    if ((res.ok ?? 0) > 0) {
+      fresh = { ok: true, at: Date.now(), seenAs: Object.keys(res.seenAs ?? {})[0] ?? '', error: fresh.error };
+      break;
+    }
+    fresh.error = res.failures?.[0]?.error ?? r.stderr;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  t.ok(fresh.ok, `a new connection works again ${((fresh.at - closedAt) / 1000).toFixed(1)} s after the two closed (within 20 s; until then: ${fresh.error})`);
+  t.ok(fresh.at - closedAt >= 5_000, 'not before their closing CT entries expired');
+  t.equal(hostOf(fresh.seenAs), NODE1_TO_N2.v4, `SNATed again (the pod sees ${fresh.seenAs})`);
+  t.ok([61000, 61001].includes(portOf(fresh.seenAs)), 'to a port of the range');
+  t.comment(`np_snat_exhausted ${exhausted}; a port came back ${((fresh.at - closedAt) / 1000).toFixed(1)} s after the close`);
+  await lab.agent.stop(10_000);
+});
