@@ -304,3 +304,46 @@ export function northSouth(spec: NorthSouthSpec, endpoints: Readonly<Partial<Rec
 export const hostOf = (hostport: string): string => hostport.replace(/^\[?([^\]]+?)\]?:\d+$/, '$1');
 /** The port part of "ADDR:PORT" or "[ADDR]:PORT". */
 export const portOf = (hostport: string): number => Number(/:(\d+)$/.exec(hostport)?.[1]);
+
+// BPF_PROG_QUERY on a device's tcx hooks (BPF_TCX_INGRESS 46, BPF_TCX_EGRESS
+// 47): the programs attached there, by id. bpftool before 7.3 (Debian
+// bookworm's 7.1) does not list tcx attachments in `bpftool net show`, so
+// this asks the kernel directly; run inside the device's namespace.
+const TCX_QUERY_PY = `
+import ctypes, errno, json, platform, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_BPF = {"x86_64": 321, "aarch64": 280}[platform.machine()]
+out = {}
+for dev in sys.argv[1:]:
+    try:
+        idx = socket.if_nametoindex(dev)
+    except OSError:
+        out[dev] = {"error": "ENODEV"}
+        continue
+    res = {"ifindex": idx}
+    for name, attach_type in (("ingress", 46), ("egress", 47)):
+        ids = (ctypes.c_uint32 * 64)()
+        attr = (ctypes.c_uint8 * 64)()
+        struct.pack_into("<IIIIQI", attr, 0, idx, attach_type, 0, 0, ctypes.addressof(ids), 64)
+        if libc.syscall(ctypes.c_long(SYS_BPF), ctypes.c_int(16), attr, ctypes.c_uint(64)) != 0:
+            res[name] = errno.errorcode.get(ctypes.get_errno(), "?")
+            continue
+        res[name] = list(ids[: struct.unpack_from("<I", attr, 24)[0]])
+    out[dev] = res
+print(json.dumps(out))
+`;
+
+export interface TcxHooks {
+  ifindex?: number;
+  /** Program ids at the hook, or the errno name of a failed query (EINVAL: a kernel without tcx). */
+  ingress?: number[] | string;
+  egress?: number[] | string;
+  error?: string;
+}
+
+/** The programs on the tcx hooks of `devices` in namespace `ns`, by the kernel's own answer. */
+export async function tcxPrograms(lab: Lab, ns: string, devices: readonly string[]): Promise<Record<string, TcxHooks>> {
+  const r = await lab.inNs(ns, ['python3', '-c', TCX_QUERY_PY, ...devices]);
+  if (r.code !== 0) throw new Error(`tcx query in ${ns} failed (${r.code ?? r.signal}): ${r.stderr}`);
+  return JSON.parse(r.stdout) as Record<string, TcxHooks>;
+}
