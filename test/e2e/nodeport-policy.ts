@@ -91,6 +91,12 @@ t.test('loadBalancerSourceRanges, externalTrafficPolicy Local and a removed back
     t.notOk(none.ok, `the client gets nothing from the LoadBalancer IP (${none.error})`);
     const still = await extGet(lab, NODE1.v4, 30090);
     t.ok(still.ok, `and the NodePort still answers (${still.server || still.error})`);
+    t.same(await sb.mapEntries('lb4_src_range'), [], 'no source range is left in lb4_src_range');
+
+    await lab.apply('ranged.yaml', lb(['10.250.0.0/30']));
+    const reopened = await extGet(lab, LB_IP.v4, 80);
+    t.ok(reopened.ok, `a valid range again: the LoadBalancer IP is programmed and answers (${reopened.server || reopened.error})`);
+    t.equal((await sb.mapEntries('lb4_src_range')).length, 1, 'with its one range');
     sb.removeManifest('ranged.yaml');
   });
 
@@ -129,7 +135,11 @@ t.test('loadBalancerSourceRanges, externalTrafficPolicy Local and a removed back
     t.ok(served.every((r) => r.ok), `the NodePort answers (${served.map((r) => r.server || r.error).join(', ')})`);
     t.ok(served.every((r) => hostOf(r.server) === POD1.v4), 'only from the local pod');
     t.ok(served.every((r) => hostOf(r.client) === '10.250.0.2'), 'which sees the client address (no SNAT)');
+    const mark = lab.agent.agent!.logs.length;
     sb.removeManifest('etp-local.yaml');
+    await lab.agent.agent!.waitForLog((l) => l.msg === 'sync done', mark);
+    const closed = await until(() => healthCheck(lab, 32001), (h) => h.status === 0);
+    t.equal(closed.status, 0, `the service deleted: its healthCheckNodePort closes (${closed.raw.trim().split('\n')[0]})`);
   });
 
   await t.test('(c) a backend removed while a long connection to the other stays up', async (t) => {

@@ -9,6 +9,7 @@
 // tc attachments (tcx links here, clsact filters before 6.6) switch
 // programs in place: the long connections keep their pod and their SNAT
 // port throughout.
+import { createHash } from 'node:crypto';
 import { copyFileSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
@@ -78,6 +79,24 @@ async function linksKept(t: Test, sb: Sandbox, before: Record<string, { linkId: 
   return now;
 }
 
+/**
+ * Every Maglev table's contents, by its key in lb_maglev (the frontend's
+ * rev-NAT id): a restart rewrites each table once, and must write the same
+ * slots (the same flow goes to the same backend before and after).
+ */
+async function maglevTables(sb: Sandbox): Promise<Record<string, string>> {
+  const outer = (await sb.mapEntries('lb_maglev')) as Array<{ key: string[]; value: string[] }>;
+  const bytes = (hex: string[]): Buffer => Buffer.from(hex.map((h) => parseInt(h, 16)));
+  const out: Record<string, string> = {};
+  for (const e of outer) {
+    const id = bytes(e.value).readUInt32LE(0); // the inner map's id
+    const slots = await sb.bpftool<Array<{ key: string[]; value: string[] }>>(['map', 'dump', 'id', String(id)]);
+    const key = bytes(e.key).readUInt32LE(0);
+    out[String(key)] = createHash('sha256').update(slots.map((x) => x.value.join('')).join(',')).digest('hex').slice(0, 16) + `/${slots.length}`;
+  }
+  return out;
+}
+
 /** The CT entry (IN) of the long connection from `local` to `frontend`. */
 async function ctOf(sb: Sandbox, local: string, frontend: string): Promise<{ snat?: string; translatedTo: string; flags: string[] } | undefined> {
   const r = await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json']);
@@ -112,6 +131,8 @@ t.test('NodePort under load through SIGKILL, SIGTERM and an upgrade of the agent
   const first = await lab.agent.start(NODE_ARGS);
   t.ok(first.frontends > 0, `the agent synced (${first.frontends} frontends)`);
   const linksBefore = await links(sb);
+  const tablesBefore = await maglevTables(sb);
+  t.equal(Object.keys(tablesBefore).length, MAGLEV_TABLES, `${MAGLEV_TABLES} Maglev tables (${JSON.stringify(tablesBefore)})`);
 
   const load = lab.startLoad({ tcp: [`${NODE1.v4}:${WEB_PORT}@${RATE4}`, `[${NODE1.v6}]:${WEB_PORT}@${RATE6}`], maxSeconds: 110 * SLOW });
   await load.waitFor((p) => p.ok >= TOTAL_RATE, 'the load to run');
@@ -151,6 +172,7 @@ t.test('NodePort under load through SIGKILL, SIGTERM and an upgrade of the agent
   t.match(status.stdout, /NodePort:\s+nodeport\.bpf\.o at tc \((tcx|clsact)\) on n1e .*n1b/, 'lbctl status: the tc datapath serves n1e and n1b after the upgrade');
   await servesThrough(t, load, longs, 'after the upgrade');
 
+  t.same(await maglevTables(sb), tablesBefore, 'every Maglev table was rewritten with the same slots: new flows pick as before');
   const ctAfter = await ctOf(sb, remoteLocal, `${NODE1.v4}:${REMOTE_ECHO}`);
   t.equal(ctAfter?.snat, ctBefore?.snat, `the remote long connection's CT entry and SNAT port were adopted (${ctAfter?.snat})`);
 

@@ -5,6 +5,7 @@
 // its SYNs and counts np_snat_exhausted), and `lbctl bpf nat list` shows the
 // two reservations. Once the two close, their CT entries expire (10 s after
 // the FIN) and a new connection gets a port again.
+import { execFileSync } from 'node:child_process';
 import t from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
 import { ECHO_PORT, endpoint, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD2, portOf } from '../helpers/nodeport-lab.js';
@@ -31,6 +32,8 @@ t.test('SNAT ports run out: a third connection is dropped and counted; ports com
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
   sb.writeManifest('services.yaml', manifests());
+  // The ephemeral ports the SNAT range must stay clear of, as a fresh namespace has them.
+  execFileSync('ip', ['netns', 'exec', lab.n1, 'sysctl', '-qw', 'net.ipv4.ip_local_port_range=32768 60999']);
 
   // The flag's validation: two ports are a range; one that overlaps the ephemeral ports is not.
   const refused = await lab.agent.start([...NODE_ARGS, '--snat-port-range', '60990-61001']).then(
