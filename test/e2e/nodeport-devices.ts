@@ -132,17 +132,11 @@ t.test('a device that vanishes and returns is attached again; lbctl cleanup leav
   await lab.agent.start(NODE_ARGS);
   t.ok(tcPins(sb).includes(`tc-${thirdIndex}-ingress`), `n1x re-made while the agent was down (ifindex ${newIndex} → ${thirdIndex}): the next agent attaches to it (${tcPins(sb).join(', ')})`);
   await answersFromExt2(t, lab, ext2, 'after a restart that found n1x re-made');
-  // A known bug, asserted as a TODO (it runs, is reported, and does not fail the suite until fixed).
+  // (Fixed in 2be9830: the pins of an ifindex that vanished while the agent was down stayed, defunct, holding the old programs.)
   t.same(
     tcPins(sb).filter((n) => n.startsWith(`tc-${newIndex}-`)),
     [],
     `the links of ifindex ${newIndex}, gone while the agent was down, are unpinned at its next start (${tcPins(sb).join(', ')})`,
-    {
-      todo:
-        'BUG: NodePortDatapath.sync() detaches only the ifindexes it attached itself (this.attached, empty at start), so the pins ' +
-        'tc-<old ifindex>-{ingress,egress} of a device that vanished while the agent was down stay, defunct links holding the previous ' +
-        "agent's programs, until lbctl cleanup",
-    },
   );
 
   // Stopped, then cleaned up (in node 1's namespace, where the filters would be).
