@@ -4,7 +4,8 @@
 // node 2 take both; a third connection gets no answer (the datapath drops
 // its SYNs and counts np_snat_exhausted), and `lbctl bpf nat list` shows the
 // two reservations. Once the two close, their CT entries expire (10 s after
-// the FIN) and a new connection gets a port again.
+// the FIN), the ports stay held 60 s more for the pod's TIME_WAIT (a new
+// connection is still dropped), and then a new connection gets one again.
 import { execFileSync } from 'node:child_process';
 import t from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
@@ -28,7 +29,7 @@ interface Nat {
   expiresIn: number;
 }
 
-t.test('SNAT ports run out: a third connection is dropped and counted; ports come back once the CT entries expire', async (t) => {
+t.test('SNAT ports run out: a third connection is dropped and counted; ports come back after the CT entries expire and the TIME_WAIT hold', async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
   sb.writeManifest('services.yaml', manifests());
@@ -51,9 +52,8 @@ t.test('SNAT ports run out: a third connection is dropped and counted; ports com
   t.ok(sync.frontends > 0, `--snat-port-range ${SNAT_RANGE} (two ports) is accepted: the agent synced ${sync.frontends} frontends`);
 
   const a = lab.startLong(NODE1.v4, NODE_PORT);
-  await a.answered(3, 'the first connection to answer');
   const b = lab.startLong(NODE1.v4, NODE_PORT);
-  await b.answered(3, 'the second connection to answer');
+  await Promise.all([a.answered(3, 'the first connection to answer'), b.answered(3, 'the second connection to answer')]);
 
   const nat = JSON.parse((await sb.lbctl(['bpf', 'nat', 'list', '-o', 'json'])).stdout) as Nat[];
   const out = nat.filter((n) => n.direction === 'OUT' && n.xlate === 'XLATE_SRC');
@@ -74,30 +74,47 @@ t.test('SNAT ports run out: a third connection is dropped and counted; ports com
   await a.answered(3, 'the first connection to keep answering');
   await b.answered(3, 'the second connection to keep answering');
 
-  // Closed: the CT entries turn to the closing lifetime (10 s), then the ports are free.
+  // Closed: the CT entries turn to the closing lifetime (10 s); a closed TCP
+  // flow's port then stays held 60 s more, for the remote pod's TIME_WAIT
+  // (04f418f; test/e2e/nodeport-snat-reuse.ts), and is free after that.
   const [ra, rb] = [await a.stop(), await b.stop()];
   t.same([ra.failed, rb.failed, ra.end, rb.end], [0, 0, 'closed', 'closed'], 'the two long connections never failed and closed with a FIN');
   const closedAt = Date.now();
-  const closing = (JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ destination: string; direction: string; flags: string[]; expiresIn: number }>)
-    .filter((c) => c.direction === 'IN' && c.destination === FRONTEND);
+  type Ct = { destination: string; direction: string; flags: string[]; expiresIn: number };
+  const ours = async (): Promise<Ct[]> =>
+    (JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Ct[]).filter((c) => c.direction === 'IN' && c.destination === FRONTEND);
+  const closing = await ours();
   t.ok(closing.length === 2 && closing.every((c) => c.flags.includes('closing') && c.expiresIn <= 10), `their CT entries are closing, 10 s at most to live (${JSON.stringify(closing.map((c) => [c.flags, c.expiresIn]))})`);
 
-  let fresh = { ok: false, at: 0, seenAs: '', error: '' };
-  const deadline = closedAt + 20_000 * SLOW;
-  while (Date.now() < deadline) {
-    const r = await lab.inExt([sb.python, CLIENT_PY, 'tcp-long', NODE1.v4, String(NODE_PORT), '--seconds', '0.5', '--interval', '0.2']);
+  const attempt = async (): Promise<{ ok: boolean; seenAs: string; error: string }> => {
+    const r = await lab.inExt([sb.python, CLIENT_PY, 'tcp-long', NODE1.v4, String(NODE_PORT), '--seconds', '0.3', '--interval', '0.2']);
     const res = JSON.parse(r.stdout || '{}') as { ok?: number; failures?: Array<{ error: string }>; seenAs?: Record<string, number> };
-    if ((res.ok ?? 0) > 0) {
-      fresh = { ok: true, at: Date.now(), seenAs: Object.keys(res.seenAs ?? {})[0] ?? '', error: fresh.error };
+    return { ok: (res.ok ?? 0) > 0, seenAs: Object.keys(res.seenAs ?? {})[0] ?? '', error: res.failures?.[0]?.error ?? r.stderr.trim() };
+  };
+  // Past the CT entries' expiry, the ports are still held.
+  while ((await ours()).some((c) => c.expiresIn > -1) && Date.now() < closedAt + 15_000 * SLOW) await new Promise((r) => setTimeout(r, 500));
+  const heldBefore = (await sb.metrics())['np_snat_exhausted'] ?? 0;
+  const held = await attempt();
+  const heldAfter = (await sb.metrics())['np_snat_exhausted'] ?? 0;
+  t.notOk(held.ok, `${((Date.now() - closedAt) / 1000).toFixed(1)} s after the close, their CT entries expired, a new connection still finds no port (${held.error})`);
+  t.ok(heldAfter > heldBefore, `dropped for want of one (np_snat_exhausted ${heldBefore} → ${heldAfter}): the ports wait out the pod's TIME_WAIT`);
+
+  let fresh = { ok: false, at: 0, seenAs: '', error: '' };
+  const deadline = closedAt + 85_000 * SLOW;
+  while (Date.now() < deadline) {
+    const got = await attempt();
+    if (got.ok) {
+      fresh = { ...got, at: Date.now(), error: fresh.error };
       break;
     }
-    fresh.error = res.failures?.[0]?.error ?? r.stderr;
-    await new Promise((r) => setTimeout(r, 500));
+    fresh.error = got.error;
+    await new Promise((r) => setTimeout(r, 1000));
   }
-  t.ok(fresh.ok, `a new connection works again ${((fresh.at - closedAt) / 1000).toFixed(1)} s after the two closed (within 20 s; until then: ${fresh.error})`);
-  t.ok(fresh.at - closedAt >= 5_000, 'not before their closing CT entries expired');
+  const after = (fresh.at - closedAt) / 1000;
+  t.ok(fresh.ok, `a new connection works again ${after.toFixed(1)} s after the two closed (10 s closing + 60 s TIME_WAIT; until then: ${fresh.error})`);
+  t.ok(after >= 65, 'not before the ports\' TIME_WAIT hold ended');
   t.equal(hostOf(fresh.seenAs), NODE1_TO_N2.v4, `SNATed again (the pod sees ${fresh.seenAs})`);
   t.ok([61000, 61001].includes(portOf(fresh.seenAs)), 'to a port of the range');
-  t.comment(`np_snat_exhausted ${exhausted}; a port came back ${((fresh.at - closedAt) / 1000).toFixed(1)} s after the close`);
+  t.comment(`np_snat_exhausted ${heldAfter}; a port came back ${after.toFixed(1)} s after the close`);
   await lab.agent.stop(10_000);
 });
