@@ -9,7 +9,6 @@
 // tc attachments (tcx links here, clsact filters before 6.6) switch
 // programs in place: the long connections keep their pod and their SNAT
 // port throughout.
-import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { copyFileSync } from 'node:fs';
 import path from 'node:path';
@@ -128,12 +127,6 @@ t.test('NodePort under load through SIGKILL, SIGTERM and an upgrade of the agent
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab: Lab = await makeLab(sb);
   sb.writeManifest('services.yaml', manifests());
-  // The client's TCP timestamps without a per-connection offset: a SNAT port
-  // reused while the remote pod still holds its old tuple in TIME_WAIT (a
-  // known datapath bug, test/e2e/nodeport-snat-reuse.ts) is then accepted by
-  // the pod instead of costing a SYN retransmit, or now and then a
-  // connection, that has nothing to do with restarts.
-  execFileSync('ip', ['netns', 'exec', lab.ext, 'sysctl', '-qw', 'net.ipv4.tcp_timestamps=2']);
   // The upgrade's object: a copy of the built socket object at a path of its own.
   const v2 = path.join(sb.runDir, 'sock-v2.bpf.o');
   copyFileSync(await datapathObject(), v2);
