@@ -45,6 +45,7 @@ const VMTEST_ONLY_IN_GUESTS = new Set([
   'test/e2e/nodeport-restart.ts',
   'test/e2e/nodeport-scale.ts',
   'test/e2e/nodeport-snat.ts',
+  'test/e2e/nodeport-snat-reuse.ts',
 ]);
 
 let onHost = false;
