@@ -58,6 +58,28 @@ export class KernelMaglevMaps implements MaglevMaps {
     }
   }
 
+  /** Tables into new inner maps, then all of them into the outer map in one batch (one RCU wait, not one each). */
+  putMany(tables: ReadonlyArray<{ readonly table: number; readonly ids: Uint32Array }>): void {
+    const inner: BpfMap[] = [];
+    try {
+      for (const t of tables) {
+        if (t.ids.length !== this.m) throw new RangeError(`a Maglev table has ${this.m} slots, not ${t.ids.length}`);
+        const map = mapCreate({ type: this.inner.type, keySize: this.inner.keySize, valueSize: this.inner.valueSize, maxEntries: this.m, flags: this.inner.flags, name: 'lb_maglev_inner' });
+        inner.push(map);
+        map.batchUpdate(this.slotKeys, Buffer.from(t.ids.buffer, t.ids.byteOffset, t.ids.byteLength), this.m, BPF_ANY);
+      }
+      const keys = Buffer.alloc(4 * tables.length);
+      const fds = Buffer.alloc(4 * tables.length);
+      tables.forEach((t, i) => {
+        keys.writeUInt32LE(t.table, 4 * i);
+        fds.writeUInt32LE(inner[i]!.fd, 4 * i);
+      });
+      this.outer.batchUpdate(keys, fds, tables.length, BPF_ANY);
+    } finally {
+      for (const map of inner) map.close(); // the outer map holds its own references
+    }
+  }
+
   delete(key: number): void {
     this.outer.delete(u32.encode(key));
   }
@@ -108,6 +130,10 @@ export class KernelNorthSouthMaps implements NorthSouthMaps {
 
   putMaglev(table: number, ids: Uint32Array): void {
     this.maglev.put(table, ids);
+  }
+
+  putMaglevMany(tables: ReadonlyArray<{ readonly table: number; readonly ids: Uint32Array }>): void {
+    this.maglev.putMany(tables);
   }
 
   deleteMaglev(table: number): void {
