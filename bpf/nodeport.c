@@ -52,20 +52,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define CT_LIFETIME_CLOSE	10
 #define CT_LIFETIME_NONTCP	60
 
-/*
- * A SNAT port whose TCP flow closed stays taken this long past its entry's
- * expiry: the backend keeps the old tuple in TIME_WAIT for 60 s, and a new
- * client's SYN on it (other timestamps) is refused by PAWS about half the
- * time. A port never used, or whose entry the LRU dropped, is free at once.
- */
-#define NP_SNAT_TIME_WAIT	60
-
-static __always_inline bool np_snat_port_busy(__u64 expires, __u16 flags, __u8 proto, __u64 now)
-{
-	if (proto == IPPROTO_TCP && (flags & LB_CT_F_CLOSING))
-		expires += NP_SNAT_TIME_WAIT;
-	return expires > now;
-}
 
 /* Upper bound of --snat-port-range retries the verifier sees. */
 #define NP_SNAT_TRIES_MAX	32
@@ -89,6 +75,34 @@ static __always_inline bool np_snat_port_busy(__u64 expires, __u16 flags, __u8 p
 #define TCP_F_SYN	0x02
 #define TCP_F_RST	0x04
 #define TCP_F_ACK	0x10
+
+/*
+ * A SNAT port whose TCP flow the backend closed first stays taken this long
+ * past its entry's expiry: the backend keeps the old tuple in TIME_WAIT for
+ * 60 s, and a new client's SYN on it (other timestamps) is refused by PAWS
+ * about half the time. When the client closed first, or either side reset,
+ * the backend holds nothing and the port is free when the entry expires
+ * (10 s after the close); a port never used, or whose entry the LRU
+ * dropped, is free at once.
+ */
+#define NP_SNAT_TIME_WAIT	60
+
+static __always_inline bool np_snat_port_busy(__u64 expires, __u16 flags, __u8 proto, __u64 now)
+{
+	if (proto == IPPROTO_TCP && (flags & LB_CT_F_TIME_WAIT))
+		expires += NP_SNAT_TIME_WAIT;
+	return expires > now;
+}
+
+/* A reply's flags: the backend's FIN before any close is its active close (TIME_WAIT on its side). */
+static __always_inline __u16 np_reply_flags(const struct np_l4 *l4, __u16 have)
+{
+	__u16 set = LB_CT_F_SEEN_REPLY;
+
+	if (l4->proto == IPPROTO_TCP && (l4->tcp_flags & (TCP_F_FIN | TCP_F_RST)) == TCP_F_FIN && !(have & LB_CT_F_CLOSING))
+		set |= LB_CT_F_TIME_WAIT;
+	return set;
+}
 
 static __always_inline const struct lb_np_config *np_config(void)
 {
@@ -618,7 +632,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
-	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), LB_CT_F_SEEN_REPLY);
+	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), np_reply_flags(&f->l4, ct->flags));
 	np4_frag_record(f);
 	if (f->ttl <= 1) {
 		lb_count(LB_MTR_NP_TTL);
@@ -1097,7 +1111,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
-	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), LB_CT_F_SEEN_REPLY);
+	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), np_reply_flags(&f->l4, ct->flags));
 	if (f->hop_limit <= 1) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;

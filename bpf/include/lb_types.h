@@ -282,6 +282,7 @@ enum lb_ct_flags {
 	LB_CT_F_CLOSING = (1 << 1),	/* a FIN or RST was seen: short lifetime */
 	LB_CT_F_SEEN_REPLY = (1 << 2),	/* a reply went back: established */
 	LB_CT_F_LOCAL = (1 << 3),	/* the backend is on this node: replies pass its egress */
+	LB_CT_F_TIME_WAIT = (1 << 4),	/* REPLY, TCP: the backend closed first, so it holds the tuple in TIME_WAIT */
 };
 
 struct lb4_ct_key {

@@ -825,6 +825,7 @@ export const LbCtFlags = {
   LB_CT_F_CLOSING: 2,
   LB_CT_F_SEEN_REPLY: 4,
   LB_CT_F_LOCAL: 8,
+  LB_CT_F_TIME_WAIT: 16,
 } as const;
 
 /** enum lb_metric */

@@ -31,6 +31,7 @@ function flagNames(f: number): string[] {
   if (f & LbCtFlags.LB_CT_F_LOCAL) out.push('local');
   if (f & LbCtFlags.LB_CT_F_SEEN_REPLY) out.push('seen-reply');
   if (f & LbCtFlags.LB_CT_F_CLOSING) out.push('closing');
+  if (f & LbCtFlags.LB_CT_F_TIME_WAIT) out.push('time-wait');
   return out;
 }
 

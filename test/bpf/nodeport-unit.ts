@@ -47,6 +47,7 @@ const CT_ORIG = 0;
 const CT_REPLY = 1;
 const CT_F_SNAT = 1;
 const CT_F_CLOSING = 2;
+const CT_F_TIME_WAIT = 16;
 const CT_F_SEEN_REPLY = 4;
 const CT_F_LOCAL = 8;
 const NP_F_EXTERNAL_CLUSTERIP = 1;
@@ -498,18 +499,34 @@ async function inNamespace(): Promise<void> {
     t.equal(d.p.sport, a.p.sport, 'takes the expired port over');
     t.match(lb4_ct_entry.decode(maps.ct4.lookup(rkey)!), { port2: 43004 }, 'the reservation now names the new flow');
 
-    // A closed TCP flow's port stays taken through the backend's TIME_WAIT (60 s past its expiry):
-    // a new client's SYN on the old tuple would meet PAWS.
-    const closing = lb4_ct_entry.decode(maps.ct4.lookup(rkey)!);
+    // A flow the backend closed first: its port stays taken through the backend's TIME_WAIT (60 s
+    // past the entry's expiry), where a new client's SYN on the old tuple would meet PAWS.
+    const port = a.p.sport!;
+    const fin = (flags: number): Buffer => fromPeer({ src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: port, flags });
+    t.equal(ingress(fin(TCP_FIN | TCP_ACK)).rc, TC_ACT_REDIRECT, "the backend's FIN goes to the client");
+    const held = lb4_ct_entry.decode(maps.ct4.lookup(rkey)!);
+    t.ok(held.flags & CT_F_TIME_WAIT, 'the backend closed first: the reservation is marked TIME_WAIT');
     const t0 = BigInt(now());
-    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...closing, flags: closing.flags | CT_F_CLOSING, expires: t0 - 5n }));
+    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...held, expires: t0 - 5n }));
     const e = counting(() => open(43005));
-    t.equal(e.result.rc, TC_ACT_SHOT, 'expired 5 s ago after a close: still in TIME_WAIT at the backend, not reused');
+    t.equal(e.result.rc, TC_ACT_SHOT, 'expired 5 s ago: still in TIME_WAIT at the backend, not reused');
     t.equal(e.delta(LbMetric.LB_MTR_NP_SNAT_EXHAUSTED), 1n, 'counted as exhaustion');
-    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...closing, flags: closing.flags | CT_F_CLOSING, expires: t0 - 61n }));
+    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...held, expires: t0 - 61n }));
     const f = open(43006);
-    t.equal(f.rc, TC_ACT_REDIRECT, 'expired 61 s ago after a close: past TIME_WAIT, reused');
-    t.equal(f.p.sport, a.p.sport, 'the same port');
+    t.equal(f.rc, TC_ACT_REDIRECT, 'expired 61 s ago: past TIME_WAIT, reused');
+    t.equal(f.p.sport, port, 'the same port');
+
+    // A flow the client closed first (or reset): the backend holds nothing; the port is free at expiry.
+    const clientFin = fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 43006, dport: NODEPORT, flags: TCP_FIN | TCP_ACK });
+    t.equal(ingress(clientFin).rc, TC_ACT_REDIRECT, "the client's FIN goes to the backend");
+    t.equal(ingress(fin(TCP_FIN | TCP_ACK)).rc, TC_ACT_REDIRECT, "and the backend's FIN after it back");
+    const passive = lb4_ct_entry.decode(maps.ct4.lookup(rkey)!);
+    t.equal(passive.flags & CT_F_TIME_WAIT, 0, 'the client closed first: no TIME_WAIT mark');
+    t.ok(passive.flags & CT_F_CLOSING, 'but closing');
+    maps.ct4.update(rkey, lb4_ct_entry.encode({ ...passive, expires: t0 - 1n }));
+    const g = open(43007);
+    t.equal(g.rc, TC_ACT_REDIRECT, 'expired a second ago: reused at once');
+    t.equal(g.p.sport, port, 'the same port');
   });
 
   t.test('UDP: a zero checksum stays zero, a checksum stays valid (DNAT, and DNAT+SNAT)', async (t) => {
