@@ -145,13 +145,26 @@ bench-deps:
 # renamed into the directory, to programmed (bench/results/file-load.md).
 BENCH_FILE_LOAD := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/file-load.ts
 
+# The tc datapath (NodePort, issue 14): ns per packet under BPF_PROG_TEST_RUN
+# at 1 to 100,000 services and the Maglev tables from cold and per change
+# (bench/nodeport-tc.ts, in a private network namespace), then NodePort end
+# to end through the NodePort test lab against kube-proxy's iptables and
+# nftables modes and the routed pod (bench/nodeport-e2e.ts; client, node and
+# pods on CPU 1). Results: bench/results/nodeport-{tc,e2e}.{md,json}.
+BENCH_NP_TC := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/nodeport-tc.ts
+BENCH_NP_E2E := TS_NODE_TRANSPILE_ONLY=1 taskset -c 1 node --import=@tapjs/typescript/import bench/nodeport-e2e.ts
+
 bench: build bench-deps
 	$(BENCH_RUN) $(BENCH_ARGS)
 	$(BENCH_FILE_LOAD)
+	$(BENCH_NP_TC)
+	$(BENCH_NP_E2E)
 
 bench-quick: build bench-deps
 	$(BENCH_RUN) --quick --out bench/results-quick $(BENCH_ARGS)
 	$(BENCH_FILE_LOAD) --reps 1 --out bench/results-quick
+	$(BENCH_NP_TC) --quick --out bench/results-quick
+	$(BENCH_NP_E2E) --quick --out bench/results-quick
 
 cleanup:
 	./bin/lbctl cleanup

@@ -14,6 +14,14 @@
 // conntrack TCP "be liberal" off, no session affinity, traffic policies
 // Cluster, all endpoints ready.
 //
+// NodePorts (BenchService.nodePort, for bench/nodeport-e2e.ts; eTP Cluster):
+// iptables gets kube-proxy's `-A KUBE-NODEPORTS ... --dport NP -j KUBE-EXT-<hash>`
+// rule (in the service's turn, so KUBE-NODEPORTS is walked in service order)
+// and the KUBE-EXT chain (KUBE-MARK-MASQ, then the KUBE-SVC chain);
+// nftables the `service-nodeports` element `tcp . NP : goto external-<hash>`
+// and the external chain (jump mark-for-masquerade, goto the service chain).
+// Without nodePort the output is what it was.
+//
 // Written as kube-proxy writes it:
 //  - iptables: a full sync (filter and nat tables, `*filter ... COMMIT *nat
 //    ... COMMIT`, for `iptables-restore --noflush --counters`): the top-level
@@ -97,6 +105,13 @@ export interface BenchService {
   clusterIP: string;
   port: number;
   endpoints: ReadonlyArray<{ ip: string; port: number }>;
+  /**
+   * A NodePort (type NodePort or LoadBalancer, externalTrafficPolicy
+   * Cluster): iptables writes the KUBE-NODEPORTS rule and the KUBE-EXT chain,
+   * nftables the service-nodeports element and the external chain (used by
+   * bench/nodeport-e2e.ts; the ClusterIP bench leaves it unset).
+   */
+  nodePort?: number;
 }
 
 export interface KubeProxyOptions {
@@ -161,6 +176,11 @@ export function iptablesEndpointChain(s: BenchService, ep: Endpoint): string {
   return `KUBE-SEP-${hashPrefix(servicePortName(s) + PROTO + hostPort(ep), 16)}`;
 }
 
+/** iptables servicePortPolicyExternalChainName: "KUBE-EXT-" + the same hash as KUBE-SVC. */
+export function iptablesExternalChain(s: BenchService): string {
+  return `KUBE-EXT-${hashPrefix(servicePortName(s) + PROTO, 16)}`;
+}
+
 /** knftables.NameLengthMax (256) less kube-proxy's chainNamePrefixLengthMax (16). */
 const NFT_CHAIN_BASE_MAX = 256 - 16;
 
@@ -173,6 +193,11 @@ function hashAndTruncate(name: string): string {
 /** nftables cluster policy chain: "service-" + hashAndTruncate("ns/name/tcp/port"). */
 export function nftablesServiceChain(s: BenchService): string {
   return `service-${hashAndTruncate(`${s.namespace}/${s.name}/${PROTO}/${s.portName}`)}`;
+}
+
+/** nftables external chain: "external-" + hashAndTruncate("ns/name/tcp/port"). */
+export function nftablesExternalChain(s: BenchService): string {
+  return `external-${hashAndTruncate(`${s.namespace}/${s.name}/${PROTO}/${s.portName}`)}`;
 }
 
 /** nftables endpoint chain: "endpoint-" + hashAndTruncate("ns/name/tcp/port__ip/port"). */
@@ -275,7 +300,15 @@ function iptablesNat(services: readonly BenchService[], opts: KubeProxyOptions, 
     const svcChain = iptablesServiceChain(s);
     const match = `-m comment --comment "${spn} cluster IP" -m ${PROTO} -p ${PROTO} -d ${s.clusterIP} --dport ${s.port}`;
     rules.push(`-A KUBE-SERVICES ${match} -j ${svcChain}`);
+    // "Capture nodeports": the KUBE-NODEPORTS rule, then (below) the KUBE-EXT chain
+    const extChain = s.nodePort ? iptablesExternalChain(s) : '';
+    if (s.nodePort) rules.push(`-A KUBE-NODEPORTS -m comment --comment ${spn} -m ${PROTO} -p ${PROTO} --dport ${s.nodePort} -j ${extChain}`);
     if (!write(s)) continue;
+    if (s.nodePort) {
+      // eTP Cluster: masquerade, then the cluster policy chain
+      chains.push(`:${extChain} - [0:0]`);
+      rules.push(`-A ${extChain} -m comment --comment "masquerade traffic for ${spn} external destinations" -j KUBE-MARK-MASQ`, `-A ${extChain} -j ${svcChain}`);
+    }
     // internal traffic: masquerade off-cluster sources (LocalTrafficDetector by cluster CIDR)
     rules.push(`-A ${svcChain} ${match} ${notLocal} -j KUBE-MARK-MASQ`);
     chains.push(`:${svcChain} - [0:0]`);
@@ -417,6 +450,8 @@ function nftService(out: string[], s: BenchService, opts: KubeProxyOptions, clus
   // ensureChain: the endpoint chains first, then the cluster policy chain
   for (const c of epChains) out.push(`add chain ${T} ${c}`, `flush chain ${T} ${c}`);
   if (n > 0) out.push(`add chain ${T} ${svcChain}`, `flush chain ${T} ${svcChain}`);
+  const extChain = s.nodePort && n > 0 ? nftablesExternalChain(s) : '';
+  if (extChain) out.push(`add chain ${T} ${extChain}`, `flush chain ${T} ${extChain}`);
   if (!clusterIPs.has(s.clusterIP)) {
     clusterIPs.add(s.clusterIP);
     out.push(`add element ${T} cluster-ips { ${s.clusterIP} }`);
@@ -431,6 +466,14 @@ function nftService(out: string[], s: BenchService, opts: KubeProxyOptions, clus
     `add rule ${T} ${svcChain} ip daddr ${s.clusterIP} ip saddr != ${opts.clusterCIDR} jump mark-for-masquerade`,
     `add rule ${T} ${svcChain} numgen random mod ${n} vmap { ${epChains.map((c, i) => `${i} : goto ${c}`).join(' , ')} }`,
   );
+  if (extChain) {
+    // "Capture nodeports", then the external chain (eTP Cluster): masquerade, then the cluster policy chain
+    out.push(
+      `add element ${T} service-nodeports { ${PROTO} . ${s.nodePort} : goto ${extChain} }`,
+      `add rule ${T} ${extChain} jump mark-for-masquerade`,
+      `add rule ${T} ${extChain} goto ${svcChain}`,
+    );
+  }
   for (let i = 0; i < n; i++) {
     const ep = s.endpoints[i]!;
     out.push(`add rule ${T} ${epChains[i]} ip saddr ${ep.ip} jump mark-for-masquerade`, `add rule ${T} ${epChains[i]} meta l4proto ${PROTO} dnat to ${hostPort(ep)}`);

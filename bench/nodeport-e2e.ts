@@ -1,0 +1,394 @@
+// make bench / bench-quick: NodePort end to end, from a client outside the
+// node, through the lab of the NodePort e2e test (test/helpers/nodeport-lab.ts:
+// ext → node 1 → a pod on node 1 (local) or on node 2 (remote)), four ways:
+//
+//   routed     the client dials the pod's own address, routed through node 1 (no translation at all)
+//   lbctl      the agent in node 1 (nodeport.bpf.o at tc on n1e and n1b), the client dials node 1's NodePort
+//   iptables   kube-proxy's iptables mode, emulated (bench/kube-proxy.ts): its nat and filter
+//              rules for the N services in node 1's namespace, loaded with iptables-legacy-restore
+//   nftables   kube-proxy's nftables mode, emulated the same way, loaded with nft -f
+//
+//   node --import=@tapjs/typescript/import bench/nodeport-e2e.ts [--quick] [--out DIR] [--sizes 2,10000] [--reps 3]
+//
+// N NodePort services (externalTrafficPolicy Cluster): the two measured ones
+// (one whose only endpoint is the pod on node 1, one whose only endpoint is
+// the pod on node 2) last in kube-proxy's rule order, the others with 3
+// endpoints nothing answers. The fillers ask for lbctl.io/lb-algorithm random,
+// so the agent's first sync builds no 10,000 Maglev tables (see
+// nodeport-tc.ts for what those cost); the measured ones keep Maglev.
+//
+// Per point, for the local and the remote pod: connect + 64-byte
+// request/reply + close latency (bench/connect.c -m rr, one at a time,
+// p50 and p99), then requests per second (bench/np-load.c: 32 connections
+// in flight, each connect + request/reply + close). Client, node and pods
+// share CPU 1 (veth hands packets on in the sender's softirq, so every
+// step of a connection runs there): requests per second measure what a
+// connection costs the whole path. Each mode gets a fresh lab (no rule,
+// conntrack or CT state carries over); modes run in a rotating order per
+// repetition; medians of the repetitions are reported.
+//
+// lbctl SNATs flows to a remote pod to ports of --snat-port-range (61000-65535
+// by default), and a closed flow keeps its port 10 s (CT_LIFETIME_CLOSE): at
+// most 4,536 new flows to one backend per 10 s. Every point stays within
+// that (20 + 100 + 1,000 + 200 + 1,500 connections per target), so the figures
+// are the datapath's; a last sustained run (--sustain seconds, remote pod,
+// every mode) shows what happens beyond it.
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Command } from 'commander';
+import { iptablesRestoreFull, nftablesFull } from './kube-proxy.js';
+import { npServices, serviceObject, sliceObject, type NpService } from './np-services.js';
+import { ROOT } from './world.js';
+import { createSandbox, type Sandbox } from '../test/helpers/sandbox.js';
+import { makeLab, NODE1, POD1, POD2, type Lab } from '../test/helpers/nodeport-lab.js';
+
+const MODES = ['routed', 'lbctl', 'iptables', 'nftables'] as const;
+type Mode = (typeof MODES)[number];
+const CONNECT = path.join(ROOT, 'build/bench/connect');
+const SERVER = path.join(ROOT, 'build/bench/server');
+const LOAD = path.join(ROOT, 'build/bench/np-load');
+const CPU = 1;
+const POD_PORT = 8081;
+const NODEPORTS = { first: 30000, last: 40999 };
+const CLUSTER_CIDR = '10.252.0.0/16';
+const THROUGHPUT_TARGET = 1.5;
+const P50_TARGET = 1.2;
+
+interface Plan {
+  quick: boolean;
+  out: string;
+  sizes: number[];
+  reps: number;
+  rr: number;
+  load: number;
+  concurrency: number;
+  sustain: number;
+}
+
+function parse(): Plan {
+  const o = new Command()
+    .option('--quick', 'N = 2 and 1,000, one repetition')
+    .option('--out <dir>', 'where results go', path.join(ROOT, 'bench/results'))
+    .option('--sizes <list>', 'numbers of services (at least 2: the measured ones)')
+    .option('--reps <n>', 'repetitions (fresh labs, rotating mode order)')
+    .option('--sustain <s>', 'seconds of the sustained run to the remote pod (0: none)')
+    .parse()
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; sustain?: string }>();
+  const quick = Boolean(o.quick);
+  return {
+    quick,
+    out: o.out,
+    sizes: o.sizes ? o.sizes.split(',').map((x) => Number(x.replace(/_/g, ''))) : quick ? [2, 1000] : [2, 10_000],
+    reps: Number(o.reps ?? (quick ? 1 : 5)),
+    rr: 1000,
+    load: 1500,
+    concurrency: 32,
+    sustain: Number(o.sustain ?? (quick ? 0 : 3)),
+  };
+}
+
+const median = (xs: readonly number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+
+function compile(): void {
+  mkdirSync(path.dirname(CONNECT), { recursive: true });
+  for (const [src, out] of [['connect.c', CONNECT], ['server.c', SERVER], ['np-load.c', LOAD]] as const) {
+    execFileSync('cc', ['-O2', '-Wall', '-Wextra', '-o', out, path.join(ROOT, 'bench', src)], { stdio: 'inherit' });
+  }
+}
+
+const inNs = (ns: string, cmd: string, args: readonly string[], input?: string): string =>
+  execFileSync('ip', ['netns', 'exec', ns, cmd, ...args], { encoding: 'utf8', input, stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], maxBuffer: 1 << 30 });
+
+/** The services: fillers first, the measured local and remote ones last (kube-proxy's worst case). */
+function services(n: number): { all: NpService[]; local: NpService; remote: NpService } {
+  const made = npServices(n, {
+    type: 'NodePort',
+    nodePorts: NODEPORTS,
+    measured: [[{ ip: POD1.v4, port: POD_PORT }], [{ ip: POD2.v4, port: POD_PORT }]],
+    fillerAlgorithm: 'random',
+  });
+  const [local, remote] = [made[0]!, made[1]!];
+  return { all: [...made.slice(2), local, remote], local, remote };
+}
+
+interface Lat { p50_us: number; p99_us: number; failed: number }
+interface Load { rps: number; completed: number; failed: number; p50_us: number; p99_us: number; seconds: number }
+/** lbctl: the tc programs' own run time (kernel.bpf_stats_enabled) during the requests/s run, per connection. */
+interface BpfTime { ingressNsPerConn: number; egressNsPerConn: number; ingressRunsPerConn: number; egressRunsPerConn: number; ingressNsPerRun: number; egressNsPerRun: number }
+interface TargetResult { latency: Lat; load: Load; bpf?: BpfTime }
+interface PointResult {
+  mode: Mode;
+  n: number;
+  rep: number;
+  setupMs: number;
+  local: TargetResult;
+  remote: TargetResult;
+  sustained?: Load;
+  /** lbctl: the datapath's counters after the point (np_* only). */
+  counters?: Record<string, number>;
+}
+
+function latency(lab: Lab, addr: string, port: number, count: number): Lat {
+  const r = spawnSync('ip', ['netns', 'exec', lab.ext, 'taskset', '-c', String(CPU), CONNECT, '-a', addr, '-p', String(port), '-n', String(count), '-w', '100', '-m', 'rr', '-t', '1000'], { encoding: 'utf8', timeout: 300_000 });
+  const out = JSON.parse(r.stdout.trim().split('\n').pop() || '{}') as Lat & { error?: string };
+  if (r.status !== 0 && r.status !== 3) throw new Error(`connect ${addr}:${port} failed (exit ${r.status}): ${out.error ?? r.stderr}`);
+  return { p50_us: out.p50_us, p99_us: out.p99_us, failed: out.failed };
+}
+
+function load(lab: Lab, addr: string, port: number, args: string[]): Load {
+  const r = spawnSync('ip', ['netns', 'exec', lab.ext, 'taskset', '-c', String(CPU), LOAD, '-a', addr, '-p', String(port), '-c', String(32), ...args], { encoding: 'utf8', timeout: 300_000 });
+  if (r.status !== 0) throw new Error(`np-load ${addr}:${port} failed (exit ${r.status}): ${r.stderr}`);
+  return JSON.parse(r.stdout.trim()) as Load;
+}
+
+/** One mode at one N, in a fresh lab. */
+async function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<typeof services>, texts: Map<string, string>): Promise<PointResult> {
+  const teardowns: Array<() => unknown> = [];
+  const sb: Sandbox = await createSandbox({ teardown: (fn) => teardowns.push(fn) }, { backends: 0, agent: false });
+  try {
+    const lab = await makeLab(sb);
+    // The routed mode's routes (in every mode, so the labs are the same): the client reaches
+    // the pods through node 1, and node 2 routes the client's replies back through node 1.
+    execFileSync('ip', ['-n', lab.ext, 'route', 'add', '10.252.0.0/16', 'via', NODE1.v4]);
+    execFileSync('ip', ['-n', lab.n2, 'route', 'add', '10.250.0.0/24', 'via', '10.251.0.1']);
+    for (const ns of [lab.p1, lab.p2]) startServer(sb, ns);
+    await new Promise((r) => setTimeout(r, 300));
+    const t0 = performance.now();
+    const text = (key: string, make: () => string): string => {
+      let t = texts.get(key);
+      if (t === undefined) texts.set(key, (t = make()));
+      return t;
+    };
+    const opts = { clusterCIDR: CLUSTER_CIDR };
+    switch (mode) {
+      case 'routed':
+        break;
+      case 'iptables':
+        inNs(lab.n1, 'iptables-legacy-restore', ['-w', '--noflush', '--counters'], text(`ipt-${n}`, () => iptablesRestoreFull(svc.all, opts)));
+        break;
+      case 'nftables':
+        inNs(lab.n1, 'nft', ['-f', '-'], text(`nft-${n}`, () => nftablesFull(svc.all, { ...opts, nodeIP: NODE1.v4 })));
+        break;
+      case 'lbctl': {
+        const objects = svc.all.flatMap((s) => [serviceObject(s), sliceObject(s, (ip) => (ip === POD1.v4 ? 'node1' : 'node2'))]);
+        sb.writeManifest('services.json', JSON.stringify({ apiVersion: 'v1', kind: 'List', items: objects }));
+        await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--nodeport-range', `${NODEPORTS.first}-${NODEPORTS.last}`, '--sync-period', '3600000']);
+        // The first sync may come before the file is read: wait for the one with every frontend (a ClusterIP and a NodePort each).
+        await lab.agent.agent!.waitForLog((l) => l.msg === 'sync done' && Number(l.frontends) >= 2 * n, 0, 300_000);
+        break;
+      }
+    }
+    const setupMs = performance.now() - t0;
+    const at = (s: NpService, pod: string): [string, number] => (mode === 'routed' ? [pod, POD_PORT] : [NODE1.v4, s.nodePort]);
+    const one = (s: NpService, pod: string): TargetResult => {
+      const [addr, port] = at(s, pod);
+      const lat = latency(lab, addr, port, plan.rr);
+      const before = mode === 'lbctl' ? tcStats(sb.bpfRoot) : undefined;
+      const ld = load(lab, addr, port, ['-n', String(plan.load), '-w', '200']);
+      if (!before) return { latency: lat, load: ld };
+      const after = tcStats(sb.bpfRoot);
+      // np-load made (about) warm-up + counted + the ones in flight at the end: per connection over what it reports plus the warm-up
+      const conns = ld.completed + ld.failed + 200;
+      const d = (k: 'ingress' | 'egress', f: 'ns' | 'runs'): number => after[k][f] - before[k][f];
+      return {
+        latency: lat,
+        load: ld,
+        bpf: {
+          ingressNsPerConn: d('ingress', 'ns') / conns, egressNsPerConn: d('egress', 'ns') / conns,
+          ingressRunsPerConn: d('ingress', 'runs') / conns, egressRunsPerConn: d('egress', 'runs') / conns,
+          ingressNsPerRun: d('ingress', 'ns') / d('ingress', 'runs'), egressNsPerRun: d('egress', 'ns') / d('egress', 'runs'),
+        },
+      };
+    };
+    const local = one(svc.local, POD1.v4);
+    const remote = one(svc.remote, POD2.v4);
+    const result: PointResult = { mode, n, rep, setupMs, local, remote };
+    if (plan.sustain > 0) {
+      const [addr, port] = at(svc.remote, POD2.v4);
+      result.sustained = load(lab, addr, port, ['-d', String(plan.sustain), '-w', '0']);
+    }
+    if (mode === 'lbctl') {
+      const m = await sb.metrics();
+      result.counters = Object.fromEntries(Object.entries(m).filter(([k, v]) => k.startsWith('np_') && v > 0));
+      await lab.agent.stop(20_000);
+    }
+    return result;
+  } finally {
+    for (const fn of teardowns.reverse()) await fn();
+  }
+}
+
+/** run_cnt and run_time_ns of the tc programs attached under the agent's bpf root (each program counts its runs on every device), by direction. */
+function tcStats(bpfRoot: string): Record<'ingress' | 'egress', { runs: number; ns: number }> {
+  const out = { ingress: { runs: 0, ns: 0 }, egress: { runs: 0, ns: 0 } };
+  const dir = path.join(bpfRoot, 'links');
+  // One program runs on every device it is attached to: its counters once, not once per link.
+  const progs = new Set<number>();
+  for (const name of readdirSync(dir)) {
+    const link = JSON.parse(execFileSync('bpftool', ['-j', 'link', 'show', 'pinned', path.join(dir, name)], { encoding: 'utf8' })) as { prog_id: number };
+    if (progs.has(link.prog_id)) continue;
+    progs.add(link.prog_id);
+    const p = JSON.parse(execFileSync('bpftool', ['-j', 'prog', 'show', 'id', String(link.prog_id)], { encoding: 'utf8' })) as { name?: string; run_cnt?: number; run_time_ns?: number };
+    const k = p.name === 'lb_nodeport_ingress' ? 'ingress' : p.name === 'lb_nodeport_egress' ? 'egress' : undefined;
+    if (!k) continue;
+    out[k].runs += p.run_cnt ?? 0;
+    out[k].ns += p.run_time_ns ?? 0;
+  }
+  return out;
+}
+
+/** bench/server.c in a pod's namespace on CPU 1, killed at the sandbox's teardown. */
+function startServer(sb: Sandbox, ns: string): void {
+  const r = spawnSync('sh', ['-c', `ip netns exec "$0" taskset -c ${CPU} "$1" -p ${POD_PORT} -a 0.0.0.0 >/dev/null 2>&1 & echo $!`, ns, SERVER], { encoding: 'utf8' });
+  const pid = Number(r.stdout.trim());
+  if (!pid) throw new Error(`bench server in ${ns} did not start: ${r.stderr}`);
+  sb.addCleanup(() => {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      /* gone */
+    }
+  });
+}
+
+// ----------------------------------------------------------------- report
+
+export interface E2eResults {
+  meta: Record<string, unknown>;
+  points: PointResult[];
+}
+
+export function e2eReport(r: E2eResults): string[] {
+  const sizes = [...new Set(r.points.map((p) => p.n))];
+  const at = (mode: Mode, n: number): PointResult[] => r.points.filter((p) => p.mode === mode && p.n === n);
+  const stat = (mode: Mode, n: number, f: (p: PointResult) => number): number => median(at(mode, n).map(f));
+  const lines: string[] = [];
+  lines.push(
+    `## NodePort end to end (${r.meta.reps} repetitions, medians; ${r.meta.rr} timed connect+request+close one at a time for latency, ${r.meta.load} with 32 in flight for requests/s, after warm-ups)`,
+    '',
+  );
+  for (const target of ['local', 'remote'] as const) {
+    lines.push(
+      `### ${target === 'local' ? 'Local backend (the pod on node 1: lbctl DNATs only; kube-proxy DNATs and masquerades)' : 'Remote backend (the pod on node 2: DNAT and SNAT in every mode)'}`,
+      '',
+      '| N | mode | requests/s | / best kube-proxy | / routed pod | p50 µs | p50 / routed pod | p99 µs | p99 / routed pod | failed |',
+      '|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|',
+    );
+    for (const n of sizes) {
+      const rps = (m: Mode): number => stat(m, n, (p) => p[target].load.rps);
+      const p50 = (m: Mode): number => stat(m, n, (p) => p[target].latency.p50_us);
+      const p99 = (m: Mode): number => stat(m, n, (p) => p[target].latency.p99_us);
+      const best = Math.max(rps('iptables'), rps('nftables'));
+      for (const m of MODES) {
+        if (at(m, n).length === 0) continue;
+        const failed = at(m, n).reduce((a, p) => a + p[target].load.failed + p[target].latency.failed, 0);
+        lines.push(
+          `| ${n.toLocaleString('en')} | ${m} | ${rps(m).toFixed(0)} | ${(rps(m) / best).toFixed(2)}× | ${(rps(m) / rps('routed')).toFixed(2)}× | ${p50(m).toFixed(1)} | ${(p50(m) / p50('routed')).toFixed(2)}× | ${p99(m).toFixed(1)} | ${(p99(m) / p99('routed')).toFixed(2)}× | ${failed} |`,
+        );
+      }
+    }
+    lines.push('');
+  }
+  lines.push('Targets:', '', '| target | N | backend | lbctl | verdict |', '|---|---:|---|---:|---|');
+  for (const n of sizes) {
+    for (const target of ['local', 'remote'] as const) {
+      const rps = (m: Mode): number => stat(m, n, (p) => p[target].load.rps);
+      const best = Math.max(rps('iptables'), rps('nftables'));
+      const tp = rps('lbctl') / best;
+      const p50 = stat('lbctl', n, (p) => p[target].latency.p50_us) / stat('routed', n, (p) => p[target].latency.p50_us);
+      lines.push(`| requests/s ≥ ${THROUGHPUT_TARGET}× the best kube-proxy mode | ${n.toLocaleString('en')} | ${target} | ${tp.toFixed(2)}× | ${tp >= THROUGHPUT_TARGET ? 'met' : '**missed**'} |`);
+      lines.push(`| p50 ≤ ${P50_TARGET}× the routed pod | ${n.toLocaleString('en')} | ${target} | ${p50.toFixed(2)}× | ${p50 <= P50_TARGET ? 'met' : '**missed**'} |`);
+    }
+  }
+  const sustained = r.points.filter((p) => p.sustained);
+  if (sustained.length) {
+    lines.push('', `Sustained, remote pod, ${r.meta.sustain} s with 32 in flight (beyond lbctl's SNAT port budget of 4,536 flows per 10 s per backend):`, '');
+    lines.push('| N | mode | requests/s | completed | failed (1 s timeouts) |', '|---:|---|---:|---:|---:|');
+    for (const n of sizes) {
+      for (const m of MODES) {
+        const ps = at(m, n).filter((p) => p.sustained);
+        if (!ps.length) continue;
+        lines.push(`| ${n.toLocaleString('en')} | ${m} | ${median(ps.map((p) => p.sustained!.rps)).toFixed(0)} | ${median(ps.map((p) => p.sustained!.completed))} | ${median(ps.map((p) => p.sustained!.failed))} |`);
+      }
+    }
+  }
+  const withBpf = r.points.filter((p) => p.local.bpf && p.remote.bpf);
+  if (withBpf.length) {
+    lines.push('', "lbctl's tc programs during the requests/s runs (kernel.bpf_stats_enabled), medians:", '', '| N | backend | ingress runs / connection | ns / run | egress runs / connection | ns / run | µs of BPF per connection | µs per connection over the routed pod (from requests/s) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
+    for (const n of sizes) {
+      for (const target of ['local', 'remote'] as const) {
+        const ps = withBpf.filter((p) => p.n === n);
+        if (!ps.length) continue;
+        const m = (f: (b: BpfTime) => number): number => median(ps.map((p) => f(p[target].bpf!)));
+        const perConn = (mode: Mode): number => 1e6 / stat(mode, n, (p) => p[target].load.rps);
+        lines.push(`| ${n.toLocaleString('en')} | ${target} | ${m((b) => b.ingressRunsPerConn).toFixed(1)} | ${m((b) => b.ingressNsPerRun).toFixed(0)} | ${m((b) => b.egressRunsPerConn).toFixed(1)} | ${m((b) => b.egressNsPerRun).toFixed(0)} | ${(m((b) => b.ingressNsPerConn + b.egressNsPerConn) / 1000).toFixed(2)} | ${(perConn('lbctl') - perConn('routed')).toFixed(2)} |`);
+      }
+    }
+  }
+  const counters = r.points.filter((p) => p.counters);
+  if (counters.length) lines.push('', `lbctl's datapath counters after each point: ${counters.map((p) => `N=${p.n} rep ${p.rep + 1}: ${JSON.stringify(p.counters)}`).join('; ')}`);
+  lines.push('', `Setup per point (rules loaded, or the agent started and synced), median ms: ${sizes.map((n) => `N=${n}: ${MODES.map((m) => `${m} ${stat(m, n, (p) => p.setupMs).toFixed(0)}`).join(', ')}`).join('; ')}.`);
+  return lines;
+}
+
+// ------------------------------------------------------------------- main
+
+async function main(): Promise<void> {
+  const plan = parse();
+  if (process.getuid?.() !== 0) throw new Error('bench/nodeport-e2e.ts needs root (network namespaces, BPF)');
+  if (plan.sizes.some((n) => n < 2)) throw new Error('--sizes: at least 2 (the measured local and remote services)');
+  compile();
+  const started = performance.now();
+  const results: E2eResults = {
+    meta: { date: new Date().toISOString(), kernel: os.release(), cpus: os.cpus().length, cpu: os.cpus()[0]?.model ?? 'unknown', quick: plan.quick, reps: plan.reps, rr: plan.rr, load: plan.load, sustain: plan.sustain },
+    points: [],
+  };
+  mkdirSync(plan.out, { recursive: true });
+  // The kernel's accounting of BPF run time, for lbctl's points (it costs every mode the same two clock reads per program run: only lbctl's programs run).
+  const sysctl = '/proc/sys/kernel/bpf_stats_enabled';
+  const was = readFileSync(sysctl, 'utf8').trim();
+  writeFileSync(sysctl, '1');
+  process.once('exit', () => writeFileSync(sysctl, was));
+  for (const n of plan.sizes) {
+    const svc = services(n);
+    const texts = new Map<string, string>();
+    for (let rep = 0; rep < plan.reps; rep++) {
+      const order = [...MODES.slice(rep % MODES.length), ...MODES.slice(0, rep % MODES.length)];
+      for (const mode of order) {
+        // A lab that could not be built (a busy machine: the pods' servers slow to start) is built again, twice at most.
+        let p: PointResult | undefined;
+        for (let attempt = 1; !p; attempt++) {
+          try {
+            p = await point(plan, mode, n, rep, svc, texts);
+          } catch (err) {
+            if (attempt >= 3) throw err;
+            process.stderr.write(`e2e N=${n} rep ${rep + 1} ${mode}: ${(err as Error).message.split('\n')[0]}; a fresh lab, attempt ${attempt + 1}\n`);
+          }
+        }
+        results.points.push(p);
+        process.stderr.write(
+          `e2e N=${n} rep ${rep + 1}/${plan.reps} ${mode}: setup ${p.setupMs.toFixed(0)} ms; local ${p.local.load.rps.toFixed(0)} req/s p50 ${p.local.latency.p50_us} µs; remote ${p.remote.load.rps.toFixed(0)} req/s p50 ${p.remote.latency.p50_us} µs` +
+            `${p.sustained ? `; sustained ${p.sustained.rps.toFixed(0)} req/s (${p.sustained.failed} failed)` : ''}\n`,
+        );
+        writeFileSync(path.join(plan.out, 'nodeport-e2e.json'), `${JSON.stringify(results, null, 1)}\n`);
+      }
+    }
+  }
+  results.meta.seconds = Math.round((performance.now() - started) / 1000);
+  writeFileSync(path.join(plan.out, 'nodeport-e2e.json'), `${JSON.stringify(results, null, 1)}\n`);
+  const md = [`# NodePort end to end (${results.meta.date}, ${results.meta.cpus} × ${results.meta.cpu}, kernel ${results.meta.kernel}, ${results.meta.seconds} s)`, '', ...e2eReport(results), ''].join('\n');
+  writeFileSync(path.join(plan.out, 'nodeport-e2e.md'), md);
+  process.stdout.write(md);
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`bench/nodeport-e2e: ${(err as Error).stack ?? String(err)}\n`);
+  process.exit(1);
+});
