@@ -355,7 +355,14 @@ async function main(): Promise<void> {
   const sysctl = '/proc/sys/kernel/bpf_stats_enabled';
   const was = readFileSync(sysctl, 'utf8').trim();
   writeFileSync(sysctl, '1');
-  process.once('exit', () => writeFileSync(sysctl, was));
+  const restore = (): void => writeFileSync(sysctl, was);
+  process.once('exit', restore);
+  for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+    process.once(sig, () => {
+      restore();
+      process.exit(130);
+    });
+  }
   for (const n of plan.sizes) {
     const svc = services(n);
     const texts = new Map<string, string>();

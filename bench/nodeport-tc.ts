@@ -32,7 +32,7 @@
 // file runs itself again under `unshare --net` (as test/bpf/nodeport-unit.ts
 // does): nothing is pinned, and the host's devices are never touched.
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -609,6 +609,7 @@ export function tcReport(r: TcResults): string[] {
   lines.push(
     `## tc datapath: ns per packet (BPF_PROG_TEST_RUN, repeat ${r.meta.repeat}, ${r.meta.rounds} interleaved rounds, medians)`,
     '',
+    ...(r.meta.bpfStatsEnabled ? ['kernel.bpf_stats_enabled was 1 during this run (someone else\'s measurement?): every run, the baselines\' too, paid its two clock reads; the figures over the baseline hold, the raw ones do not.', ''] : []),
     'ns over the baseline (the same header save/restore wrapper around a function that does nothing); in brackets the raw ns per run. The empty tc program itself runs in ' +
       `${r.sizes.map((p) => f1(median(p.samples.empty!))).join(' / ')} ns and the wrapper around nothing in ${r.sizes.map((p) => f1(median(p.samples.wrapped!))).join(' / ')} ns (per N).`,
     '',
@@ -696,7 +697,11 @@ async function inNamespace(plan: Plan): Promise<void> {
   const ns = makeNamespace();
   const started = performance.now();
   const results: TcResults = {
-    meta: { date: new Date().toISOString(), kernel: os.release(), cpus: os.cpus().length, cpu: os.cpus()[0]?.model ?? 'unknown', quick: plan.quick, rounds: plan.rounds, repeat: plan.repeat, pinnedTo: plan.cpu },
+    meta: {
+      date: new Date().toISOString(), kernel: os.release(), cpus: os.cpus().length, cpu: os.cpus()[0]?.model ?? 'unknown', quick: plan.quick, rounds: plan.rounds, repeat: plan.repeat, pinnedTo: plan.cpu,
+      // With the kernel's BPF run-time accounting on, every run pays two more clock reads (about 70 ns here): the baselines pay them too.
+      bpfStatsEnabled: readFileSync('/proc/sys/kernel/bpf_stats_enabled', 'utf8').trim() === '1',
+    },
     sizes: [],
   };
   for (const [i, n] of plan.sizes.entries()) results.sizes.push(await sizePoint(plan, n, ns, i === 0));
