@@ -237,6 +237,9 @@ export class Agent implements AgentView {
         if (this.serviceHealthProblems.get(service) !== what) this.opts.log.warn({ service, healthCheckNodePort: what }, 'healthCheckNodePort cannot be served (retried at the next sync)');
       }
       this.serviceHealthProblems = now;
+    }).catch((err: unknown) => {
+      // A boundary: a server that fails to close must not become an unhandled rejection (it would end the agent).
+      this.opts.log.error({ err: (err as Error)?.message ?? String(err) }, 'healthCheckNodePort servers could not be updated; retried at the next sync');
     });
   }
 
