@@ -6,10 +6,10 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
-import { ensureBpffs } from '../../src/datapath/loader.js';
+import { hasSetRetval } from '../../src/datapath/features.js';
+import { COMPAT_OBJECT, DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
 import { NodePortDatapath } from '../../src/datapath/nodeport.js';
 import { BpfObject, openPinnedMap } from '../../src/native/bpf.js';
-import { ROOT } from '../helpers/sandbox.js';
 
 if (process.getuid?.() !== 0) t.bailout('the native suites need root (BPF): run `make test` as root');
 
@@ -25,7 +25,8 @@ t.teardown(() => {
   rmSync(pinRoot, { recursive: true, force: true });
 });
 
-const sock = await BpfObject.openLoaded(path.join(ROOT, 'bpf/.output/sock.bpf.o'), { pinRoot: mapsDir });
+// The socket object this kernel loads (the agent's choice): before 5.18 the compat one.
+const sock = await BpfObject.openLoaded((await hasSetRetval()) ? DEFAULT_OBJECT : COMPAT_OBJECT, { pinRoot: mapsDir });
 open.push(sock);
 const load = (): Promise<NodePortDatapath> => NodePortDatapath.load({ bpfRoot: pinRoot, sockObject: sock, mapsDir, linksDir, mode: 'clsact', maglevM: 251 });
 
