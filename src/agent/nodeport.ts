@@ -4,6 +4,7 @@
 // (--nodeport-addresses); the NodePort range reserved from the ephemeral
 // ports (ip_local_reserved_ports, per network namespace). A device that
 // vanishes is detached and one that returns is attached again.
+import path from 'node:path';
 import { readFileSync, writeFileSync } from 'node:fs';
 import type { Logger } from 'pino';
 import { ConfigError } from '../errors.js';
@@ -20,6 +21,8 @@ export interface NodePortOptions {
   readonly devices?: readonly string[];
   /** --nodeport-addresses, parsed. */
   readonly addressCidrs?: ReadonlyArray<[ipaddr.IPv4 | ipaddr.IPv6, number]>;
+  /** Where the host's /proc is (--procfs): in a pod, a hostPath mount, the container's /proc/sys being read-only. */
+  readonly procfs?: string;
 }
 
 export interface NodePortStatus {
@@ -30,7 +33,8 @@ export interface NodePortStatus {
   readonly problems: readonly string[];
 }
 
-const RESERVED_PORTS = '/proc/sys/net/ipv4/ip_local_reserved_ports';
+/** Under --procfs: the kernel's reserved ports of this network namespace. */
+const RESERVED_PORTS = 'sys/net/ipv4/ip_local_reserved_ports';
 
 /** `ip_local_reserved_ports` with `range` added, or undefined when it is already covered. */
 export function withReservedRange(current: string, range: PortRange): string | undefined {
@@ -91,12 +95,13 @@ export class NodePortAgent {
 
   private reservePorts(): void {
     const range = this.opts.settings.nodePortRange;
+    const file = path.join(this.opts.procfs ?? '/proc', RESERVED_PORTS);
     try {
-      const next = withReservedRange(readFileSync(RESERVED_PORTS, 'utf8'), range);
-      if (next !== undefined) writeFileSync(RESERVED_PORTS, next);
+      const next = withReservedRange(readFileSync(file, 'utf8'), range);
+      if (next !== undefined) writeFileSync(file, next);
       this.log.info({ range: `${range.first}-${range.last}` }, 'NodePort range reserved from ephemeral ports (ip_local_reserved_ports)');
     } catch (err) {
-      this.log.warn({ err: (err as Error).message }, `could not reserve the NodePort range in ${RESERVED_PORTS}: a local socket may take a NodePort as its ephemeral port`);
+      this.log.warn({ err: (err as Error).message }, `could not reserve the NodePort range in ${file}: a local socket may take a NodePort as its ephemeral port (in a pod: mount the host's /proc/sys/net and give --procfs)`);
     }
   }
 

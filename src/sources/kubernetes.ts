@@ -67,6 +67,8 @@ export const SLICE_LABEL_SELECTOR = SERVICE_LABEL_SELECTOR;
 export interface KubernetesSourceOptions {
   /** Path of a kubeconfig; undefined: in-cluster config (service account). */
   readonly kubeconfig?: string;
+  /** The API server's URL, replacing the kubeconfig's or the in-cluster one (kube-proxy's --master). */
+  readonly master?: string;
   readonly nodeName: string;
   readonly onProblem?: (p: Problem) => void;
   readonly onWatchError?: (kind: string, err: unknown, retryInMs: number) => void;
@@ -408,9 +410,68 @@ async function listPage(kc: KubeConfig, path: string, query: Query, stop: AbortS
   }
 }
 
+/**
+ * Everything this source asks of the API server: list and watch, nothing
+ * else (no get, no writes, no events). The reflectors' paths are built from
+ * this table, so it is the whole of the agent's RBAC needs: deploy/rbac.yaml
+ * is checked against it (test/deploy/manifests.ts), and the test API server
+ * enforces that ClusterRole on the agent (test/e2e/in-cluster.ts).
+ */
+export const API_ACCESS = {
+  Service: { group: '', version: 'v1', resource: 'services', verbs: ['list', 'watch'] },
+  EndpointSlice: { group: 'discovery.k8s.io', version: 'v1', resource: 'endpointslices', verbs: ['list', 'watch'] },
+  Node: { group: '', version: 'v1', resource: 'nodes', verbs: ['list', 'watch'] },
+} as const satisfies Record<Kind, { group: string; version: string; resource: string; verbs: readonly string[] }>;
+
+/** The collection path of a kind, as API_ACCESS names it. */
+function collectionPath(kind: Kind): string {
+  const a = API_ACCESS[kind];
+  return a.group === '' ? `/api/${a.version}/${a.resource}` : `/apis/${a.group}/${a.version}/${a.resource}`;
+}
+
+/**
+ * The API server's connection: a kubeconfig file, else the in-cluster
+ * config (the pod's service-account token and CA, KUBERNETES_SERVICE_HOST);
+ * `master` replaces the server's URL in either, as kube-proxy's --master
+ * does: a node bootstrapping a cluster reaches the API server directly while
+ * the kubernetes Service's VIP is not served yet (kube-proxy, or lbctl, is
+ * what serves it). With `master` alone outside a pod: no credentials.
+ */
+export function loadKubeConfig(opts: { kubeconfig?: string; master?: string }): KubeConfig {
+  const kc = new KubeConfig();
+  const inCluster = Boolean(process.env.KUBERNETES_SERVICE_HOST && process.env.KUBERNETES_SERVICE_PORT);
+  try {
+    if (opts.kubeconfig) kc.loadFromFile(opts.kubeconfig);
+    else if (inCluster) kc.loadFromCluster();
+    else if (opts.master) kc.loadFromClusterAndUser({ name: 'master', server: opts.master, skipTLSVerify: false }, { name: 'anonymous' });
+    else throw new Error('no kubeconfig, no --master, and not in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT unset)');
+  } catch (err) {
+    throw new ConfigError(`cannot load ${opts.kubeconfig ? `kubeconfig ${opts.kubeconfig}` : 'the in-cluster config'}: ${(err as Error).message}`);
+  }
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new ConfigError(`${opts.kubeconfig ?? 'in-cluster config'}: no current cluster`);
+  if (opts.master) {
+    let url: URL;
+    try {
+      url = new URL(opts.master);
+    } catch {
+      throw new ConfigError(`--master ${JSON.stringify(opts.master)}: not a URL (such as https://10.0.0.1:6443)`);
+    }
+    if (url.protocol !== 'https:' && url.protocol !== 'http:') throw new ConfigError(`--master ${opts.master}: expected an http or https URL`);
+    const server = opts.master.replace(/\/+$/, '');
+    kc.loadFromOptions({
+      clusters: kc.clusters.map((c) => (c.name === cluster.name ? { ...c, server } : c)),
+      users: kc.users,
+      contexts: kc.contexts,
+      currentContext: kc.currentContext,
+    });
+  }
+  return kc;
+}
+
 export class KubernetesSource implements Source {
   readonly name: string;
-  private readonly kc = new KubeConfig();
+  private readonly kc: KubeConfig;
   private services!: Reflector<Service>;
   private slices!: Reflector<EndpointSlice>;
   private nodes!: Reflector<Node>;
@@ -427,24 +488,18 @@ export class KubernetesSource implements Source {
   private stopped = false;
 
   constructor(private readonly opts: KubernetesSourceOptions) {
-    try {
-      if (opts.kubeconfig) this.kc.loadFromFile(opts.kubeconfig);
-      else this.kc.loadFromCluster();
-    } catch (err) {
-      throw new ConfigError(`cannot load ${opts.kubeconfig ? `kubeconfig ${opts.kubeconfig}` : 'the in-cluster config'}: ${(err as Error).message}`);
-    }
-    if (!this.kc.getCurrentCluster()) throw new ConfigError(`${opts.kubeconfig ?? 'in-cluster config'}: no current cluster`);
+    this.kc = loadKubeConfig(opts);
     this.name = `kubernetes:${this.kc.getCurrentCluster()!.server}`;
   }
 
   async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
     const changed = (e?: SourceEvent): void => this.changed(e);
-    const reflector = <T>(kind: Kind, path: string, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
-      new Reflector(kind, this.kc, path, selectors, validate, this.opts, changed);
-    this.services = reflector('Service', '/api/v1/services', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
-    this.slices = reflector('EndpointSlice', '/apis/discovery.k8s.io/v1/endpointslices', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
-    this.nodes = reflector('Node', '/api/v1/nodes', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
+    const reflector = <T>(kind: Kind, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
+      new Reflector(kind, this.kc, collectionPath(kind), selectors, validate, this.opts, changed);
+    this.services = reflector('Service', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
+    this.slices = reflector('EndpointSlice', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
+    this.nodes = reflector('Node', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
     // Do not wait for the API server: a restart with it unreachable keeps serving from the maps.
     this.services.start();
     this.slices.start();

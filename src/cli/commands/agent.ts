@@ -20,8 +20,13 @@ import { checkDisjoint, parsePortRange } from '../flags.js';
 import { checkTableSize, DEFAULT_MAGLEV_SEED, DEFAULT_MAGLEV_TABLE_SIZE, parseMaglevSeed } from '../../lb/maglev.js';
 
 export interface AgentCommandOptions {
+  /** Applied by the CLI before this runs (src/cli/config.ts). */
+  config?: string;
   source?: string;
   kubeconfig?: string;
+  master?: string;
+  /** Where the host's /proc is mounted (its sys/net is written: ip_local_reserved_ports). */
+  procfs?: string;
   nodeName?: string;
   /** Kubernetes source: how long the first sync waits for this node's Node (ms). */
   nodeSyncTimeout?: number;
@@ -52,7 +57,7 @@ export interface AgentCommandOptions {
 }
 
 /** The tc datapath's options from the flags; a bad value refuses the start, naming the flag. */
-export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphemeralRange()): NodePortOptions | undefined {
+export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphemeralRange(opts.procfs ?? '/proc')): NodePortOptions | undefined {
   if (opts.nodeport === false) return undefined;
   const nodePortRange = parsePortRange('--nodeport-range', opts.nodeportRange ?? '30000-32767');
   const snatRange = parsePortRange('--snat-port-range', opts.snatPortRange ?? '61000-65535');
@@ -71,15 +76,16 @@ export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphem
       maglev: { m, seed4: seeds.flow4, seed6: seeds.flow6 },
     },
     maglevTableSeed: seeds.table,
+    procfs: opts.procfs ?? '/proc',
     ...(devices ? { devices } : {}),
     ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
   };
 }
 
 /** This network namespace's ephemeral port range (ip_local_port_range). */
-function readEphemeralRange(): PortRange | undefined {
+function readEphemeralRange(procfs: string): PortRange | undefined {
   try {
-    const [first, last] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/).map(Number);
+    const [first, last] = readFileSync(path.join(procfs, 'sys/net/ipv4/ip_local_port_range'), 'utf8').trim().split(/\s+/).map(Number);
     return first && last ? { first, last } : undefined;
   } catch {
     return undefined;
@@ -95,16 +101,17 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
   const file = opts.source ? /^file:(.+)$/.exec(opts.source) : null;
   if (opts.source && !file) throw new ConfigError(`--source ${opts.source}: expected file:DIR (or use --kubeconfig)`);
   if (file) {
-    if (opts.kubeconfig) throw new ConfigError('--source file:DIR and --kubeconfig exclude each other');
+    if (opts.kubeconfig || opts.master) throw new ConfigError(`--source file:DIR and ${opts.kubeconfig ? '--kubeconfig' : '--master'} exclude each other`);
     return new FileSource({ dir: path.resolve(file[1]!), onProblem });
   }
-  if (!opts.kubeconfig && !process.env.KUBERNETES_SERVICE_HOST) {
-    throw new ConfigError('no source: give --source file:DIR, --kubeconfig FILE, or run in a pod (in-cluster config)');
+  if (!opts.kubeconfig && !opts.master && !process.env.KUBERNETES_SERVICE_HOST) {
+    throw new ConfigError('no source: give --source file:DIR, --kubeconfig FILE or --master URL, or run in a pod (in-cluster config)');
   }
   // Loaded only for this source: the client is large.
   const { KubernetesSource } = await import('../../sources/kubernetes.js');
   return new KubernetesSource({
     ...(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}),
+    ...(opts.master ? { master: opts.master } : {}),
     nodeName,
     ...(opts.nodeSyncTimeout !== undefined ? { nodeSyncTimeoutMs: opts.nodeSyncTimeout } : {}),
     onProblem,

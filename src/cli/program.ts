@@ -1,0 +1,150 @@
+// lbctl's command line: the commands and their flags; each command's work
+// lives in commands/ (main.ts runs it).
+import { Command, InvalidArgumentError } from 'commander';
+import { parseDuration } from './config.js';
+import type { AgentCommandOptions } from './commands/agent.js';
+// Commands load their modules when they run: `lbctl bpf lb list` should not
+// pay for the Kubernetes client or prom-client.
+import {
+  DEFAULT_API_SOCKET,
+  DEFAULT_BPF_ROOT,
+  DEFAULT_HEALTH_PORT,
+  DEFAULT_METRICS_HOST,
+  DEFAULT_METRICS_PORT,
+  DEFAULT_NODE_SYNC_TIMEOUT_MS,
+  VERSION,
+} from '../defaults.js';
+
+function positiveInt(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('expected a positive integer');
+  return n;
+}
+
+function port(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError('expected a port (0-65535)');
+  return n;
+}
+
+function duration(v: string): number {
+  return parseDuration(v);
+}
+
+function positiveDuration(v: string): number {
+  const ms = parseDuration(v);
+  if (ms < 1) throw new InvalidArgumentError('expected a duration of at least 1ms');
+  return ms;
+}
+
+function logLevel(v: string): string {
+  if (!['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'].includes(v)) throw new InvalidArgumentError('expected trace, debug, info, warn or error');
+  return v;
+}
+
+function output(v: string): string {
+  if (v !== 'json' && v !== 'text') throw new InvalidArgumentError('expected json or text');
+  return v;
+}
+
+/**
+ * The agent's options: the command line, then --config's file for what the
+ * command line left at its default (src/cli/config.ts), then the defaults.
+ */
+export async function resolveAgentOptions(cmd: Command): Promise<AgentCommandOptions> {
+  const opts = cmd.opts<AgentCommandOptions>();
+  if (opts.config) (await import('./config.js')).applyConfigFile(cmd, opts.config);
+  return cmd.opts<AgentCommandOptions>();
+}
+
+export function buildProgram(): Command {
+  const program = new Command('lbctl')
+    .description('eBPF service load balancer: a kube-proxy replacement')
+    .showHelpAfterError();
+
+  program
+    .command('agent')
+    .description('program the datapath from Services and EndpointSlices (a directory of manifests, or the cluster)')
+    .option('--config <file>', 'read settings from this file (the ConfigMap\'s agent.yaml): keys are these flags in camelCase; flags on the command line override it (kube-proxy\'s --config)')
+    .option('--source <spec>', 'file:DIR, a directory of Kubernetes manifests (standalone mode)')
+    .option('--kubeconfig <file>', 'watch the cluster this kubeconfig names (default in a pod: in-cluster config)')
+    .option('--master <url>', "the API server's URL, replacing the kubeconfig's or the in-cluster one: for nodes that bootstrap a cluster whose kubernetes Service is not served yet (kube-proxy's --master)")
+    .option('--node-name <name>', 'this node, for internalTrafficPolicy Local and topology hints (default: $NODE_NAME or the hostname)')
+    .option('--node-sync-timeout <duration>', "Kubernetes: how long the first sync waits for this node's Node once Services and EndpointSlices are listed, then goes on without its zone (0: no wait)", duration, DEFAULT_NODE_SYNC_TIMEOUT_MS)
+    .option('--cgroup <path>', 'cgroup v2 path to attach to (default: the cgroup v2 root, from /proc/mounts)')
+    .option('--bpf-root <path>', 'bpffs directory for pinned maps and links', DEFAULT_BPF_ROOT)
+    .option('--bpf-object <path>', 'the datapath object to load (default: the one built with lbctl); for upgrades and tests')
+    .option('--max-services <n>', 'frontends per address family (map size)', positiveInt)
+    .option('--max-backends <n>', 'backends per address family (map size)', positiveInt)
+    .option('--max-sock-revnat <n>', 'sockets remembered for reverse translation (map size)', positiveInt)
+    .option('--min-sync-period <duration>', 'changes within this interval coalesce into one sync (kube-proxy minSyncPeriod; 1s, 500ms; a bare number is ms)', duration, 0)
+    .option('--sync-period <duration>', 'full resync (repairs drift) at least this often (kube-proxy syncPeriod; 30s; a bare number is ms)', positiveDuration, 30_000)
+    .option('--health-port <port>', 'port of /livez, /readyz, /healthz (0: any free port)', port, DEFAULT_HEALTH_PORT)
+    .option('--health-bind-address <addr>', 'address the health server listens on', '0.0.0.0')
+    .option('--metrics-port <port>', 'port of /metrics (0: any free port)', port, DEFAULT_METRICS_PORT)
+    .option('--metrics-bind-address <addr>', 'address the metrics server listens on', DEFAULT_METRICS_HOST)
+    .option('--api-socket <path>', 'unix socket of the local API (lbctl status, lbctl service list)', DEFAULT_API_SOCKET)
+    .option('--log-level <level>', 'trace, debug, info, warn or error', logLevel, 'info')
+    .option('--procfs <path>', "where the host's /proc/sys/net is reachable as <path>/sys/net (in a pod: /host/proc, a hostPath mount; the container's own is read-only)", '/proc')
+    .option('--no-nodeport', 'do not serve NodePorts, LoadBalancer and external IPs at tc (the socket programs only)')
+    .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth, bridge port or tunnel)')
+    .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
+    .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')
+    .option('--snat-port-range <first-last>', 'source ports of SNATed flows to remote backends; overlaps neither the NodePort range nor ip_local_port_range', '61000-65535')
+    .option('--maglev-table-size <m>', 'entries of each Maglev table (a prime; 64 KiB per north-south frontend at the default)', positiveInt, 16381)
+    .option('--maglev-hash-seed <seed>', 'Maglev hash seed, 16 base64 characters; the same on every node', 'JLfvgnHc2kaSUFaI')
+    .option('--external-clusterip', 'serve ClusterIPs to packets from outside the node too (default: only the node and its pods reach them)')
+    .action(async (_opts, cmd: Command) => (await import('./commands/agent.js')).agentCommand(await resolveAgentOptions(cmd)));
+
+  const bpf = program.command('bpf').description('inspect the datapath maps directly');
+  const listCommand = (parent: Command, what: string, description: string): Command =>
+    parent
+      .command(what)
+      .description(`${what} maps`)
+      .command('list')
+      .description(description)
+      .option('--bpf-root <path>', 'bpffs directory of the pinned maps', DEFAULT_BPF_ROOT)
+      .option('-o, --output <format>', 'text or json', output, 'text');
+  listCommand(bpf, 'lb', 'list frontends and their backends')
+    .option('--maglev', "each north-south frontend's Maglev table: its backends' shares")
+    .action(async (opts) => (await import('./commands/lb-list.js')).lbListCommand(opts));
+  listCommand(bpf, 'metrics', 'list the per-CPU datapath counters, summed').action(async (opts) => (await import('./commands/metrics-list.js')).metricsListCommand(opts));
+  listCommand(bpf, 'ct', "list the tc datapath's tracked flows (both directions)").action(async (opts) => (await import('./commands/ct-list.js')).ctListCommand(opts));
+  listCommand(bpf, 'nat', "list the tc datapath's SNAT translations").action(async (opts) => (await import('./commands/ct-list.js')).natListCommand(opts));
+
+  program
+    .command('cleanup')
+    .description('detach every lbctl program and remove every pinned map')
+    .option('--bpf-root <path>', 'bpffs directory of the pinned objects', DEFAULT_BPF_ROOT)
+    .action(async (opts: { bpfRoot: string }) => {
+      const { cleanupDatapath } = await import('../datapath/loader.js');
+      const r = cleanupDatapath(opts.bpfRoot);
+      process.stdout.write(`removed ${r.links.length} links and ${r.maps.length} maps from ${opts.bpfRoot}${r.tc.length > 0 ? `; tc attachments: ${r.tc.join(', ')}` : ''}\n`);
+    });
+
+  program
+    .command('status')
+    .description("the agent's health: liveness and readiness checks, syncs, counts")
+    .option('--brief', 'print OK or the failing checks, one per line')
+    .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
+    .action(async (opts: { brief?: boolean; apiSocket: string }) => (await import('./commands/status.js')).statusCommand(opts));
+
+  program
+    .command('service')
+    .description('services as the agent sees them')
+    .command('list')
+    .description('desired versus realized backends per frontend; flags drift')
+    .option('-o, --output <format>', 'text or json', output, 'text')
+    .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
+    .action(async (opts: { output: string; apiSocket: string }) => (await import('./commands/service-list.js')).serviceListCommand(opts));
+
+  program
+    .command('version')
+    .description('print versions')
+    .action(async () => {
+      const { libbpfVersion } = await import('../native/bpf.js');
+      process.stdout.write(`lbctl ${VERSION} (libbpf ${libbpfVersion()}, node ${process.version})\n`);
+    });
+  return program;
+}
+
