@@ -114,9 +114,11 @@ export function buildProgram(): Command {
 
   program
     .command('cleanup')
-    .description('detach every lbctl program and remove every pinned map')
+    .description("detach every lbctl program and remove every pinned map; with --kube-proxy, remove kube-proxy's rules instead (docs/cleanup.md)")
     .option('--bpf-root <path>', 'bpffs directory of the pinned objects', DEFAULT_BPF_ROOT)
-    .action(async (opts: { bpfRoot: string }) => {
+    .option('--kube-proxy', "only remove kube-proxy's iptables chains (legacy and nft, IPv4 and IPv6) and its nftables tables; lbctl's datapath is left alone")
+    .action(async (opts: { bpfRoot: string; kubeProxy?: boolean }) => {
+      if (opts.kubeProxy) return (await import('./commands/cleanup.js')).cleanupKubeProxyCommand();
       const { cleanupDatapath } = await import('../datapath/loader.js');
       const r = cleanupDatapath(opts.bpfRoot);
       process.stdout.write(`removed ${r.links.length} links and ${r.maps.length} maps from ${opts.bpfRoot}${r.tc.length > 0 ? `; tc attachments: ${r.tc.join(', ')}` : ''}\n`);
