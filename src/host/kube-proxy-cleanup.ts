@@ -70,6 +70,8 @@ export interface SavedTable {
   readonly name: string;
   /** Every chain the dump declares, built-in and user, in dump order. */
   readonly chains: string[];
+  /** The built-in chains' lines (`:INPUT ACCEPT [packets:bytes]`), as saved. */
+  readonly policies: string[];
   /** `-A` lines in dump order, with the chain they append to and their -j/-g target. */
   readonly rules: Array<{ chain: string; line: string; target: string | undefined }>;
 }
@@ -111,13 +113,14 @@ export function parseIptablesSave(dump: string): SavedTable[] {
     const line = raw.trim().replace(/^\[\d+:\d+\]\s+/, '');
     if (line === '' || line.startsWith('#')) continue;
     if (line.startsWith('*')) {
-      cur = { name: line.slice(1), chains: [], rules: [] };
+      cur = { name: line.slice(1), chains: [], policies: [], rules: [] };
       tables.push(cur);
     } else if (line === 'COMMIT') {
       cur = undefined;
     } else if (cur && line.startsWith(':')) {
-      const name = line.slice(1).split(/\s+/)[0];
+      const [name, policy] = line.slice(1).split(/\s+/);
       if (name) cur.chains.push(name);
+      if (name && policy && policy !== '-') cur.policies.push(line);
     } else if (cur && line.startsWith('-A ')) {
       const words = ruleWords(line);
       const chain = words[1];
@@ -151,16 +154,29 @@ export interface IptablesPlan {
   readonly script: string;
 }
 
+export interface PlanOptions {
+  /**
+   * Restate the built-in chains' policies with their saved counters (the
+   * dump must come from `-save -c`). For the legacy backend: libiptc zeroes
+   * the policy counters of every table it commits (rule counters it keeps);
+   * iptables-nft keeps both, so there they are left alone. The packets a
+   * policy counts between the save and the restore (milliseconds) are lost.
+   */
+  readonly restatePolicies?: boolean;
+}
+
 /**
  * The cleanup of one backend and family, from its iptables-save dump: for
  * each of filter, nat and mangle, delete the jump rules, flush and delete
  * kube-proxy's chains. Other tables (raw, security) are never named.
  */
-export function planIptablesCleanup(dump: string): IptablesPlan {
+export function planIptablesCleanup(dump: string, opts: PlanOptions = {}): IptablesPlan {
   const tables: TablePlan[] = [];
   const out: string[] = [];
-  for (const t of parseIptablesSave(dump)) {
-    if (!(KUBE_PROXY_TABLES as readonly string[]).includes(t.name)) continue;
+  // In one order whatever the dump's (iptables-nft-save lists tables in creation order).
+  const order = (name: string): number => (KUBE_PROXY_TABLES as readonly string[]).indexOf(name);
+  const saved = parseIptablesSave(dump).filter((t) => order(t.name) >= 0).sort((a, b) => order(a.name) - order(b.name));
+  for (const t of saved) {
     const chains = t.chains.filter((c) => isKubeProxyChain(t.name, c));
     if (chains.length === 0) continue;
     const removed = new Set(chains);
@@ -168,6 +184,7 @@ export function planIptablesCleanup(dump: string): IptablesPlan {
     const chainRules = t.rules.filter((r) => removed.has(r.chain)).length;
     tables.push({ table: t.name, chains, chainRules, jumps });
     out.push(`*${t.name}`);
+    if (opts.restatePolicies) out.push(...t.policies);
     for (const j of jumps) out.push(`-D ${j.slice(3)}`);
     for (const c of chains) out.push(`:${c} - [0:0]`);
     for (const c of chains) out.push(`-X ${c}`);
@@ -253,9 +270,9 @@ function cleanupIptables(exec: Exec, which: (n: string) => string | undefined): 
     if (!save || !restore) return { what, skipped: `${!save ? `${bin}-save` : `${bin}-restore`} not found`, tables: [] };
     // A full save lists only the tables that exist (naming one with -t would
     // create it with the legacy backend).
-    const dump = exec(save, []);
+    const dump = exec(save, ['--counters']);
     if (dump.code !== 0) return { what, skipped: `${bin}-save failed: ${firstLine(dump.stderr) || `exit ${dump.code}`}`, tables: [] };
-    const plan = planIptablesCleanup(dump.stdout);
+    const plan = planIptablesCleanup(dump.stdout, { restatePolicies: backend === 'legacy' });
     if (plan.script === '') return { what, tables: [] };
     const r = exec(restore, ['--noflush', '--counters'], plan.script);
     if (r.code !== 0) return { what, error: `${bin}-restore failed: ${r.stderr.trim() || `exit ${r.code}`}`, tables: plan.tables };

@@ -281,13 +281,13 @@ t.test('rule words: quoting as iptables-restore reads it', async (t) => {
 t.test("iptables mode: kube-proxy's chains and jumps go, kubelet's and the host's stay", async (t) => {
   const plan = planIptablesCleanup(IPTABLES_MODE);
   t.same(plan.tables.map((x) => [x.table, x.chains.length, x.chainRules, x.jumps.length]), [
-    ['nat', 9, 16, 3],
     ['filter', 6, 4, 9],
+    ['nat', 9, 16, 3],
     ['mangle', 1, 0, 0],
   ]);
   const natChains = ['KUBE-EXT-CDGGSHYLG3RE2FKL', 'KUBE-MARK-MASQ', 'KUBE-NODEPORTS', 'KUBE-POSTROUTING', 'KUBE-PROXY-CANARY', 'KUBE-SEP-UIQK3OSOSTRHRPBX',
     'KUBE-SEP-VQGOCFX4X6FWJPNR', 'KUBE-SERVICES', 'KUBE-SVC-CDGGSHYLG3RE2FKL'];
-  t.equal(plan.script.split('COMMIT\n')[0], [
+  t.equal(plan.script.split('COMMIT\n')[1], [
     '*nat',
     '-D PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
     '-D OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
@@ -297,7 +297,7 @@ t.test("iptables mode: kube-proxy's chains and jumps go, kubelet's and the host'
     '',
   ].join('\n'), 'nat: the jumps from PREROUTING, OUTPUT, POSTROUTING as saved, then flush and delete');
   t.equal(plan.script.split('COMMIT\n')[2], '*mangle\n:KUBE-PROXY-CANARY - [0:0]\n-X KUBE-PROXY-CANARY\n', "mangle: kube-proxy's canary, not kubelet's");
-  t.equal(plan.script.split('\n')[0], '*nat');
+  t.equal(plan.script.split('\n')[0], '*filter', 'tables in one order: filter, nat, mangle');
   t.match(plan.script, /^-D PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES$/m, 'the PREROUTING jump, as saved');
   t.notMatch(plan.script, /KUBE-FIREWALL|KUBE-KUBELET-CANARY|KUBE-MARK-DROP|MYKUBE|MASQUERADE$|-p udp/, "kubelet's and the host's rules are not named");
   t.notMatch(plan.script, /\[\d+:\d+\] -/, 'no counters in the -D lines');
@@ -330,8 +330,8 @@ t.test("iptables mode: kube-proxy's chains and jumps go, kubelet's and the host'
 t.test("ipvs mode: its iptables chains go too (not its ipsets, kube-ipvs0 or IPVS services)", async (t) => {
   const plan = planIptablesCleanup(IPVS_MODE);
   t.same(plan.tables.map((x) => [x.table, x.chains, x.jumps.length]), [
-    ['nat', ['KUBE-LOAD-BALANCER', 'KUBE-MARK-MASQ', 'KUBE-NODE-PORT', 'KUBE-POSTROUTING', 'KUBE-PROXY-CANARY', 'KUBE-SERVICES'], 3],
     ['filter', ['KUBE-FORWARD', 'KUBE-IPVS-FILTER', 'KUBE-IPVS-OUT-FILTER', 'KUBE-NODE-PORT', 'KUBE-PROXY-CANARY', 'KUBE-PROXY-FIREWALL', 'KUBE-SOURCE-RANGES-FIREWALL'], 6],
+    ['nat', ['KUBE-LOAD-BALANCER', 'KUBE-MARK-MASQ', 'KUBE-NODE-PORT', 'KUBE-POSTROUTING', 'KUBE-PROXY-CANARY', 'KUBE-SERVICES'], 3],
   ]);
   t.same(applyPlan(IPVS_MODE, plan.script), kept(IPVS_MODE));
   t.same(applyPlan(IPVS_MODE, plan.script).get('filter')?.rules, [
@@ -341,16 +341,29 @@ t.test("ipvs mode: its iptables chains go too (not its ipsets, kube-ipvs0 or IPV
   ]);
 });
 
+t.test("legacy: the built-in chains' policies restated with their counters", async (t) => {
+  const script = planIptablesCleanup(IPVS_MODE, { restatePolicies: true }).script;
+  t.equal(script.split('\n').slice(0, 6).join('\n'), [
+    '*filter',
+    ':INPUT ACCEPT [100:6000]',
+    ':FORWARD DROP [0:0]',
+    ':OUTPUT ACCEPT [90:5400]',
+    '-D INPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-FILTER',
+    '-D INPUT -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL',
+  ].join('\n'));
+  t.match(script, /^\*nat\n:PREROUTING ACCEPT \[12:720\]\n:INPUT ACCEPT \[0:0\]\n:OUTPUT ACCEPT \[40:2400\]\n:POSTROUTING ACCEPT \[40:2400\]\n-D PREROUTING/m);
+  t.notMatch(planIptablesCleanup(IPVS_MODE).script, /ACCEPT \[/, 'not unless asked');
+});
+
 t.test("IPv6 through iptables-nft: other projects' KUBE-* chains stay", async (t) => {
   const plan = planIptablesCleanup(IPV6_NFT);
   t.same(plan.tables.map((x) => [x.table, x.chains, x.jumps]), [
+    ['filter', ['KUBE-SERVICES'], ['-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES']],
     ['nat', ['KUBE-MARK-MASQ', 'KUBE-NODEPORTS', 'KUBE-POSTROUTING', 'KUBE-SEP-6ZNAHJ4JOF4RCIBE', 'KUBE-SERVICES', 'KUBE-SVC-CDGGSHYLG3RE2FKL', 'KUBE-SVL-CDGGSHYLG3RE2FKL'], [
       '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
       '-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
       '-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING',
-    ]],
-    ['filter', ['KUBE-SERVICES'], ['-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES']],
-  ]);
+    ]],  ]);
   const after = applyPlan(IPV6_NFT, plan.script);
   t.same(after, kept(IPV6_NFT));
   t.same(after.get('filter')?.chains, ['INPUT', 'FORWARD', 'OUTPUT', 'KUBE-NWPLCY-DEFAULT', 'KUBE-POD-FW-3MAFY3JRWJ4UE5CE', 'KUBE-ROUTER-FORWARD']);
@@ -416,15 +429,16 @@ t.test('runner: every backend, a restore per backend with changes, nft tables of
     ['/usr/sbin/iptables-legacy-restore', ['--noflush', '--counters']],
     ['/usr/sbin/ip6tables-nft-restore', ['--noflush', '--counters']],
   ], 'a restore only where there is something to remove');
-  t.equal(restores[0]?.input, planIptablesCleanup(IPTABLES_MODE).script);
-  t.same(host.calls.filter((c) => c.file.endsWith('-save')).map((c) => c.args), [[], [], [], []], 'full saves: -t would create a legacy table');
+  t.equal(restores[0]?.input, planIptablesCleanup(IPTABLES_MODE, { restatePolicies: true }).script, 'legacy: the policies restated');
+  t.equal(restores[1]?.input, planIptablesCleanup(IPV6_NFT).script, 'nft: not');
+  t.same(host.calls.filter((c) => c.file.endsWith('-save')).map((c) => c.args), [['--counters'], ['--counters'], ['--counters'], ['--counters']], 'full saves (-t would create a legacy table), with counters');
   t.same([...host.nftTables], ['inet filter', 'ip kube-proxy2'], 'only the kube-proxy tables are deleted');
   t.notOk(reportFailed(report));
   t.same(formatReport(report), [
-    'kube-proxy iptables legacy IPv4: removed nat: 9 chains (16 rules), 3 jump rules; filter: 6 chains (4 rules), 9 jump rules; mangle: 1 chain (0 rules), 0 jump rules',
+    'kube-proxy iptables legacy IPv4: removed filter: 6 chains (4 rules), 9 jump rules; nat: 9 chains (16 rules), 3 jump rules; mangle: 1 chain (0 rules), 0 jump rules',
     'kube-proxy iptables legacy IPv6: nothing to remove',
     'kube-proxy iptables nft IPv4: nothing to remove',
-    'kube-proxy iptables nft IPv6: removed nat: 7 chains (10 rules), 3 jump rules; filter: 1 chain (0 rules), 1 jump rule',
+    'kube-proxy iptables nft IPv6: removed filter: 1 chain (0 rules), 1 jump rule; nat: 7 chains (10 rules), 3 jump rules',
     'kube-proxy nftables: removed table ip kube-proxy (2 chains, 0 sets, 1 map), table ip6 kube-proxy (2 chains, 0 sets, 1 map)',
   ]);
 });
@@ -447,8 +461,8 @@ t.test('runner: a failed restore is reported and fails the run; the other backen
   const report = cleanupKubeProxy(host);
   t.ok(reportFailed(report));
   const lines = formatReport(report);
-  t.match(lines[0], /^kube-proxy iptables legacy IPv4: NOT removed: nat: 9 chains .*: iptables-legacy-restore failed: iptables-restore: line 3 failed$/);
-  t.match(lines[2], /^kube-proxy iptables nft IPv4: removed nat: 6 chains/);
+  t.match(lines[0], /^kube-proxy iptables legacy IPv4: NOT removed: filter: 6 chains .*: iptables-legacy-restore failed: iptables-restore: line 3 failed$/);
+  t.match(lines[2], /^kube-proxy iptables nft IPv4: removed filter: 7 chains .*; nat: 6 chains/);
   t.equal(lines[4], 'kube-proxy nftables: removed table ip kube-proxy (2 chains, 0 sets, 1 map)');
   t.match(lines[5], /^kube-proxy ipvs: not removed: the kube-ipvs0 device/);
   t.match(lines[6], /^kube-proxy ipvs: not removed: 1 IPVS virtual services remain/);
