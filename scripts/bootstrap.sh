@@ -21,6 +21,10 @@ need=(
   "dig:dnsutils"
   "dnsmasq:dnsmasq-base"
   "socat:socat"
+  # test/deploy/cleanup-kube-proxy.ts: kube-proxy's rules in both iptables backends and nftables
+  "iptables-legacy-restore:iptables"
+  "iptables-nft-restore:iptables"
+  "nft:nftables"
   "python3:python3"
   "make:make"
   "g++:g++"
