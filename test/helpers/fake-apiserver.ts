@@ -10,10 +10,23 @@
 //   - dropWatches(): every open watch connection is cut mid-stream,
 //   - forbidden: kinds whose list and watch get 403 Forbidden, as from RBAC
 //     that does not grant them.
+// And as a kube-apiserver guards them (new FakeApiServer({ tls: true }),
+// setRbac()), for a client that runs as in a pod:
+//   - TLS: HTTPS with a certificate for 127.0.0.1 signed by a CA made for
+//     this server (caFile: the pod's ca.crt),
+//   - authentication: bearer tokens mapped to users (`tokens`); any other
+//     token, or none, is 401,
+//   - authorization: RBAC objects (ClusterRoles, ClusterRoleBindings, Roles,
+//     RoleBindings: the rendered manifests of deploy/) evaluated as
+//     kube-apiserver's RBAC authorizer does, from the request attributes its
+//     request-info resolver derives; a denied request is 403 with that
+//     server's Status message, and requestCounts() says who asked what.
 // Objects are real Kubernetes objects (from YAML manifests).
+import { execFileSync } from 'node:child_process';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { parseAllDocuments, stringify } from 'yaml';
@@ -78,6 +91,219 @@ function fieldMatcher(selector: string | null): (o: Obj) => boolean {
     });
 }
 
+/** An authenticated user, as kube-apiserver's authenticators hand it to the authorizers. */
+export interface UserInfo {
+  readonly name: string;
+  readonly groups: readonly string[];
+}
+
+/** The user a service account's token authenticates as (kube-apiserver's service-account authenticator). */
+export function serviceAccountUser(namespace: string, name: string): UserInfo {
+  return { name: `system:serviceaccount:${namespace}:${name}`, groups: ['system:serviceaccounts', `system:serviceaccounts:${namespace}`, 'system:authenticated'] };
+}
+
+/** The agent's service account in deploy/ (kube-system/lbctl); 'fake-token' authenticates as it. */
+export const LBCTL_SERVICE_ACCOUNT = serviceAccountUser('kube-system', 'lbctl');
+
+/**
+ * What the authorizer sees of a request: k8s.io/apiserver's RequestInfo
+ * (endpoints/request/requestinfo.go) and the user.
+ */
+export interface RequestAttributes {
+  readonly resourceRequest: boolean;
+  readonly verb: string;
+  readonly path: string;
+  readonly apiGroup: string;
+  readonly apiVersion: string;
+  readonly namespace: string;
+  readonly resource: string;
+  readonly subresource: string;
+  readonly name: string;
+}
+
+const WATCH = (q: URLSearchParams): boolean => q.get('watch') === 'true' || q.get('watch') === '1';
+
+/**
+ * RequestInfoFactory.NewRequestInfo, for what this server is asked:
+ * /api/VERSION/… and /apis/GROUP/VERSION/…, optionally namespaced, a
+ * collection or a named object (and a subresource); a GET of a collection
+ * is list, or watch with watch=true, and a list or watch whose fieldSelector
+ * pins metadata.name names that object (as the resolver does, so that
+ * resourceNames rules apply). Anything else is a non-resource request.
+ */
+export function requestAttributes(method: string, url: URL): RequestAttributes {
+  const parts = url.pathname.split('/').filter((p) => p !== '');
+  const verbs: Record<string, string> = { POST: 'create', GET: 'get', HEAD: 'get', PUT: 'update', PATCH: 'patch', DELETE: 'delete' };
+  const nonResource = { resourceRequest: false, verb: (method || 'GET').toLowerCase(), path: url.pathname, apiGroup: '', apiVersion: '', namespace: '', resource: '', subresource: '', name: '' };
+  let group = '';
+  let rest: string[];
+  if (parts[0] === 'api' && parts.length >= 3) rest = parts.slice(1);
+  else if (parts[0] === 'apis' && parts.length >= 4) {
+    group = parts[1]!;
+    rest = parts.slice(2);
+  } else return nonResource;
+  const version = rest.shift()!;
+  let namespace = '';
+  if (rest[0] === 'namespaces' && rest.length >= 3) {
+    namespace = rest[1]!;
+    rest = rest.slice(2);
+  }
+  const [resource = '', name = '', subresource = ''] = rest;
+  let verb = verbs[method] ?? method.toLowerCase();
+  let objectName = name;
+  if (name === '' && verb === 'get') {
+    verb = WATCH(url.searchParams) ? 'watch' : 'list';
+    const pinned = (url.searchParams.get('fieldSelector') ?? '').split(',').map((t) => /^metadata\.name==?(.+)$/.exec(t)?.[1]).find((n) => n !== undefined);
+    if (pinned && /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/.test(pinned)) objectName = pinned;
+  } else if (name === '' && verb === 'delete') verb = 'deletecollection';
+  else if (verb === 'get' && WATCH(url.searchParams)) verb = 'watch';
+  return { resourceRequest: true, verb, path: url.pathname, apiGroup: group, apiVersion: version, namespace, resource, subresource, name: objectName };
+}
+
+interface PolicyRule {
+  verbs?: string[];
+  apiGroups?: string[];
+  resources?: string[];
+  resourceNames?: string[];
+  nonResourceURLs?: string[];
+}
+interface Subject {
+  kind: string;
+  name: string;
+  namespace?: string;
+}
+interface RbacObject {
+  kind: string;
+  metadata: { name: string; namespace?: string };
+  rules?: PolicyRule[] | null;
+  roleRef?: { kind: string; name: string };
+  subjects?: Subject[] | null;
+}
+
+const RBAC_KINDS = new Set(['ClusterRole', 'ClusterRoleBinding', 'Role', 'RoleBinding']);
+
+/** rbac/v1 helpers.go: VerbMatches, APIGroupMatches, ResourceMatches, ResourceNameMatches, NonResourceURLMatches. */
+function ruleAllows(a: RequestAttributes, rule: PolicyRule): boolean {
+  const has = (list: readonly string[] | undefined, v: string): boolean => (list ?? []).some((x) => x === '*' || x === v);
+  if (!has(rule.verbs, a.verb)) return false;
+  if (!a.resourceRequest) {
+    return (rule.nonResourceURLs ?? []).some((u) => u === '*' || u === a.path || (u.endsWith('*') && a.path.startsWith(u.slice(0, -1))));
+  }
+  if (!has(rule.apiGroups, a.apiGroup)) return false;
+  const combined = a.subresource ? `${a.resource}/${a.subresource}` : a.resource;
+  const resourceOk = (rule.resources ?? []).some((r) => r === '*' || r === combined || (a.subresource !== '' && r === `*/${a.subresource}`));
+  if (!resourceOk) return false;
+  return !rule.resourceNames?.length || rule.resourceNames.includes(a.name);
+}
+
+/** rbac's appliesToUser: a ServiceAccount subject without a namespace takes the binding's. */
+function subjectMatches(user: UserInfo, s: Subject, bindingNamespace: string): boolean {
+  switch (s.kind) {
+    case 'User':
+      return user.name === s.name;
+    case 'Group':
+      return user.groups.includes(s.name);
+    case 'ServiceAccount': {
+      const ns = s.namespace || bindingNamespace;
+      return ns !== '' && user.name === `system:serviceaccount:${ns}:${s.name}`;
+    }
+    default:
+      return false;
+  }
+}
+
+/**
+ * kube-apiserver's RBAC authorizer (plugin/pkg/auth/authorizer/rbac):
+ * every ClusterRoleBinding's ClusterRole, then, for a namespaced request,
+ * the RoleBindings of that namespace (a Role of it or a ClusterRole); allowed
+ * by the first rule that matches. Roles a binding names that do not exist
+ * are the reason given with a denial ("RBAC: clusterrole… not found").
+ */
+export class Rbac {
+  private readonly objects: RbacObject[];
+
+  /** The RBAC objects among `manifests` (any YAML text: other kinds are skipped). */
+  constructor(manifests: string) {
+    this.objects = parseAllDocuments(manifests)
+      .map((d) => d.toJS() as RbacObject | null)
+      .filter((o): o is RbacObject => o !== null && RBAC_KINDS.has(o.kind));
+    if (this.objects.length === 0) throw new Error('fake apiserver: no RBAC objects in the manifests');
+  }
+
+  authorize(user: UserInfo, a: RequestAttributes): { allowed: boolean; reason: string } {
+    const errors: string[] = [];
+    const find = (kind: string, name: string, namespace = ''): RbacObject | undefined => {
+      const o = this.objects.find((x) => x.kind === kind && x.metadata.name === name && (kind === 'Role' ? x.metadata.namespace === namespace : true));
+      if (!o) errors.push(`${kind.toLowerCase()}.rbac.authorization.k8s.io "${name}" not found`);
+      return o;
+    };
+    const grants = (role: RbacObject | undefined): boolean => (role?.rules ?? []).some((r) => ruleAllows(a, r));
+    for (const b of this.objects.filter((o) => o.kind === 'ClusterRoleBinding')) {
+      if (!(b.subjects ?? []).some((s) => subjectMatches(user, s, ''))) continue;
+      if (b.roleRef?.kind === 'ClusterRole' && grants(find('ClusterRole', b.roleRef.name))) return { allowed: true, reason: '' };
+    }
+    if (a.namespace !== '') {
+      for (const b of this.objects.filter((o) => o.kind === 'RoleBinding' && o.metadata.namespace === a.namespace)) {
+        if (!(b.subjects ?? []).some((s) => subjectMatches(user, s, a.namespace))) continue;
+        const role = b.roleRef?.kind === 'Role' ? find('Role', b.roleRef.name, a.namespace) : b.roleRef?.kind === 'ClusterRole' ? find('ClusterRole', b.roleRef.name) : undefined;
+        if (grants(role)) return { allowed: true, reason: '' };
+      }
+    }
+    const reason = errors.length === 0 ? '' : `RBAC: ${errors.length === 1 ? errors[0] : `[${errors.join(', ')}]`}`;
+    return { allowed: false, reason };
+  }
+}
+
+/**
+ * A denial as kube-apiserver sends it (endpoints/handlers/responsewriters
+ * Forbidden + apierrors.NewForbidden): `GROUPRESOURCE ["NAME"] is forbidden:
+ * User "U" cannot VERB resource "R" in API group "G" at the cluster scope`
+ * (or `in the namespace "NS"`), then `: REASON` if the authorizer gave one.
+ */
+export function forbiddenStatus(user: UserInfo, a: RequestAttributes, reason = ''): { message: string; details: Record<string, string> } {
+  let why: string;
+  if (!a.resourceRequest) why = `User "${user.name}" cannot ${a.verb} path "${a.path}"`;
+  else {
+    const resource = a.subresource ? `${a.resource}/${a.subresource}` : a.resource;
+    const scope = a.namespace ? `in the namespace "${a.namespace}"` : 'at the cluster scope';
+    why = `User "${user.name}" cannot ${a.verb} resource "${resource}" in API group "${a.apiGroup}" ${scope}`;
+  }
+  if (reason) why += `: ${reason}`;
+  const qualified = a.apiGroup ? `${a.resource}.${a.apiGroup}` : a.resource;
+  const message = qualified === '' ? `forbidden: ${why}` : a.name ? `${qualified} "${a.name}" is forbidden: ${why}` : `${qualified} is forbidden: ${why}`;
+  const details = { ...(a.name ? { name: a.name } : {}), ...(a.apiGroup ? { group: a.apiGroup } : {}), ...(a.resource ? { kind: a.resource } : {}) };
+  return { message, details };
+}
+
+/** Makes a CA and a server certificate for 127.0.0.1 signed by it, in `dir` (openssl; a few tens of ms). */
+function makeCertificates(dir: string): { ca: string; cert: string; key: string } {
+  const file = (name: string): string => path.join(dir, name);
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
+  const openssl = (args: string[]): void => void execFileSync('openssl', args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  openssl(['req', '-x509', ...ec, '-keyout', file('ca.key'), '-out', file('ca.crt'), '-days', '2', '-subj', '/CN=lbctl-test-ca']);
+  openssl(['req', ...ec, '-keyout', file('server.key'), '-out', file('server.csr'), '-subj', '/CN=kube-apiserver']);
+  writeFileSync(file('server.ext'), 'subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n');
+  openssl(['x509', '-req', '-in', file('server.csr'), '-CA', file('ca.crt'), '-CAkey', file('ca.key'), '-set_serial', '2', '-days', '2', '-extfile', file('server.ext'), '-out', file('server.crt')]);
+  return { ca: file('ca.crt'), cert: file('server.crt'), key: file('server.key') };
+}
+
+export interface FakeApiServerOptions {
+  /** HTTPS with a certificate for 127.0.0.1 from a CA made for this server (caFile); default plain HTTP. */
+  readonly tls?: boolean;
+}
+
+/** One request as the server saw it; who and what once authenticated. */
+export interface RequestRecord {
+  readonly method: string;
+  readonly url: string;
+  readonly user?: string;
+  readonly verb?: string;
+  /** GROUPRESOURCE as kube-apiserver names it: "services", "endpointslices.discovery.k8s.io"; the path of a non-resource request. */
+  readonly resource?: string;
+  /** 401 or 403 when refused. */
+  readonly refused?: number;
+}
+
 export class FakeApiServer {
   private server!: Server;
   private readonly objects = new Map<string, { resource: Resource; object: Obj }>();
@@ -89,27 +315,75 @@ export class FakeApiServer {
   private compactedRv = 0;
   private dir = '';
   /** Every request, for assertions ("the agent relisted"). */
-  readonly requests: Array<{ method: string; url: string }> = [];
+  readonly requests: RequestRecord[] = [];
   kubeconfig = '';
   port = 0;
+  /** With tls: the CA that signed the server's certificate (a pod's ca.crt). */
+  caFile = '';
+  /** https://127.0.0.1:PORT, or http:// without tls. */
+  url = '';
+
+  /** Bearer tokens and the users they authenticate as; any other token, or none, is 401. */
+  readonly tokens = new Map<string, UserInfo>([['fake-token', LBCTL_SERVICE_ACCOUNT]]);
+
+  /**
+   * The RBAC in force (setRbac()); undefined: every authenticated request
+   * is allowed (the kinds in `forbidden` aside).
+   */
+  rbac: Rbac | undefined;
+
+  constructor(private readonly opts: FakeApiServerOptions = {}) {}
+
+  /** Enforces the RBAC objects among `manifests` from now on (any YAML: `kubectl kustomize deploy`'s output); takes effect at the next request. */
+  setRbac(manifests: string): void {
+    this.rbac = new Rbac(manifests);
+  }
+
+  /**
+   * How many requests each user made, by verb and resource, as
+   * "USER VERB RESOURCE" (RESOURCE as in RequestRecord); refused ones only
+   * with `refused: true`.
+   */
+  requestCounts(opts: { refused?: boolean } = {}): Record<string, number> {
+    const counts: Record<string, number> = {};
+    for (const r of this.requests) {
+      if (r.user === undefined || Boolean(r.refused) !== Boolean(opts.refused)) continue;
+      const key = `${r.user} ${r.verb} ${r.resource}`;
+      counts[key] = (counts[key] ?? 0) + 1;
+    }
+    return counts;
+  }
 
   async start(): Promise<void> {
-    this.server = createServer((req, res) => this.handle(req, res));
+    this.dir = mkdtempSync(path.join(tmpdir(), 'lbctl-fake-apiserver-'));
+    const handler = (req: IncomingMessage, res: ServerResponse): void => this.handle(req, res);
+    if (this.opts.tls) {
+      const { ca, cert, key } = makeCertificates(this.dir);
+      this.caFile = ca;
+      this.server = createHttpsServer({ cert: readFileSync(cert), key: readFileSync(key) }, handler);
+    } else {
+      this.server = createServer(handler);
+    }
     this.server.on('connection', (s) => {
       this.sockets.add(s);
       s.on('close', () => this.sockets.delete(s));
     });
     await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
     this.port = (this.server.address() as AddressInfo).port;
-    this.dir = mkdtempSync(path.join(tmpdir(), 'lbctl-fake-apiserver-'));
+    this.url = `${this.opts.tls ? 'https' : 'http'}://127.0.0.1:${this.port}`;
     this.kubeconfig = path.join(this.dir, 'kubeconfig');
     writeFileSync(
       this.kubeconfig,
       stringify({
         apiVersion: 'v1',
         kind: 'Config',
-        // client-node refuses plain HTTP unless TLS verification is off (there is no TLS to verify).
-        clusters: [{ name: 'fake', cluster: { server: `http://127.0.0.1:${this.port}`, 'insecure-skip-tls-verify': true } }],
+        clusters: [
+          {
+            name: 'fake',
+            // client-node refuses plain HTTP unless TLS verification is off (there is no TLS to verify).
+            cluster: this.opts.tls ? { server: this.url, 'certificate-authority': this.caFile } : { server: this.url, 'insecure-skip-tls-verify': true },
+          },
+        ],
         users: [{ name: 'lbctl', user: { token: 'fake-token' } }],
         contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'lbctl' } }],
         'current-context': 'fake',
@@ -251,9 +525,9 @@ export class FakeApiServer {
     return undefined;
   }
 
-  private status(res: ServerResponse, code: number, reason: string, message: string): void {
+  private status(res: ServerResponse, code: number, reason: string, message: string, details?: Record<string, string>): void {
     res.writeHead(code, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code }));
+    res.end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, ...(details ? { details } : {}), code }));
   }
 
   /** While unavailable, every request gets 503, as from an API server that is down. */
@@ -266,18 +540,36 @@ export class FakeApiServer {
   readonly forbidden = new Set<string>();
 
   private handle(req: IncomingMessage, res: ServerResponse): void {
-    this.requests.push({ method: req.method ?? 'GET', url: req.url ?? '' });
+    const record: { -readonly [K in keyof RequestRecord]: RequestRecord[K] } = { method: req.method ?? 'GET', url: req.url ?? '' };
+    this.requests.push(record);
     if (!this.available) return this.status(res, 503, 'ServiceUnavailable', 'the fake API server is down');
     const url = new URL(req.url ?? '/', 'http://fake');
-    if (req.headers.authorization !== 'Bearer fake-token') return this.status(res, 401, 'Unauthorized', 'Unauthorized');
+    // Authentication, then authorization, then the handler: kube-apiserver's order.
+    const auth = /^Bearer (.+)$/.exec(req.headers.authorization ?? '');
+    const user = auth ? this.tokens.get(auth[1]!) : undefined;
+    if (!user) {
+      record.refused = 401;
+      return this.status(res, 401, 'Unauthorized', 'Unauthorized');
+    }
+    const attrs = requestAttributes(record.method, url);
+    record.user = user.name;
+    record.verb = attrs.verb;
+    record.resource = !attrs.resourceRequest ? attrs.path : attrs.apiGroup ? `${attrs.resource}.${attrs.apiGroup}` : attrs.resource;
+    const decision = this.rbac?.authorize(user, attrs);
+    if (decision && !decision.allowed) {
+      record.refused = 403;
+      const { message, details } = forbiddenStatus(user, attrs, decision.reason);
+      return this.status(res, 403, 'Forbidden', message, details);
+    }
     const route = this.route(url.pathname);
     if (req.method !== 'GET' || !route) return this.status(res, 404, 'NotFound', `the server could not find ${url.pathname}`);
     const { resource, namespace } = route;
     if (this.forbidden.has(resource.kind)) {
+      record.refused = 403;
       const verb = url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1' ? 'watch' : 'list';
       const scope = namespace ? `in the namespace "${namespace}"` : 'at the cluster scope';
       const group = resource.apiVersion.includes('/') ? resource.apiVersion.split('/')[0] : '';
-      return this.status(res, 403, 'Forbidden', `${resource.plural} is forbidden: User "system:serviceaccount:kube-system:lbctl" cannot ${verb} resource "${resource.plural}" in API group "${group}" ${scope}`);
+      return this.status(res, 403, 'Forbidden', `${resource.plural} is forbidden: User "${user.name}" cannot ${verb} resource "${resource.plural}" in API group "${group}" ${scope}`);
     }
     const labels = labelMatcher(url.searchParams.get('labelSelector'));
     const fields = fieldMatcher(url.searchParams.get('fieldSelector'));
