@@ -161,7 +161,12 @@ export class Health {
     this.readyz = [
       ping,
       datapath,
-      check('source-synced', () => (view.sourceSynced() ? { ok: true } : { ok: false, message: 'the source has not delivered its initial state yet' })),
+      check('source-synced', () => {
+        if (view.sourceSynced()) return { ok: true };
+        // What the source says it is waiting on (a list the API server refuses, and why).
+        const notes = view.source().notes;
+        return { ok: false, message: `the source has not delivered its initial state yet${notes.length > 0 ? `: ${notes.join('; ')}` : ''}` };
+      }),
       check('synced', () => this.synced()),
     ];
   }

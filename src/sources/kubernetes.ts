@@ -127,7 +127,11 @@ class GoneError extends Error {
 class Reflector<T> {
   readonly items = new Map<string, T>();
   synced = false;
-  /** The last list or watch error: the reason given when the source goes on without this kind. */
+  /**
+   * The last list or watch error, until a list or watch succeeds again: the
+   * reason given when the source goes on without this kind, and a note of
+   * the source's status meanwhile (an RBAC rule missing, a token refused).
+   */
   lastError: string | undefined;
   private resourceVersion: string | undefined;
   private failures = 0;
@@ -191,6 +195,7 @@ class Reflector<T> {
     } while (cont);
     for (const id of this.items.keys()) if (!seen.has(id)) this.remove(id);
     this.resourceVersion = rv;
+    this.lastError = undefined;
     if (!this.synced) {
       this.synced = true;
       this.changed();
@@ -219,6 +224,7 @@ class Reflector<T> {
     try {
       const res = await apiGet(this.kc, this.path, params, abort.signal);
       if (res.status !== 200) throw await httpError(res, this.path);
+      this.lastError = undefined;
       await readLines(res.body as unknown as AsyncIterable<Buffer>, MAX_WATCH_EVENT_BYTES, (line) => {
         if (this.stopped) return false;
         let event: unknown;
@@ -517,11 +523,19 @@ export class KubernetesSource implements Source {
   /**
    * Synced once Services and EndpointSlices have listed, and the Node has
    * too or its grace is over; complete as soon as synced (the Node decides
-   * nothing about what may be removed).
+   * nothing about what may be removed). The notes say what is failing: each
+   * kind whose list or watch is being retried, with the API server's answer
+   * (a 403 names the resource, verb and API group the RBAC does not grant).
    */
   status(): SourceStatus {
     const synced = Boolean(this.services?.synced && this.slices?.synced && (this.nodes?.synced || this.nodeWaitOver));
-    return { synced, complete: synced, ...(this.nodeMissing ? { notes: [`without this node's Node (zone hints ignored): ${this.nodeMissingReason}`] } : {}) };
+    const notes: string[] = [];
+    if (this.nodeMissing) notes.push(`without this node's Node (zone hints ignored): ${this.nodeMissingReason}`);
+    for (const r of [this.services, this.slices, this.nodes]) {
+      // A missing Node's note already gives its error.
+      if (r?.lastError !== undefined && !(r.kind === 'Node' && this.nodeMissing)) notes.push(`${r.kind} list or watch failing, retrying: ${r.lastError}`);
+    }
+    return { synced, complete: synced, ...(notes.length > 0 ? { notes } : {}) };
   }
 
   /** Every event and status change of the reflectors passes here on its way to the agent. */

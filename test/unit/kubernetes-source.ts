@@ -131,7 +131,9 @@ t.test('Services or EndpointSlices that cannot be listed still gate the first sy
     const src = await run();
     const path = kind === 'Service' ? '/api/v1/services?' : '/apis/discovery.k8s.io/v1/endpointslices?';
     await until(`${kind} lists to be refused a few times`, () => api.requests.filter((r) => r.url.startsWith(path)).length >= 3);
-    t.same(src.status(), { synced: false, complete: false }, `${kind} forbidden: not synced`);
+    const [resource, group] = kind === 'Service' ? ['services', ''] : ['endpointslices', 'discovery.k8s.io'];
+    const refused = `list ${path.slice(0, -1)}: HTTP 403: ${resource} is forbidden: User "system:serviceaccount:kube-system:lbctl" cannot list resource "${resource}" in API group "${group}" at the cluster scope`;
+    t.same(src.status(), { synced: false, complete: false, notes: [`${kind} list or watch failing, retrying: ${refused}`] }, `${kind} forbidden: not synced, and a note says why`);
     await src.stop();
   }
 });
