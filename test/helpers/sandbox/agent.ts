@@ -169,6 +169,12 @@ export interface AgentPlace {
   sourceArgs: string[];
   /** A network namespace (/run/netns/NAME) to run in, through nsenter (which keeps bpffs and cgroup2 visible): a "node". */
   readonly netns?: string;
+  /**
+   * A command the agent's command line is handed to (`unshare … sh -c '…;
+   * exec "$@"' …`: a pod's mount namespace and environment). It must exec
+   * the agent, so that the pid started is the agent's.
+   */
+  wrap?: readonly string[];
 }
 
 /**
@@ -189,12 +195,13 @@ export class AgentSlot {
   /** Spawns the agent and waits for its first sync. */
   async start(extraArgs: readonly string[] = []): Promise<SyncReport> {
     if (this.agent?.running) throw new Error('the agent is already running');
-    const { cgroup, bpfRoot, apiSocket, sourceArgs, runDir, netns } = this.place;
-    // nsenter execs lbctl in the node's namespace: the pid stays the agent's.
+    const { cgroup, bpfRoot, apiSocket, sourceArgs, runDir, netns, wrap = [] } = this.place;
+    // nsenter execs lbctl in the node's namespace, as `wrap` must: the pid stays the agent's.
+    const command = [...wrap, ...(netns ? ['nsenter', `--net=/run/netns/${netns}`] : []), LBCTL];
     const proc = spawn(
-      netns ? 'nsenter' : LBCTL,
+      command[0]!,
       [
-        ...(netns ? [`--net=/run/netns/${netns}`, LBCTL] : []),
+        ...command.slice(1),
         'agent',
         ...sourceArgs,
         '--cgroup',
