@@ -12,11 +12,12 @@
 // namespace, and the tmpfs, go with the agent's process.
 import { execFileSync } from 'node:child_process';
 import { copyFileSync, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
+import { get as httpsGet } from 'node:https';
 import { createServer, type AddressInfo } from 'node:net';
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { parseAllDocuments, stringify } from 'yaml';
-import { FakeApiServer, LBCTL_SERVICE_ACCOUNT } from '../helpers/fake-apiserver.js';
+import { FakeApiServer, LBCTL_SERVICE_ACCOUNT, serviceAccountUser } from '../helpers/fake-apiserver.js';
 import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, ROOT, run, SLOW, type ExecResult, type Sandbox } from '../helpers/sandbox.js';
 
 t.setTimeout(240_000 * SLOW);
@@ -244,4 +245,83 @@ t.test('--master: the in-cluster address is dead, the API server is named direct
   t.same(await frontends(sb), [`${WEB}:80/TCP -> ${sb.backends[0]!.v4}:${HTTP_PORT}`]);
   t.match((await status(sb)).stdout, `Source:      kubernetes:${api.url}\n`);
   t.ok(api.requests.length > 0 && api.requests.every((r) => r.user === SA && !r.refused), 'as the service account, over the pod’s CA');
+});
+
+// The authorizer above is the test API server's; these are the RBAC rules it
+// follows beyond deploy/'s (kube-apiserver's: plugin/pkg/auth/authorizer/rbac).
+t.test("the test API server's RBAC: namespaced Roles, groups, wildcards, resourceNames, a missing role", async (t) => {
+  const api = new FakeApiServer({ tls: true });
+  await api.start();
+  t.teardown(() => api.stop());
+  const ca = readFileSync(api.caFile);
+  api.tokens.set('bob', { name: 'bob', groups: ['team', 'system:authenticated'] });
+  api.tokens.set('carol', { name: 'carol', groups: ['system:authenticated'] });
+  api.tokens.set('dave', serviceAccountUser('kube-system', 'dave'));
+  api.setRbac(`apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader, namespace: default}
+rules: [{apiGroups: [""], resources: [services], verbs: [list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: team-reads, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
+subjects: [{kind: Group, name: team}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: watch-all}
+rules: [{apiGroups: ["*"], resources: ["*"], verbs: [watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: carol-watches, namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: watch-all}
+subjects: [{kind: User, name: carol}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: own-node}
+rules: [{apiGroups: [""], resources: [nodes], resourceNames: [${NODE}], verbs: [list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: own-node}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: own-node}
+subjects: [{kind: Group, name: team}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: dave}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: missing}
+subjects: [{kind: ServiceAccount, name: dave, namespace: kube-system}]
+`);
+  const ask = (token: string, p: string): Promise<{ code: number; message?: string }> =>
+    new Promise((resolve, reject) => {
+      httpsGet(`${api.url}${p}`, { ca, headers: { authorization: `Bearer ${token}` } }, (res) => {
+        // A watch streams until its timeoutSeconds: its status is the answer.
+        if (res.statusCode === 200) {
+          res.destroy();
+          return resolve({ code: 200 });
+        }
+        let body = '';
+        res.on('data', (d: Buffer) => (body += d.toString()));
+        res.on('end', () => resolve({ code: res.statusCode!, message: (JSON.parse(body) as { message: string }).message }));
+      }).on('error', reject);
+    });
+  t.same(await ask('bob', '/api/v1/namespaces/default/services'), { code: 200 }, 'a Role binds a group in its namespace');
+  t.same(await ask('bob', '/api/v1/namespaces/other/services'), { code: 403, message: 'services is forbidden: User "bob" cannot list resource "services" in API group "" in the namespace "other"' }, 'and nowhere else');
+  t.same(await ask('bob', '/api/v1/services'), { code: 403, message: 'services is forbidden: User "bob" cannot list resource "services" in API group "" at the cluster scope' }, 'not cluster-wide');
+  t.same(await ask('carol', '/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?watch=true&timeoutSeconds=1'), { code: 200 }, "a RoleBinding to a ClusterRole of wildcards: watch anything in the binding's namespace");
+  t.same(await ask('carol', '/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices'), { code: 403, message: 'endpointslices.discovery.k8s.io is forbidden: User "carol" cannot list resource "endpointslices" in API group "discovery.k8s.io" in the namespace "kube-system"' }, 'only the verb granted');
+  t.same(await ask('bob', `/api/v1/nodes?fieldSelector=metadata.name%3D${NODE}`), { code: 200 }, 'resourceNames: a list pinned to the name by its field selector');
+  t.same(await ask('bob', '/api/v1/nodes'), { code: 403, message: 'nodes is forbidden: User "bob" cannot list resource "nodes" in API group "" at the cluster scope' }, 'but not every node');
+  t.same(await ask('dave', '/api/v1/services'), { code: 403, message: 'services is forbidden: User "system:serviceaccount:kube-system:dave" cannot list resource "services" in API group "" at the cluster scope: RBAC: clusterrole.rbac.authorization.k8s.io "missing" not found' }, 'a binding to a missing role: the reason says so');
+  t.same(await ask('eve', '/api/v1/services'), { code: 401, message: 'Unauthorized' }, 'an unknown token');
+  t.same(api.requestCounts({ refused: true }), {
+    'bob list services': 2,
+    'carol list endpointslices.discovery.k8s.io': 1,
+    'bob list nodes': 1,
+    'system:serviceaccount:kube-system:dave list services': 1,
+  }, 'refusals counted by user, verb and resource');
 });
