@@ -223,7 +223,7 @@ class Reflector<T> {
     }, (params.timeoutSeconds + 60) * 1000);
     try {
       const res = await apiGet(this.kc, this.path, params, abort.signal);
-      if (res.status !== 200) throw await httpError(res, this.path);
+      if (res.status !== 200) throw await httpError(res, `watch ${this.path}`);
       this.lastError = undefined;
       await readLines(res.body as unknown as AsyncIterable<Buffer>, MAX_WATCH_EVENT_BYTES, (line) => {
         if (this.stopped) return false;
@@ -421,7 +421,7 @@ async function listPage(kc: KubeConfig, path: string, query: Query, stop: AbortS
  * else (no get, no writes, no events). The reflectors' paths are built from
  * this table, so it is the whole of the agent's RBAC needs: deploy/rbac.yaml
  * is checked against it (test/deploy/manifests.ts), and the test API server
- * enforces that ClusterRole on the agent (test/e2e/in-cluster.ts).
+ * enforces that ClusterRole on the agent (test/deploy/in-cluster.ts).
  */
 export const API_ACCESS = {
   Service: { group: '', version: 'v1', resource: 'services', verbs: ['list', 'watch'] },

@@ -209,8 +209,8 @@ t.test('a rule missing from the ClusterRole: not ready, and the log, lbctl statu
   api.dropWatches();
   await sb.waitUntil(() => failures(sb, 'Service', mark).some((e) => e.includes('HTTP 403')), 'the Service watch refused');
   const watchDenied = `services is forbidden: User "${SA}" cannot watch resource "services" in API group "" at the cluster scope`;
-  t.equal(failures(sb, 'Service', mark).find((e) => e.includes('HTTP 403')), `/api/v1/services: HTTP 403: ${watchDenied}`, 'the log names the verb refused');
-  t.match((await status(sb)).stdout, `  note: Service list or watch failing, retrying: /api/v1/services: HTTP 403: ${watchDenied}\n`, 'lbctl status notes it');
+  t.equal(failures(sb, 'Service', mark).find((e) => e.includes('HTTP 403')), `watch /api/v1/services: HTTP 403: ${watchDenied}`, 'the log names the verb refused');
+  t.match((await status(sb)).stdout, `  note: Service list or watch failing, retrying: watch /api/v1/services: HTTP 403: ${watchDenied}\n`, 'lbctl status notes it');
   t.equal((await readyz(sb)).status, 200, 'still ready');
   const restored = api.requests.length;
   api.setRbac(DEPLOY);
