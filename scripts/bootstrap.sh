@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what lbctl needs to build, test and demo (and, with --bench, to
-# benchmark), and only what is missing.
+# benchmark; with --image, to build the container image), and only what is
+# missing.
 # Idempotent: a second run on a ready machine installs nothing and touches no
 # network. Debian packages first, then `npm ci` when node_modules is stale.
 set -euo pipefail
@@ -40,6 +41,16 @@ if [[ ${1:-} == --bench ]]; then
     "cc:gcc"
     "taskset:util-linux"
     "gnuplot:gnuplot-nox"
+  )
+fi
+
+# `make image` (scripts/image/build.sh): a Debian rootfs and its OCI image,
+# with no container engine. mmtarfilter comes with mmdebstrap.
+if [[ ${1:-} == --image ]]; then
+  need+=(
+    "mmdebstrap:mmdebstrap"
+    "mmtarfilter:mmdebstrap"
+    "umoci:umoci"
   )
 fi
 
