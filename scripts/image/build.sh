@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# `make image`: the container image of the Dockerfile, built without a
+# container engine or registry, from Debian packages only:
+#
+#   layer 1  Debian trixie minbase + the runtime packages the Dockerfile's
+#            last stage pins (mmdebstrap; cached by the pins, see below)
+#   layer 2  /opt/lbctl: the files of FILES below, from this checkout's build
+#            (make bpf native ts), i.e. what the Dockerfile COPYs from its
+#            build stage
+#
+# packed with umoci into an OCI image layout and tarred: OUT (an
+# oci-archive, for `podman load -i`, `skopeo copy oci-archive:OUT:VERSION`
+# and `ctr images import`; docs/image.md).
+#
+# The objects, addon and bundle come from this host (Debian bookworm: libbpf
+# 1.1 headers, node 20) and run on trixie's libbpf 1.5 and node 20: the
+# addon links libbpf.so.1, which both provide, and uses no libbpf API newer
+# than 1.1; test/deploy/image.ts runs the image's `lbctl version` and
+# `lbctl agent` to prove the addon loads and works there.
+#
+# Usage: build.sh OUT.oci.tar   (run from the repository root, as root)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=${1:?usage: build.sh OUT.oci.tar}
+version=$(node -p "require('./package.json').version")
+suite=trixie
+mirror="deb http://deb.debian.org/debian $suite main"
+cache=${LBCTL_IMAGE_CACHE:-$HOME/.cache/lbctl/image}
+log() { echo "image: $*" >&2; }
+
+# What lands in /opt/lbctl: the Dockerfile COPYs the same paths (the test
+# compares them). bin/lbctl is the CLI for `kubectl exec … lbctl status`;
+# package.json marks the ESM bundle as a module (and carries the version).
+# The agent loads the five objects from bpf/.output next to the bundle
+# (src/datapath/{loader,features,nodeport,terminate}.ts); abi.bpf.o and the
+# test objects are never loaded, so they stay out. No node_modules: the
+# esbuild bundle is self-contained (its only bare requires are the optional
+# bufferutil, utf-8-validate and encoding, each behind a try).
+FILES=(
+  package.json
+  bin/lbctl
+  dist/bundle/lbctl.js
+  build/Release/lb_native.node
+  bpf/.output/sock.bpf.o
+  bpf/.output/sock_compat.bpf.o
+  bpf/.output/nodeport.bpf.o
+  bpf/.output/sock_destroy.bpf.o
+  bpf/.output/probe.bpf.o
+)
+
+# The runtime packages, name=version, from the Dockerfile's last stage: the
+# one list both builds install, so a version bump is one edit.
+mapfile -t packages < <(awk -v last="$(grep -c '^FROM ' Dockerfile)" '/^FROM /{n++} n==last' Dockerfile |
+  sed -e :a -e '/\\$/N; s/\\\n//; ta' | grep -E '^RUN .*apt-get( -[^ ]+)* install' |
+  grep -oE '(^|[[:space:]])[a-z0-9][a-z0-9.+-]*=[0-9][^[:space:]]*' | sed 's/^[[:space:]]*//' | sort -u)
+((${#packages[@]})) || { log "no name=version packages found in the Dockerfile's last stage"; exit 1; }
+
+for f in "${FILES[@]}"; do
+  [[ -f $f ]] || { log "$f is missing: run make build first"; exit 1; }
+done
+
+mkdir -p "$cache/debs" "$(dirname "$out")"
+work=$(mktemp -d "${TMPDIR:-/tmp}/lbctl-image.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# Layer 1, cached by everything that decides its contents: a second
+# `make image` (a code change) reuses it and touches no network. The .debs
+# are cached too (sync-in/sync-out, mmdebstrap(1)), so a pin bump downloads
+# only what changed.
+dpkgopts=(
+  # What debian:trixie-slim leaves out (its /etc/dpkg/dpkg.cfg.d/docker):
+  # documentation, man pages, locales; copyright files stay.
+  'path-exclude=/usr/share/doc/*'
+  'path-include=/usr/share/doc/*/copyright'
+  'path-exclude=/usr/share/man/*'
+  'path-exclude=/usr/share/info/*'
+  'path-exclude=/usr/share/groff/*'
+  'path-exclude=/usr/share/lintian/*'
+  'path-exclude=/usr/share/locale/*'
+)
+key=$( (printf '%s\n' "$suite" "$mirror" "${packages[@]}" "${dpkgopts[@]}"; sed -n '/^# layer1:begin/,/^# layer1:end/p' "$0") |
+  sha256sum | cut -c1-16)
+base=$cache/base-$key.tar
+if [[ ! -s $base ]]; then
+  log "layer 1: Debian $suite minbase + ${packages[*]} (mmdebstrap; .debs cached in $cache/debs)"
+  args=()
+  for o in "${dpkgopts[@]}"; do args+=(--dpkgopt="$o"); done
+  # layer1:begin
+  # --skip=essential/unlink keeps the downloaded .debs for sync-out.
+  # resolv.conf and hostname are the host's: the runtime provides its own.
+  # Trixie's keys come from this machine's debian-archive-keyring; the
+  # machine's own apt sources are never touched.
+  SOURCE_DATE_EPOCH=0 mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
+    --include="$(IFS=,; echo "${packages[*]}")" \
+    "${args[@]}" \
+    --skip=essential/unlink \
+    --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
+    --setup-hook="sync-in $cache/debs /var/cache/apt/archives/" \
+    --customize-hook="sync-out /var/cache/apt/archives $cache/debs" \
+    --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb "$1"/etc/resolv.conf "$1"/etc/hostname' \
+    "$suite" "$work/base-dev.tar" "$mirror"
+  # The runtime mounts /dev; device nodes have no place in a layer.
+  mmtarfilter --path-exclude='/dev/*' <"$work/base-dev.tar" >"$work/base.tar"
+  # layer1:end
+  mv "$work/base.tar" "$base"
+  # Older base layers of other pins are dead weight.
+  find "$cache" -maxdepth 1 -name 'base-*.tar' ! -name "base-$key.tar" -delete
+fi
+
+log "layer 2: /opt/lbctl (${#FILES[@]} files from this checkout)"
+mkdir -p "$work/app/opt/lbctl" "$work/app/usr/local/bin"
+for f in "${FILES[@]}"; do
+  install -D -m "$(stat -c %a "$f")" "$f" "$work/app/opt/lbctl/$f"
+done
+ln -s /opt/lbctl/bin/lbctl "$work/app/usr/local/bin/lbctl"
+epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
+tar -C "$work/app" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" -cf "$work/app.tar" .
+
+# The image: both layers and the config the Dockerfile's ENTRYPOINT, CMD,
+# ENV, STOPSIGNAL and LABELs give (keep the two in step).
+layout=$work/oci
+umoci init --layout "$layout"
+umoci new --image "$layout:$version"
+created=$(date -u -d "@$epoch" +%FT%TZ)
+umoci raw add-layer --image "$layout:$version" --history.created "$created" \
+  --history.created_by "mmdebstrap --variant=minbase $suite + ${packages[*]}" "$base"
+umoci raw add-layer --image "$layout:$version" --history.created "$created" \
+  --history.created_by "COPY /opt/lbctl (${FILES[*]})" "$work/app.tar"
+umoci config --image "$layout:$version" --created "$created" --author lbctl \
+  --os linux --architecture amd64 \
+  --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  --config.env MALLOC_ARENA_MAX=1 \
+  --config.env MALLOC_MMAP_THRESHOLD_=65536 \
+  --config.env MALLOC_TRIM_THRESHOLD_=1048576 \
+  --config.env NODE_EXTRA_CA_CERTS= \
+  --config.entrypoint /usr/bin/node \
+  --config.entrypoint=--expose-gc \
+  --config.entrypoint=--max-semi-space-size=2 \
+  --config.entrypoint /opt/lbctl/dist/bundle/lbctl.js \
+  --config.cmd agent \
+  --config.workingdir / \
+  --config.stopsignal SIGTERM \
+  --config.label org.opencontainers.image.title=lbctl \
+  --config.label "org.opencontainers.image.version=$version" \
+  --config.label org.opencontainers.image.licenses=Apache-2.0 \
+  --config.label "org.opencontainers.image.description=eBPF service load balancer: a kube-proxy replacement"
+umoci gc --layout "$layout"
+
+tar -C "$layout" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" -cf "$out.tmp" .
+mv "$out.tmp" "$out"
+log "$out: $(du -h "$out" | cut -f1), tag $version"
