@@ -29,7 +29,7 @@ TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 BUNDLE    := dist/bundle/lbctl.js
 
-.PHONY: all build bootstrap bpf native ts gen check-gen typecheck vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
 
 all: build
 
@@ -105,6 +105,20 @@ check-gen: $(BPF_OBJS)
 	  || { echo "src/datapath/abi.gen.ts is stale: run 'make gen' and commit it" >&2; \
 	       node scripts/gen-abi.mjs --bpftool $(BPFTOOL) $(BPF_OBJS) | diff -u src/datapath/abi.gen.ts - | head -40 >&2; exit 1; }
 
+# The container image of the Dockerfile, built without a container engine
+# (scripts/image/build.sh, docs/image.md): an OCI archive for podman load,
+# skopeo or ctr. Debian packages come from trixie through mmdebstrap; they
+# and the base layer are cached in ~/.cache/lbctl/image.
+VERSION   := $(shell node -p "require('./package.json').version" 2>/dev/null)
+IMAGE     := build/image/lbctl-$(VERSION).oci.tar
+IMAGE_FILES := package.json bin/lbctl $(BUNDLE) $(NATIVE) $(addprefix $(OUT)/,sock.bpf.o sock_compat.bpf.o nodeport.bpf.o sock_destroy.bpf.o probe.bpf.o)
+
+image: build $(IMAGE)
+
+$(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES)
+	@bash scripts/bootstrap.sh --image
+	bash scripts/image/build.sh $@
+
 # Type-checks the tests too (tap runs them transpile-only).
 typecheck: $(STAMP)
 	npx --no-install tsc -p tsconfig.test.json
@@ -116,8 +130,8 @@ test: test-host test-vm
 test-vm: build typecheck
 	VMTEST_SKIP_HOST=1 VMTEST_PROFILE=test bash scripts/vmtest/vmtest.sh
 
-test-host: build typecheck
-	npx --no-install tap test/unit test/native test/bpf test/e2e
+test-host: build typecheck image
+	npx --no-install tap test/unit test/native test/bpf test/e2e test/deploy
 
 test-unit: build
 	npx --no-install tap test/unit
