@@ -1,0 +1,412 @@
+// The container image (Dockerfile, `make image`, docs/image.md). The archive
+// `make image` builds is unpacked layer by layer, and then:
+//   - it must be what the Dockerfile describes: the runtime packages at the
+//     versions pinned there (the image's dpkg status), the files COPYed into
+//     /opt/lbctl (and no others), ENTRYPOINT, CMD, ENV, STOPSIGNAL, LABELs;
+//     every object the agent loads is shipped, and the bundle needs no
+//     node_modules;
+//   - its `lbctl version` loads the addon against the image's libbpf (the
+//     addon is built on this host, against bookworm's libbpf 1.1 headers);
+//   - its `lbctl agent`, as PID 1 of a pid namespace in a chroot of the
+//     rootfs (a container without a container engine: /proc, /sys with
+//     bpffs and the cgroup2 mount, /dev), programs a sandbox's service so a
+//     client reaches the backend, answers /readyz, and on SIGTERM exits and
+//     leaves the datapath attached.
+// The archive is rebuilt first when make says it is stale.
+import t from 'tap';
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
+import { builtinModules } from 'node:module';
+import os from 'node:os';
+import path from 'node:path';
+import { AgentProcess, createSandbox, HTTP_PORT, ROOT, run, SLOW } from '../helpers/sandbox.js';
+import { serviceWithBackends } from '../helpers/manifests.js';
+import { killPid, recordPid } from '../helpers/sandbox/run.js';
+import { PREFIX } from '../helpers/sandbox/topology.js';
+
+const VERSION = (JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
+const IMAGE_REL = `build/image/lbctl-${VERSION}.oci.tar`;
+const IMAGE = path.join(ROOT, IMAGE_REL);
+const IS_ROOT = process.getuid?.() === 0;
+const VIP = '10.96.0.10';
+
+// ------------------------------------------------------------ the Dockerfile
+
+interface DockerfileStage {
+  readonly from: string;
+  /** name → version of every `name=version` an `apt-get install` names. */
+  readonly packages: Map<string, string>;
+  /** Destination paths of every COPY, one per file. */
+  readonly copied: string[];
+  /** [target, link] of every `ln -s` a RUN makes. */
+  readonly links: Array<[string, string]>;
+  readonly env: Record<string, string>;
+  readonly labels: Record<string, string>;
+  readonly entrypoint: string[];
+  readonly cmd: string[];
+  readonly stopSignal: string | undefined;
+}
+
+/** The Dockerfile's last stage (the image), with continuation lines joined and comment lines dropped, as docker reads it. */
+function parseDockerfile(text: string): DockerfileStage {
+  const instructions: string[] = [];
+  let pending = '';
+  for (const line of text.split('\n')) {
+    if (/^\s*#/.test(line)) continue;
+    const cont = /\\\s*$/.test(line);
+    pending += (pending ? ' ' : '') + line.replace(/\\\s*$/, '').trim();
+    if (!cont) {
+      if (pending.trim()) instructions.push(pending.trim());
+      pending = '';
+    }
+  }
+  if (pending.trim()) instructions.push(pending.trim());
+  const lastFrom = instructions.map((i) => /^FROM\s/i.test(i)).lastIndexOf(true);
+  if (lastFrom < 0) throw new Error('the Dockerfile has no FROM');
+
+  const stage: DockerfileStage = {
+    from: instructions[lastFrom]!.split(/\s+/)[1]!,
+    packages: new Map(),
+    copied: [],
+    links: [],
+    env: {},
+    labels: {},
+    entrypoint: [],
+    cmd: [],
+    stopSignal: undefined,
+  };
+  const pairs = (s: string): Array<[string, string]> =>
+    [...s.matchAll(/([\w.-]+)=(?:"([^"]*)"|(\S*))/g)].map((m) => [m[1]!, m[2] ?? m[3] ?? '']);
+  const mutable = stage as { -readonly [K in keyof DockerfileStage]: DockerfileStage[K] };
+  for (const ins of instructions.slice(lastFrom + 1)) {
+    const [op, ...rest] = ins.split(/\s+/);
+    const args = rest.join(' ');
+    switch (op!.toUpperCase()) {
+      case 'RUN':
+        for (const cmd of args.split(/&&|;/).map((c) => c.trim().split(/\s+/))) {
+          if (cmd[0] === 'apt-get' && cmd.includes('install')) {
+            for (const tok of cmd) {
+              const m = /^([a-z0-9][a-z0-9.+-]*)=(.+)$/.exec(tok);
+              if (m) stage.packages.set(m[1]!, m[2]!);
+            }
+          }
+          if (cmd[0] === 'ln' && cmd[1] === '-s' && cmd.length === 4) stage.links.push([cmd[2]!, cmd[3]!]);
+        }
+        break;
+      case 'COPY': {
+        const paths = rest.filter((a) => !a.startsWith('--'));
+        const dest = paths.pop()!;
+        if (dest.endsWith('/')) for (const src of paths) stage.copied.push(dest + path.basename(src));
+        else if (paths.length === 1) stage.copied.push(dest);
+        else throw new Error(`COPY of several files to ${dest}, which does not end with /`);
+        break;
+      }
+      case 'ENV':
+        Object.assign(stage.env, Object.fromEntries(pairs(args)));
+        break;
+      case 'LABEL':
+        Object.assign(stage.labels, Object.fromEntries(pairs(args)));
+        break;
+      case 'ENTRYPOINT':
+        mutable.entrypoint = JSON.parse(args) as string[];
+        break;
+      case 'CMD':
+        mutable.cmd = JSON.parse(args) as string[];
+        break;
+      case 'STOPSIGNAL':
+        mutable.stopSignal = args;
+        break;
+    }
+  }
+  return stage;
+}
+
+// -------------------------------------------------------------- the archive
+
+interface ImageConfig {
+  config: {
+    Entrypoint?: string[];
+    Cmd?: string[];
+    Env?: string[];
+    Labels?: Record<string, string>;
+    StopSignal?: string;
+  };
+}
+
+interface Unpacked {
+  readonly rootfs: string;
+  readonly refName: string;
+  readonly config: ImageConfig;
+}
+
+/** Extracts the archive's one image, layer over layer, into `dir`/rootfs. Our layers have no whiteouts (checked). */
+function unpack(archive: string, dir: string): Unpacked {
+  const layout = path.join(dir, 'layout');
+  const rootfs = path.join(dir, 'rootfs');
+  mkdirSync(layout);
+  mkdirSync(rootfs);
+  execFileSync('tar', ['-xf', archive, '-C', layout]);
+  const blob = (digest: string): string => path.join(layout, 'blobs', ...digest.split(':'));
+  const index = JSON.parse(readFileSync(path.join(layout, 'index.json'), 'utf8')) as {
+    manifests: Array<{ digest: string; annotations?: Record<string, string> }>;
+  };
+  if (index.manifests.length !== 1) throw new Error(`the archive holds ${index.manifests.length} images, not one`);
+  const desc = index.manifests[0]!;
+  const manifest = JSON.parse(readFileSync(blob(desc.digest), 'utf8')) as {
+    config: { digest: string };
+    layers: Array<{ digest: string; mediaType: string }>;
+  };
+  for (const layer of manifest.layers) {
+    if (!layer.mediaType.endsWith('tar+gzip')) throw new Error(`layer ${layer.digest}: ${layer.mediaType}, not tar+gzip`);
+    const names = execFileSync('tar', ['-tzf', blob(layer.digest)], { encoding: 'utf8', maxBuffer: 64 << 20 });
+    if (/(^|\/)\.wh\./m.test(names)) throw new Error(`layer ${layer.digest} has whiteouts, which this unpacker does not apply`);
+    execFileSync('tar', ['-xzf', blob(layer.digest), '-C', rootfs, '--numeric-owner']);
+  }
+  return {
+    rootfs,
+    refName: desc.annotations?.['org.opencontainers.image.ref.name'] ?? '',
+    config: JSON.parse(readFileSync(blob(manifest.config.digest), 'utf8')) as ImageConfig,
+  };
+}
+
+/** Package → version of every package dpkg has installed in the rootfs. */
+function dpkgInstalled(rootfs: string): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const para of readFileSync(path.join(rootfs, 'var/lib/dpkg/status'), 'utf8').split(/\n\n+/)) {
+    const field = (name: string): string | undefined => new RegExp(`^${name}: (.*)$`, 'm').exec(para)?.[1];
+    if (field('Status') === 'install ok installed') out.set(field('Package')!, field('Version')!);
+  }
+  return out;
+}
+
+/** Every file and symlink under `dir`, as absolute image paths. */
+function filesUnder(rootfs: string, dir: string): string[] {
+  const out: string[] = [];
+  const walk = (rel: string): void => {
+    for (const name of readdirSync(path.join(rootfs, rel))) {
+      const p = path.join(rel, name);
+      if (lstatSync(path.join(rootfs, p)).isDirectory()) walk(p);
+      else out.push(p);
+    }
+  };
+  walk(dir);
+  return out.sort();
+}
+
+/** The runtime objects the agent loads: the bpf/.output/*.bpf.o paths src/ names. */
+function objectsTheAgentLoads(): string[] {
+  const found = new Set<string>();
+  const walk = (dir: string): void => {
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = path.join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.name.endsWith('.ts')) for (const m of readFileSync(p, 'utf8').matchAll(/'(bpf\/\.output\/[\w-]+\.bpf\.o)'/g)) found.add(m[1]!);
+    }
+  };
+  walk(path.join(ROOT, 'src'));
+  return [...found].sort();
+}
+
+// ------------------------------------------------------------------- set-up
+
+/** `make image` when make says the archive is stale (a no-op run of make takes about a second). */
+function ensureImage(): void {
+  const q = spawnSync('make', ['-q', IMAGE_REL], { cwd: ROOT, stdio: 'ignore' });
+  if (q.status === 0) return;
+  if (!IS_ROOT) throw new Error(`${IMAGE_REL} is missing or stale, and building it takes root: run make image`);
+  t.comment(`${IMAGE_REL} is missing or stale: make image`);
+  const r = spawnSync('make', ['image'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  if (r.status !== 0) throw new Error(`make image failed (${r.status}):\n${r.stdout.slice(-2000)}\n${r.stderr.slice(-3000)}`);
+}
+
+const t0 = performance.now();
+ensureImage();
+const tBuilt = performance.now();
+// The name starts with the sandbox prefix and this pid, so the sweep of a later run removes it should this one crash.
+const work = mkdtempSync(path.join(os.tmpdir(), `${PREFIX}${process.pid}-image-`));
+t.teardown(() => rmSync(work, { recursive: true, force: true }));
+const image = unpack(IMAGE, work);
+t.comment(`make image check ${Math.round(tBuilt - t0)} ms, unpack ${Math.round(performance.now() - tBuilt)} ms`);
+const dockerfile = parseDockerfile(readFileSync(path.join(ROOT, 'Dockerfile'), 'utf8'));
+const entrypoint = image.config.config.Entrypoint ?? [];
+const imageEnv = image.config.config.Env ?? [];
+
+// ------------------------------------------------------------------- tests
+
+t.test('the Dockerfile and make image build the same image', async (t) => {
+  t.equal(dockerfile.from, 'debian:trixie-slim', 'the Dockerfile runs on debian:trixie-slim');
+  t.match(readFileSync(path.join(image.rootfs, 'etc/os-release'), 'utf8'), /^VERSION_CODENAME=trixie$/m, 'the image is Debian trixie');
+  t.equal(image.refName, VERSION, `the archive's image is tagged ${VERSION}`);
+
+  t.ok(dockerfile.packages.size >= 3, `the Dockerfile pins its runtime packages (${[...dockerfile.packages.keys()].join(' ')})`);
+  const installed = dpkgInstalled(image.rootfs);
+  const pinned = [...dockerfile.packages.keys()];
+  t.same(
+    Object.fromEntries(pinned.map((p) => [p, installed.get(p) ?? 'not installed'])),
+    Object.fromEntries(dockerfile.packages),
+    'every package the Dockerfile pins is installed in the image at that version',
+  );
+  for (const p of ['nodejs', 'libbpf1', 'libelf1t64', 'iptables', 'nftables']) t.ok(dockerfile.packages.has(p), `${p} is among them`);
+
+  const expected = dockerfile.copied.filter((p) => p.startsWith('/opt/lbctl/')).sort();
+  t.same(filesUnder(image.rootfs, '/opt/lbctl'), expected, 'the image has exactly the files the Dockerfile COPYs into /opt/lbctl');
+  t.same(dockerfile.copied.filter((p) => !p.startsWith('/opt/lbctl/')), [], 'and COPYs nothing elsewhere');
+  for (const obj of objectsTheAgentLoads()) t.ok(expected.includes(`/opt/lbctl/${obj}`), `${obj}, which the agent loads, is shipped`);
+  t.ok(expected.includes('/opt/lbctl/build/Release/lb_native.node'), 'so is the addon');
+  // make image copies this checkout's build: the same bytes (a stale archive shows here).
+  for (const p of expected) {
+    const rel = p.slice('/opt/lbctl/'.length);
+    const shipped = path.join(image.rootfs, p);
+    t.ok(existsSync(shipped) && readFileSync(shipped).equals(readFileSync(path.join(ROOT, rel))), `${rel} is this checkout's`);
+  }
+  for (const [target, link] of dockerfile.links) {
+    t.equal(readlinkSync(path.join(image.rootfs, link)), target, `${link} -> ${target}`);
+  }
+
+  // The bundle runs without node_modules: its only requires of packages are optional ones behind a try.
+  const bundle = readFileSync(path.join(image.rootfs, 'opt/lbctl/dist/bundle/lbctl.js'), 'utf8');
+  // require("x") and esbuild's __require("x"), import("x") and static imports.
+  const specifiers = [...bundle.matchAll(/(?<![\w$.])(?:__)?require\("([^"]+)"\)|\bimport\("([^"]+)"\)|^import .* from "([^"]+)"/gm)].map((m) => (m[1] ?? m[2] ?? m[3])!);
+  const bare = new Set(specifiers.filter((m) => !m.startsWith('node:') && !builtinModules.includes(m)));
+  t.same([...bare].sort(), ['bufferutil', 'encoding', 'utf-8-validate'], 'the bundle requires no package but the optional ones');
+
+  const c = image.config.config;
+  t.same(c.Entrypoint, dockerfile.entrypoint, `ENTRYPOINT ${JSON.stringify(dockerfile.entrypoint)}`);
+  t.same(c.Cmd, dockerfile.cmd, `CMD ${JSON.stringify(dockerfile.cmd)}`);
+  t.equal(c.StopSignal, dockerfile.stopSignal, `STOPSIGNAL ${dockerfile.stopSignal}`);
+  t.equal(dockerfile.entrypoint[0], '/usr/bin/node', 'node itself is PID 1, no shell in between');
+  const envOf = Object.fromEntries(imageEnv.map((e) => [e.slice(0, e.indexOf('=')), e.slice(e.indexOf('=') + 1)]));
+  for (const [k, v] of Object.entries(dockerfile.env)) t.equal(envOf[k], v, `ENV ${k}=${v}`);
+  t.same(c.Labels, dockerfile.labels, 'the same LABELs');
+  t.equal(c.Labels?.['org.opencontainers.image.version'], VERSION, `labelled with version ${VERSION}`);
+});
+
+/**
+ * Runs ARGS in a chroot of the rootfs as PID 1 of new pid and mount
+ * namespaces, with the image's environment: fresh /proc, the host's /sys
+ * (bpffs and the cgroup2 mount below it) and /dev, and the `binds`
+ * (host dir → image dir). The mounts live and die with the mount namespace;
+ * --kill-child ends the namespace's processes should unshare die first.
+ */
+function spawnInImage(args: readonly string[], binds: ReadonlyArray<[string, string]> = []) {
+  const script = [
+    'r=$1; shift',
+    'mount -t proc proc "$r/proc"',
+    'mount --rbind /sys "$r/sys"',
+    'mount --rbind /dev "$r/dev"',
+    ...binds.map(([from, to]) => `mkdir -p "$r${to}" && mount --bind ${shq(from)} "$r${to}"`),
+    // Only the image's environment: not this test's (tap's NODE_OPTIONS names loaders the image does not have).
+    `exec env -i ${imageEnv.map(shq).join(' ')} chroot "$r" "$@"`,
+  ].join('\n');
+  return spawn('unshare', ['--mount', '--pid', '--fork', '--kill-child=SIGKILL', '--propagation', 'private', 'sh', '-ec', script, 'image-init', image.rootfs, ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+}
+
+const shq = (s: string): string => `'${s.replace(/'/g, `'\\''`)}'`;
+
+/** The pid of unshare's one child: the namespace's PID 1, as the host sees it. */
+function nsInit(unsharePid: number): number | undefined {
+  try {
+    const pid = Number(readFileSync(`/proc/${unsharePid}/task/${unsharePid}/children`, 'utf8').trim().split(/\s+/)[0]);
+    return pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+t.test("the image's lbctl version loads the addon against the image's libbpf", { skip: !IS_ROOT && 'needs root (chroot, mounts)' }, async (t) => {
+  const proc = spawnInImage([...entrypoint, 'version']);
+  let stdout = '';
+  let stderr = '';
+  proc.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
+  proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+  const timer = setTimeout(() => killPid(proc.pid), 30_000 * SLOW);
+  const code = await new Promise<number | null>((resolve) => proc.on('close', resolve));
+  clearTimeout(timer);
+  t.equal(code, 0, `exits 0${code === 0 ? '' : `: ${stderr}`}`);
+  // 1:1.5.0-3 → libbpf 1.5; 20.19.2+dfsg-1+deb13u3 → node v20.19.2: the image's own, not this host's.
+  const libbpf = /^(?:\d+:)?(\d+\.\d+)/.exec(dockerfile.packages.get('libbpf1') ?? '')?.[1];
+  const node = /^(\d+\.\d+\.\d+)/.exec(dockerfile.packages.get('nodejs') ?? '')?.[1];
+  t.equal(stdout.trim(), `lbctl ${VERSION} (libbpf ${libbpf}, node v${node})`, 'prints the image versions');
+  t.equal(stderr, '', 'and nothing on stderr');
+
+  // Debian's node warns on TLS use without a CA bundle file unless NODE_EXTRA_CA_CERTS is empty (Dockerfile).
+  const tls = spawnInImage(['/usr/bin/node', '-e', 'process.stdout.write(String(require("tls").rootCertificates.length))']);
+  let tlsErr = '';
+  tls.stderr!.on('data', (d: Buffer) => (tlsErr += d.toString()));
+  tls.stdout!.resume();
+  t.equal(await new Promise<number | null>((resolve) => tls.on('close', resolve)), 0, 'node loads its CA store');
+  t.equal(tlsErr, '', 'without a warning');
+});
+
+t.test("the image's lbctl agent programs a service as PID 1 and leaves the datapath on SIGTERM", { skip: !IS_ROOT && 'needs root (BPF, cgroups, namespaces)' }, async (t) => {
+  const sb = await createSandbox(t, { backends: 1, agent: false });
+  sb.writeManifest(
+    'web.yaml',
+    serviceWithBackends({ name: 'web', clusterIPs: [VIP], ports: [{ name: 'http', port: 80 }] }, [
+      { name: 'web-v4', family: 4, ports: [{ name: 'http', port: HTTP_PORT }], addresses: [sb.backends[0]!.v4] },
+    ]),
+  );
+  const apiDir = path.join(sb.runDir, 'image-api');
+  mkdirSync(apiDir);
+  const proc = spawnInImage(
+    [
+      ...entrypoint,
+      'agent',
+      '--source', 'file:/etc/lbctl/manifests',
+      '--cgroup', sb.cgroup,
+      '--bpf-root', sb.bpfRoot,
+      '--health-port', '0',
+      '--health-bind-address', '127.0.0.1',
+      '--metrics-port', '0',
+      '--api-socket', '/run/lbctl/agent.sock',
+      '--no-nodeport',
+    ],
+    [
+      [sb.manifestDir, '/etc/lbctl/manifests'],
+      [apiDir, '/run/lbctl'],
+    ],
+  );
+  recordPid(sb.runDir, proc.pid);
+  let init: number | undefined;
+  sb.addCleanup(() => {
+    killPid(init);
+    killPid(proc.pid);
+  });
+  const agent = new AgentProcess(proc);
+  await agent.waitForLog((l) => l.msg === 'sync done', 0, 30_000);
+  init = nsInit(proc.pid!);
+  recordPid(sb.runDir, init);
+  t.ok(init, 'the agent runs');
+  const nspid = /^NSpid:\s+(.*)$/m.exec(readFileSync(`/proc/${init}/status`, 'utf8'))?.[1]?.split(/\s+/);
+  t.equal(nspid?.at(-1), '1', `as PID 1 of its pid namespace (host pid ${init})`);
+  t.match(readFileSync(`/proc/${init}/cmdline`, 'utf8').replace(/\0/g, ' '), /^\/usr\/bin\/node .*\/opt\/lbctl\/dist\/bundle\/lbctl\.js agent /, 'and is node itself');
+  t.equal(readlinkSync(`/proc/${init}/root`), image.rootfs, "in the image's rootfs");
+
+  const port = Number(agent.logs.find((l) => l.msg === 'serving health, metrics and the local API')?.health);
+  const ready = await fetch(`http://127.0.0.1:${port}/readyz`);
+  t.equal(ready.status, 200, '/readyz answers 200');
+  const status = await run(path.join(ROOT, 'bin/lbctl'), ['status', '--api-socket', path.join(apiDir, 'agent.sock')], 30_000 * SLOW);
+  t.equal(status.code, 0, `the host's lbctl status reads the agent's API socket${status.code === 0 ? '' : `: ${status.stderr}`}`);
+
+  const fe = (await sb.lbList()).find((e) => e.frontend === `${VIP}:80/TCP`);
+  t.same(fe?.backends.map((b) => b.address), [`${sb.backends[0]!.v4}:${HTTP_PORT}`], "the host's lbctl bpf lb list shows the service and its backend");
+  const curl = (): Promise<{ code: number | null; stdout: string; stderr: string }> =>
+    sb.exec(['curl', '-sS', '--max-time', String(5 * SLOW), `http://${VIP}/`]);
+  const before = await curl();
+  t.equal(before.code, 0, `a client in the sandbox reaches the service${before.code === 0 ? '' : `: ${before.stderr}`}`);
+  t.equal(before.stdout.trim(), `${sb.backends[0]!.v4}:${HTTP_PORT}`, 'served by its backend');
+
+  // SIGTERM from outside the namespace reaches PID 1 only because the agent handles it.
+  killPid(init, 'SIGTERM');
+  const timer = setTimeout(() => killPid(init), 15_000 * SLOW);
+  const code = await agent.exited;
+  clearTimeout(timer);
+  t.equal(code, 0, 'SIGTERM ends the agent, exit 0');
+  t.equal(agent.exitSignal, null, 'by itself, not killed');
+  t.ok(existsSync(path.join(sb.bpfRoot, 'links')) && readdirSync(path.join(sb.bpfRoot, 'links')).length > 0, 'its links stay pinned');
+  const after = await curl();
+  t.equal(after.code, 0, `the service still answers with the agent gone${after.code === 0 ? '' : `: ${after.stderr}`}`);
+  t.comment(`image test so far ${Math.round(performance.now() - t0)} ms`);
+});
