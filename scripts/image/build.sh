@@ -128,6 +128,7 @@ umoci raw add-layer --image "$layout:$version" --history.created "$created" \
 umoci raw add-layer --image "$layout:$version" --history.created "$created" \
   --history.created_by "COPY /opt/lbctl (${FILES[*]})" "$work/app.tar"
 umoci config --image "$layout:$version" --created "$created" --author lbctl \
+  --history.created "$created" --history.created_by "the Dockerfile's ENTRYPOINT, CMD, ENV, STOPSIGNAL and LABELs" \
   --os linux --architecture amd64 \
   --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --config.env MALLOC_ARENA_MAX=1 \
