@@ -56,6 +56,9 @@ mapfile -t packages < <(awk -v last="$(grep -c '^FROM ' Dockerfile)" '/^FROM /{n
   grep -oE '(^|[[:space:]])[a-z0-9][a-z0-9.+-]*=[0-9][^[:space:]]*' | sed 's/^[[:space:]]*//' | sort -u)
 ((${#packages[@]})) || { log "no name=version packages found in the Dockerfile's last stage"; exit 1; }
 
+# root mode: the rootfs's files get their real owners without a user
+# namespace (mmdebstrap's unshare mode needs subuids this machine may lack).
+[[ $(id -u) -eq 0 ]] || { log "needs root (mmdebstrap --mode=root)"; exit 1; }
 for f in "${FILES[@]}"; do
   [[ -f $f ]] || { log "$f is missing: run make build first"; exit 1; }
 done
