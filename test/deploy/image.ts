@@ -215,6 +215,8 @@ function ensureImage(): void {
   if (q.status === 0) return;
   if (!IS_ROOT) throw new Error(`${IMAGE_REL} is missing or stale, and building it takes root: run make image`);
   t.comment(`${IMAGE_REL} is missing or stale: make image`);
+  // A fresh machine's build (about 80 s, downloads included) on top of the tests would pass tap's 120 s.
+  t.setTimeout(15 * 60_000);
   const r = spawnSync('make', ['image'], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
   if (r.status !== 0) throw new Error(`make image failed (${r.status}):\n${r.stdout.slice(-2000)}\n${r.stderr.slice(-3000)}`);
 }
