@@ -111,13 +111,19 @@ check-gen: $(BPF_OBJS)
 # and the base layer are cached in ~/.cache/lbctl/image.
 VERSION   := $(shell node -p "require('./package.json').version" 2>/dev/null)
 IMAGE     := build/image/lbctl-$(VERSION).oci.tar
+# What the image ships in /opt/lbctl; the Dockerfile COPYs the same paths
+# (test/deploy/image.ts compares). package.json marks the ESM bundle as a
+# module; bin/lbctl is the CLI for `kubectl exec`. The agent loads these five
+# objects (src/datapath/{loader,features,nodeport,terminate}.ts); abi.bpf.o
+# and the test objects never are. No node_modules: the bundle is
+# self-contained (its only bare requires are optional ones, behind a try).
 IMAGE_FILES := package.json bin/lbctl $(BUNDLE) $(NATIVE) $(addprefix $(OUT)/,sock.bpf.o sock_compat.bpf.o nodeport.bpf.o sock_destroy.bpf.o probe.bpf.o)
 
 image: build $(IMAGE)
 
 $(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES)
 	@bash scripts/bootstrap.sh --image
-	bash scripts/image/build.sh $@
+	bash scripts/image/build.sh $@ $(IMAGE_FILES)
 
 # Type-checks the tests too (tap runs them transpile-only).
 typecheck: $(STAMP)

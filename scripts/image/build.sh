@@ -4,9 +4,8 @@
 #
 #   layer 1  Debian trixie minbase + the runtime packages the Dockerfile's
 #            last stage pins (mmdebstrap; cached by the pins, see below)
-#   layer 2  /opt/lbctl: the files of FILES below, from this checkout's build
-#            (make bpf native ts), i.e. what the Dockerfile COPYs from its
-#            build stage
+#   layer 2  /opt/lbctl: the FILEs, from this checkout's build (make bpf
+#            native ts), i.e. what the Dockerfile COPYs from its build stage
 #
 # packed with umoci into an OCI image layout and tarred: OUT (an
 # oci-archive, for `podman load -i`, `skopeo copy oci-archive:OUT:VERSION`
@@ -18,36 +17,21 @@
 # than 1.1; test/deploy/image.ts runs the image's `lbctl version` and
 # `lbctl agent` to prove the addon loads and works there.
 #
-# Usage: build.sh OUT.oci.tar   (run from the repository root, as root)
+# Usage: build.sh OUT.oci.tar FILE...   (as root; FILEs relative to the checkout)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-out=${1:?usage: build.sh OUT.oci.tar}
+out=${1:?usage: build.sh OUT.oci.tar FILE...}
 version=$(node -p "require('./package.json').version")
 suite=trixie
 mirror="deb http://deb.debian.org/debian $suite main"
 cache=${LBCTL_IMAGE_CACHE:-$HOME/.cache/lbctl/image}
 log() { echo "image: $*" >&2; }
 
-# What lands in /opt/lbctl: the Dockerfile COPYs the same paths (the test
-# compares them). bin/lbctl is the CLI for `kubectl exec … lbctl status`;
-# package.json marks the ESM bundle as a module (and carries the version).
-# The agent loads the five objects from bpf/.output next to the bundle
-# (src/datapath/{loader,features,nodeport,terminate}.ts); abi.bpf.o and the
-# test objects are never loaded, so they stay out. No node_modules: the
-# esbuild bundle is self-contained (its only bare requires are the optional
-# bufferutil, utf-8-validate and encoding, each behind a try).
-FILES=(
-  package.json
-  bin/lbctl
-  dist/bundle/lbctl.js
-  build/Release/lb_native.node
-  bpf/.output/sock.bpf.o
-  bpf/.output/sock_compat.bpf.o
-  bpf/.output/nodeport.bpf.o
-  bpf/.output/sock_destroy.bpf.o
-  bpf/.output/probe.bpf.o
-)
+# What lands in /opt/lbctl: FILE... (the Makefile's IMAGE_FILES, where
+# they are explained), paths relative to the checkout.
+FILES=("${@:2}")
+((${#FILES[@]})) || { echo "usage: build.sh OUT.oci.tar FILE..." >&2; exit 1; }
 
 # The runtime packages, name=version, from the Dockerfile's last stage: the
 # one list both builds install, so a version bump is one edit.
