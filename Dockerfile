@@ -38,8 +38,8 @@ FROM debian:trixie-slim
 # takes CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN in the node's own user
 # namespace, and writes root-owned bpffs and cgroup files. A non-root USER
 # would need the same capabilities made ambient: no less privilege, more
-# moving parts. The DaemonSet runs it privileged (or as root with those
-# capabilities).
+# moving parts. The DaemonSet runs it as root with those capabilities and
+# without privilege (deploy/base/daemonset.yaml, docs/deploy.md).
 #
 # The packages are pinned: `make image` installs exactly these (it reads
 # this list), and the image test compares them with the image's dpkg

@@ -123,6 +123,14 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
 }
 
 export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
+  // Handlers first: as a container's PID 1 the agent would otherwise ignore
+  // a SIGTERM that arrives while it starts (the kernel drops signals PID 1
+  // has no handler for), and the kubelet would wait out the grace period.
+  // A signal during the start is acted on once the start is over.
+  const stopped = new Promise<string>((resolve) => {
+    process.once('SIGTERM', () => resolve('SIGTERM'));
+    process.once('SIGINT', () => resolve('SIGINT'));
+  });
   const log = pino({ level: opts.logLevel, base: { pid: process.pid } }, pino.destination(2));
   const nodePort = nodePortOptions(opts);
   const sizes = {
@@ -159,10 +167,6 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   const servers = [healthServer, metricsServer, apiServer];
   log.info({ health: healthServer.port, metrics: metricsServer.port, api: opts.apiSocket }, 'serving health, metrics and the local API');
 
-  const stopped = new Promise<string>((resolve) => {
-    process.once('SIGTERM', () => resolve('SIGTERM'));
-    process.once('SIGINT', () => resolve('SIGINT'));
-  });
   const shutdown = async (): Promise<void> => {
     for (const s of servers) await s.close();
     health.close();
