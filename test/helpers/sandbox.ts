@@ -6,5 +6,5 @@ export { createSandbox, Sandbox, type FreshSync, type SandboxOptions } from './s
 export { type LoadFailure, type LoadOptions, type LoadProgress, type LoadResult, type LoadRun } from './sandbox/load.js';
 export { CLI_TIMEOUT_MS, CLIENT_PY, how, LBCTL, ROOT, run, SLOW, type ExecResult } from './sandbox/run.js';
 export {
-  CLIENT_V4, CLIENT_V6, cgroup2Mount, DNS_ANSWER, DNS_NAME, DNS_PORT, HTTP_PORT, sweepLeftovers, UDP_PORT, type BackendAddrs,
+  CLIENT_V4, CLIENT_V6, cgroup2Mount, DNS_ANSWER, DNS_NAME, DNS_PORT, HTTP_PORT, rpsMasks, sweepLeftovers, UDP_PORT, type BackendAddrs,
 } from './sandbox/topology.js';

@@ -153,6 +153,49 @@ export function makeNetworks(clientNs: string, backendNs: string, backends: read
     inNs(ns, 'link', 'set', 'lo', 'up');
     inNs(ns, 'link', 'set', ns === c ? 'lbc0' : 'lbb0', 'up');
   }
+  steerFlows(c, 'lbc0');
+  steerFlows(b, 'lbb0');
+}
+
+/** The online CPUs as an rps_cpus mask: hex, comma-separated in 32-bit groups ("0-2,4" -> "17"). */
+export function onlineCpuMask(online = readFileSync('/sys/devices/system/cpu/online', 'utf8')): string {
+  let mask = 0n;
+  for (const part of online.trim().split(',')) {
+    const [lo, hi = lo] = part.split('-').map(Number) as [number, number?];
+    for (let cpu = lo; cpu <= hi!; cpu++) mask |= 1n << BigInt(cpu);
+  }
+  const hex = mask.toString(16);
+  const groups: string[] = [];
+  for (let end = hex.length; end > 0; end -= 8) groups.unshift(hex.slice(Math.max(0, end - 8), end));
+  return groups.join(',');
+}
+
+/**
+ * Receive packet steering on a veth's receive queues, so every packet of one
+ * flow is processed on one CPU, in order, as a NIC's RSS does. A veth
+ * otherwise hands each packet to the stack on the CPU that sent it: the
+ * client's handshake ACK (sent from softirq, possibly deferred to ksoftirqd)
+ * and its request (sent by the client thread on another CPU) are then
+ * received concurrently, and kernels without "inet: Avoid ehash lookup race
+ * in inet_ehash_insert()" (upstream 1532ed0d0753, 2025; the 5.10 guest
+ * lacks it) can miss both the request socket and the new socket while one
+ * replaces the other: the request reaches the listener, which answers with a
+ * RST, and the client's recv() fails with ECONNRESET although lbctl
+ * translated the connection correctly (a rare flake in the emulated guest,
+ * restart-load.ts). The sockets, hooks and addresses are unchanged: only
+ * which CPU processes a received packet.
+ */
+export function steerFlows(ns: string, dev: string): void {
+  const mask = onlineCpuMask();
+  execFileSync('ip', ['netns', 'exec', ns, 'sh', '-c', `for q in /sys/class/net/${dev}/queues/rx-*; do echo ${mask} > "$q/rps_cpus"; done`], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+}
+
+/** The rps_cpus masks of a veth's receive queues in a namespace, as the kernel prints them ("0" or "00000000,00000000" where unset). */
+export function rpsMasks(ns: string, dev: string): string[] {
+  const out = execFileSync('ip', ['netns', 'exec', ns, 'sh', '-c', `cat /sys/class/net/${dev}/queues/rx-*/rps_cpus`], { encoding: 'utf8' });
+  return out.trim().split('\n');
 }
 
 /** backend.py in the backend netns: HTTP (TCP 8080) and UDP echo (9000) on every backend address; resolves once it listens. */
