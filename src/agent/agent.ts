@@ -47,6 +47,12 @@ export interface AgentOptions {
   readonly nodePort?: NodePortOptions;
   /** The agent's /healthz verdict, for healthCheckNodePort answers (kube-proxy's serviceProxyHealthy). */
   readonly healthy?: () => boolean;
+  /**
+   * Told of every Node the source sends (this node's and its peers'): the
+   * health mesh. Peers' Nodes change nothing in the datapath, so they never
+   * cause a sync.
+   */
+  readonly onNode?: (name: string, node: Node | undefined) => void;
 }
 
 export interface SyncReport extends Omit<SyncResult, 'phasesMs' | 'notProgrammed'> {
@@ -264,6 +270,9 @@ export class Agent implements AgentView {
       if (e.kind === 'Service') this.model.setService(e.id, e.object);
       else if (e.kind === 'EndpointSlice') this.model.setSlice(e.id, e.object);
       else {
+        this.opts.onNode?.(e.id, e.object);
+        // Only this node's Node feeds the model (a source may send every node's).
+        if (this.opts.nodeName !== undefined && e.id !== this.opts.nodeName) return;
         // A Node that is gone (or never came) takes its zone along, not the node's name.
         this.model.setNode(e.object ?? this.nodeWithout());
         this.nodeGoing = e.object?.deleting ?? false;

@@ -9,6 +9,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { chmod, lstat, mkdir, mkdtemp, rename, rmdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
+import type { MeshStatus } from './mesh.js';
 import { LbError } from '../errors.js';
 import { Health, type CheckResult, type HealthOptions } from './health.js';
 import { closeServer } from './http.js';
@@ -88,6 +89,8 @@ export interface ApiServerOptions extends Partial<Omit<HealthOptions, 'view'>> {
   readonly version: string;
   /** Checks shared with the health port; without it the server builds (and closes) its own. */
   readonly health?: Health;
+  /** The health mesh (`lbctl health status`); absent when --health-mesh-port is 0. */
+  readonly mesh?: { status(): MeshStatus };
 }
 
 export interface RunningApiServer {
@@ -126,7 +129,7 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown): void
   res.end(JSON.stringify(body, null, 2) + '\n');
 }
 
-export function apiHandler(view: AgentView, health: Health, version: string): http.RequestListener {
+export function apiHandler(view: AgentView, health: Health, version: string, mesh?: { status(): MeshStatus }): http.RequestListener {
   return (req, res) => {
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.setHeader('Allow', 'GET, HEAD');
@@ -136,10 +139,14 @@ export function apiHandler(view: AgentView, health: Health, version: string): ht
     try {
       if (p === '/v1/status') return sendJson(res, 200, agentStatus(view, health, version));
       if (p === '/v1/services') return sendJson(res, 200, view.frontends());
+      if (p === '/v1/health') {
+        if (!mesh) return sendJson(res, 404, { error: 'the health mesh is off (--health-mesh-port 0)' });
+        return sendJson(res, 200, mesh.status());
+      }
     } catch (err) {
       return sendJson(res, 500, { error: err instanceof Error ? err.message : String(err) });
     }
-    sendJson(res, 404, { error: `no such endpoint: ${p} (try /v1/status or /v1/services)` });
+    sendJson(res, 404, { error: `no such endpoint: ${p} (try /v1/status, /v1/services or /v1/health)` });
   };
 }
 
@@ -148,7 +155,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<RunningApi
   await prepareSocketPath(socketPath);
   const owned = opts.health ? undefined : new Health(opts);
   const health = opts.health ?? owned!;
-  const server = http.createServer(apiHandler(opts.view, health, opts.version));
+  const server = http.createServer(apiHandler(opts.view, health, opts.version, opts.mesh));
   // mkdtemp makes the directory 0700, beside the socket's path (one file
   // system, so the rename is atomic).
   const privateDir = await mkdtemp(path.join(path.dirname(socketPath), `.${path.basename(socketPath)}.`));

@@ -2,6 +2,7 @@
 // its name, help text and buckets (pkg/proxy/metrics/metrics.go), so its
 // dashboards and alerts keep working; the rest are lbctl_*. One Registry per
 // AgentMetrics, never prom-client's global one.
+import type { MeshStatus, Outcome } from './mesh.js';
 import http from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, exponentialBuckets, linearBuckets } from 'prom-client';
 import { closeServer, listen, type RunningServer } from './http.js';
@@ -51,6 +52,9 @@ export class AgentMetrics {
   private readonly notProgrammedMaps = new Set<string>();
   private readonly events: Counter<'kind' | 'type'>;
   private readonly skippedObjects: Counter<'kind' | 'reason'>;
+  private readonly meshRtt: Histogram<'path'>;
+  private readonly meshErrors: Counter<'path' | 'reason'>;
+  private mesh: { status: () => MeshStatus; peerSeries: number } | undefined;
 
   constructor(opts: AgentMetricsOptions = {}) {
     this.now = opts.now ?? Date.now;
@@ -95,7 +99,56 @@ export class AgentMetrics {
         for (const [reason, v] of Object.entries(counters)) datapath.inc({ reason }, Number(v));
       },
     });
+    // The health mesh (src/agent/mesh.ts): node counts and probe results.
+    // RTTs are one histogram per path for every peer together; per-peer
+    // series exist only for the first --health-mesh-peer-metrics peers (by
+    // name), so a 5,000-node cluster does not make 5,000 series per node.
+    const mesh = (): typeof this.mesh => this.mesh;
+    const meshNodes: Gauge<'state'> = new Gauge({
+      name: 'lbctl_health_mesh_nodes',
+      help: 'Nodes of the health mesh by state: reachable (ICMP and HTTP answered at an address), unreachable, pending (not probed yet)',
+      labelNames: ['state'],
+      registers,
+      collect() {
+        const m = mesh();
+        if (!m) return;
+        const st = m.status();
+        meshNodes.set({ state: 'reachable' }, st.reachable);
+        meshNodes.set({ state: 'unreachable' }, st.unreachable);
+        meshNodes.set({ state: 'pending' }, st.total - st.reachable - st.unreachable);
+      },
+    });
+    const peerRtt: Gauge<'peer' | 'path'> = new Gauge({
+      name: 'lbctl_health_mesh_peer_rtt_seconds',
+      help: "The last RTT to each of the first --health-mesh-peer-metrics peers (by name), per path, at the peer's first address answering",
+      labelNames: ['peer', 'path'],
+      registers,
+      collect() {
+        const m = mesh();
+        if (!m) return;
+        peerRtt.reset();
+        for (const n of m.status().nodes.slice(0, m.peerSeries)) {
+          for (const path of ['icmp', 'http'] as const) {
+            const rtt = n.addresses.find((a) => a[path].rttMs !== undefined)?.[path].rttMs;
+            if (rtt !== undefined) peerRtt.set({ peer: n.name, path }, rtt / 1000);
+          }
+        }
+      },
+    });
+    this.meshRtt = new Histogram({ name: 'lbctl_health_mesh_rtt_seconds', help: 'RTT of the health mesh probes that succeeded, by path (icmp, http)', labelNames: ['path'], buckets: exponentialBuckets(0.0001, 2, 16), registers });
+    this.meshErrors = new Counter({ name: 'lbctl_health_mesh_probe_errors_total', help: 'Health mesh probes that failed, by path and reason (timeout, refused, unreachable, …)', labelNames: ['path', 'reason'], registers });
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** The health mesh whose state the gauges read at scrape time. */
+  setMesh(status: () => MeshStatus, peerSeries: number): void {
+    this.mesh = { status, peerSeries };
+  }
+
+  /** Every mesh probe's result. */
+  meshProbe(path: 'icmp' | 'http', outcome: Outcome): void {
+    if (outcome.ok) this.meshRtt.observe({ path }, outcome.rttMs / 1000);
+    else this.meshErrors.inc({ path, reason: outcome.error });
   }
 
   /** After every sync, successful or not (kube-proxy observes both). */

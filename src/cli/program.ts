@@ -27,6 +27,12 @@ function port(v: string): number {
   return n;
 }
 
+function nonNegativeInt(v: string): number {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected an integer ≥ 0');
+  return n;
+}
+
 function duration(v: string): number {
   return parseDuration(v);
 }
@@ -93,6 +99,10 @@ export function buildProgram(): Command {
     .option('--snat-port-range <first-last>', 'source ports of SNATed flows to remote backends; overlaps neither the NodePort range nor ip_local_port_range', '61000-65535')
     .option('--maglev-table-size <m>', 'entries of each Maglev table (a prime; 64 KiB per north-south frontend at the default)', positiveInt, 16381)
     .option('--maglev-hash-seed <seed>', 'Maglev hash seed, 16 base64 characters; the same on every node', 'JLfvgnHc2kaSUFaI')
+    .option('--health-mesh-port <port>', "port of this node's /hello for the health mesh, and the port probed on every other node (0: no mesh)", port, 4240)
+    .option('--health-mesh-period <duration>', 'how often each node address is probed (default: max(10s, probes per round / 166 per second): 10 s up to 830 nodes, about 60 s at 5,000)', positiveDuration)
+    .option('--health-mesh-timeout <duration>', 'how long one ICMP or HTTP probe waits', positiveDuration, 1000)
+    .option('--health-mesh-peer-metrics <n>', 'peers (the first by name) with RTT series of their own in /metrics; every peer counts in the aggregate histograms', nonNegativeInt, 16)
     .option('--external-clusterip', 'serve ClusterIPs to packets from outside the node too (default: only the node and its pods reach them)')
     .action(async (_opts, cmd: Command) => (await import('./commands/agent.js')).agentCommand(await resolveAgentOptions(cmd)));
 
@@ -130,6 +140,17 @@ export function buildProgram(): Command {
     .option('--brief', 'print OK or the failing checks, one per line')
     .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
     .action(async (opts: { brief?: boolean; apiSocket: string }) => (await import('./commands/status.js')).statusCommand(opts));
+
+  program
+    .command('health')
+    .description('the node health mesh: every node probed by ICMP and HTTP from this one')
+    .command('status')
+    .description("per node and address: ICMP to the node's stack and HTTP to its agent, with RTTs (cilium-health status); exits 1 when a node is unreachable")
+    .option('-o, --output <format>', 'text or json', output, 'text')
+    .option('--verbose', 'every node, with the errors in full and the last probe times')
+    .option('--brief', 'only the summary and the unreachable nodes')
+    .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
+    .action(async (opts: { output: string; verbose?: boolean; brief?: boolean; apiSocket: string }) => (await import('./commands/health.js')).healthStatusCommand(opts));
 
   program
     .command('service')

@@ -37,6 +37,7 @@ export interface RawNode {
   apiVersion?: string;
   kind?: string;
   metadata?: ObjectMeta & { deletionTimestamp?: string | Date | null };
+  status?: { addresses?: Array<{ type?: unknown; address?: unknown }> };
 }
 
 export interface RawEndpointSlice {
@@ -140,7 +141,20 @@ export interface Node {
   readonly zone?: string;
   /** deletionTimestamp is set: the node is going away. */
   readonly deleting: boolean;
+  /**
+   * status.addresses that are IP addresses (InternalIP, ExternalIP), canonical,
+   * in the Node's order, without repeats: the health mesh probes them.
+   */
+  readonly addresses?: readonly NodeAddress[];
 }
+
+export interface NodeAddress {
+  readonly type: 'InternalIP' | 'ExternalIP';
+  readonly address: string;
+}
+
+/** The most addresses a Node's status is read for (a real node has a handful). */
+export const MAX_NODE_ADDRESSES = 16;
 
 export interface Endpoint {
   /**
@@ -411,9 +425,27 @@ export function validateNode(obj: unknown): Validated<Node> {
   const name = raw.metadata?.name;
   if (typeof name !== 'string' || name.length === 0) return fail('Node: metadata.name is missing');
   const zone = raw.metadata?.labels?.[ZONE_LABEL];
+  const addresses: NodeAddress[] = [];
+  const listed = raw.status?.addresses;
+  if (listed !== undefined && !Array.isArray(listed)) return fail(`Node ${name}: status.addresses is not a list`);
+  for (const [i, a] of (listed ?? []).entries()) {
+    if (!isObject(a)) return fail(`Node ${name}: status.addresses[${i}] is not an object`);
+    // Hostname, InternalDNS and ExternalDNS name the node; only IPs are probed.
+    if (a.type !== 'InternalIP' && a.type !== 'ExternalIP') continue;
+    const ip = parseIp(a.address);
+    if (!ip) return fail(`Node ${name}: status.addresses[${i}].address ${show(a.address)} is not an IP address`);
+    if (addresses.some((x) => x.address === ip.address)) continue;
+    if (addresses.length === MAX_NODE_ADDRESSES) return fail(`Node ${name}: more than ${MAX_NODE_ADDRESSES} IP addresses in status.addresses`);
+    addresses.push({ type: a.type, address: ip.address });
+  }
   return {
     ok: true,
     // deletionTimestamp: a string in JSON, a Date in client-node's typed objects.
-    value: { name, zone: typeof zone === 'string' && zone !== '' ? zone : undefined, deleting: raw.metadata?.deletionTimestamp != null },
+    value: {
+      name,
+      zone: typeof zone === 'string' && zone !== '' ? zone : undefined,
+      deleting: raw.metadata?.deletionTimestamp != null,
+      ...(addresses.length > 0 ? { addresses } : {}),
+    },
   };
 }

@@ -11,14 +11,19 @@ import { constants as fsc } from 'node:fs';
 import { open, readdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { isDeepStrictEqual } from 'node:util';
-import { show, validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../model/k8s.js';
+import { show, validateEndpointSlice, validateNode, validateService, type EndpointSlice, type Node, type Service } from '../model/k8s.js';
 import { MAX_DIR_BYTES, MAX_FILE_BYTES, MAX_FILES, MAX_PROBLEMS_LISTED_PER_FILE } from './limits.js';
 import { parseManifests } from './manifest.js';
 import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
 const MANIFEST = /\.(ya?ml|json)$/;
 
-type Obj = { kind: 'Service'; value: Service } | { kind: 'EndpointSlice'; value: EndpointSlice };
+type Obj = { kind: 'Service'; value: Service } | { kind: 'EndpointSlice'; value: EndpointSlice } | { kind: 'Node'; value: Node };
+
+/** The id a source event carries: namespace/name, a Node's name alone (Nodes are cluster-scoped). */
+function eventId(o: Obj): string {
+  return o.kind === 'Node' ? o.value.name : `${o.value.namespace}/${o.value.name}`;
+}
 
 interface FileState {
   /** Objects of the last read, by "Kind ns/name". */
@@ -74,7 +79,7 @@ function rawIdentity(kind: string, doc: unknown): string | undefined {
   if (typeof meta !== 'object' || meta === null) return undefined;
   const { name, namespace } = meta as { name?: unknown; namespace?: unknown };
   if (typeof name !== 'string' || name.length === 0 || name.length > 253) return undefined;
-  const ns = typeof namespace === 'string' && namespace.length <= 63 ? namespace : 'default';
+  const ns = kind === 'Node' ? '' : typeof namespace === 'string' && namespace.length <= 63 ? namespace : 'default';
   return identity(kind, ns, name);
 }
 
@@ -171,11 +176,10 @@ export class FileSource implements Source {
         now.set(key, before);
         continue;
       }
-      const id = `${o.value.namespace}/${o.value.name}`;
-      this.onChange({ kind: o.kind, type: before ? 'update' : 'add', id, object: o.value } as SourceEvent);
+      this.onChange({ kind: o.kind, type: before ? 'update' : 'add', id: eventId(o), object: o.value } as SourceEvent);
     }
     for (const [key, o] of this.sent) {
-      if (!now.has(key)) this.onChange({ kind: o.kind, type: 'delete', id: `${o.value.namespace}/${o.value.name}` });
+      if (!now.has(key)) this.onChange({ kind: o.kind, type: 'delete', id: eventId(o) });
     }
     this.sent = now;
     this.published = true;
@@ -334,7 +338,7 @@ export class FileSource implements Source {
 
   private readObject(item: unknown, where: string, into: Map<string, Obj>, prev: FileState | undefined, problems: FileProblems, beyondLimits?: string): void {
     const kind = typeof item === 'object' && item !== null ? (item as { kind?: unknown }).kind : undefined;
-    if (kind !== 'Service' && kind !== 'EndpointSlice') {
+    if (kind !== 'Service' && kind !== 'EndpointSlice' && kind !== 'Node') {
       if (beyondLimits) problems.add({ where, reason: beyondLimits, category: 'limit' });
       else if (typeof kind !== 'string') problems.add({ where, reason: 'not a Kubernetes object (no kind)', category: 'invalid' });
       return; // other kinds (Deployments, ConfigMaps…) are not ours
@@ -352,13 +356,14 @@ export class FileSource implements Source {
       if (kind === 'EndpointSlice' && apiVersion !== 'discovery.k8s.io/v1') {
         return keepLast(`EndpointSlice apiVersion ${show(apiVersion)} is not discovery.k8s.io/v1`, 'invalid');
       }
-      v = kind === 'Service' ? validateService(item) : validateEndpointSlice(item);
+      v = kind === 'Service' ? validateService(item) : kind === 'EndpointSlice' ? validateEndpointSlice(item) : validateNode(item);
     } catch (err) {
       // The boundary: a validator that throws reports this object, nothing more.
       return keepLast(`${kind}: cannot be read: ${(err as Error)?.message ?? String(err)}`, 'error');
     }
     if (v.ok) {
-      into.set(identity(kind, v.value.namespace, v.value.name), { kind, value: v.value } as Obj);
+      const ns = 'namespace' in v.value ? v.value.namespace : '';
+      into.set(identity(kind, ns, v.value.name), { kind, value: v.value } as Obj);
       return;
     }
     keepLast(v.reason, 'invalid');

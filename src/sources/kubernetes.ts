@@ -70,6 +70,11 @@ export interface KubernetesSourceOptions {
   /** The API server's URL, replacing the kubeconfig's or the in-cluster one (kube-proxy's --master). */
   readonly master?: string;
   readonly nodeName: string;
+  /**
+   * Watch every Node, not only this one (the health mesh probes them all).
+   * Each is sent as a Node event; the agent takes this node's for itself.
+   */
+  readonly allNodes?: boolean;
   readonly onProblem?: (p: Problem) => void;
   readonly onWatchError?: (kind: string, err: unknown, retryInMs: number) => void;
   /** Backoff between informer restarts. */
@@ -505,7 +510,7 @@ export class KubernetesSource implements Source {
       new Reflector(kind, this.kc, collectionPath(kind), selectors, validate, this.opts, changed);
     this.services = reflector('Service', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
     this.slices = reflector('EndpointSlice', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
-    this.nodes = reflector('Node', { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
+    this.nodes = reflector('Node', this.opts.allNodes ? {} : { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);
     // Do not wait for the API server: a restart with it unreachable keeps serving from the maps.
     this.services.start();
     this.slices.start();
@@ -540,7 +545,7 @@ export class KubernetesSource implements Source {
 
   /** Every event and status change of the reflectors passes here on its way to the agent. */
   private changed(e?: SourceEvent): void {
-    if (e?.kind === 'Node' && e.object && this.nodeMissing) {
+    if (e?.kind === 'Node' && e.object && e.id === this.opts.nodeName && this.nodeMissing) {
       this.nodeMissing = false;
       this.opts.onNodeArrived?.(e.object);
     }
@@ -560,7 +565,7 @@ export class KubernetesSource implements Source {
       this.nodeListSeen = true;
       if (this.nodeTimer) clearTimeout(this.nodeTimer);
       this.nodeTimer = undefined;
-      if (this.nodes.items.size === 0) this.reportNodeMissing(`the cluster has no Node named ${JSON.stringify(this.opts.nodeName)}`);
+      if (!this.nodes.items.has(this.opts.nodeName)) this.reportNodeMissing(`the cluster has no Node named ${JSON.stringify(this.opts.nodeName)}`);
     }
     if (this.nodes.synced || this.nodeWaitOver || this.nodeTimer || !this.services.synced || !this.slices.synced) return;
     const timeoutMs = this.opts.nodeSyncTimeoutMs ?? DEFAULT_NODE_SYNC_TIMEOUT_MS;

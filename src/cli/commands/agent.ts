@@ -3,6 +3,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { pino } from 'pino';
 import { Agent } from '../../agent/agent.js';
+import { MeshAgent } from '../../agent/mesh-agent.js';
+import type { Node } from '../../model/k8s.js';
 import { startApiServer } from '../../agent/api.js';
 import { Health, startHealthServer } from '../../agent/health.js';
 import { AgentMetrics, startMetricsServer } from '../../agent/metrics.js';
@@ -54,6 +56,10 @@ export interface AgentCommandOptions {
   externalClusterip?: boolean;
   maglevTableSize?: number;
   maglevHashSeed?: string;
+  healthMeshPort?: number;
+  healthMeshPeriod?: number;
+  healthMeshTimeout?: number;
+  healthMeshPeerMetrics?: number;
 }
 
 /** The tc datapath's options from the flags; a bad value refuses the start, naming the flag. */
@@ -113,6 +119,8 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
     ...(opts.kubeconfig ? { kubeconfig: opts.kubeconfig } : {}),
     ...(opts.master ? { master: opts.master } : {}),
     nodeName,
+    // The health mesh probes every node: watch them all, not only this one.
+    allNodes: (opts.healthMeshPort ?? 0) !== 0,
     ...(opts.nodeSyncTimeout !== undefined ? { nodeSyncTimeoutMs: opts.nodeSyncTimeout } : {}),
     onProblem,
     onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'list or watch failed; retrying after backoff'),
@@ -143,6 +151,18 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   let health: Health | undefined;
   const metrics = new AgentMetrics({ view: { datapathCounters: () => agent?.datapathCounters() ?? {} } });
   const nodeName = opts.nodeName ?? process.env.NODE_NAME ?? os.hostname();
+  // The health mesh: built before the agent, which hands it every Node.
+  const mesh = (opts.healthMeshPort ?? 0) !== 0
+    ? new MeshAgent({
+        self: nodeName,
+        port: opts.healthMeshPort!,
+        timeoutMs: opts.healthMeshTimeout ?? 1000,
+        ...(opts.healthMeshPeriod !== undefined ? { periodMs: opts.healthMeshPeriod } : {}),
+        peerMetrics: opts.healthMeshPeerMetrics ?? 16,
+        log,
+        metrics,
+      })
+    : undefined;
   agent = new Agent({
     source: await makeSource(opts, nodeName, log, metrics),
     nodeName,
@@ -158,18 +178,22 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     healthy: () => health?.healthz().healthy ?? false,
     minSyncPeriodMs: opts.minSyncPeriod,
     syncPeriodMs: opts.syncPeriod,
+    ...(mesh ? { onNode: (name: string, node: Node | undefined) => mesh.setNode(name, node) } : {}),
   });
   health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
   // Servers first: /livez answers and /readyz says "not yet" while the agent starts.
   const healthServer = await startHealthServer({ health, metrics, port: opts.healthPort, host: opts.healthBindAddress });
   const metricsServer = await startMetricsServer({ metrics, port: opts.metricsPort, host: opts.metricsBindAddress });
-  const apiServer = await startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION });
+  const apiServer = await startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION, ...(mesh ? { mesh: mesh.mesh } : {}) });
   const servers = [healthServer, metricsServer, apiServer];
+  // Probing starts now and runs beside everything else: nothing waits for it.
+  await mesh?.start();
   log.info({ health: healthServer.port, metrics: metricsServer.port, api: opts.apiSocket }, 'serving health, metrics and the local API');
 
   const shutdown = async (): Promise<void> => {
     for (const s of servers) await s.close();
     health.close();
+    await mesh?.close();
   };
   try {
     await agent.start();
