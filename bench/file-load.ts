@@ -69,6 +69,7 @@ try {
     '--metrics-port', '0',
     '--api-socket', path.join(dir, '..', `${path.basename(dir)}.sock`),
     '--no-nodeport', // the machine's own network namespace: never on its devices
+    '--health-mesh-port', '0', // nor on a fixed port of it
     '--sync-period', '3600000',
     '--max-services', String(Math.ceil(n * 1.25)),
     '--max-backends', String(Math.ceil(n * 3.75)),

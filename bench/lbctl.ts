@@ -139,6 +139,7 @@ export class BenchAgent {
       '--metrics-port', '0',
       '--api-socket', path.join('/tmp', `${world.client}.sock`),
       '--no-nodeport', // the machine's own network namespace: never on its devices
+      '--health-mesh-port', '0', // nor on a fixed port of it
       '--sync-period', '3600000',
       '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
       '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),

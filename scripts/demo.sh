@@ -163,7 +163,7 @@ note "all backends answer (checked from inside the backend netns)"
 
 section "agent: lbctl agent --source file:examples"
 "$LBCTL" agent --source "file:$ROOT/examples" --cgroup "$CGROUP" --bpf-root "$BPF_ROOT" \
-  --health-port 0 --health-bind-address 127.0.0.1 --metrics-port 0 --api-socket "$RUN_DIR/agent.sock" --no-nodeport 2>"$RUN_DIR/agent.log" &
+  --health-port 0 --health-bind-address 127.0.0.1 --metrics-port 0 --api-socket "$RUN_DIR/agent.sock" --no-nodeport --health-mesh-port 0 2>"$RUN_DIR/agent.log" &
 AGENT_PID=$!
 record_pid "$AGENT_PID"
 for _ in $(seq 1 300); do

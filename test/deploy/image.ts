@@ -364,6 +364,8 @@ t.test("the image's lbctl agent programs a service as PID 1 and leaves the datap
       '--metrics-port', '0',
       '--api-socket', '/run/lbctl/agent.sock',
       '--no-nodeport',
+      '--health-mesh-port',
+      '0',
     ],
     [
       [sb.manifestDir, '/etc/lbctl/manifests'],

@@ -42,7 +42,7 @@ t.test('without the right to load BPF programs the agent refuses to start, says 
   const sb = await createSandbox(t, { backends: 0, agent: false });
   // Root without capabilities: the bounding set emptied before exec.
   const proc = spawn('setpriv', ['--inh-caps=-all', '--ambient-caps=-all', '--bounding-set=-all', '--', LBCTL, 'agent', ...sb.sourceArgs,
-    '--cgroup', sb.cgroup, '--bpf-root', sb.bpfRoot, '--health-port', '0', '--health-bind-address', '127.0.0.1', '--metrics-port', '0', '--api-socket', sb.apiSocket, '--no-nodeport'],
+    '--cgroup', sb.cgroup, '--bpf-root', sb.bpfRoot, '--health-port', '0', '--health-bind-address', '127.0.0.1', '--metrics-port', '0', '--api-socket', sb.apiSocket, '--no-nodeport', '--health-mesh-port', '0'],
   { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   proc.stdout.on('data', (d: Buffer) => (out += d));

@@ -181,3 +181,42 @@ spec:
   t.same(got.services.get('default/np')!.northSouth.nodePorts, [{ port: 53, protocol: 'UDP', nodePort: 30053, index: 0 }]);
   t.same(got.services.get('default/json')!.northSouth.nodePorts, [{ port: 443, protocol: 'TCP', nodePort: 30443, index: 0 }]);
 });
+
+t.test('Node manifests: sent by name with their IP addresses (the health mesh\'s peers); a bad one is reported', async (t) => {
+  const { dir, src, write, problems } = setup(t);
+  const nodes = new Map<string, unknown>();
+  const on = (e?: SourceEvent): void => {
+    if (e?.kind === 'Node') e.object ? nodes.set(e.id, e.object) : nodes.delete(e.id);
+  };
+  write('nodes.yaml', `apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {topology.kubernetes.io/zone: z1}}
+status:
+  addresses:
+    - {type: Hostname, address: n1}
+    - {type: InternalIP, address: 10.0.0.1}
+    - {type: InternalIP, address: "fd00:0::1"}
+    - {type: ExternalIP, address: 192.0.2.1}
+    - {type: InternalIP, address: 10.0.0.1}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n2}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: bad}
+status: {addresses: [{type: InternalIP, address: not-an-ip}]}
+`);
+  await src.start(on);
+  t.same(nodes.get('n1'), {
+    name: 'n1', zone: 'z1', deleting: false,
+    addresses: [{ type: 'InternalIP', address: '10.0.0.1' }, { type: 'InternalIP', address: 'fd00::1' }, { type: 'ExternalIP', address: '192.0.2.1' }],
+  }, 'IPs only, canonical, without repeats; Hostname left out');
+  t.same(nodes.get('n2'), { name: 'n2', zone: undefined, deleting: false }, 'a Node without addresses');
+  t.notOk(nodes.has('bad'));
+  t.match(problems, [{ where: `${path.join(dir, 'nodes.yaml')}: document 2`, reason: /Node bad: status\.addresses\[0\]\.address "not-an-ip" is not an IP address/, kind: 'Node' }]);
+  write('nodes.yaml', 'apiVersion: v1\nkind: Node\nmetadata: {name: n2}\n');
+  await src.reload();
+  t.same([...nodes.keys()], ['n2'], 'a Node removed from the files is deleted');
+});

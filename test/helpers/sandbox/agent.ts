@@ -219,6 +219,8 @@ export class AgentSlot {
         apiSocket,
         // An agent in the machine's own network namespace: never on its devices.
         ...(netns || extraArgs.some((a) => a.startsWith('--devices')) ? [] : ['--no-nodeport']),
+        // The health mesh listens on a fixed port: only in a node's own namespace, unless asked for.
+        ...(netns || extraArgs.some((a) => a.startsWith('--health-mesh-port')) ? [] : ['--health-mesh-port', '0']),
         ...extraArgs,
       ],
       { stdio: ['ignore', 'pipe', 'pipe'] },
