@@ -214,7 +214,15 @@ t.test('scale: 1,000 simulated peers, half of them silent, probed within the per
   t.ok(first.status.periodMs >= 12_000 && first.status.periodMs <= 12_200, `the period follows the rule: ${first.status.periodMs} ms for 1,001 addresses`);
   // A second round: every address probed again within one period (+ timeout, jitter).
   const { status } = await until(m1, 'a second round', () => true, 1);
+  const pid = m1.agent.requireAgent().pid;
+  const cpu = (): number => {
+    const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(f[11]) + Number(f[12])) / 100; // utime + stime, in clock ticks of 10 ms
+  };
+  const cpu0 = cpu();
+  const t0 = Date.now();
   await sleep(status.periodMs * 1.1 + 1000);
+  const cpuShare = (cpu() - cpu0) / ((Date.now() - t0) / 1000);
   const later = (await health(m1)).status;
   const now = Date.parse(later.probeTime);
   const ages = later.nodes.flatMap((n) => n.addresses.map((a) => now - Date.parse(a.lastProbe!)));
@@ -225,7 +233,8 @@ t.test('scale: 1,000 simulated peers, half of them silent, probed within the per
   t.ok(later.inFlight <= 512, `bounded concurrency: ${later.inFlight} probes in flight`);
   const rss = Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${m1.agent.requireAgent().pid}/status`, 'utf8'))?.[1]) / 1024;
   t.ok(rss < 300, `agent RSS ${rss.toFixed(0)} MiB with 1,001 peers`);
-  t.comment(`scale: period ${later.periodMs} ms, oldest probe ${oldest} ms, in flight ${later.inFlight}, queued ${later.queued}, RSS ${rss.toFixed(0)} MiB`);
+  t.ok(cpuShare < 0.5, `the agent's CPU while probing 1,001 addresses: ${(cpuShare * 100).toFixed(1)}% of a core`);
+  t.comment(`scale: period ${later.periodMs} ms, oldest probe ${oldest} ms, in flight ${later.inFlight}, queued ${later.queued}, RSS ${rss.toFixed(0)} MiB, CPU ${(cpuShare * 100).toFixed(1)}% of a core`);
   // /readyz stays 200 with 500 peers down.
   t.equal(await readyz(m1), 200, '/readyz stays 200 with 500 peers down');
 });
