@@ -137,3 +137,24 @@ t.test('Services or EndpointSlices that cannot be listed still gate the first sy
     await src.stop();
   }
 });
+
+t.test('with the health mesh: every Node is watched and sent with its addresses; this node is still found by name', async (t) => {
+  const { api, missing, events, run } = await setup(t, { nodeSyncTimeoutMs: 200, allNodes: true });
+  api.put(service as never);
+  const peer = (name: string, address: string) => ({ apiVersion: 'v1', kind: 'Node', metadata: { name }, status: { addresses: [{ type: 'InternalIP', address }, { type: 'Hostname', address: name }] } });
+  api.put(peer('n2', '10.0.0.2') as never);
+  api.put(peer('n3', '10.0.0.3') as never);
+  const src = await run();
+  await until('the source to be synced', () => src.status().synced);
+  t.ok(api.requests.some((r) => r.url.startsWith('/api/v1/nodes?') && !r.url.includes('fieldSelector')), 'Nodes are listed without a field selector');
+  t.match(events.filter((e) => e.kind === 'Node').map((e) => [e.id, e.type]).sort(), [['n2', 'add'], ['n3', 'add']], 'every Node is sent');
+  t.match(events.find((e) => e.kind === 'Node' && e.id === 'n2'), { object: { name: 'n2', addresses: [{ type: 'InternalIP', address: '10.0.0.2' }] } }, 'with its IP addresses');
+  t.equal(missing.length, 1, 'other Nodes do not stand for this one: its absence is reported');
+  t.match(missing[0], /the cluster has no Node named "n1"/);
+  api.put(node as never);
+  await until('this node to arrive', () => events.some((e) => e.kind === 'Node' && e.id === NODE));
+  t.same(src.status().notes, undefined, 'and its arrival ends the note');
+  api.delete('Node', 'n3', '');
+  await until('a peer to go', () => events.some((e) => e.kind === 'Node' && e.id === 'n3' && e.type === 'delete'));
+  t.pass('a deleted Node is sent as deleted');
+});
