@@ -269,3 +269,14 @@ t.test('service list through the socket: text, JSON, exit 1 on drift', async (t)
   t.match(out.join(''), /^FRONTEND/);
   t.match(out.join(''), 'DRIFT: not intended');
 });
+
+t.test('GET /v1/health: the mesh\'s status, or 404 saying the mesh is off', async (t) => {
+  const view = new FakeView();
+  const off = await serve(t, view);
+  await t.rejects(apiGet(off, '/v1/health'), { code: 'EAPI', message: /HTTP 404: the health mesh is off \(--health-mesh-port 0\)/ });
+  const socketPath = path.join(tempDir(t), 'mesh.sock');
+  const mesh = { status: () => ({ probeTime: 'now', periodMs: 10_000, timeoutMs: 1000, port: 4240, inFlight: 0, queued: 0, nodes: [], reachable: 0, unreachable: 0, total: 0 }) };
+  const srv = await startApiServer({ view, socketPath, version: 'x', mesh });
+  t.teardown(() => srv.close());
+  t.same(await apiGet(socketPath, '/v1/health'), mesh.status());
+});
