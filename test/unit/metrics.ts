@@ -166,3 +166,19 @@ t.test('map pressure and frontends not programmed, per map', async (t) => {
   m.setNotProgrammed({});
   line('lbctl_frontends_not_programmed{map_name="lb4_reverse_nat"} 0', await m.registry.metrics());
 });
+
+t.test('health mesh: nodes by state, RTT histograms by path, errors by reason, per-peer RTT only for the first N peers', async (t) => {
+  const m = new AgentMetrics({ defaultMetrics: false });
+  const peer = (name: string, rttMs: number) => ({ name, local: false, state: 'reachable' as const, addresses: [{ address: '10.0.0.1', icmp: { status: 'ok', rttMs }, http: { status: 'ok', rttMs: rttMs * 2 } }] });
+  const nodes = [peer('a', 1), peer('b', 2), peer('c', 3)];
+  m.setMesh(() => ({ probeTime: 'now', periodMs: 10_000, timeoutMs: 1000, port: 4240, inFlight: 0, queued: 0, nodes, reachable: 3, unreachable: 0, total: 4 }), 2);
+  m.meshProbe('icmp', { ok: true, rttMs: 0.5 });
+  m.meshProbe('http', { ok: false, error: 'timeout' });
+  const text = await m.registry.metrics();
+  t.match(text, /lbctl_health_mesh_nodes\{state="reachable"\} 3\n/);
+  t.match(text, /lbctl_health_mesh_nodes\{state="pending"\} 1\n/);
+  t.match(text, /lbctl_health_mesh_rtt_seconds_count\{path="icmp"\} 1\n/);
+  t.match(text, /lbctl_health_mesh_probe_errors_total\{path="http",reason="timeout"\} 1\n/);
+  t.match(text, /lbctl_health_mesh_peer_rtt_seconds\{peer="b",path="http"\} 0.004\n/);
+  t.notMatch(text, /peer="c"/, 'no series beyond the configured count');
+});
