@@ -11,7 +11,8 @@
         "native/netns.cc",
         "native/sock_diag.cc",
         "native/rtnl.cc",
-        "native/tc.cc"
+        "native/tc.cc",
+        "native/icmp.cc"
       ],
       "include_dirs": [
         "<!@(node -p \"require('node-addon-api').include\")"

@@ -16,6 +16,8 @@
 
 namespace lbn {
 
+void InitIcmp(Napi::Env env, Napi::Object exports);  // native/icmp.cc
+
 std::string argString(const Napi::CallbackInfo& info, size_t i, const char* what) {
   if (info.Length() <= i || !info[i].IsString()) throwArgError(info.Env(), std::string(what) + " must be a string");
   return info[i].As<Napi::String>().Utf8Value();
@@ -108,6 +110,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   lbn::InitNetns(env, exports);
   lbn::InitRtnl(env, exports);
   lbn::InitTc(env, exports);
+  lbn::InitIcmp(env, exports);
   return exports;
 }
 
