@@ -158,7 +158,73 @@ export interface RtnlAddr {
   readonly flags: number;
 }
 
+/** An echo reply to one of this socket's requests. */
+export interface IcmpReply {
+  readonly type: 'reply';
+  readonly from: string;
+  readonly id: number;
+  readonly seq: number;
+  readonly payload: Buffer;
+}
+
+/**
+ * An error about one of this socket's requests (its error queue, IP_RECVERR):
+ * an ICMP error from a router (origin 'icmp', offender = that router), or one
+ * the local stack raised (origin 'local').
+ */
+export interface IcmpError {
+  readonly type: 'error';
+  /** errno name: EHOSTUNREACH, ENETUNREACH, EACCES (IPv6 prohibited), EMSGSIZE, ... */
+  readonly errno: string;
+  readonly origin: 'icmp' | 'local' | 'other';
+  readonly icmpType: number;
+  readonly icmpCode: number;
+  /** ee_info: the MTU of a "fragmentation needed" / "packet too big" */
+  readonly info: number;
+  /** The request's destination. */
+  readonly to: string;
+  /** Who sent the ICMP error ('' for a local one). */
+  readonly offender: string;
+  /** From the quoted request; absent when the error quotes less than its ICMP header. */
+  readonly id?: number;
+  readonly seq?: number;
+  /** What the error quotes of the request's payload (possibly truncated). */
+  readonly payload?: Buffer;
+}
+
+/** The socket stopped being polled (an error condition that would not clear); close it and open another. */
+export interface IcmpFatal {
+  readonly type: 'fatal';
+  readonly errno: string;
+  readonly detail: string;
+}
+
+export type IcmpMessage = IcmpReply | IcmpError | IcmpFatal;
+
+export interface IcmpSocketOptions {
+  /** 'auto' (default): a ping socket, else SOCK_RAW (CAP_NET_RAW). */
+  kind?: 'auto' | 'dgram' | 'raw';
+  /** Make the socket inside this network namespace (it stays there). */
+  netnsFd?: number;
+}
+
+/** An ICMP echo socket of one family, polled on the main loop (unref'd: it keeps no process alive). */
+export interface RawIcmpSocket {
+  readonly family: 4 | 6;
+  /** 'dgram': a ping socket; 'raw': SOCK_RAW. */
+  readonly kind: 'dgram' | 'raw';
+  /** The echo identifier of every request it sends (a ping socket's is the kernel's). */
+  readonly id: number;
+  readonly closed: boolean;
+  /** One echo request (sendto, non-blocking); throws the errno-coded error of a synchronous failure (EHOSTUNREACH, ...). */
+  send(address: string, seq: number, payload?: Uint8Array): void;
+  /** Closes the fd; idempotent. No callback after it. */
+  close(): void;
+}
+
 export interface NativeBinding {
+  /** An ICMP echo socket; onMessages gets what each wake-up read, errors first. */
+  IcmpSocket: new (family: 4 | 6, onMessages: (messages: IcmpMessage[]) => void, options?: IcmpSocketOptions) => RawIcmpSocket;
   /** clsact + cls_bpf (direct action) filter (handle, priority) on ifindex; replace swaps an existing one's program, else EEXIST. */
   tcAttach(progFd: number, ifindex: number, direction: 'ingress' | 'egress', handle: number, priority: number, replace: boolean, netnsFd?: number): { progId: number };
   /** The program id of filter (handle, priority), 0 when there is none. */
