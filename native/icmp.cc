@@ -1,29 +1,23 @@
-// ICMP echo: one socket that sends echo requests and delivers the replies,
-// and the errors the network sends back about them, to a JS callback.
-// Generic: knows nothing of nodes or meshes; timeouts are the caller's.
+// ICMP echo: one socket that sends echo requests and hands the replies, and
+// the errors the network returns about them, to a JS callback. Generic (no
+// nodes, no mesh); timeouts are the caller's.
 //
-// Ping sockets first: socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP) (and the
-// ICMPV6 twin) need no privilege when net.ipv4.ping_group_range holds the
-// process's group, the kernel writes the identifier (the socket's "port",
-// read back after an explicit bind) and the checksum, and hands this socket
-// only the replies carrying its identifier. The range is "1 0" (nobody, root
-// included) by default in a new network namespace and on many hosts, so
-// "auto" falls back to SOCK_RAW (CAP_NET_RAW): the identifier is then ours
-// (random), the IPv4 checksum too, every raw ICMP socket sees every echo
-// reply (ICMP_FILTER / ICMP6_FILTER keep only replies; replies carrying
-// another identifier are dropped here), and IPv4 reads include the IP header.
-//
-// Errors: with IP_RECVERR / IPV6_RECVERR the kernel queues each ICMP error
-// about a request this socket sent (unreachable, prohibited, time exceeded)
-// on the socket's error queue, with a sock_extended_err (errno, ICMP type
-// and code, the router that sent it) and the start of the request we sent
-// (so the sequence number): "unreachable" is told from silence. libuv treats
-// POLLERR (a non-empty error queue) as fatal and stops the poll handle: the
-// callback drains the queue and starts the handle again.
-//
-// One uv_poll on the main loop, no thread; unref'd, so an idle socket keeps
-// no process alive (a caller waiting for a reply holds its own timer).
-// close(), the wrapper's finalizer (GC, environment teardown) close the fd.
+// Ping sockets first (SOCK_DGRAM, IPPROTO_ICMP/ICMPV6): no privilege needed
+// when net.ipv4.ping_group_range holds our group, and the kernel writes the
+// identifier (the socket's "port", read back after an explicit bind) and the
+// checksum, and delivers only replies carrying that identifier. The range is
+// "1 0" (nobody, root included) in every new network namespace and on many
+// hosts, so "auto" falls back to SOCK_RAW (CAP_NET_RAW): a random identifier
+// of ours, the IPv4 checksum ours, IPv4 reads start with the IP header, and
+// every raw ICMP socket sees every reply (ICMP_FILTER/ICMP6_FILTER keep echo
+// replies, other identifiers are dropped here).
+// IP_RECVERR/IPV6_RECVERR queue each ICMP error about a request we sent on
+// the socket's error queue (sock_extended_err: errno, ICMP type/code, the
+// router, and the start of our request, so its sequence): "unreachable" is
+// told from silence. libuv takes POLLERR (a non-empty error queue) as fatal
+// and stops the poll handle: the callback drains the queue and restarts it.
+// One uv_poll on the main loop, no thread, unref'd (an idle socket keeps no
+// process alive); close(), GC and environment teardown close the fd.
 //
 //   new IcmpSocket(family 4|6, onMessages(msgs[]), { kind: 'auto'|'dgram'|'raw', netnsFd })
 //     .family .kind ('dgram'|'raw') .id .closed
