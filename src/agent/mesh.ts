@@ -202,8 +202,10 @@ export class HealthMesh {
   /**
    * The next probe of `t`: the first at a random point of one period (so
    * that agents started together spread out), later ones a period apart
-   * with ±10% jitter. The period is read anew each time, so it follows the
-   * cluster's size.
+   * with ±10% jitter, counted from one probe's start to the next: how long
+   * a probe takes never shifts the next. An address whose probe is still
+   * running when its time comes skips that turn. The period is read anew
+   * each time, so it follows the cluster's size.
    */
   private schedule(t: Target, first: boolean): void {
     const period = this.periodMs();
@@ -211,9 +213,8 @@ export class HealthMesh {
     t.timer = this.clock.setTimeout(() => {
       t.timer = undefined;
       if (!this.running || this.nodes.get(t.node)?.get(t.address) !== t) return;
-      void this.probe(t).finally(() => {
-        if (this.running && this.nodes.get(t.node)?.get(t.address) === t) this.schedule(t, false);
-      });
+      this.schedule(t, false);
+      void this.probe(t);
     }, delay);
   }
 
