@@ -30,8 +30,11 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 // kernel does: on the host only, where they take seconds instead of the
 // guest's minutes under TCG. hostile-input.ts: how the agent reads its input
 // (2,000 files, 16 MiB parses); kubernetes-nodes.ts: the wait for this
-// node's Node against the fake API server (three agents, multi-second graces).
-const HOST_ONLY = new Set(['test/e2e/hostile-input.ts', 'test/e2e/kubernetes-nodes.ts']);
+// node's Node against the fake API server (three agents, multi-second graces);
+// health-mesh.ts: timing against the mesh's period (sub-second margins) and
+// 1,000 simulated peers; what the kernel gives it (ping and raw ICMP sockets,
+// their errors) is test/native/icmp.ts, which the guests run.
+const HOST_ONLY = new Set(['test/e2e/hostile-input.ts', 'test/e2e/kubernetes-nodes.ts', 'test/e2e/health-mesh.ts']);
 // The tc datapath's long scenarios (a thousand services, restarts and an
 // upgrade under load, SNAT ports waiting out TIME_WAIT, policy changes, a
 // device re-made): in make test on the host, in the guests by make vmtest
