@@ -61,7 +61,7 @@ export class MeshAgent {
   }
 
   private result(r: { node: string; address: string; path: Path; outcome: Outcome }): void {
-    this.opts.metrics?.meshProbe(r.path, r.outcome);
+    this.opts.metrics?.meshProbe(r.path, r.outcome, r.node);
     // A node's reachability is logged when it changes, not every probe.
     const st = this.mesh.node(r.node);
     if (!st || st.state === 'pending') return;

@@ -54,6 +54,9 @@ export class AgentMetrics {
   private readonly skippedObjects: Counter<'kind' | 'reason'>;
   private readonly meshRtt: Histogram<'path'>;
   private readonly meshErrors: Counter<'path' | 'reason'>;
+  private readonly meshPeerRtt: Histogram<'peer' | 'path'>;
+  /** The peers with series of their own, and when that set was last taken from the mesh. */
+  private meshPeers = { names: new Set<string>(), at: -Infinity };
   private mesh: { status: () => MeshStatus; peerSeries: number } | undefined;
 
   constructor(opts: AgentMetricsOptions = {}) {
@@ -118,24 +121,8 @@ export class AgentMetrics {
         meshNodes.set({ state: 'pending' }, st.total - st.reachable - st.unreachable);
       },
     });
-    const peerRtt: Gauge<'peer' | 'path'> = new Gauge({
-      name: 'lbctl_health_mesh_peer_rtt_seconds',
-      help: "The last RTT to each of the first --health-mesh-peer-metrics peers (by name), per path, at the peer's first address answering",
-      labelNames: ['peer', 'path'],
-      registers,
-      collect() {
-        const m = mesh();
-        if (!m) return;
-        peerRtt.reset();
-        for (const n of m.status().nodes.slice(0, m.peerSeries)) {
-          for (const path of ['icmp', 'http'] as const) {
-            const rtt = n.addresses.find((a) => a[path].rttMs !== undefined)?.[path].rttMs;
-            if (rtt !== undefined) peerRtt.set({ peer: n.name, path }, rtt / 1000);
-          }
-        }
-      },
-    });
     this.meshRtt = new Histogram({ name: 'lbctl_health_mesh_rtt_seconds', help: 'RTT of the health mesh probes that succeeded, by path (icmp, http)', labelNames: ['path'], buckets: exponentialBuckets(0.0001, 2, 16), registers });
+    this.meshPeerRtt = new Histogram({ name: 'lbctl_health_mesh_peer_rtt_seconds', help: 'RTT of the successful mesh probes to each of the first --health-mesh-peer-metrics peers by name, by path', labelNames: ['peer', 'path'], buckets: exponentialBuckets(0.0001, 2, 16), registers });
     this.meshErrors = new Counter({ name: 'lbctl_health_mesh_probe_errors_total', help: 'Health mesh probes that failed, by path and reason (timeout, refused, unreachable, …)', labelNames: ['path', 'reason'], registers });
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry });
   }
@@ -146,9 +133,21 @@ export class AgentMetrics {
   }
 
   /** Every mesh probe's result. */
-  meshProbe(path: 'icmp' | 'http', outcome: Outcome): void {
-    if (outcome.ok) this.meshRtt.observe({ path }, outcome.rttMs / 1000);
-    else this.meshErrors.inc({ path, reason: outcome.error });
+  meshProbe(path: 'icmp' | 'http', outcome: Outcome, peer?: string): void {
+    if (!outcome.ok) {
+      this.meshErrors.inc({ path, reason: outcome.error });
+      return;
+    }
+    this.meshRtt.observe({ path }, outcome.rttMs / 1000);
+    if (peer === undefined || !this.mesh || this.mesh.peerSeries === 0) return;
+    // The first N peers by name, taken anew every 10 s (nodes come and go).
+    const now = this.now();
+    if (now - this.meshPeers.at > 10_000) {
+      const names = new Set(this.mesh.status().nodes.slice(0, this.mesh.peerSeries).map((n) => n.name));
+      for (const old of this.meshPeers.names) if (!names.has(old)) for (const p of ['icmp', 'http']) this.meshPeerRtt.remove({ peer: old, path: p });
+      this.meshPeers = { names, at: now };
+    }
+    if (this.meshPeers.names.has(peer)) this.meshPeerRtt.observe({ peer, path }, outcome.rttMs / 1000);
   }
 
   /** After every sync, successful or not (kube-proxy observes both). */

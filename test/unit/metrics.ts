@@ -174,11 +174,14 @@ t.test('health mesh: nodes by state, RTT histograms by path, errors by reason, p
   m.setMesh(() => ({ probeTime: 'now', periodMs: 10_000, timeoutMs: 1000, port: 4240, inFlight: 0, queued: 0, nodes, reachable: 3, unreachable: 0, total: 4 }), 2);
   m.meshProbe('icmp', { ok: true, rttMs: 0.5 });
   m.meshProbe('http', { ok: false, error: 'timeout' });
+  m.meshProbe('http', { ok: true, rttMs: 4 }, 'b');
+  m.meshProbe('http', { ok: true, rttMs: 6 }, 'c');
   const text = await m.registry.metrics();
   t.match(text, /lbctl_health_mesh_nodes\{state="reachable"\} 3\n/);
   t.match(text, /lbctl_health_mesh_nodes\{state="pending"\} 1\n/);
   t.match(text, /lbctl_health_mesh_rtt_seconds_count\{path="icmp"\} 1\n/);
+  t.match(text, /lbctl_health_mesh_rtt_seconds_count\{path="http"\} 2\n/, 'every peer in the aggregate');
   t.match(text, /lbctl_health_mesh_probe_errors_total\{path="http",reason="timeout"\} 1\n/);
-  t.match(text, /lbctl_health_mesh_peer_rtt_seconds\{peer="b",path="http"\} 0.004\n/);
+  t.match(text, /lbctl_health_mesh_peer_rtt_seconds_sum\{peer="b",path="http"\} 0.004\n/, 'a histogram of its own for a peer among the first 2');
   t.notMatch(text, /peer="c"/, 'no series beyond the configured count');
 });
