@@ -34,8 +34,14 @@ export type { Clock } from './mesh.js';
 
 export type ProbeState = 'unknown' | 'healthy' | 'quarantined';
 
-/** What an executor answers: success, or the failure's reason (kubelet's output). */
-export type ProbeOutcome = { readonly ok: true; readonly detail?: string } | { readonly ok: false; readonly reason: string };
+/**
+ * What an executor answers: success, or the failure's reason (kubelet's
+ * output). `error` marks a prober error rather than an answer of the
+ * backend (kubelet: an HTTP body that breaks off, a probe lbctl cannot
+ * run): kubelet's worker throws such a result away, and so does this one:
+ * it is shown as the last result but neither counted nor reported.
+ */
+export type ProbeOutcome = { readonly ok: true; readonly detail?: string } | { readonly ok: false; readonly reason: string; readonly error?: boolean };
 
 /** One probe of one target, bounded by `timeoutMs`; `signal` aborts at the timeout (or when the worker stops). */
 export type Executor = (target: ProbeTarget, opts: { readonly timeoutMs: number; readonly signal: AbortSignal }) => Promise<ProbeOutcome>;
@@ -48,6 +54,8 @@ export interface Executors {
 
 export interface LastResult {
   readonly ok: boolean;
+  /** A prober error, thrown away (see ProbeOutcome). */
+  readonly error?: boolean;
   /** The failure's reason, or the executor's detail on success. */
   readonly reason?: string;
   /** Epoch ms when the probe ended. */
@@ -247,7 +255,8 @@ export class Prober {
         if (w.abort === abort) w.abort = undefined;
         if (outcome === undefined) return resolve(undefined);
         const at = this.clock.now();
-        resolve({ ok: outcome.ok, reason: outcome.ok ? outcome.detail : outcome.reason, at, latencyMs: at - started });
+        const base = { ok: outcome.ok, reason: outcome.ok ? outcome.detail : outcome.reason, at, latencyMs: at - started };
+        resolve(!outcome.ok && outcome.error ? { ...base, error: true } : base);
       };
       const timer = this.clock.setTimeout(() => {
         abort.abort();
@@ -273,6 +282,8 @@ export class Prober {
   /** kubelet's doProbe counting, after the probe. */
   private record(w: Worker, result: LastResult): void {
     w.last = result;
+    // "Prober error, throw away the result" (worker.go, doProbe).
+    if (result.error) return;
     if (w.lastOk === result.ok) w.run++;
     else {
       w.lastOk = result.ok;

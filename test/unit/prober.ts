@@ -305,6 +305,23 @@ t.test('an executor that throws counts as a failure with its message', async (t)
   prober.stop();
 });
 
+t.test('a prober error is thrown away, as kubelet does: shown as the last result, neither counted nor reported', async (t) => {
+  const clock = new FakeClock();
+  let n = 0;
+  let reported = 0;
+  const exec: Executor = async () => (n++ % 2 === 0 ? { ok: false, reason: 'refused' } : { ok: false, reason: 'body broke off', error: true });
+  const prober = new Prober({ executors: all(exec), clock, random: () => 0, onResult: () => reported++ });
+  const [key] = prober.setTargets([target('10.0.0.1', spec({ periodSeconds: 1, failureThreshold: 2 }))]);
+  prober.start();
+  await clock.advance(1);
+  await clock.advance(1000);
+  t.match(prober.worker(key!), { state: 'unknown', consecutive: 1, last: { ok: false, error: true, reason: 'body broke off' } }, 'the error neither extends nor breaks the run');
+  await clock.advance(1000);
+  t.match(prober.worker(key!), { state: 'quarantined', consecutive: 2 });
+  t.equal(reported, 2);
+  prober.stop();
+});
+
 t.test('every backend failing: fail open serves them all, fail closed none; otherwise only the quarantined are left out', async (t) => {
   const b = (name: string, state: ProbeState): { name: string; state: ProbeState } => ({ name, state });
   const mixed = [b('a', 'healthy'), b('b', 'quarantined'), b('c', 'unknown')];
