@@ -98,9 +98,15 @@ export const httpGetExecutor: Executor = async (target: ProbeTarget, { signal })
   const h = target.spec.handler;
   if (h.kind !== 'httpGet') return { ok: false, reason: `not an httpGet probe (${h.kind})`, error: true };
   const headers = probeHeaders(h.httpHeaders);
+  // As kubelet's formatURL: the path is parsed as a URL, then its scheme and
+  // host are replaced by the probe's: a path such as //elsewhere/x or
+  // http://elsewhere/x still asks the backend for /x.
   let url: URL;
   try {
-    url = new URL(h.path, `${h.scheme.toLowerCase()}://${hostPort(target.address, target.port)}`);
+    const rel = new URL(h.path, 'http://backend.invalid');
+    url = new URL(`${h.scheme.toLowerCase()}://${hostPort(target.address, target.port)}`);
+    url.pathname = rel.pathname;
+    url.search = rel.search;
   } catch (err) {
     return { ok: false, reason: `bad URL: ${errText(err)}` };
   }

@@ -85,6 +85,10 @@ t.test('httpGet over HTTP: 200-399 succeed, others fail with the status; headers
   t.match(await run(httpGetExecutor, httpTarget(port, '/status/302')), { ok: true, detail: 'Probe terminated redirects (302)' }, 'a redirect without a Location is not followed: success');
 
   seen.length = 0;
+  t.same(await run(httpGetExecutor, httpTarget(port, '//probe-target.invalid/ok')), { ok: true }, 'a path that names a host still asks the backend (kubelet replaces the host)');
+  t.same(await run(httpGetExecutor, httpTarget(port, 'http://probe-target.invalid:1/ok')), { ok: true });
+  t.equal(seen.length, 2);
+  seen.length = 0;
   await run(httpGetExecutor, httpTarget(port, '/ok'));
   t.match(seen[0], { host: `${LOOPBACK}:${port}`, 'user-agent': USER_AGENT, accept: '*/*' }, 'defaults: Host is the backend, kube-probe User-Agent, Accept */*');
   t.notOk(seen[0]?.connection === 'keep-alive', 'no keep-alive');
