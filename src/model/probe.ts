@@ -202,8 +202,8 @@ function noHost(obj: Record<string, unknown>, where: string): Validated<never> |
   return fail(`${where}.host is not supported: lbctl probes each backend at its own address (kubelet would connect to ${show(obj.host)} instead); set a Host header in httpHeaders`);
 }
 
-/** An HTTP token (RFC 7230), the rule kubelet's IsHTTPHeaderName applies. */
-const HEADER_NAME = /^[-A-Za-z0-9!#$%&'*+.^_`|~]+$/;
+/** k8s.io/apimachinery's IsHTTPHeaderName: "[-A-Za-z0-9]+", a stricter subset of RFC 7230's tokens. */
+const HEADER_NAME = /^[-A-Za-z0-9]+$/;
 
 function httpGet(v: unknown): Validated<ProbeHandler> {
   if (!isObject(v)) return fail(`httpGet ${show(v)} is not an object`);
@@ -233,7 +233,7 @@ function httpGet(v: unknown): Validated<ProbeHandler> {
     const { name, value = '' } = hdr;
     if (typeof name !== 'string' || name.length === 0) return fail(`${where}.name is required`);
     if (name.length > MAX_HEADER_NAME) return fail(`${where}.name has ${name.length} characters, more than ${MAX_HEADER_NAME}`);
-    if (!HEADER_NAME.test(name)) return fail(`${where}.name ${show(name)} is not a valid HTTP header name`);
+    if (!HEADER_NAME.test(name)) return fail(`${where}.name ${show(name)} is not a valid HTTP header name: letters, digits and '-' only (as the API says)`);
     if (typeof value !== 'string') return fail(`${where}.value ${show(value)} is not text`);
     if (value.length > MAX_HEADER_VALUE) return fail(`${where}.value has ${value.length} characters, more than ${MAX_HEADER_VALUE}`);
     if (/[\u0000-\u0008\u000a-\u001f\u007f]/.test(value)) return fail(`${where}.value holds control characters`);

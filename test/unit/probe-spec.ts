@@ -78,6 +78,7 @@ t.test('refusals name the field', async (t) => {
   t.match(reason({ grpc: { port: 'grpc' } }), 'grpc.port "grpc" is not a port number (grpc takes numbers only, as kubelet)');
   t.match(reason({ httpGet: { port: 80, scheme: 'https' } }), 'httpGet.scheme "https" is not supported: HTTP or HTTPS');
   t.match(reason({ httpGet: { port: 80, httpHeaders: [{ name: 'Bad Header', value: 'x' }] } }), 'httpGet.httpHeaders[0].name "Bad Header" is not a valid HTTP header name');
+  t.match(reason({ httpGet: { port: 80, httpHeaders: [{ name: 'X_Under', value: 'x' }] } }), 'letters, digits and \'-\' only', 'the API refuses what RFC 7230 allows beyond [-A-Za-z0-9]');
   t.match(reason({ httpGet: { port: 80, httpHeaders: [{ name: 'X', value: 'a\r\nInjected: 1' }] } }), 'httpGet.httpHeaders[0].value holds control characters');
   t.match(reason({ httpGet: { port: 80, path: '/a b' } }), 'httpGet.path "/a b" holds spaces or control characters');
   t.match(reason({ httpGet: { port: 80, timeout: 3 } }), 'httpGet: unknown field "timeout"');
