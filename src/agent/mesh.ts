@@ -18,6 +18,7 @@
 // The probes themselves are injected (Probers): the agent gives ICMP sockets
 // and HTTP, unit tests give fakes and a fake clock.
 import type { Node } from '../model/k8s.js';
+import { Pool } from './pool.js';
 
 export type Path = 'icmp' | 'http';
 export const PATHS: readonly Path[] = ['icmp', 'http'];
@@ -139,18 +140,16 @@ export class HealthMesh {
   private readonly clock: Clock;
   private readonly random: () => number;
   private readonly timeoutMs: number;
-  private readonly concurrency: number;
   /** node name → address → target */
   private readonly nodes = new Map<string, Map<string, Target>>();
-  private readonly waiting: Array<() => void> = [];
-  private inFlight = 0;
+  private readonly pool: Pool;
   private running = false;
 
   constructor(private readonly opts: MeshOptions) {
     this.clock = opts.clock ?? SYSTEM_CLOCK;
     this.random = opts.random ?? Math.random;
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    this.concurrency = opts.concurrency ?? Math.max(64, Math.ceil((PROBES_PER_SECOND * this.timeoutMs) / 1000) * 2);
+    this.pool = new Pool(opts.concurrency ?? Math.max(64, Math.ceil((PROBES_PER_SECOND * this.timeoutMs) / 1000) * 2));
   }
 
   /** The period in force: the override, or periodFor the current targets. */
@@ -195,8 +194,8 @@ export class HealthMesh {
         t.timer = undefined;
       }
     }
-    // Probes waiting for a slot are dropped; those in flight end by their timeout.
-    this.waiting.length = 0;
+    // Probes waiting for a slot give up; those in flight end by their timeout.
+    this.pool.releaseAll();
   }
 
   /**
@@ -224,7 +223,7 @@ export class HealthMesh {
     t.busy = true;
     try {
       t.lastProbe = this.clock.now();
-      await Promise.all(PATHS.map((p) => this.withSlot(() => this.probePath(t, p))));
+      await Promise.all(PATHS.map((p) => this.pool.run(async () => (this.running ? this.probePath(t, p) : undefined))));
     } finally {
       t.busy = false;
     }
@@ -254,16 +253,6 @@ export class HealthMesh {
     this.opts.onResult?.({ node: t.node, address: t.address, path, outcome });
   }
 
-  private async withSlot<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.inFlight >= this.concurrency) await new Promise<void>((resolve) => this.waiting.push(resolve));
-    this.inFlight++;
-    try {
-      return await fn();
-    } finally {
-      this.inFlight--;
-      this.waiting.shift()?.();
-    }
-  }
 
   /** One node's status (undefined: not in the mesh). */
   node(name: string): MeshNodeStatus | undefined {
@@ -296,8 +285,8 @@ export class HealthMesh {
       periodMs: this.periodMs(),
       timeoutMs: this.timeoutMs,
       port: this.opts.port,
-      inFlight: this.inFlight,
-      queued: this.waiting.length,
+      inFlight: this.pool.inFlight,
+      queued: this.pool.queued,
       nodes,
       reachable,
       unreachable,

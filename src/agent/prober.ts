@@ -29,6 +29,7 @@
 // executors are injected (as in mesh.ts): unit tests use a fake clock.
 import { probeKey, type ProbeSpec, type ProbeTarget } from '../model/probe.js';
 import { SYSTEM_CLOCK, type Clock } from './mesh.js';
+import { Pool } from './pool.js';
 
 export type { Clock } from './mesh.js';
 
@@ -111,17 +112,15 @@ interface Worker {
 export class Prober {
   private readonly clock: Clock;
   private readonly random: () => number;
-  private readonly concurrency: number;
   private readonly workers = new Map<string, Worker>();
-  private readonly waiting: Array<() => void> = [];
-  private inFlight = 0;
+  private readonly pool: Pool;
   private running = false;
   private startedAt = 0;
 
   constructor(private readonly opts: ProberOptions) {
     this.clock = opts.clock ?? SYSTEM_CLOCK;
     this.random = opts.random ?? Math.random;
-    this.concurrency = Math.max(1, opts.concurrency ?? DEFAULT_CONCURRENCY);
+    this.pool = new Pool(Math.max(1, opts.concurrency ?? DEFAULT_CONCURRENCY));
   }
 
   /**
@@ -164,7 +163,7 @@ export class Prober {
     this.running = false;
     for (const w of this.workers.values()) this.halt(w);
     // Queued probes get their turn at once and see the prober stopped: none stays busy forever.
-    for (const release of this.waiting.splice(0)) release();
+    this.pool.releaseAll();
   }
 
   state(key: string): ProbeState | undefined {
@@ -177,7 +176,7 @@ export class Prober {
   }
 
   status(): { readonly inFlight: number; readonly queued: number; readonly workers: readonly WorkerStatus[] } {
-    return { inFlight: this.inFlight, queued: this.waiting.length, workers: [...this.workers.values()].map(statusOf) };
+    return { inFlight: this.pool.inFlight, queued: this.pool.queued, workers: [...this.workers.values()].map(statusOf) };
   }
 
   private remove(w: Worker): void {
@@ -224,7 +223,7 @@ export class Prober {
   private async probe(w: Worker): Promise<void> {
     w.busy = true;
     try {
-      await this.withSlot(async () => {
+      await this.pool.run(async () => {
         if (w.stopped || !this.running) return;
         const result = await this.runOne(w);
         if (result !== undefined && !w.stopped) this.record(w, result);
@@ -300,16 +299,6 @@ export class Prober {
     this.opts.onChange?.(target, next, previous);
   }
 
-  private async withSlot<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.inFlight >= this.concurrency) await new Promise<void>((resolve) => this.waiting.push(resolve));
-    this.inFlight++;
-    try {
-      return await fn();
-    } finally {
-      this.inFlight--;
-      this.waiting.shift()?.();
-    }
-  }
 }
 
 function statusOf(w: Worker): WorkerStatus {

@@ -2,46 +2,10 @@
 // rule, per-address timers with jitter, a slow peer that delays no other,
 // the bounded pool, results and node states, nodes added and removed.
 import t from 'tap';
-import { HealthMesh, periodFor, type Clock, type Outcome, type Probers } from '../../src/agent/mesh.js';
+import { FakeClock } from '../helpers/fake-clock.js';
+import { HealthMesh, periodFor, type Outcome, type Probers } from '../../src/agent/mesh.js';
 import type { Node } from '../../src/model/k8s.js';
 
-/** A clock whose timers fire when the test advances it. */
-class FakeClock implements Clock {
-  private t = 1_700_000_000_000;
-  private timers = new Map<number, { at: number; fn: () => void }>();
-  private next = 1;
-  now(): number {
-    return this.t;
-  }
-  setTimeout(fn: () => void, ms: number): unknown {
-    const id = this.next++;
-    this.timers.set(id, { at: this.t + ms, fn });
-    return id;
-  }
-  clearTimeout(h: unknown): void {
-    this.timers.delete(h as number);
-  }
-  pending(): number {
-    return this.timers.size;
-  }
-  /** Runs every timer due by now + ms, in order, letting promises settle in between. */
-  async advance(ms: number): Promise<void> {
-    const end = this.t + ms;
-    for (;;) {
-      await settle();
-      const due = [...this.timers.entries()].filter(([, x]) => x.at <= end).sort((a, b) => a[1].at - b[1].at)[0];
-      if (!due) break;
-      this.timers.delete(due[0]);
-      this.t = Math.max(this.t, due[1].at);
-      due[1].fn();
-    }
-    this.t = end;
-    await settle();
-  }
-}
-const settle = async (): Promise<void> => {
-  for (let i = 0; i < 20; i++) await Promise.resolve();
-};
 
 const node = (name: string, ...addresses: string[]): Node => ({ name, deleting: false, addresses: addresses.map((address) => ({ type: 'InternalIP' as const, address })) });
 

@@ -4,47 +4,10 @@
 // stopped on removal, one worker for a backend that services share, the
 // bounded pool, and the fail open / fail closed policy.
 import t from 'tap';
-import { Prober, selectBackends, type Clock, type Executor, type Executors, type ProbeOutcome, type ProbeState } from '../../src/agent/prober.js';
+import { FakeClock } from '../helpers/fake-clock.js';
+import { Prober, selectBackends, type Executor, type Executors, type ProbeOutcome, type ProbeState } from '../../src/agent/prober.js';
 import { PROBE_DEFAULTS, type ProbeSpec, type ProbeTarget } from '../../src/model/probe.js';
 
-/** A clock whose timers fire when the test advances it (as in test/unit/mesh.ts). */
-class FakeClock implements Clock {
-  private t = 1_700_000_000_000;
-  private timers = new Map<number, { at: number; fn: () => void }>();
-  private next = 1;
-  readonly start = this.t;
-  now(): number {
-    return this.t;
-  }
-  setTimeout(fn: () => void, ms: number): unknown {
-    const id = this.next++;
-    this.timers.set(id, { at: this.t + ms, fn });
-    return id;
-  }
-  clearTimeout(h: unknown): void {
-    this.timers.delete(h as number);
-  }
-  pending(): number {
-    return this.timers.size;
-  }
-  /** Runs every timer due by now + ms, in order, letting promises settle in between. */
-  async advance(ms: number): Promise<void> {
-    const end = this.t + ms;
-    for (;;) {
-      await settle();
-      const due = [...this.timers.entries()].filter(([, x]) => x.at <= end).sort((a, b) => a[1].at - b[1].at || a[0] - b[0])[0];
-      if (!due) break;
-      this.timers.delete(due[0]);
-      this.t = Math.max(this.t, due[1].at);
-      due[1].fn();
-    }
-    this.t = end;
-    await settle();
-  }
-}
-const settle = async (): Promise<void> => {
-  for (let i = 0; i < 20; i++) await Promise.resolve();
-};
 
 const spec = (over: Partial<ProbeSpec> = {}): ProbeSpec => ({ ...PROBE_DEFAULTS, handler: { kind: 'tcpSocket', port: 80 }, ...over });
 const target = (address: string, s: ProbeSpec = spec(), port = 80): ProbeTarget => ({ address, port, spec: s });
