@@ -18,6 +18,7 @@
 // The probes themselves are injected (Probers): the agent gives ICMP sockets
 // and HTTP, unit tests give fakes and a fake clock.
 import type { Node } from '../model/k8s.js';
+import { wallClock, type Clock } from './clock.js';
 import { Pool } from './pool.js';
 
 export type Path = 'icmp' | 'http';
@@ -30,23 +31,6 @@ export interface Probers {
   icmp(address: string, timeoutMs: number): Promise<Outcome>;
   http(address: string, port: number, timeoutMs: number): Promise<Outcome>;
 }
-
-/** Timers, injectable so that unit tests run on a fake clock with no sleeps. */
-export interface Clock {
-  now(): number;
-  setTimeout(fn: () => void, ms: number): unknown;
-  clearTimeout(handle: unknown): void;
-}
-
-export const SYSTEM_CLOCK: Clock = {
-  now: () => Date.now(),
-  setTimeout: (fn, ms) => {
-    const t = setTimeout(fn, ms);
-    t.unref();
-    return t;
-  },
-  clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
-};
 
 /** The shortest default period: what a handful of nodes gets. */
 export const MIN_PERIOD_MS = 10_000;
@@ -146,7 +130,7 @@ export class HealthMesh {
   private running = false;
 
   constructor(private readonly opts: MeshOptions) {
-    this.clock = opts.clock ?? SYSTEM_CLOCK;
+    this.clock = opts.clock ?? wallClock;
     this.random = opts.random ?? Math.random;
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
     this.pool = new Pool(opts.concurrency ?? Math.max(64, Math.ceil((PROBES_PER_SECOND * this.timeoutMs) / 1000) * 2));

@@ -28,10 +28,10 @@
 // nothing here blocks the agent's start, syncs or API. The clock and the
 // executors are injected (as in mesh.ts): unit tests use a fake clock.
 import { probeKey, type ProbeSpec, type ProbeTarget } from '../model/probe.js';
-import { SYSTEM_CLOCK, type Clock } from './mesh.js';
+import { wallClock, type Clock } from './clock.js';
 import { Pool } from './pool.js';
 
-export type { Clock } from './mesh.js';
+export type { Clock } from './clock.js';
 
 export type ProbeState = 'unknown' | 'healthy' | 'quarantined';
 
@@ -118,7 +118,7 @@ export class Prober {
   private startedAt = 0;
 
   constructor(private readonly opts: ProberOptions) {
-    this.clock = opts.clock ?? SYSTEM_CLOCK;
+    this.clock = opts.clock ?? wallClock;
     this.random = opts.random ?? Math.random;
     this.pool = new Pool(Math.max(1, opts.concurrency ?? DEFAULT_CONCURRENCY));
   }

@@ -7,21 +7,9 @@
 // - A run that throws is retried with exponential backoff, also `full`.
 // - Never two runs at once. The clock is injectable for tests.
 
-export interface Clock {
-  now(): number;
-  setTimeout(fn: () => void, ms: number): unknown;
-  clearTimeout(handle: unknown): void;
-}
+import { systemClock, type Clock } from './clock.js';
 
-export const systemClock: Clock = {
-  now: () => performance.now(),
-  setTimeout: (f, ms) => {
-    const h = setTimeout(f, ms);
-    h.unref?.();
-    return h;
-  },
-  clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
-};
+export { systemClock, type Clock } from './clock.js';
 
 export type RunReason = 'change' | 'periodic' | 'retry';
 
