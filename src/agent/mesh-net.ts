@@ -5,6 +5,7 @@
 // node, not the agent's event loop.
 import http from 'node:http';
 import { Worker } from 'node:worker_threads';
+import { classifyErrno } from '../native/icmp.js';
 import type { Outcome } from './mesh.js';
 
 export interface HelloServer {
@@ -76,20 +77,11 @@ export function startHelloServer(opts: { port: number; host?: string; node: stri
   });
 }
 
-/** An errno of a failed connection, as the mesh reports it. */
+/** An errno of a failed connection, named as the ICMP probe names its errors (classifyErrno). */
 export function classify(code: string | undefined): string {
-  switch (code) {
-    case 'ECONNREFUSED':
-      return 'refused';
-    case 'EHOSTUNREACH':
-    case 'ENETUNREACH':
-    case 'EHOSTDOWN':
-      return 'unreachable';
-    case 'ETIMEDOUT':
-      return 'timeout';
-    default:
-      return code ?? 'error';
-  }
+  if (code === undefined) return 'error';
+  if (code === 'ETIMEDOUT') return 'timeout';
+  return classifyErrno(code === 'EHOSTDOWN' ? 'EHOSTUNREACH' : code);
 }
 
 /** GET http://address:port/hello on a new connection, bounded by `timeoutMs`: its RTT (connect to answer) or the error. */
