@@ -310,6 +310,29 @@ export class Sandbox {
     return startBackendServers(this.servers, netns, this.python, this.runId, backends, extra);
   }
 
+  /**
+   * Any server command in one of this run's namespaces (the backend netns,
+   * usually), recorded and killed by its pid at teardown; resolves once it
+   * prints its first line on stdout (its "ready").
+   */
+  async startServerIn(netns: string, cmd: readonly string[], readyTimeoutMs = 10_000): Promise<void> {
+    const proc = this.servers.spawn(netns, cmd);
+    let stderr = '';
+    proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`${cmd.join(' ')}: not ready in ${(readyTimeoutMs * SLOW) / 1000} s: ${stderr}`)), readyTimeoutMs * SLOW);
+      proc.stdout!.once('data', () => {
+        clearTimeout(timer);
+        proc.stdout!.resume();
+        resolve();
+      });
+      proc.once('exit', (code) => {
+        clearTimeout(timer);
+        reject(new Error(`${cmd.join(' ')} exited (${code}): ${stderr}`));
+      });
+    });
+  }
+
   /** Something a test made beyond the sandbox (namespaces, agents): undone first at teardown, even when the test fails. */
   addCleanup(fn: () => void): void {
     this.cleanups.add(fn);
