@@ -15,7 +15,7 @@ import { defaultExecutors } from '../../agent/probe-exec.js';
 import { GrpcJsHealthClient } from '../../agent/grpc-health.js';
 import type { Problem, Source } from '../../sources/source.js';
 
-import { VERSION } from '../../defaults.js';
+import { PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
 import { readFileSync } from 'node:fs';
 import { parseCidrs } from '../../datapath/devices.js';
 import { DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
@@ -170,7 +170,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   const source = await makeSource(opts, nodeName, log, metrics);
   // Readiness probes in standalone mode only: in a cluster, kubelet's probes
   // decide which endpoints are ready, and lbctl follows their conditions.
-  const probes = source instanceof FileSource ? { allFailed: opts.probeAllFailed ?? 'open', executors: defaultExecutors(new GrpcJsHealthClient()) } : undefined;
+  const probes = source instanceof FileSource ? { allFailed: opts.probeAllFailed ?? 'open', executors: defaultExecutors(new GrpcJsHealthClient()), concurrency: PROBE_CONCURRENCY } : undefined;
   agent = new Agent({
     source,
     ...(probes ? { probes } : {}),
