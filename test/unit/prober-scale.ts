@@ -54,6 +54,7 @@ async function measure(t: Test, child: ChildProcess, handler: ProbeHandler, opts
   let counting = false;
   global.gc?.();
   const rss0 = process.memoryUsage().rss;
+  const heap0 = process.memoryUsage().heapUsed;
   const prober = new Prober({
     executors: defaultExecutors(new GrpcJsHealthClient()),
     ...(opts.concurrency !== undefined ? { concurrency: opts.concurrency } : {}),
@@ -88,6 +89,7 @@ async function measure(t: Test, child: ChildProcess, handler: ProbeHandler, opts
   const cpu = process.cpuUsage(cpu0);
   const childCpu = cpuOf(child.pid!) - child0;
   const rss1 = process.memoryUsage().rss;
+  const heap1 = process.memoryUsage().heapUsed;
   const states = prober.status().workers.map((w) => (down.has(w.address) ? (w.state === 'quarantined' ? 'healthy' : w.state) : w.state));
   prober.stop();
   latencies.sort((a, b) => a - b);
@@ -109,6 +111,7 @@ async function measure(t: Test, child: ChildProcess, handler: ProbeHandler, opts
     serversCpuPercent: Math.round((childCpu / secs) * 1000) / 10,
     rssMiB: Math.round(rss1 / 2 ** 20),
     rssGrowthMiB: Math.round((rss1 - rss0) / 2 ** 20),
+    heapGrowthMiB: Math.round((heap1 - heap0) / 2 ** 20),
   };
   t.comment(JSON.stringify(stats));
   t.equal(failures, 0, `${kind}: no probe failed (${firstFailure})`);
