@@ -47,9 +47,18 @@ async function serviceList(sb: Sandbox): Promise<FrontendStatus[]> {
   return JSON.parse(r.stdout) as FrontendStatus[];
 }
 
-async function scrape(sb: Sandbox): Promise<string> {
-  const r = await fetch(`http://127.0.0.1:${sb.agentPort('metrics')}/metrics`);
-  return r.text();
+const scrape = (sb: Sandbox): Promise<string> => sb.scrapeMetrics();
+
+/**
+ * The agent runs in the client netns: its probes must reach the backends,
+ * which only that netns routes to (the machine's own namespace is never
+ * touched). The tc datapath and the mesh stay off there, as in the machine's.
+ */
+const AGENT_ARGS = ['--no-nodeport', '--health-mesh-port', '0'];
+async function probeSandbox(t: Parameters<typeof createSandbox>[0], backends: number): Promise<Sandbox> {
+  const sb = await createSandbox(t, { backends, agent: false, agentInClientNetns: true });
+  await sb.startAgent(AGENT_ARGS);
+  return sb;
 }
 
 /** The probe states of one frontend, by backend address. */
@@ -109,7 +118,7 @@ const LOG_QUARANTINED = /^backend quarantined/;
 const LOG_BACK = /^backend passes its readiness probe again/;
 
 t.test('a backend that stops answering its probe is quarantined in time, avoided by new connections, kept by established ones, and returns (httpGet, tcpSocket, grpc)', async (t) => {
-  const sb = await createSandbox(t, { backends: 3 });
+  const sb = await probeSandbox(t, 3);
   const control = await startHelper(sb);
   const addrs = sb.backends.map((b) => b.v4);
   for (const [kind, k] of Object.entries(KINDS)) sb.writeManifest(`${kind}.yaml`, probedService(`web-${kind}`, k.vip, k.probe, addrs));
@@ -120,7 +129,11 @@ t.test('a backend that stops answering its probe is quarantined in time, avoided
   await sb.waitUntil(async () => {
     const list = await serviceList(sb);
     return Object.values(KINDS).every((k) => Object.values(states(list, `${k.vip}:80/TCP`)).filter((s) => s === 'healthy').length === 3);
-  }, 'every backend healthy', 20_000);
+  }, 'every backend healthy', 20_000).catch(async (err) => {
+    t.comment(JSON.stringify((await serviceList(sb)).map((f) => [f.frontend, f.probes])));
+    t.comment(agent.tail(40));
+    throw err;
+  });
   t.pass('every backend healthy by its three probes');
 
   const victim = addrs[0]!;
@@ -221,7 +234,7 @@ t.test('a backend that stops answering its probe is quarantined in time, avoided
 });
 
 t.test('every backend failing: fail open keeps serving them all, fail closed refuses; an invalid probe is bad input and its service is served', async (t) => {
-  const sb = await createSandbox(t, { backends: 3 });
+  const sb = await probeSandbox(t, 3);
   const control = await startHelper(sb);
   // The service with the bad probe has a backend of its own: the maps keep one state per backend.
   const addrs = sb.backends.slice(0, 2).map((b) => b.v4);
@@ -253,7 +266,7 @@ t.test('every backend failing: fail open keeps serving them all, fail closed ref
 
   // Fail closed: the agent restarted with the flag; the datapath (and the long connection) outlive it.
   await sb.stopAgent();
-  await sb.startAgent(['--probe-all-failed', 'closed']);
+  await sb.startAgent([...AGENT_ARGS, '--probe-all-failed', 'closed']);
   const agent2 = sb.agent!;
   const closed = await agent2.waitForLog((l) => /^every backend of the service failed its readiness probe/.test(String(l.msg)), 0, 15_000 * SLOW);
   t.match(closed, { service: 'default/web', policy: 'closed', msg: /refusing new connections/ });

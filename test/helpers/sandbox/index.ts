@@ -41,7 +41,7 @@ import {
   type AgentProcess, type LbListEntry, type LogLine, type PinnedLink, type SyncReport,
 } from './agent.js';
 import { startLoad, type LoadOptions, type LoadRun } from './load.js';
-import { CLIENT_PY, how, killPid, python, runInCgroupNetns, Servers, SLOW, waitUntil, type ExecResult } from './run.js';
+import { CLIENT_PY, how, killPid, python, run, runInCgroupNetns, Servers, SLOW, waitUntil, type ExecResult } from './run.js';
 import {
   backendAddrs, BPFFS, cgroup2Mount, dnsAddrs, ensureBpffs, makeNetworks, PREFIX, removeBpfRoot, removeCgroup, removeNetns,
   startBackendServers, startDnsServers, sweepLeftovers, type BackendAddrs,
@@ -56,6 +56,14 @@ export interface SandboxOptions {
   readonly manifests?: Readonly<Record<string, string>>;
   /** Start the agent (and wait for its first sync). Default true. */
   readonly agent?: boolean;
+  /**
+   * Run the agent in the client netns (through nsenter: bpffs and cgroup2
+   * stay visible) rather than the machine's: for what the agent itself
+   * connects to, such as readiness probes, which must reach the backends
+   * without a route in the machine's namespace. Its health and metrics
+   * ports are then in that netns (see scrapeMetrics).
+   */
+  readonly agentInClientNetns?: boolean;
 }
 
 export interface FreshSync {
@@ -116,7 +124,17 @@ export class Sandbox {
       bpfRoot: this.bpfRoot,
       apiSocket: path.join(this.runDir, 'agent.sock'),
       sourceArgs: ['--source', `file:${this.manifestDir}`],
+      ...(opts.agentInClientNetns ? { netns: this.clientNs } : {}),
     });
+  }
+
+  /** The agent's /metrics text, fetched from wherever it runs (the client netns, with agentInClientNetns). */
+  async scrapeMetrics(): Promise<string> {
+    const url = `http://127.0.0.1:${this.agentPort('metrics')}/metrics`;
+    if (!this.opts.agentInClientNetns) return (await fetch(url)).text();
+    const r = await run('ip', ['netns', 'exec', this.clientNs, 'curl', '-sS', '--max-time', String(5 * SLOW), url], 10_000 * SLOW);
+    if (r.code !== 0) throw new Error(`curl ${url} in ${this.clientNs} failed ${how(r)}: ${r.stderr}`);
+    return r.stdout;
   }
 
   // ------------------------------------------------------------- build
