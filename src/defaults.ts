@@ -13,3 +13,12 @@ export const DEFAULT_API_SOCKET = '/run/lbctl/agent.sock';
  * EndpointSlices have listed (--node-sync-timeout; src/sources/kubernetes.ts).
  */
 export const DEFAULT_NODE_SYNC_TIMEOUT_MS = 5_000;
+
+/**
+ * Readiness probes in flight at most (standalone mode). A probe that hangs
+ * holds its slot for its whole timeout: 512 keeps 1,000 backends at
+ * periodSeconds 1 probed even while half of them hang for a 1 s timeout
+ * (test/unit/prober-scale.ts), and stays well inside the default 1,024 open
+ * files.
+ */
+export const PROBE_CONCURRENCY = 512;

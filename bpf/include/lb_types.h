@@ -65,12 +65,14 @@ enum lb_svc_flags {
  * Backend states (struct lb*_backend.state), for listings: no program reads
  * the state. What decides selection is the backend's slot: slots 1..count of
  * the master entry are selectable, slots count+1..count+qcount (terminating
- * backends) are never picked for a new socket and are kept so the backend
- * stays in the maps for the sockets already sent to it.
+ * backends, and backends a readiness probe quarantined) are never picked
+ * for a new socket and are kept so the backend stays in the maps for the
+ * sockets already sent to it.
  */
 enum lb_backend_state {
 	LB_BACKEND_ACTIVE = 0,
 	LB_BACKEND_TERMINATING = 1,
+	LB_BACKEND_QUARANTINED = 2,
 };
 
 /* Per-CPU datapath counters (lb_metrics index). */

@@ -16,7 +16,8 @@ import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { ServiceHealthServers } from './service-health.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
-import { DesiredModel } from '../model/desired.js';
+import { DesiredModel, type ServiceId } from '../model/desired.js';
+import { Prober, type Executors, type LastResult, type ProbeState } from './prober.js';
 import type { Skipped } from '../model/from-k8s.js';
 import type { Node } from '../model/k8s.js';
 import { frontendStatuses } from './drift.js';
@@ -53,6 +54,25 @@ export interface AgentOptions {
    * cause a sync.
    */
   readonly onNode?: (name: string, node: Node | undefined) => void;
+  /**
+   * Readiness probes of the backends of Services that carry the
+   * lbctl.io/readiness-probe annotation (standalone mode, issue 17). Absent:
+   * nothing is probed (in a cluster, kubelet's probes decide readiness).
+   */
+  readonly probes?: {
+    /** --probe-all-failed: when every backend of a service is quarantined, serve them all (open) or none (closed). */
+    readonly allFailed: 'open' | 'closed';
+    readonly executors: Executors;
+    /** Probes in flight at most (default: the prober's). */
+    readonly concurrency?: number;
+  };
+}
+
+/** One backend's probe, as `lbctl service list` shows it. */
+export interface BackendProbe {
+  readonly state: ProbeState;
+  readonly consecutive: number;
+  readonly last?: LastResult;
 }
 
 export interface SyncReport extends Omit<SyncResult, 'phasesMs' | 'notProgrammed'> {
@@ -117,9 +137,31 @@ export class Agent implements AgentView {
   /** Resolves when the first sync that found the source synced has ended, whatever its outcome. */
   private attempted!: () => void;
   private readonly firstAttempted = new Promise<void>((resolve) => (this.attempted = resolve));
+  /** The readiness prober (standalone mode with probes): runs beside the syncs, never waited for. */
+  private readonly prober: Prober | undefined;
+  /** A Service or EndpointSlice changed since the probe targets were last computed. */
+  private probeTargetsStale = true;
+  /** Probe workers of each service's backend address ("ns/name|address"), and the services each worker serves. */
+  private probeKeys = new Map<string, string[]>();
+  private servicesOfKey = new Map<string, ServiceId[]>();
+  /** Unresolvable probe ports, logged once each. */
+  private probeUnresolved = new Set<string>();
+  /** Services with every backend quarantined, as last logged. */
+  private allFailedLogged = new Set<ServiceId>();
 
   constructor(private readonly opts: AgentOptions) {
-    this.model = new DesiredModel(opts.nodePort ? { nodePortRange: opts.nodePort.settings.nodePortRange } : {});
+    this.model = new DesiredModel({
+      ...(opts.nodePort ? { nodePortRange: opts.nodePort.settings.nodePortRange } : {}),
+      ...(opts.probes ? { probeAllFailed: opts.probes.allFailed } : {}),
+    });
+    if (opts.probes) {
+      this.prober = new Prober({
+        executors: opts.probes.executors,
+        ...(opts.probes.concurrency !== undefined ? { concurrency: opts.probes.concurrency } : {}),
+        onChange: (target, state, previous) => this.probeChanged(target, state, previous),
+        onResult: (target, result) => this.opts.metrics?.probeResult(this.servicesOfKey.get(target.key) ?? [], result.ok, target.spec.handler.kind, result.latencyMs),
+      });
+    }
     this.model.setNode(this.nodeWithout());
     this.runner = new BoundedFrequencyRunner((reason) => this.syncOnce(reason), {
       minIntervalMs: opts.minSyncPeriodMs ?? 0,
@@ -170,6 +212,10 @@ export class Agent implements AgentView {
     this.terminator = await UdpTerminator.open({ revNat, cgroup: this.opts.datapath.cgroup });
     log.info(this.terminator.detection, `stale connected UDP sockets of removed backends: ${this.terminator.mechanism}`);
 
+    // The prober runs beside everything: its workers come with the first
+    // sync's targets, jittered within their period (a restart does not probe
+    // everything at once), and nothing waits for a probe.
+    this.prober?.start();
     await this.opts.source.start((e) => this.changed(e));
     // The first sync: the one the source's first events asked for, or one
     // now (a source still listing defers it; the maps keep serving).
@@ -250,6 +296,7 @@ export class Agent implements AgentView {
   }
 
   async stop(): Promise<void> {
+    this.prober?.stop();
     this.runner.stop();
     await this.serviceHealth?.close();
     this.nodePort?.stop();
@@ -269,6 +316,7 @@ export class Agent implements AgentView {
       this.opts.metrics?.event(e.kind, e.type);
       if (e.kind === 'Service') this.model.setService(e.id, e.object);
       else if (e.kind === 'EndpointSlice') this.model.setSlice(e.id, e.object);
+      if (e.kind !== 'Node') this.probeTargetsStale = true;
       else {
         this.opts.onNode?.(e.id, e.object);
         // Only this node's Node feeds the model (a source may send every node's).
@@ -325,6 +373,7 @@ export class Agent implements AgentView {
       const { changed, newSkips } = this.model.flush();
       const t2 = performance.now();
       this.reportSkipped(newSkips);
+      this.reportAllFailed();
       const desired = this.model.frontends;
       const result = this.reconciler!.sync(desired, { prune: snap.complete, changed });
       left = result.notProgrammed;
@@ -337,6 +386,7 @@ export class Agent implements AgentView {
       ok = true;
       this.synced = true;
       this.syncServiceHealth();
+      this.syncProbeTargets();
       this.stats.lastSuccess = Date.now();
       this.stats.lastError = undefined;
       if (pendingSince !== undefined) this.opts.metrics?.networkProgramming((Date.now() - pendingSince) / 1000);
@@ -429,6 +479,127 @@ export class Agent implements AgentView {
     for (const [reason, count] of more) this.opts.log.info({ reason, count }, `${count} more services skipped for the same reason (not listed one by one)`);
   }
 
+  // ------------------------------------------------------- readiness probes
+
+  /**
+   * After a sync that followed a Service or EndpointSlice change: the
+   * prober's targets (every endpoint address of every service with a probe;
+   * a backend several services probe alike is one worker). A backend gone
+   * stops its worker, a changed probe replaces it (back to unknown).
+   */
+  private syncProbeTargets(): void {
+    const prober = this.prober;
+    if (!prober || !this.probeTargetsStale) return;
+    this.probeTargetsStale = false;
+    const { targets, unresolved } = this.model.probeTargets();
+    const keys = prober.setTargets(targets.map((x) => x.target));
+    const probeKeys = new Map<string, string[]>();
+    const servicesOfKey = new Map<string, ServiceId[]>();
+    const services = new Set<string>();
+    for (const [i, x] of targets.entries()) {
+      const key = keys[i]!;
+      const id = `${x.service}|${x.target.address}`;
+      const list = probeKeys.get(id);
+      if (list) list.push(key);
+      else probeKeys.set(id, [key]);
+      const svcs = servicesOfKey.get(key);
+      if (!svcs) servicesOfKey.set(key, [x.service]);
+      else if (!svcs.includes(x.service)) svcs.push(x.service);
+      services.add(x.service);
+    }
+    this.probeKeys = probeKeys;
+    this.servicesOfKey = servicesOfKey;
+    this.opts.metrics?.setProbedServices(services);
+    const now = new Set(unresolved.map((u) => `${u.service}|${u.detail}`));
+    for (const u of unresolved) {
+      if (!this.probeUnresolved.has(`${u.service}|${u.detail}`)) this.opts.log.warn({ service: u.service, detail: u.detail }, 'readiness probe cannot be aimed: those endpoints are served as their conditions say');
+    }
+    this.probeUnresolved = now;
+    this.applyProbeStates();
+  }
+
+  /** A worker's state changed: one log line, and the model gets the new quarantine. */
+  private probeChanged(target: { readonly key: string; readonly address: string; readonly port: number }, state: ProbeState, previous: ProbeState): void {
+    const services = this.servicesOfKey.get(target.key) ?? [];
+    const last = this.prober?.worker(target.key)?.last;
+    const fields = { services, backend: target.address, port: target.port, state, previous, ...(last?.reason !== undefined ? { last: last.reason } : {}) };
+    if (state === 'quarantined') this.opts.log.warn(fields, 'backend quarantined: its readiness probe failed (new connections avoid it; established ones keep it)');
+    else this.opts.log.info(fields, previous === 'quarantined' ? 'backend passes its readiness probe again: selectable' : 'backend passes its readiness probe');
+    this.applyProbeStates();
+  }
+
+  /** The quarantined addresses of each service, from the workers' states, into the model; a sync when that changed. */
+  private applyProbeStates(): void {
+    const prober = this.prober;
+    if (!prober) return;
+    const quarantined = new Map<ServiceId, Set<string>>();
+    for (const [id, keys] of this.probeKeys) {
+      if (!keys.some((k) => prober.state(k) === 'quarantined')) continue;
+      const bar = id.lastIndexOf('|');
+      const service = id.slice(0, bar);
+      let set = quarantined.get(service);
+      if (!set) quarantined.set(service, (set = new Set()));
+      set.add(id.slice(bar + 1));
+    }
+    const counts = { unknown: 0, healthy: 0, quarantined: 0 };
+    for (const key of this.servicesOfKey.keys()) {
+      const st = prober.state(key);
+      if (st) counts[st]++;
+    }
+    this.opts.metrics?.setProbeBackends(counts);
+    if (this.model.setQuarantined(quarantined)) {
+      this.opts.metrics?.queued(Date.now());
+      this.stats.oldestPending ??= Date.now();
+      this.requestSync();
+    }
+  }
+
+  /** One log line and a count each time a service gets every backend quarantined, and when it no longer has. */
+  private reportAllFailed(): void {
+    if (!this.prober) return;
+    const policy = this.model.allFailedPolicy;
+    const now = this.model.allFailedServices;
+    for (const service of now) {
+      if (this.allFailedLogged.has(service)) continue;
+      this.opts.metrics?.probeAllFailedEvent(policy);
+      if (policy === 'open') this.opts.log.warn({ service, policy }, 'every backend of the service failed its readiness probe: serving them all (--probe-all-failed open)');
+      else this.opts.log.error({ service, policy }, 'every backend of the service failed its readiness probe: refusing new connections (--probe-all-failed closed)');
+    }
+    for (const service of this.allFailedLogged) {
+      if (!now.has(service)) this.opts.log.info({ service, policy }, 'a backend of the service passes its readiness probe again (or the service changed): no longer all failed');
+    }
+    this.allFailedLogged = new Set(now);
+    this.opts.metrics?.setProbeAllFailed(policy, now.size);
+  }
+
+  /** Each backend address's probe for one service (undefined: the service has no probe). */
+  backendProbes(service: ServiceId): Map<string, BackendProbe> | undefined {
+    const prober = this.prober;
+    if (!prober || !this.model.hasProbe(service)) return undefined;
+    const out = new Map<string, BackendProbe>();
+    const prefix = `${service}|`;
+    for (const [id, keys] of this.probeKeys) {
+      if (!id.startsWith(prefix)) continue;
+      // Several probes of one address (a named port that differs by slice): the worst state shows.
+      const rank = { quarantined: 2, unknown: 1, healthy: 0 } as const;
+      let best: BackendProbe | undefined;
+      for (const k of keys) {
+        const w = prober.worker(k);
+        if (!w) continue;
+        if (!best || rank[w.state] > rank[best.state]) best = { state: w.state, consecutive: w.consecutive, ...(w.last ? { last: w.last } : {}) };
+      }
+      if (best) out.set(id.slice(prefix.length), best);
+    }
+    return out;
+  }
+
+  /** The prober's pool: probes in flight and queued, and workers (for status and tests). */
+  probeStatus(): { readonly inFlight: number; readonly queued: number; readonly workers: number } | undefined {
+    if (!this.prober) return undefined;
+    const st = this.prober.status();
+    return { inFlight: st.inFlight, queued: st.queued, workers: st.workers.length };
+  }
+
   // ---------------------------------------------------------------- AgentView
 
   sourceSynced(): boolean {
@@ -479,7 +650,28 @@ export class Agent implements AgentView {
 
   frontends(): FrontendStatus[] {
     if (!this.datapath) return [];
-    return frontendStatuses(this.model.frontends.values(), (fe) => this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0, this.datapath.maps.dump(), this.nodePort !== undefined);
+    const out = frontendStatuses(this.model.frontends.values(), (fe) => this.reconciler?.revNatIds[fe.family].get(fe.key) ?? 0, this.datapath.maps.dump(), this.nodePort !== undefined);
+    if (!this.prober) return out;
+    const byService = new Map<ServiceId, Map<string, BackendProbe> | undefined>();
+    const allFailed = this.model.allFailedServices;
+    return out.map((st) => {
+      const fe = this.model.frontends.get(st.frontend as never);
+      if (!fe) return st;
+      const id = `${fe.service.namespace}/${fe.service.name}`;
+      if (!byService.has(id)) byService.set(id, this.backendProbes(id));
+      const probes = byService.get(id);
+      if (!probes) return st;
+      const addresses = [...new Set([...fe.backends, ...fe.terminating].map((b) => b.address))];
+      return {
+        ...st,
+        probes: addresses.map((address) => {
+          const p = probes.get(address);
+          const last = p?.last && { ok: p.last.ok, ...(p.last.reason !== undefined ? { reason: p.last.reason } : {}), at: new Date(p.last.at).toISOString(), latencyMs: p.last.latencyMs };
+          return { address, state: p?.state ?? 'unknown', consecutive: p?.consecutive ?? 0, ...(last ? { last } : {}) };
+        }),
+        ...(allFailed.has(id) ? { probeAllFailed: this.model.allFailedPolicy } : {}),
+      };
+    });
   }
 
   datapathCounters(): Record<string, bigint> {

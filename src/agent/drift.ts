@@ -46,10 +46,12 @@ export function frontendStatuses(desired: Iterable<Frontend>, revNatIdOf: (fe: F
   for (const fe of desired) {
     // Only cluster IPs have wildcard entries (refusing their other ports).
     if (fe.type === 'ClusterIP') addresses.add(fe.address);
+    const quarantined = fe.terminating.filter((b) => b.state === 'quarantined').map(text);
     const want = {
       backends: fe.backends.map(text),
       terminating: fe.terminating.map(text),
       revNatId: revNatIdOf(fe),
+      ...(quarantined.length > 0 ? { quarantined } : {}),
     };
     const have = groups.get(fe.key);
     groups.delete(fe.key);

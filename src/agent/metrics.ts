@@ -58,6 +58,13 @@ export class AgentMetrics {
   /** The peers with series of their own, and when that set was last taken from the mesh. */
   private meshPeers = { names: new Set<string>(), at: -Infinity };
   private mesh: { status: () => MeshStatus; peerSeries: number } | undefined;
+  private readonly probeResults: Counter<'service' | 'result'>;
+  private readonly probeDuration: Histogram<'kind'>;
+  private readonly probeAllFailed: Gauge<'policy'>;
+  private readonly probeAllFailedTotal: Counter<'policy'>;
+  private readonly probeBackends: Gauge<'state'>;
+  /** Services with probe-result series: only services with a readiness probe, removed with it. */
+  private probedServices = new Set<string>();
 
   constructor(opts: AgentMetricsOptions = {}) {
     this.now = opts.now ?? Date.now;
@@ -124,7 +131,44 @@ export class AgentMetrics {
     this.meshRtt = new Histogram({ name: 'lbctl_health_mesh_rtt_seconds', help: 'RTT of the health mesh probes that succeeded, by path (icmp, http)', labelNames: ['path'], buckets: exponentialBuckets(0.0001, 2, 16), registers });
     this.meshPeerRtt = new Histogram({ name: 'lbctl_health_mesh_peer_rtt_seconds', help: 'RTT of the successful mesh probes to each of the first --health-mesh-peer-metrics peers by name, by path', labelNames: ['peer', 'path'], buckets: exponentialBuckets(0.0001, 2, 16), registers });
     this.meshErrors = new Counter({ name: 'lbctl_health_mesh_probe_errors_total', help: 'Health mesh probes that failed, by path and reason (timeout, refused, unreachable, …)', labelNames: ['path', 'reason'], registers });
+    // Readiness probes in standalone mode (issue 17): results per service
+    // (bounded by the services that carry a probe), latency per handler.
+    this.probeResults = new Counter({ name: 'lbctl_probe_results_total', help: 'Readiness probe results of backends, by service (namespace/name; only services with a readiness probe) and result (success, failure); a probe shared by several services counts for each', labelNames: ['service', 'result'], registers });
+    this.probeDuration = new Histogram({ name: 'lbctl_probe_duration_seconds', help: 'How long readiness probes took, by handler (httpGet, tcpSocket, grpc); a timed-out probe counts at its timeout', labelNames: ['kind'], buckets: exponentialBuckets(0.0005, 2, 14), registers });
+    this.probeBackends = new Gauge({ name: 'lbctl_probe_backends', help: 'Probed backends (one per address, port and probe) by state: unknown (not yet decided), healthy, quarantined', labelNames: ['state'], registers });
+    this.probeAllFailed = new Gauge({ name: 'lbctl_probe_all_failed_services', help: 'Services whose every backend is quarantined by its readiness probe, by the --probe-all-failed policy applied (open: all served, closed: none)', labelNames: ['policy'], registers });
+    this.probeAllFailedTotal = new Counter({ name: 'lbctl_probe_all_failed_total', help: 'Times a service had every backend quarantined by its readiness probe, by the --probe-all-failed policy applied', labelNames: ['policy'], registers });
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+  }
+
+  /** One readiness probe's result, for each service the probe serves. */
+  probeResult(services: Iterable<string>, ok: boolean, kind: string, latencyMs: number): void {
+    const result = ok ? 'success' : 'failure';
+    for (const service of services) this.probeResults.inc({ service, result });
+    this.probeDuration.observe({ kind }, latencyMs / 1000);
+  }
+
+  /** The services that carry a readiness probe now: the series of the others go. */
+  setProbedServices(services: ReadonlySet<string>): void {
+    for (const old of this.probedServices) {
+      if (services.has(old)) continue;
+      for (const result of ['success', 'failure']) this.probeResults.remove({ service: old, result });
+    }
+    this.probedServices = new Set(services);
+  }
+
+  setProbeBackends(counts: { unknown: number; healthy: number; quarantined: number }): void {
+    for (const [state, n] of Object.entries(counts)) this.probeBackends.set({ state }, n);
+  }
+
+  /** How many services have every backend quarantined now, under the policy in force. */
+  setProbeAllFailed(policy: 'open' | 'closed', services: number): void {
+    this.probeAllFailed.set({ policy }, services);
+  }
+
+  /** A service just had every backend quarantined. */
+  probeAllFailedEvent(policy: 'open' | 'closed'): void {
+    this.probeAllFailedTotal.inc({ policy });
   }
 
   /** The health mesh whose state the gauges read at scrape time. */

@@ -19,9 +19,10 @@
 // connection is closed at once.
 // grpc (pkg/probe/grpc/grpc.go): grpc.health.v1.Health/Check in plaintext;
 // SERVING is success, any other status or error a failure with kubelet's
-// messages. The gRPC client itself is injected (GrpcHealthClient): lbctl
-// has no gRPC library yet, and without one a grpc probe is a prober error
-// (thrown away: the backend stays unknown, served as its endpoint says).
+// messages. The gRPC client itself is injected (GrpcHealthClient; the agent's
+// is grpc-health.ts, over @grpc/grpc-js): without one a grpc probe is a
+// prober error (thrown away: the backend stays unknown, served as its
+// endpoint says).
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
@@ -173,14 +174,14 @@ export const GRPC_UNAVAILABLE = 14;
 /**
  * One grpc.health.v1.Health/Check call in plaintext to address:port,
  * cancelled by `signal`: resolves the serving status, or rejects with a
- * GrpcError. Implemented over a gRPC library (part 2 of issue 17);
+ * GrpcError. Implemented over @grpc/grpc-js in grpc-health.ts;
  * encodeHealthCheckRequest/decodeHealthCheckResponse are its codec.
  */
 export interface GrpcHealthClient {
   check(address: string, port: number, service: string, opts: { readonly timeoutMs: number; readonly signal: AbortSignal }): Promise<GrpcServingStatus>;
 }
 
-/** The grpc executor over a client; without one, a grpc probe is a prober error (thrown away). */
+/** The grpc executor over a client (the agent's: GrpcJsHealthClient); without one, a grpc probe is a prober error (thrown away). */
 export function grpcExecutor(client: GrpcHealthClient | undefined): Executor {
   return async (target, { timeoutMs, signal }) => {
     const h = target.spec.handler;

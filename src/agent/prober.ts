@@ -204,8 +204,14 @@ export class Prober {
     w.timer = this.clock.setTimeout(() => {
       w.timer = undefined;
       if (w.stopped || !this.running || this.workers.get(w.key) !== w) return;
-      // The grid: the next tick a period after this one was due, not after it ran.
-      this.tickAt(w, at + w.target.spec.periodSeconds * 1000);
+      // The grid: the next tick a period after this one was due, not after
+      // it ran. Ticks the loop was too late for are dropped, as Go's Ticker
+      // drops them for a slow receiver: never a burst to catch up.
+      const period = w.target.spec.periodSeconds * 1000;
+      let next = at + period;
+      const now = this.clock.now();
+      if (next <= now) next += (Math.floor((now - next) / period) + 1) * period;
+      this.tickAt(w, next);
       this.tick(w);
     }, Math.max(0, at - this.clock.now()));
   }

@@ -29,13 +29,33 @@ export interface FrontendStatus {
   readonly frontend: string;
   /** "namespace/name:portName" of the owning service; undefined for entries the agent does not intend. */
   readonly service?: string;
-  readonly desired?: { readonly backends: readonly string[]; readonly terminating: readonly string[]; readonly revNatId: number };
+  readonly desired?: {
+    readonly backends: readonly string[];
+    readonly terminating: readonly string[];
+    readonly revNatId: number;
+    /** Those of `terminating` that a readiness probe quarantined (absent when none). */
+    readonly quarantined?: readonly string[];
+  };
   /** What the maps hold, split by the maps' own master count (what the programs select from). */
   readonly realized?: { readonly backends: readonly string[]; readonly terminating: readonly string[]; readonly revNatId: number };
   /** True when the maps disagree with the intent in anything the programs read (src/agent/drift.ts). */
   readonly drift: boolean;
   /** What differs, in words; empty when in sync. */
   readonly details: readonly string[];
+  /**
+   * The service's readiness probe per backend (standalone mode, issue 17):
+   * absent when the service has none. `address` is the backend's IP (a
+   * probe judges the endpoint, every port of it).
+   */
+  readonly probes?: ReadonlyArray<{
+    readonly address: string;
+    readonly state: 'unknown' | 'healthy' | 'quarantined';
+    /** Results in a row equal to the last one (kubelet's resultRun). */
+    readonly consecutive: number;
+    readonly last?: { readonly ok: boolean; readonly reason?: string; readonly at: string; readonly latencyMs: number };
+  }>;
+  /** Every backend of the service is quarantined, and what --probe-all-failed did: open (all served) or closed (none). */
+  readonly probeAllFailed?: 'open' | 'closed';
 }
 
 /** The kernel as the agent found it at start (src/datapath/features.ts). */

@@ -48,6 +48,11 @@ function logLevel(v: string): string {
   return v;
 }
 
+function allFailedPolicy(v: string): string {
+  if (v !== 'open' && v !== 'closed') throw new InvalidArgumentError('expected open or closed');
+  return v;
+}
+
 function output(v: string): string {
   if (v !== 'json' && v !== 'text') throw new InvalidArgumentError('expected json or text');
   return v;
@@ -103,6 +108,7 @@ export function buildProgram(): Command {
     .option('--health-mesh-period <duration>', 'how often each node address is probed (default: max(10s, probes per round / 166 per second): 10 s up to 830 nodes, about 60 s at 5,000)', positiveDuration)
     .option('--health-mesh-timeout <duration>', 'how long one ICMP or HTTP probe waits', positiveDuration, 1000)
     .option('--health-mesh-peer-metrics <n>', 'peers (the first by name) with RTT series of their own in /metrics; every peer counts in the aggregate histograms', nonNegativeInt, 16)
+    .option('--probe-all-failed <open|closed>', "standalone mode: when a service's readiness probe (lbctl.io/readiness-probe) quarantines every backend, keep serving them all (open) or refuse new connections (closed)", allFailedPolicy, 'open')
     .option('--external-clusterip', 'serve ClusterIPs to packets from outside the node too (default: only the node and its pods reach them)')
     .action(async (_opts, cmd: Command) => (await import('./commands/agent.js')).agentCommand(await resolveAgentOptions(cmd)));
 

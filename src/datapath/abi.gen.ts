@@ -811,6 +811,7 @@ export const lb6_src_range_key: Codec<Lb6SrcRangeKey> = {
 export const LbBackendState = {
   LB_BACKEND_ACTIVE: 0,
   LB_BACKEND_TERMINATING: 1,
+  LB_BACKEND_QUARANTINED: 2,
 } as const;
 
 /** enum lb_ct_dir */

@@ -110,11 +110,16 @@ export function lbList(dump: MapsDump, nodeAddresses: readonly NodeAddress[] = [
         .map(([slot, id]) => {
           const b = backends.get(id);
           const beyond = master && slot > master.count + master.qcount;
+          // The maps keep one state per backend, and a backend can serve
+          // several frontends: one quarantined by a service's probe may sit
+          // in another's selectable slots, where it is picked.
+          const selectable = master && slot <= master.count;
+          const state = b?.state === 'quarantined' && selectable ? 'active' : (b?.state ?? 'missing');
           return {
             address: b ? formatAddr(b.address, b.family, b.port) : '<missing>',
             id,
             slot,
-            state: beyond ? 'orphaned' : (b?.state ?? 'missing'),
+            state: beyond ? 'orphaned' : state,
           };
         }),
     }));

@@ -69,6 +69,7 @@ const TYPE_NAME = new Map<number, MasterType>(Object.entries(TYPE_NUM).map(([k, 
 const STATE_NUM: Record<BackendState, number> = {
   active: LbBackendState.LB_BACKEND_ACTIVE,
   terminating: LbBackendState.LB_BACKEND_TERMINATING,
+  quarantined: LbBackendState.LB_BACKEND_QUARANTINED,
 };
 const STATE_NAME = new Map<number, BackendState>(Object.entries(STATE_NUM).map(([k, v]) => [v, k as BackendState]));
 /** A state no lbctl build writes reads as terminating: never shown as active; a sync rewrites it if the backend is. */

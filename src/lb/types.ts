@@ -25,9 +25,11 @@ export type Scope = 'internal';
 /**
  * How lbctl treats a backend. Slots decide selection (slots 1..count are
  * selectable, count+1..count+qcount are kept for established flows only);
- * the state is recorded in the backend entry for listings.
+ * the state is recorded in the backend entry for listings. 'quarantined':
+ * a backend its readiness probe failed (standalone mode, issue 17), in the
+ * non-selectable slots as a terminating one is.
  */
-export type BackendState = 'active' | 'terminating';
+export type BackendState = 'active' | 'terminating' | 'quarantined';
 
 /**
  * "10.96.0.10:53/UDP" or "[fd00::a]:80/TCP": the identity of a frontend;

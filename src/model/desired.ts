@@ -17,7 +17,8 @@
 // objects are validated), that service keeps the frontends it had and the
 // failure is reported as a skip; the others are computed as usual.
 import type { EndpointSlice, Node, Service } from './k8s.js';
-import { serviceFrontends, type Skipped } from './from-k8s.js';
+import { serviceFrontends, type Quarantine, type Skipped } from './from-k8s.js';
+import { resolvePort, type ProbeTarget } from './probe.js';
 import { DEFAULT_NODEPORT_RANGE, type PortRange, type SourceRange } from './north-south.js';
 import { frontendKey, type Backend, type FrontendKey } from '../lb/types.js';
 import type { DesiredState, Frontend } from './types.js';
@@ -44,9 +45,17 @@ export interface Flushed {
 interface Computed {
   readonly frontends: ReadonlyMap<FrontendKey, Frontend>;
   readonly skipped: readonly Skipped[];
+  /** Every selectable backend of some frontend is quarantined by its probe (issue 17). */
+  readonly allFailed?: boolean;
 }
 
 const NONE: Computed = { frontends: new Map(), skipped: [] };
+
+/** One backend address of a service with a readiness probe, and the probe aimed at it. */
+export interface ServiceProbeTarget {
+  readonly service: ServiceId;
+  readonly target: ProbeTarget;
+}
 
 function sameBackends(a: readonly Backend[], b: readonly Backend[]): boolean {
   if (a.length !== b.length) return false;
@@ -94,6 +103,8 @@ const skipKey = (s: Skipped): string => `${s.service}|${s.reason}|${s.detail ?? 
 export interface DesiredModelOptions {
   /** --nodeport-range: nodePorts outside it are reported and not served. Default 30000-32767. */
   readonly nodePortRange?: PortRange;
+  /** --probe-all-failed: when a probe quarantines every backend of a service, serve them all (open, the default) or none (closed). */
+  readonly probeAllFailed?: 'open' | 'closed';
 }
 
 /** The external key of an internal-scope frontend's twin. */
@@ -113,9 +124,92 @@ export class DesiredModel {
   private readonly current = new Map<FrontendKey, Frontend>();
   private readonly conflicts = new Map<FrontendKey, Skipped[]>();
   private servicesWithFrontends = 0;
+  private readonly probeAllFailed: 'open' | 'closed';
+  /** Services whose Service carries a valid readiness probe. */
+  private readonly probed = new Set<ServiceId>();
+  /** Addresses each service's probe quarantined (only non-empty sets are kept). */
+  private quarantined = new Map<ServiceId, ReadonlySet<string>>();
+  /** Services with every selectable backend of some frontend quarantined, as of the last flush. */
+  private readonly allFailed = new Set<ServiceId>();
 
   constructor(opts: DesiredModelOptions = {}) {
     this.nodePortRange = opts.nodePortRange ?? DEFAULT_NODEPORT_RANGE;
+    this.probeAllFailed = opts.probeAllFailed ?? 'open';
+  }
+
+  /** The policy when every backend of a service is quarantined. */
+  get allFailedPolicy(): 'open' | 'closed' {
+    return this.probeAllFailed;
+  }
+
+  /**
+   * The backends each service's readiness probe quarantined, by address
+   * (all of them: a service not named has none). A quarantined backend
+   * goes to the non-selectable slots, as a terminating one (applyQuarantine).
+   * Only the services whose set changed are recomputed at the next flush.
+   */
+  setQuarantined(next: ReadonlyMap<ServiceId, ReadonlySet<string>>): boolean {
+    let changed = false;
+    const same = (a: ReadonlySet<string> | undefined, b: ReadonlySet<string> | undefined): boolean =>
+      (a?.size ?? 0) === (b?.size ?? 0) && [...(a ?? [])].every((x) => b!.has(x));
+    for (const [id, set] of this.quarantined) {
+      if (same(set, next.get(id))) continue;
+      if (this.services.has(id)) this.dirty.add(id);
+      changed = true;
+    }
+    const kept = new Map<ServiceId, ReadonlySet<string>>();
+    for (const [id, set] of next) {
+      if (set.size === 0) continue;
+      kept.set(id, set);
+      if (this.quarantined.has(id)) continue;
+      if (this.services.has(id)) this.dirty.add(id);
+      changed = true;
+    }
+    this.quarantined = kept;
+    return changed;
+  }
+
+  /** Services that have every selectable backend of a frontend quarantined (under either policy). */
+  get allFailedServices(): ReadonlySet<ServiceId> {
+    return this.allFailed;
+  }
+
+  /** Whether the service carries a valid readiness probe. */
+  hasProbe(id: ServiceId): boolean {
+    return this.probed.has(id);
+  }
+
+  /**
+   * What to probe: every endpoint address of every service with a
+   * readiness probe, with the probe's port resolved against the port names
+   * of the endpoint's own slice (a named port, as kubelet resolves it
+   * against the container's). Endpoints whose slice has no port of that
+   * name are not probed and listed in `unresolved` (they stay as their
+   * conditions say). Pure; ordered by service, then slice name.
+   */
+  probeTargets(): { targets: ServiceProbeTarget[]; unresolved: Array<{ service: ServiceId; detail: string }> } {
+    const targets: ServiceProbeTarget[] = [];
+    const unresolved: Array<{ service: ServiceId; detail: string }> = [];
+    for (const id of [...this.probed].sort()) {
+      const spec = this.services.get(id)?.probe;
+      if (!spec) continue;
+      const slices = [...(this.slicesBySvc.get(id)?.values() ?? [])].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)).slice(0, MAX_SLICES_PER_SERVICE);
+      const seen = new Set<string>();
+      for (const slice of slices) {
+        const port = resolvePort(spec.handler.port, slice.ports);
+        if (port === undefined) {
+          if (slice.endpoints.length > 0) unresolved.push({ service: id, detail: `readiness probe port ${JSON.stringify(spec.handler.port)} names no port of EndpointSlice ${slice.namespace}/${slice.name}: its ${slice.endpoints.length} endpoints are not probed` });
+          continue;
+        }
+        for (const ep of slice.endpoints) {
+          const k = `${ep.address}|${port}`;
+          if (seen.has(k)) continue;
+          seen.add(k);
+          targets.push({ service: id, target: { address: ep.address, port, spec } });
+        }
+      }
+    }
+    return { targets, unresolved };
   }
 
   /** Every frontend in force, by key. */
@@ -131,6 +225,8 @@ export class DesiredModel {
   setService(id: ServiceId, svc: Service | undefined): void {
     if (svc) this.services.set(id, svc);
     else if (!this.services.delete(id)) return;
+    if (svc?.probe) this.probed.add(id);
+    else this.probed.delete(id);
     this.dirty.add(id);
   }
 
@@ -175,6 +271,8 @@ export class DesiredModel {
       const after = svc ? this.compute(svc, id, before) : NONE;
       if (after.frontends.size === 0 && after.skipped.length === 0) this.computed.delete(id);
       else this.computed.set(id, after);
+      if (after.allFailed) this.allFailed.add(id);
+      else this.allFailed.delete(id);
       this.servicesWithFrontends += (after.frontends.size > 0 ? 1 : 0) - (before.frontends.size > 0 ? 1 : 0);
 
       if (after.skipped.length > 0) {
@@ -265,20 +363,23 @@ export class DesiredModel {
       extra.push({ service: id, reason: 'limit', detail: `${m!.size} EndpointSlices, more than ${MAX_SLICES_PER_SERVICE}: the first ${MAX_SLICES_PER_SERVICE} by name are used` });
     }
     let out: ReturnType<typeof serviceFrontends>;
+    // Probe verdicts count only while the service still has its probe.
+    const addresses = svc.probe ? this.quarantined.get(id) : undefined;
+    const quarantine: Quarantine | undefined = addresses ? { addresses, allFailed: this.probeAllFailed } : undefined;
     try {
-      out = serviceFrontends(svc, slices, this.node, this.nodePortRange);
+      out = serviceFrontends(svc, slices, this.node, this.nodePortRange, quarantine);
     } catch (err) {
       // The boundary: this service keeps what it had; the failure is reported.
       const detail = `its frontends could not be computed (${(err as Error)?.message ?? String(err)}); the last ones stay`;
-      return { frontends: before.frontends, skipped: [{ service: id, reason: 'error', detail }] };
+      return { frontends: before.frontends, skipped: [{ service: id, reason: 'error', detail }], ...(before.allFailed ? { allFailed: true } : {}) };
     }
-    if (extra.length > 0) out = { frontends: out.frontends, skipped: [...extra, ...out.skipped] };
+    if (extra.length > 0) out = { ...out, frontends: out.frontends, skipped: [...extra, ...out.skipped] };
     const frontends = new Map<FrontendKey, Frontend>();
     for (const fe of out.frontends) {
       const prev = before.frontends.get(fe.key);
       frontends.set(fe.key, prev && sameFrontend(prev, fe) ? prev : fe);
     }
-    return { frontends, skipped: out.skipped };
+    return out.allFailed ? { frontends, skipped: out.skipped, allFailed: true } : { frontends, skipped: out.skipped };
   }
 
   private unclaim(key: FrontendKey, id: ServiceId): void {

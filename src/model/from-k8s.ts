@@ -145,6 +145,38 @@ export function selectBackends(
   return { backends, terminating: eps.filter((c) => c.ep.terminating && !selected.has(c)).map(asBackend) };
 }
 
+/**
+ * Readiness probes' verdicts for one service (standalone mode, issue 17):
+ * the addresses of its endpoints their probe quarantined, and what to do
+ * when that is every backend (the agent's --probe-all-failed).
+ */
+export interface Quarantine {
+  readonly addresses: ReadonlySet<string>;
+  readonly allFailed: 'open' | 'closed';
+}
+
+/**
+ * A frontend's backends with the quarantined ones moved to the
+ * non-selectable slots (state 'quarantined'), as terminating endpoints are:
+ * new connections avoid them, established ones keep them. When that would
+ * leave no selectable backend of some, fail open keeps the selection as it
+ * was (a probe that fails everywhere does not take the service down), fail
+ * closed leaves none selectable. `allFailed`: every selectable backend was
+ * quarantined (either way). Pure.
+ */
+export function applyQuarantine(chosen: { backends: Backend[]; terminating: Backend[] }, q: Quarantine): { backends: Backend[]; terminating: Backend[]; allFailed: boolean } {
+  if (q.addresses.size === 0 || !chosen.backends.some((b) => q.addresses.has(b.address))) return { ...chosen, allFailed: false };
+  const kept = chosen.backends.filter((b) => !q.addresses.has(b.address));
+  if (kept.length === 0 && q.allFailed === 'open') return { ...chosen, allFailed: true };
+  const out = chosen.backends.filter((b) => q.addresses.has(b.address)).map((b): Backend => ({ ...b, state: 'quarantined' }));
+  const terminating = [...out, ...chosen.terminating].sort((a, b) => {
+    const x = backendKey(a);
+    const y = backendKey(b);
+    return x < y ? -1 : x > y ? 1 : 0;
+  });
+  return { backends: kept, terminating, allFailed: kept.length === 0 };
+}
+
 const NO_RANGES: readonly SourceRange[] = Object.freeze([]);
 type Chosen = ReturnType<typeof selectBackends>;
 /** Selection for the external entries: externalTrafficPolicy Local or Cluster, through selectBackends. */
@@ -177,7 +209,8 @@ export function serviceFrontends(
   svcSlices: readonly EndpointSlice[],
   node: Node | undefined,
   nodePortRange: PortRange = DEFAULT_NODEPORT_RANGE,
-): { frontends: Frontend[]; skipped: Skipped[] } {
+  quarantine?: Quarantine,
+): { frontends: Frontend[]; skipped: Skipped[]; allFailed?: boolean } {
   const id = `${svc.namespace}/${svc.name}`;
   const frontends: Frontend[] = [];
   const skipped: Skipped[] = [];
@@ -208,6 +241,7 @@ export function serviceFrontends(
   const slices = svcSlices.length > 1 ? [...svcSlices].sort(bySliceName) : svcSlices;
   const hc = ns.healthCheckNodePort;
   const lbRanges = ns.sourceRanges.length > 0 ? ns.sourceRanges : NO_RANGES;
+  let allFailed = false;
   // Per port: where it came from, and its nodePort in the range.
   const perPort = svc.ports.map((p) => ({
     p,
@@ -236,10 +270,17 @@ export function serviceFrontends(
         healthCheckNodePort: type === 'ClusterIP' ? undefined : hc,
       });
       const eps = candidates(slices, ip.family, p.name, p.protocol, node?.name);
-      const internal = selectBackends(eps, svc, node);
+      const pick = (policy: Pick<Service, 'internalTrafficPolicy'>): Chosen => {
+        const chosen = selectBackends(eps, policy, node);
+        if (!quarantine) return chosen;
+        const q = applyQuarantine(chosen, quarantine);
+        if (q.allFailed) allFailed = true;
+        return { backends: q.backends, terminating: q.terminating };
+      };
+      const internal = pick(svc);
       frontends.push(make(ip.address, p.port, 'ClusterIP', internal, undefined, false, NO_RANGES));
       if (!external) continue;
-      const outside = selectBackends(eps, externalLocal ? LOCAL_POLICY : CLUSTER_POLICY, node);
+      const outside = pick(externalLocal ? LOCAL_POLICY : CLUSTER_POLICY);
       const add = (address: string, port: number, type: ServiceType, ranges: readonly SourceRange[]): void => {
         frontends.push(make(address, port, type, outside, undefined, externalLocal, ranges));
         if (externalLocal) frontends.push(make(address, port, type, internal, 'internal', true, ranges));
@@ -249,10 +290,11 @@ export function serviceFrontends(
       for (const l of lbIPs) if (l.family === ip.family) add(l.address, p.port, 'LoadBalancer', lbRanges);
     }
   }
-  if (!external) return { frontends, skipped };
+  if (!external) return allFailed ? { frontends, skipped, allFailed } : { frontends, skipped };
   // An external or ingress IP may repeat the service's own cluster IP, or
   // each other: the first frontend of a key stays, in kube-proxy's rule
   // order (cluster IP, external IPs, LoadBalancer IPs).
   const seen = new Set<string>();
-  return { frontends: frontends.filter((f) => !seen.has(f.key) && seen.add(f.key)), skipped };
+  const unique = frontends.filter((f) => !seen.has(f.key) && seen.add(f.key));
+  return allFailed ? { frontends: unique, skipped, allFailed } : { frontends: unique, skipped };
 }

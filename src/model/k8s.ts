@@ -5,6 +5,10 @@
 import { parseIp, type ParsedIp } from '../lb/addr.js';
 import type { Family, Protocol } from '../lb/types.js';
 import { ALL_PORTS, northSouth, type NorthSouth, type RawNorthSouth } from './north-south.js';
+import { parseProbeAnnotation, READINESS_PROBE_ANNOTATION, type ProbeSpec } from './probe.js';
+import { show, type Validated } from './validated.js';
+
+export { show, type Validated };
 
 export interface ObjectMeta {
   name?: string;
@@ -108,6 +112,18 @@ export interface Service {
    * is read too).
    */
   readonly lbAlgorithm: 'maglev' | 'random';
+  /**
+   * The lbctl.io/readiness-probe annotation, validated with kubelet's
+   * defaults (probe.ts): standalone mode probes the service's backends with
+   * it (issue 17). Undefined without the annotation, or when it is invalid.
+   */
+  readonly probe: ProbeSpec | undefined;
+  /**
+   * Why the annotation could not be used, naming the annotation and the
+   * field: bad input the source reports. The service is still served, from
+   * its endpoint conditions alone, as without the annotation.
+   */
+  readonly probeProblem: string | undefined;
 }
 
 /** The north-south half of a service that has none: one shared object. */
@@ -183,22 +199,9 @@ export interface EndpointSlice {
   readonly endpoints: readonly Endpoint[];
 }
 
-export type Validated<T> = { ok: true; value: T } | { ok: false; reason: string };
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
-
-/**
- * A value of the input, for a message: short whatever it is. Input is never
- * serialized whole into a reason (a hostile object may be megabytes, or an
- * alias graph that expands to billions of values).
- */
-export function show(v: unknown): string {
-  if (typeof v === 'string') return v.length > 64 ? `${JSON.stringify(v.slice(0, 64))}… (${v.length} characters)` : JSON.stringify(v);
-  if (v === null || v === undefined || typeof v === 'number' || typeof v === 'boolean') return String(v);
-  if (Array.isArray(v)) return `a list of ${v.length}`;
-  return typeof v === 'object' ? 'an object' : typeof v;
-}
 
 function fail<T>(reason: string): Validated<T> {
   return { ok: false, reason };
@@ -314,6 +317,14 @@ export function validateService(obj: unknown): Validated<Service> {
     else return fail(`${id}: annotation ${a} ${show(v)} is not maglev or random`);
     break;
   }
+  let probe: ProbeSpec | undefined;
+  let probeProblem: string | undefined;
+  const probeText = annotations?.[READINESS_PROBE_ANNOTATION];
+  if (probeText !== undefined && probeText !== null) {
+    const p = parseProbeAnnotation(probeText);
+    if (p.ok) probe = p.value;
+    else probeProblem = `${id}: metadata.annotations[${READINESS_PROBE_ANNOTATION}]: ${p.reason.replace(/^readiness-probe: /, '')}; the service is served from its endpoint conditions, unprobed`;
+  }
   // Headless and ExternalName services are not proxied at all: their
   // north-south fields are not read (nor reported).
   const ns = clusterIPs.length === 0 ? NO_NORTH_SOUTH : orNone(northSouth(raw as RawNorthSouth, id, clusterIPs.map((c) => c.family), ALL_PORTS));
@@ -334,6 +345,8 @@ export function validateService(obj: unknown): Validated<Service> {
     headlessLabel,
     northSouth: ns,
     lbAlgorithm,
+    probe,
+    probeProblem,
   };
   return { ok: true, value };
 }

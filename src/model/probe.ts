@@ -33,7 +33,7 @@
 // Named ports stay names here: they resolve against the Service's
 // EndpointSlice port names when the probe is aimed (resolvePort).
 import yaml from 'js-yaml';
-import { show, type Validated } from './k8s.js';
+import { show, type Validated } from './validated.js';
 
 export const READINESS_PROBE_ANNOTATION = 'lbctl.io/readiness-probe';
 

@@ -364,6 +364,10 @@ export class FileSource implements Source {
     if (v.ok) {
       const ns = 'namespace' in v.value ? v.value.namespace : '';
       into.set(identity(kind, ns, v.value.name), { kind, value: v.value } as Obj);
+      // An invalid readiness probe is bad input too, but costs only the
+      // probe: the service is served from its endpoint conditions.
+      const probeProblem = kind === 'Service' ? (v.value as Service).probeProblem : undefined;
+      if (probeProblem !== undefined) problems.add({ where, reason: probeProblem, category: 'invalid', kind, ...(id ? { object: id } : {}) });
       return;
     }
     keepLast(v.reason, 'invalid');

@@ -28,6 +28,10 @@ export class FakeClock implements Clock {
   pending(): number {
     return this.timers.size;
   }
+  /** Time passes with no timer run: a blocked event loop. */
+  block(ms: number): void {
+    this.t += ms;
+  }
   /** Runs every timer due by now + ms, in order (ties by creation), letting promises settle in between. */
   async advance(ms: number): Promise<void> {
     const end = this.t + ms;

@@ -81,5 +81,5 @@ t.test('the ABI enums, at the numbers pinned maps already carry', async (t) => {
     LB_SVC_F_MAGLEV: 32,
   });
   t.same(abi.LbScope, { LB_SCOPE_EXT: 0, LB_SCOPE_INT: 1 }, 'the external scope is the old padding byte: 0');
-  t.same(abi.LbBackendState, { LB_BACKEND_ACTIVE: 0, LB_BACKEND_TERMINATING: 1 });
+  t.same(abi.LbBackendState, { LB_BACKEND_ACTIVE: 0, LB_BACKEND_TERMINATING: 1, LB_BACKEND_QUARANTINED: 2 }, 'quarantined is new: an older lbctl reads it as terminating');
 });

@@ -121,3 +121,10 @@ t.test('the ConfigMap in deploy/ is a valid configuration', async (t) => {
   t.equal(o.metricsPort, 10249, 'metrics on kube-proxy\'s port');
   t.equal(o.metricsBindAddress, '127.0.0.1');
 });
+
+t.test('--probe-all-failed: open (the default) or closed, from the command line or the file', async (t) => {
+  t.equal((await optionsOf(['--source', 'file:/x'])).probeAllFailed, 'open');
+  t.equal((await optionsOf(['--source', 'file:/x', '--probe-all-failed', 'closed'])).probeAllFailed, 'closed');
+  await t.rejects(optionsOf(['--source', 'file:/x', '--probe-all-failed', 'shut']), /expected open or closed/);
+  t.equal((await optionsOf(['--config', file(`${HEADER}probeAllFailed: closed\nsource: file:/x\n`)])).probeAllFailed, 'closed');
+});

@@ -298,3 +298,19 @@ t.test('every backend failing: fail open serves them all, fail closed none; othe
   t.same(selectBackends(down, 'failClosed'), { selected: [], allQuarantined: true });
   t.same(selectBackends([], 'failClosed'), { selected: [], allQuarantined: false }, 'no backends is not "all failing"');
 });
+
+t.test("a loop blocked past several ticks probes once when it resumes, then on the grid again: missed ticks are dropped, as Go's Ticker drops them", async (t) => {
+  const clock = new FakeClock();
+  const calls: Call[] = [];
+  const p = new Prober({ executors: all(scripted(clock, {}, calls)), clock, random: () => 0 });
+  p.start();
+  await clock.advance(11_000); // the prober's first period is over: later workers probe at once
+  p.setTargets([target('10.0.0.1', spec({ periodSeconds: 1 }))]);
+  await clock.advance(2_500);
+  t.same(calls.map((c) => c.at), [11_000, 12_000, 13_000]);
+  clock.block(3_700); // at 17,200: the ticks of 14, 15, 16 and 17 s were missed
+  await clock.advance(0);
+  await clock.advance(2_000);
+  t.same(calls.map((c) => c.at), [11_000, 12_000, 13_000, 17_200, 18_000, 19_000], 'one probe for the missed ticks, then the grid');
+  p.stop();
+});

@@ -11,9 +11,11 @@ import { AgentMetrics, startMetricsServer } from '../../agent/metrics.js';
 import { ConfigError } from '../../errors.js';
 import { cgroup2Root } from '../../datapath/loader.js';
 import { FileSource } from '../../sources/file.js';
+import { defaultExecutors } from '../../agent/probe-exec.js';
+import { GrpcJsHealthClient } from '../../agent/grpc-health.js';
 import type { Problem, Source } from '../../sources/source.js';
 
-import { VERSION } from '../../defaults.js';
+import { PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
 import { readFileSync } from 'node:fs';
 import { parseCidrs } from '../../datapath/devices.js';
 import { DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
@@ -60,6 +62,8 @@ export interface AgentCommandOptions {
   healthMeshPeriod?: number;
   healthMeshTimeout?: number;
   healthMeshPeerMetrics?: number;
+  /** Standalone mode: what a service whose backends all fail their readiness probe does. */
+  probeAllFailed?: 'open' | 'closed';
 }
 
 /** The tc datapath's options from the flags; a bad value refuses the start, naming the flag. */
@@ -163,8 +167,13 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
         metrics,
       })
     : undefined;
+  const source = await makeSource(opts, nodeName, log, metrics);
+  // Readiness probes in standalone mode only: in a cluster, kubelet's probes
+  // decide which endpoints are ready, and lbctl follows their conditions.
+  const probes = source instanceof FileSource ? { allFailed: opts.probeAllFailed ?? 'open', executors: defaultExecutors(new GrpcJsHealthClient()), concurrency: PROBE_CONCURRENCY } : undefined;
   agent = new Agent({
-    source: await makeSource(opts, nodeName, log, metrics),
+    source,
+    ...(probes ? { probes } : {}),
     nodeName,
     datapath: {
       bpfRoot: opts.bpfRoot,

@@ -10,8 +10,24 @@ type Side = NonNullable<FrontendStatus['desired']>;
 
 function backends(side: Side | undefined): string {
   if (!side) return '-';
-  const all = [...side.backends, ...side.terminating.map((b) => `${b} [terminating]`)];
+  const q = new Set(side.quarantined ?? []);
+  const all = [...side.backends, ...side.terminating.map((b) => `${b} [${q.has(b) ? 'quarantined' : 'terminating'}]`)];
   return all.length === 0 ? '(none)' : all.join(', ');
+}
+
+/**
+ * The service's readiness probe per backend address: state, results in a
+ * row, and the last result ("10.0.0.2 quarantined 3x: timeout: no answer
+ * within 1s"); '-' for a service without a probe.
+ */
+export function probeColumn(f: FrontendStatus): string {
+  if (!f.probes) return '-';
+  const each = f.probes.map((p) => {
+    const last = p.last ? `: ${p.last.ok ? 'ok' : 'failed'}${p.last.reason ? ` (${p.last.reason})` : ''}` : '';
+    return `${p.address} ${p.state}${p.consecutive > 0 ? ` ${p.consecutive}x` : ''}${last}`;
+  });
+  const all = f.probeAllFailed ? [`ALL FAILED (fail ${f.probeAllFailed})`] : [];
+  return [...all, ...each].join('; ') || '(none)';
 }
 
 function sameBackends(a: Side, b: Side): boolean {
@@ -20,11 +36,13 @@ function sameBackends(a: Side, b: Side): boolean {
 }
 
 export function formatServiceList(fes: readonly FrontendStatus[]): string {
-  const rows: string[][] = [['FRONTEND', 'SERVICE', 'BACKENDS (desired)', 'REALIZED', 'STATUS']];
+  // The PROBES column only when some service has a readiness probe (standalone mode).
+  const probes = fes.some((f) => f.probes);
+  const rows: string[][] = [['FRONTEND', 'SERVICE', 'BACKENDS (desired)', 'REALIZED', ...(probes ? ['PROBES'] : []), 'STATUS']];
   for (const f of fes) {
     const realized = f.desired && f.realized && sameBackends(f.desired, f.realized) ? '(same)' : backends(f.realized);
     const status = f.drift ? `DRIFT${f.details.length > 0 ? `: ${f.details.join('; ')}` : ''}` : 'ok';
-    rows.push([f.frontend, f.service ?? '-', backends(f.desired), realized, status]);
+    rows.push([f.frontend, f.service ?? '-', backends(f.desired), realized, ...(probes ? [probeColumn(f)] : []), status]);
   }
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)) + 2);
   return rows.map((r) => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join('').trimEnd()).join('\n') + '\n';

@@ -41,7 +41,7 @@ import {
   type AgentProcess, type LbListEntry, type LogLine, type PinnedLink, type SyncReport,
 } from './agent.js';
 import { startLoad, type LoadOptions, type LoadRun } from './load.js';
-import { CLIENT_PY, how, killPid, python, runInCgroupNetns, Servers, SLOW, waitUntil, type ExecResult } from './run.js';
+import { CLIENT_PY, how, killPid, python, run, runInCgroupNetns, Servers, SLOW, waitUntil, type ExecResult } from './run.js';
 import {
   backendAddrs, BPFFS, cgroup2Mount, dnsAddrs, ensureBpffs, makeNetworks, PREFIX, removeBpfRoot, removeCgroup, removeNetns,
   startBackendServers, startDnsServers, sweepLeftovers, type BackendAddrs,
@@ -56,6 +56,14 @@ export interface SandboxOptions {
   readonly manifests?: Readonly<Record<string, string>>;
   /** Start the agent (and wait for its first sync). Default true. */
   readonly agent?: boolean;
+  /**
+   * Run the agent in the client netns (through nsenter: bpffs and cgroup2
+   * stay visible) rather than the machine's: for what the agent itself
+   * connects to, such as readiness probes, which must reach the backends
+   * without a route in the machine's namespace. Its health and metrics
+   * ports are then in that netns (see scrapeMetrics).
+   */
+  readonly agentInClientNetns?: boolean;
 }
 
 export interface FreshSync {
@@ -116,7 +124,17 @@ export class Sandbox {
       bpfRoot: this.bpfRoot,
       apiSocket: path.join(this.runDir, 'agent.sock'),
       sourceArgs: ['--source', `file:${this.manifestDir}`],
+      ...(opts.agentInClientNetns ? { netns: this.clientNs } : {}),
     });
+  }
+
+  /** The agent's /metrics text, fetched from wherever it runs (the client netns, with agentInClientNetns). */
+  async scrapeMetrics(): Promise<string> {
+    const url = `http://127.0.0.1:${this.agentPort('metrics')}/metrics`;
+    if (!this.opts.agentInClientNetns) return (await fetch(url)).text();
+    const r = await run('ip', ['netns', 'exec', this.clientNs, 'curl', '-sS', '--max-time', String(5 * SLOW), url], 10_000 * SLOW);
+    if (r.code !== 0) throw new Error(`curl ${url} in ${this.clientNs} failed ${how(r)}: ${r.stderr}`);
+    return r.stdout;
   }
 
   // ------------------------------------------------------------- build
@@ -308,6 +326,29 @@ export class Sandbox {
   /** Backend servers (backend.py) in another namespace of this run; killed at teardown. */
   startBackendsIn(netns: string, backends: readonly BackendAddrs[], extra: readonly string[] = []): Promise<void> {
     return startBackendServers(this.servers, netns, this.python, this.runId, backends, extra);
+  }
+
+  /**
+   * Any server command in one of this run's namespaces (the backend netns,
+   * usually), recorded and killed by its pid at teardown; resolves once it
+   * prints its first line on stdout (its "ready").
+   */
+  async startServerIn(netns: string, cmd: readonly string[], readyTimeoutMs = 10_000): Promise<void> {
+    const proc = this.servers.spawn(netns, cmd);
+    let stderr = '';
+    proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`${cmd.join(' ')}: not ready in ${(readyTimeoutMs * SLOW) / 1000} s: ${stderr}`)), readyTimeoutMs * SLOW);
+      proc.stdout!.once('data', () => {
+        clearTimeout(timer);
+        proc.stdout!.resume();
+        resolve();
+      });
+      proc.once('exit', (code) => {
+        clearTimeout(timer);
+        reject(new Error(`${cmd.join(' ')} exited (${code}): ${stderr}`));
+      });
+    });
   }
 
   /** Something a test made beyond the sandbox (namespaces, agents): undone first at teardown, even when the test fails. */
