@@ -4,14 +4,14 @@
 // of 3 endpoints each. Times come from the agent's own sync report and
 // from polling the pinned map until a change is in the kernel.
 import type { ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
 import { LbScope, lb4_key, lb_service } from '../src/datapath/abi.gen.js';
 import { ipv4ToUint } from '../src/lb/addr.js';
-import { LBCTL, type BenchRun, type World } from './world.js';
+import { LBCTL, type BenchRun, type MemoryCgroup, type World } from './world.js';
 import type { BenchService } from './kube-proxy.js';
 
 /** What the local API server stores: a Kubernetes object as plain JSON. */
@@ -95,6 +95,9 @@ export class BenchAgent {
   private readonly output: string[] = [];
   readonly exited: Promise<number | null>;
   private metricsPort: number | undefined;
+  /** When /readyz first answered 200 (performance.now()). */
+  readyAt: number | undefined;
+  private readyPoll: NodeJS.Timeout | undefined;
 
   private constructor(
     readonly proc: ChildProcess,
@@ -112,7 +115,10 @@ export class BenchAgent {
       } catch {
         return;
       }
-      if (l.msg === 'serving health, metrics and the local API') this.metricsPort = Number(l.metrics);
+      if (l.msg === 'serving health, metrics and the local API') {
+        this.metricsPort = Number(l.metrics);
+        this.pollReady(Number(l.health));
+      }
       if (l.msg === 'sync done') {
         this.syncs.push({
           reason: String(l.reason),
@@ -128,7 +134,48 @@ export class BenchAgent {
     proc.stdout!.resume();
   }
 
-  static start(run: BenchRun, world: World, api: FakeApiServer, n: number, cpu: number): BenchAgent {
+  /**
+   * Asks /readyz every 5 ms until it answers 200 (readyAt): start → ready as
+   * the DaemonSet's readiness probe sees it, at a finer grain. Each ask is one
+   * small HTTP request on the agent's CPU.
+   */
+  private pollReady(port: number): void {
+    const ask = (): void => {
+      if (this.proc.exitCode !== null) return;
+      fetch(`http://127.0.0.1:${port}/readyz`)
+        .then(async (r) => {
+          await r.arrayBuffer();
+          if (r.status === 200) this.readyAt ??= performance.now();
+        })
+        .catch(() => undefined)
+        .finally(() => {
+          if (this.readyAt === undefined && this.proc.exitCode === null) this.readyPoll = setTimeout(ask, 5);
+        });
+    };
+    ask();
+  }
+
+  /** The agent's CPU time so far, every thread (V8's helpers included), in ms (/proc/PID/task/*\/schedstat). */
+  cpuMs(): number {
+    let ns = 0;
+    for (const t of readdirSync(`/proc/${this.proc.pid}/task`)) {
+      try {
+        ns += Number(readFileSync(`/proc/${this.proc.pid}/task/${t}/schedstat`, 'utf8').split(' ')[0]);
+      } catch {
+        /* the thread ended */
+      }
+    }
+    return ns / 1e6;
+  }
+
+  static start(
+    run: BenchRun,
+    world: World,
+    api: FakeApiServer,
+    n: number,
+    cpu: number,
+    opts: { memory?: MemoryCgroup; syncPeriodMs?: number; logLevel?: string } = {},
+  ): BenchAgent {
     const args = [
       'agent',
       '--kubeconfig', api.kubeconfig,
@@ -140,7 +187,8 @@ export class BenchAgent {
       '--api-socket', path.join('/tmp', `${world.client}.sock`),
       '--no-nodeport', // the machine's own network namespace: never on its devices
       '--health-mesh-port', '0', // nor on a fixed port of it
-      '--sync-period', '3600000',
+      '--sync-period', String(opts.syncPeriodMs ?? 3_600_000),
+      ...(opts.logLevel ? ['--log-level', opts.logLevel] : []),
       '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
       '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
     ];
@@ -150,8 +198,9 @@ export class BenchAgent {
     const prof = process.env.BENCH_PROFILE_DIR;
     const entry = prof ? ['env', `LBCTL_NODE_FLAGS=--cpu-prof --cpu-prof-interval=50 --cpu-prof-dir=${prof}`, LBCTL] : [LBCTL];
     const cmd = ['taskset', '-c', String(cpu), ...entry, ...args];
+    const [exe, argv] = opts.memory ? opts.memory.wrap(cmd[0]!, cmd.slice(1)) : [cmd[0]!, cmd.slice(1)];
     const t0 = performance.now();
-    return new BenchAgent(run.spawn(cmd[0]!, cmd.slice(1)), t0);
+    return new BenchAgent(run.spawn(exe, argv), t0);
   }
 
   /** The next sync report after `from` (an index into syncs) that matches. */
@@ -192,6 +241,7 @@ export class BenchAgent {
   }
 
   async stop(): Promise<void> {
+    clearTimeout(this.readyPoll);
     if (this.proc.exitCode === null) this.proc.kill('SIGTERM');
     await this.exited;
   }

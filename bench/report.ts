@@ -24,6 +24,18 @@ export interface Point {
   connections: Record<string, { cc: ConnStats; rr: ConnStats }>;
   coldMs: number;
   startToSyncedMs?: number | undefined;
+  /** lbctl: spawning the agent → /readyz 200. */
+  startToReadyMs?: number | undefined;
+  /** lbctl: the first list (or watch-list) request → the cold sync logged. */
+  coldFromListMs?: number | undefined;
+  /** lbctl: VmHWM right after the cold sync (MiB). */
+  coldHwmMiB?: number | undefined;
+  /** lbctl: the memory limit the agent ran under (a cgroup's, MiB), and the OOM kills in it so far. */
+  memoryLimitMiB?: number | undefined;
+  oomKills?: number | undefined;
+  /** lbctl: periodic full resyncs: each one's duration, and the agent's CPU over the period holding it (ms). */
+  resyncMs?: number[] | undefined;
+  resyncCpuMs?: number[] | undefined;
   coldPhasesMs?: Record<string, number> | undefined;
   addMs?: number | undefined;
   addEventToMapMs?: number | undefined;
@@ -205,11 +217,85 @@ export function report(r: Results, out: string): void {
       '',
     );
   }
+  lines.push(...scaleTargets(r, sizes, lb, conn, floor));
   lines.push('## Targets', '', '| target | result | measured |', '|---|---|---:|');
   for (const [what, ok, val] of targets) lines.push(`| ${what} | ${ok === undefined ? 'reported' : ok ? 'met' : '**missed**'} | ${val} |`);
   lines.push('', '![connection cost](connect.svg)', '', '![programming cost](program.svg)', '');
   writeFileSync(path.join(out, 'results.md'), `${lines.join('\n')}\n`);
   plot(r, out, sizes, modes, conn, at);
+}
+
+/**
+ * Issue 18's table: each row with its target beside it and the verdict of
+ * this run. A row whose N was not run says so rather than passing.
+ */
+function scaleTargets(
+  r: Results,
+  sizes: readonly number[],
+  lb: (n: number) => Point[],
+  conn: (mode: string, n: number, which: string, kind: 'cc' | 'rr', stat: 'p50_us' | 'p99_us') => number,
+  floor: (n: number, kind: 'cc' | 'rr', stat: 'p50_us' | 'p99_us') => number,
+): string[] {
+  type Row = [what: string, target: string, measured: string, ok: boolean | undefined];
+  const rows: Row[] = [];
+  const med = (n: number, get: (p: Point) => number | undefined): number => median(lb(n).map((p) => get(p) ?? NaN).filter((x) => !Number.isNaN(x)));
+  const ms = (x: number): string => (Number.isNaN(x) ? 'not measured' : x >= 1000 ? `${(x / 1000).toFixed(2)} s` : `${x.toFixed(x < 10 ? 2 : 0)} ms`);
+  const mib = (x: number): string => (Number.isNaN(x) ? 'not measured' : `${x.toFixed(0)} MiB`);
+  const row = (what: string, target: string, x: number, limit: number, show: (x: number) => string): void => {
+    rows.push([what, target, show(x), Number.isNaN(x) ? undefined : x <= limit]);
+  };
+  const has = (n: number): boolean => lb(n).length > 0;
+  const notRun = (what: string, target: string, n: number): void => {
+    rows.push([what, target, `N=${n.toLocaleString('en')} not run`, undefined]);
+  };
+  // 10,000
+  if (has(10_000)) {
+    const fromList = med(10_000, (p) => p.coldFromListMs);
+    row('cold sync at 10,000 (first list request → every frontend in the kernel)', '≤ 0.2 s', fromList, 200, (x) => `${ms(x)} (the sync itself: ${ms(med(10_000, (p) => p.coldMs))})`);
+    row('start → ready at 10,000 (/readyz 200)', '≤ 1.0 s', med(10_000, (p) => p.startToReadyMs), 1000, ms);
+    row('peak RSS at 10,000 (VmHWM, after the events)', '≤ 150 MiB', med(10_000, (p) => p.memory?.hwmMiB), 150, mib);
+    row('CPU of one periodic full resync at 10,000 (every thread, over its period)', '≤ 50 ms', median(lb(10_000).flatMap((p) => p.resyncCpuMs ?? [])), 50, (x) => `${ms(x)} (the resync's own duration: ${ms(median(lb(10_000).flatMap((p) => p.resyncMs ?? [])))})`);
+    const ev = lb(10_000).flatMap(eventSamples);
+    row('event → datapath p99 at 10,000', '≤ 2 ms', ev.length ? percentile(ev, 99) : NaN, 2, (x) => `${ms(x)} (p50 ${ms(percentile(ev, 50))}, ${ev.length} events)`);
+  } else {
+    for (const [w, t] of [['cold sync at 10,000', '≤ 0.2 s'], ['start → ready at 10,000', '≤ 1.0 s'], ['peak RSS at 10,000', '≤ 150 MiB'], ['CPU of one periodic full resync at 10,000', '≤ 50 ms'], ['event → datapath p99 at 10,000', '≤ 2 ms']] as const) notRun(w, t, 10_000);
+  }
+  // 100,000
+  if (has(100_000)) {
+    row('cold sync at 100,000 (first list request → every frontend in the kernel)', '≤ 1.5 s', med(100_000, (p) => p.coldFromListMs), 1500, (x) => `${ms(x)} (the sync itself: ${ms(med(100_000, (p) => p.coldMs))})`);
+    row('start → synced at 100,000', '≤ 3 s', med(100_000, (p) => p.startToSyncedMs), 3000, ms);
+    row('peak RSS during the 100,000 cold sync (VmHWM right after it)', '≤ 400 MiB', med(100_000, (p) => p.coldHwmMiB), 400, mib);
+    row('steady RSS at 100,000 (idle 15 s)', '≤ 300 MiB', med(100_000, (p) => p.memoryIdle?.rssMiB), 300, mib);
+  } else {
+    for (const [w, t] of [['cold sync at 100,000', '≤ 1.5 s'], ['start → synced at 100,000', '≤ 3 s'], ['peak RSS during the 100,000 cold sync', '≤ 400 MiB'], ['steady RSS at 100,000', '≤ 300 MiB']] as const) notRun(w, t, 100_000);
+  }
+  // The datapath, at every point.
+  for (const n of sizes.filter(has)) {
+    for (const which of ['first', 'last']) {
+      const x = conn('lbctl', n, which, 'cc', 'p50_us') / floor(n, 'cc', 'p50_us');
+      row(`connect+close p50 through the ${which} of ${n.toLocaleString('en')} services`, '≤ 1.03× the floor', x, 1.03, (v) => `${v.toFixed(3)}×`);
+    }
+  }
+  // The memory limit, at every point.
+  const limit = r.meta.memoryLimitMiB;
+  if (typeof limit === 'number') {
+    const worst = Math.max(...sizes.filter(has).flatMap((n) => lb(n).map((p) => p.memory?.hwmMiB ?? p.coldHwmMiB ?? 0)));
+    const kills = Math.max(0, ...r.points.map((p) => p.oomKills ?? 0));
+    rows.push([`every point within the DaemonSet's memory limit (${limit.toFixed(0)} MiB, a cgroup's)`, 'no OOM kill', `largest peak ${mib(worst)}; ${kills} OOM kills`, kills === 0 && worst <= limit]);
+  } else {
+    rows.push(["every point within the DaemonSet's memory limit", 'no OOM kill', 'not measured (no memory controller, or --memory-limit 0)', undefined]);
+  }
+  const out = [
+    '## Scale targets (issue 18)',
+    '',
+    'Each row beside its target, from this run (medians over the repetitions; the datapath rows are ratios to the floor of the same N). The API server is the local one of the tests (test/helpers/fake-apiserver.ts), not a kube-apiserver.',
+    '',
+    '| what | target | this run | verdict |',
+    '|---|---|---|---|',
+  ];
+  for (const [what, target, measured, ok] of rows) out.push(`| ${what} | ${target} | ${measured} | ${ok === undefined ? 'not measured' : ok ? 'met' : '**missed**'} |`);
+  out.push('');
+  return out;
 }
 
 function plot(

@@ -23,7 +23,8 @@ import { BenchAgent, MasterProbe, deleteServices, putServices, sliceObject, star
 import { report, type ConnStats, type Results } from './report.js';
 import { revnatProfile } from './revnat.js';
 import { makeServices } from './services.js';
-import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type World } from './world.js';
+import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, type World } from './world.js';
+import { parseAllDocuments } from 'yaml';
 import type { FakeApiServer } from '../test/helpers/fake-apiserver.js';
 
 export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
@@ -50,6 +51,10 @@ interface Plan {
   readonly nftablesMax: number;
   readonly out: string;
   readonly profileOnly: boolean;
+  /** The agent's memory limit (a cgroup's), bytes; 0: none. Default: the DaemonSet's limits.memory. */
+  readonly memoryLimit: number;
+  /** lbctl: periodic full resyncs timed per point up to this N (an agent of its own with a short sync period). */
+  readonly resyncMax: number;
 }
 
 function parse(): Plan {
@@ -62,8 +67,10 @@ function parse(): Plan {
     .option('--iptables-max <n>', 'largest N for the iptables modes')
     .option('--nftables-max <n>', 'largest N for the nftables mode')
     .option('--profile-only', 'add the datapath profile to the results already in --out, and rewrite the report')
+    .option('--memory-limit <bytes>', "the agent's memory limit in bytes, set as a cgroup's (0: none; default: deploy/base's DaemonSet limits.memory)")
+    .option('--resync-max <n>', 'largest N at which periodic resyncs are timed')
     .parse()
-    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string; profileOnly?: boolean }>();
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string; profileOnly?: boolean; memoryLimit?: string; resyncMax?: string }>();
   const quick = Boolean(o.quick);
   const list = (s: string): number[] => s.split(',').map((x) => Number(x.replace(/_/g, '')));
   const modes = (o.modes?.split(',') ?? [...MODES]) as Mode[];
@@ -81,8 +88,32 @@ function parse(): Plan {
     nftablesMax: Number(o.nftablesMax ?? 10_000),
     out: o.out,
     profileOnly: Boolean(o.profileOnly),
+    memoryLimit: o.memoryLimit !== undefined ? Number(o.memoryLimit) : daemonSetMemoryLimit(),
+    resyncMax: Number(o.resyncMax ?? 10_000),
   };
 }
+
+/** Kubernetes' binary and decimal quantity suffixes, as bytes. */
+const QUANTITY: Record<string, number> = { '': 1, k: 1e3, M: 1e6, G: 1e9, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30 };
+
+/**
+ * The memory limit the shipped DaemonSet gives the agent's container
+ * (deploy/base/daemonset.yaml): the bench runs the agent under it, so the
+ * manifest's number is what the benchmark proves enough.
+ */
+export function daemonSetMemoryLimit(): number {
+  const file = path.join(ROOT, 'deploy/base/daemonset.yaml');
+  for (const doc of parseAllDocuments(readFileSync(file, 'utf8'))) {
+    const ds = doc.toJS() as { kind?: string; spec?: { template?: { spec?: { containers?: Array<{ name: string; resources?: { limits?: { memory?: string } } }> } } } };
+    if (ds?.kind !== 'DaemonSet') continue;
+    const q = ds.spec?.template?.spec?.containers?.find((c) => c.name === 'lbctl-agent')?.resources?.limits?.memory;
+    const m = q ? /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|k|M|G)?$/.exec(q) : null;
+    if (!m) throw new Error(`${file}: the lbctl-agent container's resources.limits.memory ${JSON.stringify(q)} is not a quantity the bench reads`);
+    return Math.round(Number(m[1]) * QUANTITY[m[2] ?? '']!);
+  }
+  throw new Error(`${file}: no DaemonSet`);
+}
+
 
 const CONNECT = path.join(ROOT, 'build/bench/connect');
 const SERVER = path.join(ROOT, 'build/bench/server');
@@ -122,6 +153,16 @@ interface Programmed {
   startToSyncedMs?: number;
   /** lbctl: the cold sync's phases as the agent reports them. */
   coldPhasesMs?: Record<string, number>;
+  /** lbctl: from the first list (or watch-list) request the API server received to the cold sync logged. */
+  coldFromListMs?: number;
+  /** lbctl: from spawning the agent to /readyz answering 200. */
+  startToReadyMs?: number;
+  /** lbctl: VmHWM right after the cold sync, MiB. */
+  coldHwmMiB?: number;
+  /** lbctl: the memory cgroup's limit and peak charge (MiB), and its OOM kills. */
+  memoryLimitMiB?: number;
+  cgroupPeakMiB?: number;
+  oomKills?: number;
   addMs?: number;
   /** lbctl: the API server's event to the new frontend in the kernel map. */
   addEventToMapMs?: number;
@@ -146,7 +187,7 @@ const LOADER: Record<'iptables-legacy' | 'iptables-nft', string> = {
 /** Programs N services the way `mode` does, from cold, and times it. */
 async function program(
   mode: Mode,
-  ctx: { run: BenchRun; w: World; services: BenchService[]; n: number; plan: Plan; api: FakeApiServer; texts: Map<string, string> },
+  ctx: { run: BenchRun; w: World; services: BenchService[]; n: number; plan: Plan; api: FakeApiServer; texts: Map<string, string>; memory?: MemoryCgroup | undefined },
 ): Promise<Programmed> {
   const { w, services, n } = ctx;
   const live = services.slice(0, n);
@@ -175,13 +216,23 @@ async function program(
       return { coldMs, add: () => timed(() => w.inClient('nft', ['-f', '-'], add)), finish: async () => {} };
     }
     case 'lbctl': {
-      const agent = BenchAgent.start(ctx.run, w, ctx.api, n, AGENT_CPU);
-      const first = await agent.waitForSync(0);
+      const mark = ctx.api.requests.length;
+      const agent = BenchAgent.start(ctx.run, w, ctx.api, n, AGENT_CPU, ctx.memory ? { memory: ctx.memory } : {});
+      const first = await agent.waitForSync(0).catch((err: unknown) => {
+        throw oomKilled(ctx.memory, n, err);
+      });
       if (first.frontends !== n) throw new Error(`lbctl's first sync has ${first.frontends} frontends, not ${n}`);
+      const coldHwmMiB = (await agent.memory()).hwmMiB;
+      const firstList = ctx.api.requests.slice(mark).find((r) => r.verb === 'list' || r.verb === 'watch');
+      const deadline = performance.now() + 60_000;
+      while (agent.readyAt === undefined && performance.now() < deadline) await new Promise((r) => setTimeout(r, 5));
       return {
         coldMs: first.durationMs,
         startToSyncedMs: first.seenAt - agent.startedAt,
+        ...(agent.readyAt !== undefined ? { startToReadyMs: agent.readyAt - agent.startedAt } : {}),
+        ...(firstList ? { coldFromListMs: first.seenAt - firstList.at } : {}),
         ...(first.phasesMs ? { coldPhasesMs: first.phasesMs } : {}),
+        coldHwmMiB,
         agent,
         finish: async () => agent.stop(),
       };
@@ -271,6 +322,57 @@ async function events(p: Programmed, ctx: { w: World; services: BenchService[]; 
   p.eventToMapMs = samples;
 }
 
+/** An agent that died under the memory limit is named as such: the limit is a target of its own. */
+function oomKilled(memory: MemoryCgroup | undefined, n: number, err: unknown): Error {
+  if (!memory || memory.oomKills() === 0) return err as Error;
+  return new Error(
+    `the lbctl agent was OOM-killed at N=${n.toLocaleString('en')} under its memory limit of ${(memory.limitBytes / 2 ** 20).toFixed(0)} MiB ` +
+      `(deploy/base/daemonset.yaml's limits.memory; --memory-limit overrides): ${(err as Error).message}`,
+  );
+}
+
+/** Periodic resyncs timed per point: RESYNCS of them, after the first (which the heap compaction after the cold sync shares). */
+const RESYNCS = 3;
+const RESYNC_PERIOD_MS = 3000;
+
+/**
+ * lbctl: what one periodic full resync costs (kube-proxy's syncPeriod: the
+ * maps re-read, compared with what the agent wrote, drift repaired). An
+ * agent of its own with a short sync period (debug logging, so the routine
+ * resyncs that repair nothing are logged), after its cold sync: each
+ * resync's own duration, and the agent's CPU time (every thread) over the
+ * period that holds it, idle work included, so an upper bound.
+ */
+async function resyncCost(run: BenchRun, api: FakeApiServer, n: number, memory: MemoryCgroup | undefined): Promise<{ resyncMs: number[]; resyncCpuMs: number[] }> {
+  const w = run.world();
+  try {
+    const agent = BenchAgent.start(run, w, api, n, AGENT_CPU, { syncPeriodMs: RESYNC_PERIOD_MS, logLevel: 'debug', ...(memory ? { memory } : {}) });
+    try {
+      await agent.waitForSync(0);
+      const periodic = async (from: number): Promise<number> => {
+        const s = await agent.waitForSync(from, (x) => x.reason === 'periodic', 60_000);
+        return agent.syncs.indexOf(s);
+      };
+      let at = await periodic(0);
+      let cpu = agent.cpuMs();
+      const resyncMs: number[] = [];
+      const resyncCpuMs: number[] = [];
+      for (let i = 0; i < RESYNCS; i++) {
+        at = await periodic(at + 1);
+        const now = agent.cpuMs();
+        resyncMs.push(agent.syncs[at]!.durationMs);
+        resyncCpuMs.push(now - cpu);
+        cpu = now;
+      }
+      return { resyncMs, resyncCpuMs };
+    } finally {
+      await agent.stop();
+    }
+  } finally {
+    w.close();
+  }
+}
+
 async function main(): Promise<void> {
   const plan = parse();
   if (process.getuid?.() !== 0) throw new Error('make bench needs root (network namespaces, bpffs, cgroups)');
@@ -312,6 +414,10 @@ async function main(): Promise<void> {
   };
 
   const run = new BenchRun();
+  // The agent runs under the DaemonSet's memory limit, as a cgroup's (one for the run: its peak is per point, from VmHWM).
+  const memory = plan.memoryLimit > 0 ? run.memoryCgroup(plan.memoryLimit) : undefined;
+  results.meta.memoryLimitMiB = memory ? plan.memoryLimit / 2 ** 20 : null;
+  if (plan.memoryLimit > 0 && !memory) process.stderr.write('no memory controller mounted: the agent runs without a memory limit\n');
   try {
     for (const n of plan.sizes) {
       const services = makeServices(n);
@@ -334,7 +440,7 @@ async function main(): Promise<void> {
             const w = run.world();
             try {
               await w.startServer(SERVER, BENCH_CPU);
-              const ctx = { run, w, services, n, plan, api, texts };
+              const ctx = { run, w, services, n, plan, api, texts, memory: mode === 'lbctl' ? memory : undefined };
               const p = await program(mode, ctx);
               try {
                 const targets: Array<[string, string]> =
@@ -357,6 +463,9 @@ async function main(): Promise<void> {
                   }
                   deleteServices(api, [services[n]!]);
                 }
+                // The resyncs get an agent of their own (a short sync period); this point's agent is done.
+                if (mode === 'lbctl') await p.agent!.stop();
+                const resync = mode === 'lbctl' && n <= plan.resyncMax ? await resyncCost(run, api, n, memory) : undefined;
                 results.points.push({
                   mode,
                   n,
@@ -364,6 +473,11 @@ async function main(): Promise<void> {
                   connections: conn,
                   coldMs: p.coldMs,
                   startToSyncedMs: p.startToSyncedMs,
+                  startToReadyMs: p.startToReadyMs,
+                  coldFromListMs: p.coldFromListMs,
+                  coldHwmMiB: p.coldHwmMiB,
+                  ...(mode === 'lbctl' && memory ? { memoryLimitMiB: memory.limitBytes / 2 ** 20, oomKills: memory.oomKills() } : {}),
+                  ...(resync ?? {}),
                   coldPhasesMs: p.coldPhasesMs,
                   addMs: p.addMs,
                   addEventToMapMs: p.addEventToMapMs,

@@ -7,11 +7,13 @@
 //   backend netns lbctl-bench-<run>-s<k>  veth lbbs<k>  10.244.0.2, .3, .4 (the measured services' pods)
 //   child cgroup  <cgroup2>/lbctl-bench-<run>   lbctl attaches here; only the bench client joins it
 //   bpf root      /sys/fs/bpf/lbctl-bench-<run>-<k>
+//   memory cgroup <memory>/lbctl-bench-<run>-mem   the agent of a memory-limited point (v1's memory
+//                                          hierarchy where it is mounted, else cgroup2 with memory enabled)
 //
 // Every mode gets a fresh pair of namespaces (world k), so no conntrack or
 // rule state carries over from one mode to the next.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -94,6 +96,73 @@ export function sweepLeftovers(): void {
   for (const n of stale(BPFFS)) removeBpfRoot(path.join(BPFFS, n));
   const cg = cgroup2Mount();
   for (const n of stale(cg)) removeCgroup(path.join(cg, n));
+  const mem = memoryHierarchy();
+  if (mem && mem.root !== cg) for (const n of stale(mem.root)) removeCgroup(path.join(mem.root, n));
+}
+
+/**
+ * Where a memory limit can be set: cgroup v1's memory hierarchy when it is
+ * mounted (hybrid hosts like this one, whose cgroup2 mount has no
+ * controllers), else the cgroup2 mount when its root offers the memory
+ * controller. Undefined: nowhere (the memory-limited run is then not made).
+ */
+export function memoryHierarchy(): { root: string; v: 1 | 2 } | undefined {
+  const v1 = mounts().find((l) => l[2] === 'cgroup' && (l[3] ?? '').split(',').includes('memory'));
+  if (v1?.[1]) return { root: v1[1], v: 1 };
+  const v2 = cgroup2Mount();
+  try {
+    if (readFileSync(path.join(v2, 'cgroup.controllers'), 'utf8').split(/\s+/).includes('memory')) return { root: v2, v: 2 };
+  } catch {
+    /* no controllers file */
+  }
+  return undefined;
+}
+
+/** A memory cgroup with a hard limit: the container limit a DaemonSet sets, for one process of the run. */
+export class MemoryCgroup {
+  private constructor(
+    readonly dir: string,
+    readonly v: 1 | 2,
+    readonly limitBytes: number,
+  ) {}
+
+  static make(runId: string, limitBytes: number): MemoryCgroup | undefined {
+    const h = memoryHierarchy();
+    if (!h) return undefined;
+    if (h.v === 2) {
+      // The memory controller must be on in the root's subtree for the child to have memory.max.
+      const ctl = path.join(h.root, 'cgroup.subtree_control');
+      if (!readFileSync(ctl, 'utf8').split(/\s+/).includes('memory')) writeFileSync(ctl, '+memory');
+    }
+    const dir = path.join(h.root, `${runId}-mem`);
+    if (!existsSync(dir)) mkdirSync(dir);
+    writeFileSync(path.join(dir, h.v === 1 ? 'memory.limit_in_bytes' : 'memory.max'), String(limitBytes));
+    return new MemoryCgroup(dir, h.v, limitBytes);
+  }
+
+  /** The wrapper that puts a command into this cgroup before it runs (argv prefix). */
+  wrap(cmd: string, args: readonly string[]): [string, string[]] {
+    return ['sh', ['-c', `echo $$ > "$0/cgroup.procs" && exec "$@"`, this.dir, cmd, ...args]];
+  }
+
+  /** The kernel's OOM kills in this cgroup so far. */
+  oomKills(): number {
+    const file = path.join(this.dir, this.v === 1 ? 'memory.oom_control' : 'memory.events');
+    return Number(/^oom_kill (\d+)$/m.exec(readFileSync(file, 'utf8'))?.[1] ?? 0);
+  }
+
+  /** The cgroup's peak charge in bytes (v1: max_usage_in_bytes; v2: memory.peak, 5.19+), page cache included. */
+  peakBytes(): number | undefined {
+    try {
+      return Number(readFileSync(path.join(this.dir, this.v === 1 ? 'memory.max_usage_in_bytes' : 'memory.peak'), 'utf8').trim());
+    } catch {
+      return undefined;
+    }
+  }
+
+  close(): void {
+    removeCgroup(this.dir);
+  }
 }
 
 /** One run: owns the cgroup and every world it makes; `close()` removes them all. */
@@ -102,6 +171,7 @@ export class BenchRun {
   readonly cgroup = path.join(cgroup2Mount(), this.id);
   private readonly worlds = new Set<World>();
   private readonly procs = new Set<ChildProcess>();
+  private readonly memCgroups = new Set<MemoryCgroup>();
   private next = 0;
 
   constructor() {
@@ -116,6 +186,13 @@ export class BenchRun {
         process.exit(130);
       });
     }
+  }
+
+  /** A memory cgroup limited to `limitBytes`, removed at close; undefined where no memory controller is mounted. */
+  memoryCgroup(limitBytes: number): MemoryCgroup | undefined {
+    const m = MemoryCgroup.make(this.id, limitBytes);
+    if (m) this.memCgroups.add(m);
+    return m;
   }
 
   world(): World {
@@ -144,6 +221,8 @@ export class BenchRun {
     this.procs.clear();
     for (const w of this.worlds) w.close();
     removeCgroup(this.cgroup);
+    for (const m of this.memCgroups) m.close();
+    this.memCgroups.clear();
   }
 }
 

@@ -296,6 +296,8 @@ export interface FakeApiServerOptions {
 export interface RequestRecord {
   readonly method: string;
   readonly url: string;
+  /** When it arrived (performance.now() of this process). */
+  readonly at: number;
   readonly user?: string;
   readonly verb?: string;
   /** GROUPRESOURCE as kube-apiserver names it: "services", "endpointslices.discovery.k8s.io"; the path of a non-resource request. */
@@ -540,7 +542,7 @@ export class FakeApiServer {
   readonly forbidden = new Set<string>();
 
   private handle(req: IncomingMessage, res: ServerResponse): void {
-    const record: { -readonly [K in keyof RequestRecord]: RequestRecord[K] } = { method: req.method ?? 'GET', url: req.url ?? '' };
+    const record: { -readonly [K in keyof RequestRecord]: RequestRecord[K] } = { method: req.method ?? 'GET', url: req.url ?? '', at: performance.now() };
     this.requests.push(record);
     if (!this.available) return this.status(res, 503, 'ServiceUnavailable', 'the fake API server is down');
     const url = new URL(req.url ?? '/', 'http://fake');
