@@ -67,9 +67,12 @@ COPY --from=build /src/dist/bundle/lbctl.js /opt/lbctl/dist/bundle/lbctl.js
 COPY --from=build /src/build/Release/lb_native.node /opt/lbctl/build/Release/lb_native.node
 COPY --from=build /src/bpf/.output/sock.bpf.o /src/bpf/.output/sock_compat.bpf.o /src/bpf/.output/nodeport.bpf.o /src/bpf/.output/sock_destroy.bpf.o /src/bpf/.output/probe.bpf.o /opt/lbctl/bpf/.output/
 RUN ln -s /opt/lbctl/bin/lbctl /usr/local/bin/lbctl
-# bin/lbctl's memory settings (docs/benchmarks.md, "Memory"), with node
-# itself as PID 1: no shell in between, so SIGTERM reaches the agent, which
-# stops and leaves the datapath attached from its pins (src/cli/commands/agent.ts).
+# The entrypoint is bin/lbctl: its node and malloc settings, and V8's heap
+# cap derived from the container's memory limit (docs/deploy.md, "Memory").
+# It ends in exec, so node itself becomes PID 1 and SIGTERM reaches the
+# agent, which stops and leaves the datapath attached from its pins
+# (src/cli/commands/agent.ts). The ENV below repeats its malloc settings for
+# anything else run in the image.
 # Debian's node adds /etc/ssl/certs/ca-certificates.crt to its CA store
 # and warns on every TLS use when the file is missing: the agent trusts
 # node's own CA store and the cluster CA its kubeconfig or service account
@@ -79,7 +82,7 @@ ENV MALLOC_ARENA_MAX=1 \
     MALLOC_MMAP_THRESHOLD_=65536 \
     MALLOC_TRIM_THRESHOLD_=1048576 \
     NODE_EXTRA_CA_CERTS=""
-ENTRYPOINT ["/usr/bin/node", "--expose-gc", "--max-semi-space-size=2", "/opt/lbctl/dist/bundle/lbctl.js"]
+ENTRYPOINT ["/opt/lbctl/bin/lbctl"]
 CMD ["agent"]
 STOPSIGNAL SIGTERM
 LABEL org.opencontainers.image.title="lbctl" \

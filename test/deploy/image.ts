@@ -276,7 +276,8 @@ t.test('the Dockerfile and make image build the same image', async (t) => {
   t.same(c.Entrypoint, dockerfile.entrypoint, `ENTRYPOINT ${JSON.stringify(dockerfile.entrypoint)}`);
   t.same(c.Cmd, dockerfile.cmd, `CMD ${JSON.stringify(dockerfile.cmd)}`);
   t.equal(c.StopSignal, dockerfile.stopSignal, `STOPSIGNAL ${dockerfile.stopSignal}`);
-  t.equal(dockerfile.entrypoint[0], '/usr/bin/node', 'node itself is PID 1, no shell in between');
+  t.same(dockerfile.entrypoint, ['/opt/lbctl/bin/lbctl'], 'the entrypoint is bin/lbctl (its node settings and the heap cap from the memory limit), which execs node');
+  t.match(readFileSync(path.join(image.rootfs, 'opt/lbctl/bin/lbctl'), 'utf8'), /^exec node /m, 'so node itself becomes PID 1');
   const envOf = Object.fromEntries(imageEnv.map((e) => [e.slice(0, e.indexOf('=')), e.slice(e.indexOf('=') + 1)]));
   for (const [k, v] of Object.entries(dockerfile.env)) t.equal(envOf[k], v, `ENV ${k}=${v}`);
   t.same(c.Labels, dockerfile.labels, 'the same LABELs');
@@ -388,7 +389,7 @@ t.test("the image's lbctl agent programs a service as PID 1 and leaves the datap
   t.ok(init, 'the agent runs');
   const nspid = /^NSpid:\s+(.*)$/m.exec(readFileSync(`/proc/${init}/status`, 'utf8'))?.[1]?.split(/\s+/);
   t.equal(nspid?.at(-1), '1', `as PID 1 of its pid namespace (host pid ${init})`);
-  t.match(readFileSync(`/proc/${init}/cmdline`, 'utf8').replace(/\0/g, ' '), /^\/usr\/bin\/node .*\/opt\/lbctl\/dist\/bundle\/lbctl\.js agent /, 'and is node itself');
+  t.match(readFileSync(`/proc/${init}/cmdline`, 'utf8').replace(/\0/g, ' '), /^node .*\/opt\/lbctl\/bin\/\.\.\/dist\/bundle\/lbctl\.js agent /, 'and is node itself (bin/lbctl exec\'d it)');
   t.equal(readlinkSync(`/proc/${init}/root`), image.rootfs, "in the image's rootfs");
 
   const port = Number(agent.logs.find((l) => l.msg === 'serving health, metrics and the local API')?.health);

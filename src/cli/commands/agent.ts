@@ -1,7 +1,8 @@
 // `lbctl agent`: runs until SIGTERM/SIGINT; the datapath outlives it.
 import os from 'node:os';
 import path from 'node:path';
-import { pino } from 'pino';
+import v8 from 'node:v8';
+import { pino, type Logger } from 'pino';
 import { Agent } from '../../agent/agent.js';
 import { MeshAgent } from '../../agent/mesh-agent.js';
 import type { Node } from '../../model/k8s.js';
@@ -144,6 +145,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     process.once('SIGINT', () => resolve('SIGINT'));
   });
   const log = pino({ level: opts.logLevel, base: { pid: process.pid } }, pino.destination(2));
+  logMemoryBudget(log);
   const nodePort = nodePortOptions(opts);
   const sizes = {
     ...(opts.maxServices !== undefined ? { services: opts.maxServices } : {}),
@@ -218,3 +220,22 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   await shutdown();
 }
 
+/**
+ * The memory the agent may use, as the kernel will enforce it (the cgroup's
+ * limit: a container's limits.memory) and as V8 will (its heap cap, which
+ * bin/lbctl derives from that limit). A heap cap at or above the limit means
+ * V8 would grow into an OOM kill rather than collect: said once, at start.
+ */
+export function logMemoryBudget(log: Pick<Logger, 'info' | 'warn'>): void {
+  const limit = process.constrainedMemory?.() ?? 0;
+  const heapLimit = v8.getHeapStatistics().heap_size_limit;
+  const mib = (b: number): number => Math.round(b / 2 ** 20);
+  // libuv answers 0 or (on Node 20) 2^64 when no limit is set.
+  if (!limit || limit >= 2 ** 60) {
+    log.info({ heapLimitMiB: mib(heapLimit) }, 'no memory limit (cgroup); V8 heap capped at its default');
+    return;
+  }
+  const budget = { memoryLimitMiB: mib(limit), heapLimitMiB: mib(heapLimit) };
+  if (heapLimit >= limit) log.warn(budget, "V8's heap cap is not below the memory limit: the agent may be OOM-killed before it collects (run it through bin/lbctl, or set --max-old-space-size)");
+  else log.info(budget, 'memory limit (cgroup) and V8 heap cap');
+}
