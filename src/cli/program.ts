@@ -53,6 +53,11 @@ function allFailedPolicy(v: string): string {
   return v;
 }
 
+function watchListMode(v: string): string {
+  if (v !== 'off' && v !== 'auto' && v !== 'on') throw new InvalidArgumentError('expected off, auto or on');
+  return v;
+}
+
 function output(v: string): string {
   if (v !== 'json' && v !== 'text') throw new InvalidArgumentError('expected json or text');
   return v;
@@ -82,6 +87,7 @@ export function buildProgram(): Command {
     .option('--master <url>', "the API server's URL, replacing the kubeconfig's or the in-cluster one: for nodes that bootstrap a cluster whose kubernetes Service is not served yet (kube-proxy's --master)")
     .option('--node-name <name>', 'this node, for internalTrafficPolicy Local and topology hints (default: $NODE_NAME or the hostname)')
     .option('--node-sync-timeout <duration>', "Kubernetes: how long the first sync waits for this node's Node once Services and EndpointSlices are listed, then goes on without its zone (0: no wait)", duration, DEFAULT_NODE_SYNC_TIMEOUT_MS)
+    .option('--watch-list <off|auto|on>', "Kubernetes: stream the initial state with a watch-list (sendInitialEvents) instead of listing it: auto where the API server supports it, falling back to lists; on: only (a refusal is retried as an error)", watchListMode, 'off')
     .option('--cgroup <path>', 'cgroup v2 path to attach to (default: the cgroup v2 root, from /proc/mounts)')
     .option('--bpf-root <path>', 'bpffs directory for pinned maps and links', DEFAULT_BPF_ROOT)
     .option('--bpf-object <path>', 'the datapath object to load (default: the one built with lbctl); for upgrades and tests')

@@ -1,23 +1,53 @@
-// The Kubernetes source: client-go's Reflector pattern for Services,
-// EndpointSlices (discovery.k8s.io/v1) and this node's Node: list (in pages),
-// then watch from the list's resourceVersion with bookmarks, through
-// @kubernetes/client-node's KubeConfig (auth, TLS, proxies). Lists and
-// watches are plain GETs made the way client-node's Watch makes requests
-// (node-fetch with the KubeConfig's options), and the objects stay plain
-// JSON: client-node's typed
-// API classes would bring its generated APIs, models and serializer into
-// the agent's bundle (6.0 MB of code instead of 3.0; RSS at 10,000 services
-// 172 instead of 165 MiB, docs/benchmarks.md "Memory"), only for the
-// validators to read the objects as JSON, as they read manifests. There is no
-// informer cache: each object is validated as it arrives and only its
-// validated form is kept (the raw objects of 10,000 services are several
-// times larger than what lbctl needs). A watch that ends normally is resumed
-// from the last resourceVersion seen (bookmarks keep it fresh); one that
-// ends in error is retried with exponential backoff and jitter; 410 Gone
-// (the version is compacted away) relists, and a relist deletes what is no
-// longer there, so no deletion is lost. A bad object is reported and
-// counted, and the last valid version of it (if any) stays in force.
-// Handlers only record; the agent's runner turns changes into syncs.
+// The Kubernetes source: client-go's Reflector for Services, EndpointSlices
+// (discovery.k8s.io/v1) and this node's Node, through @kubernetes/client-node's
+// KubeConfig (auth, TLS, proxies). Lists and watches are plain GETs made the
+// way client-node's Watch makes requests (node-fetch with the KubeConfig's
+// options), and the objects stay plain JSON: client-node's typed API classes
+// would bring its generated APIs, models and serializer into the agent's
+// bundle (6.0 MB of code instead of 3.0; RSS at 10,000 services 172 instead
+// of 165 MiB, docs/benchmarks.md "Memory"), only for the validators to read
+// the objects as JSON, as they read manifests. There is no informer cache:
+// each object is validated as it arrives and only its validated form is kept
+// (the raw objects of 10,000 services are several times larger than what
+// lbctl needs). A bad object is reported and counted, and the last valid
+// version of it (if any) stays in force. Handlers only record; the agent's
+// runner turns changes into syncs.
+//
+// What the API server is asked, and in which order, is the reflector's
+// (client-go tools/cache/reflector.go, list() and relistResourceVersion(),
+// and tools/pager/pager.go), so that every list it can serve from its watch
+// cache is served from there and not read through to etcd
+// (docs/kubernetes.md, "What the agents cost the API server"):
+//   - the first list asks for resourceVersion "0" (any version the cache
+//     has), a relist for the last version seen (at least that recent, no
+//     limit); both are answered from the cache by every server version;
+//   - if that version is refused as expired (410) or too new ("Too large
+//     resource version", a cache behind it), a consistent list
+//     (resourceVersion "", in pages of 500) follows at once; a continue
+//     token that expires makes it one full list (the pager's fallback);
+//   - with --watch-list auto or on, a watch with sendInitialEvents (KEP-3157,
+//     a "watch-list", reflector.go watchList()) streams the state instead of
+//     listing it, from the cache too, and goes on as the watch; a server
+//     that refuses it (422: older than 1.27, or the WatchList gate off) makes
+//     the source list for the rest of the process (auto), said once. Lists
+//     are the default: a list at "0" is served from the cache by every
+//     version and costs etcd nothing, and since 1.33 it is encoded item by
+//     item, which was the watch-list's advantage (docs/kubernetes.md says
+//     what each costs, version by version).
+// Then the reflector watches from the list's resourceVersion with
+// bookmarks; a watch that ends normally is resumed from the last version
+// seen; a watch's 410 relists from that version, and a relist deletes what is
+// no longer there, so no deletion is lost.
+//
+// Retries back off exponentially with jitter (src/sources/backoff.ts). The
+// backoff of an outage ends as soon as the server answers a request with
+// success, so what changed meanwhile is applied within a second of the
+// server's first answer, not after a delay that grew while it was away;
+// client-go's backoff starts over only 2 minutes after it last did. An answer to one reflector also cuts short the wait of its
+// siblings when they wait out an unreachable server (not a busy one: 429,
+// 500). A relist after a watch's 410 is jittered too: an API server restart
+// ends every agent's watch at once, and their relists should not arrive at
+// once. A first list is not: a rollout already spreads the starts.
 //
 // Services and EndpointSlices gate the first sync; this node's Node does
 // not. The Node only gives the zone for topology hints and tells whether the
@@ -32,11 +62,14 @@
 // of times and goes on without it when nothing requires it.
 //
 // The API server's input is bounded like a file's: a watch event longer than
-// MAX_WATCH_EVENT_BYTES or a list page over MAX_LIST_PAGE_BYTES is refused
+// MAX_WATCH_EVENT_BYTES or a list item over MAX_LIST_ITEM_BYTES is refused
 // (client-node's Watch buffers a line of any length, and drops lines that
 // are not JSON and exceptions of its callback without a word); a line that
 // is not JSON ends the watch, which resumes from the last version seen, so
 // no event is lost unseen; a validator that throws reports that object.
+// Lists are read one item at a time (src/sources/list-stream.ts): a list at
+// "0" is the whole collection in one answer, and its size must not be the
+// agent's memory.
 import { KubeConfig } from '@kubernetes/client-node';
 import fetch, { type Response } from 'node-fetch';
 import { DEFAULT_NODE_SYNC_TIMEOUT_MS } from '../defaults.js';
@@ -53,7 +86,9 @@ import {
   type Service,
   type Validated,
 } from '../model/k8s.js';
-import { MAX_LIST_PAGE_BYTES, MAX_WATCH_EVENT_BYTES } from './limits.js';
+import { Backoff, type FailureKind } from './backoff.js';
+import { MAX_LIST_ITEM_BYTES, MAX_WATCH_EVENT_BYTES } from './limits.js';
+import { readList, type ListMeta } from './list-stream.js';
 import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
 
 /**
@@ -63,6 +98,15 @@ import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
  */
 export const SERVICE_LABEL_SELECTOR = `!${SERVICE_PROXY_NAME_LABEL},!${HEADLESS_LABEL}`;
 export const SLICE_LABEL_SELECTOR = SERVICE_LABEL_SELECTOR;
+
+/**
+ * Streamed lists (watch with sendInitialEvents, KEP-3157): `off` lists;
+ * `auto` streams where the server supports it and lists, for the rest of
+ * the process, once a server has refused it; `on` streams only, and a
+ * refusal is an error, retried with backoff (docs/kubernetes.md).
+ */
+export type WatchListMode = 'off' | 'auto' | 'on';
+export const WATCH_LIST_MODES: readonly WatchListMode[] = ['off', 'auto', 'on'];
 
 export interface KubernetesSourceOptions {
   /** Path of a kubeconfig; undefined: in-cluster config (service account). */
@@ -77,9 +121,15 @@ export interface KubernetesSourceOptions {
   readonly allNodes?: boolean;
   readonly onProblem?: (p: Problem) => void;
   readonly onWatchError?: (kind: string, err: unknown, retryInMs: number) => void;
-  /** Backoff between informer restarts. */
+  /** Backoff between informer restarts (src/sources/backoff.ts): the first step and the largest. */
   readonly backoffMinMs?: number;
   readonly backoffMaxMs?: number;
+  /** Random numbers in [0, 1) for the jitter and the watches' timeouts: Math.random unless a test injects its own. */
+  readonly random?: () => number;
+  /** Default 'off'. */
+  readonly watchList?: WatchListMode;
+  /** `auto`: the server refused a watch-list, so this source lists from now on (called once, with the server's answer). */
+  readonly onWatchListRefused?: (kind: string, reason: string) => void;
   /**
    * How long the first sync waits for this node's Node once Services and
    * EndpointSlices have listed (default DEFAULT_NODE_SYNC_TIMEOUT_MS; 0: not at all).
@@ -95,6 +145,9 @@ export interface KubernetesSourceOptions {
   readonly onNodeArrived?: (node: Node) => void;
 }
 
+export const DEFAULT_BACKOFF_MIN_MS = 500;
+export const DEFAULT_BACKOFF_MAX_MS = 30_000;
+
 type Kind = SourceEvent['kind'];
 
 /** namespace/name; a cluster-scoped object (a Node): its name. Anything else in metadata gives ''. */
@@ -106,26 +159,86 @@ function objectId(meta: unknown): string {
 }
 
 interface RawObject {
-  metadata?: { namespace?: string; name?: string; resourceVersion?: string };
-}
-
-/** One page of a list: its items and where the next page starts. */
-interface Page {
-  readonly items: readonly RawObject[];
-  readonly resourceVersion: string;
-  readonly continue?: string;
+  metadata?: { namespace?: string; name?: string; resourceVersion?: string; annotations?: Record<string, unknown> };
 }
 
 /** List pages of this size (client-go's pager default). */
 const PAGE_SIZE = 500;
 
-/** A list that takes longer than this is abandoned and retried with backoff. */
+/** A list that does not answer, or whose answer stalls, for this long is abandoned and retried with backoff. */
 const LIST_TIMEOUT_MS = 60_000;
 
-class GoneError extends Error {
-  constructor(message: string) {
-    super(`410 Gone: ${message}`);
+/** The bookmark annotation that ends a watch-list's initial events (metav1.InitialEventsAnnotationKey). */
+export const INITIAL_EVENTS_END_ANNOTATION = 'k8s.io/initial-events-end';
+
+/** A watch that ends normally sooner than this, having sent nothing, is a failure (reflector.go, VeryShortWatchError). */
+const VERY_SHORT_WATCH_MS = 1000;
+
+/**
+ * An answer of the API server other than success: the HTTP status (or the
+ * code of a watch's ERROR event) and, when it sent a Status, its reason and
+ * the reasons of its causes.
+ */
+export class ApiError extends Error {
+  constructor(
+    message: string,
+    readonly statusCode: number,
+    readonly reason = '',
+    readonly causes: readonly string[] = [],
+  ) {
+    super(message);
   }
+}
+
+/** The server does not stream lists: a 400 or 422 to the watch-list, or a stream without its end-of-initial-events bookmark. */
+class WatchListRefused extends ApiError {}
+
+/** 410, the version asked for is compacted away (reflector.go isExpiredError: reason Expired, or Gone from servers before 1.18). */
+function isExpired(err: unknown): boolean {
+  return err instanceof ApiError && (err.statusCode === 410 || err.reason === 'Expired' || err.reason === 'Gone');
+}
+
+/**
+ * The version asked for is newer than the server's cache has seen
+ * (reflector.go isTooLargeResourceVersionError: the ResourceVersionTooLarge
+ * cause, or the message servers before 1.18.6 sent with a 504).
+ */
+function isTooLargeResourceVersion(err: unknown): boolean {
+  if (!(err instanceof ApiError)) return false;
+  return err.causes.includes('ResourceVersionTooLarge') || (err.statusCode === 504 && err.message.includes('Too large resource version'));
+}
+
+/**
+ * Whether the server refused (4xx but 429: counted until the resource makes
+ * progress) or could not serve (no answer, 5xx, 429: counted until it
+ * answers a request with success).
+ */
+function failureKind(err: unknown): FailureKind {
+  return err instanceof ApiError && err.statusCode < 500 && err.statusCode !== 429 ? 'answered' : 'unanswered';
+}
+
+/**
+ * No server to answer: the connection failed (ECONNREFUSED, ECONNRESET,
+ * EHOSTUNREACH, ETIMEDOUT, ENOTFOUND: node-fetch passes the system error's
+ * code on), or a 502 or 503 (a load balancer or proxy with no API server
+ * behind it, a server shutting down). Only then does another reflector's
+ * answer cut the wait short: a 429 or a 500 comes from a server that is
+ * there and busy, a stalled list from one that is slow, and a cheap request
+ * of another kind getting through says nothing of a large list.
+ */
+function unreachable(err: unknown): boolean {
+  if (err instanceof ApiError) return err.statusCode === 502 || err.statusCode === 503;
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^E[A-Z]+$/.test(code);
+}
+
+/** What the reflectors of one source share: the watch-list mode and news that the server answers. */
+interface SourceShared {
+  watchList: WatchListMode;
+  /** A reflector found the server refusing watch-lists. */
+  watchListRefused(kind: Kind, reason: string): void;
+  /** A reflector's request was answered with success: the others' outage backoff is over. */
+  answered(from: Reflector<unknown>): void;
 }
 
 /** One resource: its list+watch loop and its validated objects. */
@@ -138,11 +251,25 @@ class Reflector<T> {
    * the source's status meanwhile (an RBAC rule missing, a token refused).
    */
   lastError: string | undefined;
-  private resourceVersion: string | undefined;
-  private failures = 0;
+  /** reflector.go lastSyncResourceVersion: the version of the last list, event or bookmark; '' before the first list. */
+  private lastSyncRv = '';
+  /**
+   * reflector.go isLastSyncResourceVersionUnavailable: a list or watch-list
+   * at lastSyncRv was refused as expired or too new, so the next one is
+   * consistent (resourceVersion "").
+   */
+  private rvUnavailable = false;
+  /**
+   * reflector.go paginatedResult: a list at "0" came back in pages, so the
+   * server has no watch cache for the resource and later lists page too.
+   */
+  private paginated = false;
+  /** The next attempt lists (or watch-lists) before it watches: at start, and after a watch's 410. */
+  private needList = true;
+  private readonly backoff: Backoff;
   private stopped = false;
-  private timer: NodeJS.Timeout | undefined;
-  private wake: (() => void) | undefined;
+  /** The retry being waited for, and whether the server was unreachable. */
+  private sleeping: { until: number; unreachable: boolean; timer: NodeJS.Timeout; resolve: () => void } | undefined;
   private abort: AbortController | undefined;
   /** Aborts a list in flight when the source stops. */
   private readonly listAbort = new AbortController();
@@ -154,8 +281,15 @@ class Reflector<T> {
     private readonly selectors: { labelSelector?: string; fieldSelector?: string },
     private readonly validate: (o: unknown) => Validated<T>,
     private readonly opts: KubernetesSourceOptions,
+    private readonly shared: SourceShared,
     private readonly changed: (e?: SourceEvent) => void,
-  ) {}
+  ) {
+    this.backoff = new Backoff({
+      minMs: opts.backoffMinMs ?? DEFAULT_BACKOFF_MIN_MS,
+      maxMs: opts.backoffMaxMs ?? DEFAULT_BACKOFF_MAX_MS,
+      ...(opts.random ? { random: opts.random } : {}),
+    });
+  }
 
   start(): void {
     void this.loop();
@@ -163,60 +297,225 @@ class Reflector<T> {
 
   stop(): void {
     this.stopped = true;
-    if (this.timer) clearTimeout(this.timer);
-    this.wake?.();
+    this.wake();
     this.abort?.abort();
     this.listAbort.abort();
+  }
+
+  /**
+   * Another reflector of the source got an answer: if this one is waiting
+   * out an outage (the server unreachable), its backoff is over and it
+   * retries no later than a first step from now.
+   */
+  serverBack(): void {
+    const s = this.sleeping;
+    if (!s?.unreachable) return;
+    this.backoff.serverAnswered();
+    const delay = this.backoff.first();
+    if (s.until - performance.now() <= delay) return;
+    clearTimeout(s.timer);
+    s.until = performance.now() + delay;
+    s.timer = setTimeout(() => this.wake(), delay);
   }
 
   private async loop(): Promise<void> {
     while (!this.stopped) {
       try {
-        if (this.resourceVersion === undefined) await this.relist();
-        await this.watchOnce();
-        this.failures = 0;
+        if (this.needList) await this.sync();
+        else await this.watch();
       } catch (err) {
         if (this.stopped) return;
-        if (err instanceof GoneError) this.resourceVersion = undefined;
-        await this.backoff(err);
+        // A watch's 410: relist, from the last version seen (reflector.go
+        // keeps it: a list "not older than" it is served from the cache).
+        if (isExpired(err) && !this.needList) this.needList = true;
+        await this.retryAfter(err);
       }
     }
   }
 
-  /** Lists every page; what the list no longer holds is deleted. */
-  private async relist(): Promise<void> {
-    const seen = new Set<string>();
-    let cont: string | undefined;
-    let rv = '';
-    do {
-      const page = await listPage(this.kc, this.path, { ...this.selectors, limit: PAGE_SIZE, continue: cont }, this.listAbort.signal);
-      if (this.stopped) return;
-      for (const o of page.items) {
-        seen.add(objectId((o as RawObject | null)?.metadata));
-        this.upsert(o);
-      }
-      cont = page.continue || undefined;
-      rv = page.resourceVersion;
-    } while (cont);
-    for (const id of this.items.keys()) if (!seen.has(id)) this.remove(id);
-    this.resourceVersion = rv;
+  /** A request of this reflector was answered with success. */
+  private answered(): void {
     this.lastError = undefined;
+    this.backoff.serverAnswered();
+    this.shared.answered(this as Reflector<unknown>);
+  }
+
+  private retryAfter(err: unknown): Promise<void> {
+    const delay = this.backoff.next(failureKind(err));
+    this.lastError = (err as Error)?.message ?? String(err);
+    this.opts.onWatchError?.(this.kind, err, delay);
+    return new Promise((resolve) => {
+      this.sleeping = { until: performance.now() + delay, unreachable: unreachable(err), resolve, timer: setTimeout(() => this.wake(), delay) };
+    });
+  }
+
+  private wake(): void {
+    const s = this.sleeping;
+    this.sleeping = undefined;
+    if (s) {
+      clearTimeout(s.timer);
+      s.resolve();
+    }
+  }
+
+  /** The state, by a watch-list (which goes on as the watch) or a list. */
+  private async sync(): Promise<void> {
+    if (this.shared.watchList !== 'off') {
+      try {
+        return await this.watchList();
+      } catch (err) {
+        if (!(err instanceof WatchListRefused) || this.stopped || this.shared.watchList === 'on') throw err;
+        this.shared.watchListRefused(this.kind, err.message);
+      }
+    }
+    await this.list();
+  }
+
+  /**
+   * reflector.go list(): at relistResourceVersion(), in pages or not as
+   * its page size rule says; a version refused as expired or too new is
+   * listed again at once at "" (a consistent list). What the list no longer
+   * holds is deleted.
+   */
+  private async list(): Promise<void> {
+    let result: { seen: Set<string>; resourceVersion: string; paged: boolean };
+    const rv = this.relistResourceVersion();
+    try {
+      result = await this.listAt(rv);
+    } catch (err) {
+      if (this.stopped || !(isExpired(err) || isTooLargeResourceVersion(err))) throw err;
+      this.rvUnavailable = true;
+      result = await this.listAt('');
+    }
+    if (this.stopped) return;
+    for (const id of this.items.keys()) if (!result.seen.has(id)) this.remove(id);
+    if (rv === '0' && result.paged) this.paginated = true;
+    this.rvUnavailable = false;
+    this.lastSyncRv = result.resourceVersion;
+    this.needList = false;
+    this.listed();
+  }
+
+  /**
+   * reflector.go relistResourceVersion(): "" after a refusal (consistent);
+   * "0" for the first list ("For performance reasons, initial list
+   * performed by reflector uses "0" as resource version to allow it to be
+   * served from the watch cache"); else the last version seen.
+   */
+  private relistResourceVersion(): string {
+    if (this.rvUnavailable) return '';
+    return this.lastSyncRv === '' ? '0' : this.lastSyncRv;
+  }
+
+  /**
+   * reflector.go list()'s page size: 500 for "" and "0" (a cache ignores the
+   * limit at "0"; a server without one pages instead of reading everything
+   * at once) and once a list at "0" came back paged; none for a version
+   * ("To avoid thundering herd on etcd (e.g. on master upgrades), we
+   * explicitly switch off pagination to force listing from watch cache"):
+   * a limit with a version asks for that exact version, which only etcd
+   * has before 1.34.
+   */
+  private pageSize(rv: string): number {
+    if (this.paginated) return PAGE_SIZE;
+    return rv !== '' && rv !== '0' ? 0 : PAGE_SIZE;
+  }
+
+  /**
+   * Every page of a list at `rv`, each applied as it arrives. A continue
+   * token that expires (page 2 or later) ends in one full list at `rv`
+   * (pager.go, FullListIfExpired).
+   */
+  private async listAt(rv: string): Promise<{ seen: Set<string>; resourceVersion: string; paged: boolean }> {
+    const limit = this.pageSize(rv);
+    const first: Query = { ...this.selectors, resourceVersion: rv === '' ? undefined : rv, limit: limit > 0 ? limit : undefined };
+    let query = first;
+    let seen = new Set<string>();
+    let resourceVersion = '';
+    let pages = 0;
+    for (;;) {
+      let page: ListMeta;
+      try {
+        page = await listPage(this.kc, this.path, query, this.listAbort.signal, () => this.answered(), (o) => {
+          if (this.stopped) return;
+          seen.add(objectId((o as RawObject | null)?.metadata));
+          this.upsert(o as RawObject);
+        });
+      } catch (err) {
+        if (query.continue === undefined || !isExpired(err) || this.stopped) throw err;
+        query = { ...first, limit: undefined };
+        seen = new Set();
+        pages = 0;
+        continue;
+      }
+      if (this.stopped) break;
+      if (pages++ === 0) resourceVersion = page.resourceVersion;
+      if (!page.continue) break;
+      // The version goes with the token (pager.go clears it on later pages).
+      query = { ...this.selectors, limit: limit > 0 ? limit : undefined, continue: page.continue };
+    }
+    return { seen, resourceVersion, paged: pages > 1 };
+  }
+
+  /** The first complete state has arrived. */
+  private listed(): void {
     if (!this.synced) {
       this.synced = true;
       this.changed();
     }
   }
 
-  /** One watch from the last resourceVersion; resolves when the server ends it. */
-  private async watchOnce(): Promise<void> {
-    const params = {
-      ...this.selectors,
-      watch: 'true',
-      resourceVersion: this.resourceVersion,
-      allowWatchBookmarks: 'true',
-      // As client-go: the server ends the watch after 5-10 minutes, and it is resumed.
-      timeoutSeconds: Math.round(300 * (1 + Math.random())),
-    };
+  /**
+   * reflector.go watchList(): a watch with sendInitialEvents from
+   * rewatchResourceVersion() ("" after a refusal, else the last version
+   * seen), whose initial events, up to the bookmark annotated
+   * k8s.io/initial-events-end, are the list; then it goes on as the watch.
+   * A version refused as expired or too new is asked again at once at "".
+   */
+  private async watchList(): Promise<void> {
+    for (;;) {
+      const rv = this.rvUnavailable ? '' : this.lastSyncRv;
+      try {
+        return await this.stream(
+          {
+            ...this.selectors,
+            watch: 'true',
+            sendInitialEvents: 'true',
+            resourceVersionMatch: 'NotOlderThan',
+            allowWatchBookmarks: 'true',
+            resourceVersion: rv === '' ? undefined : rv,
+            timeoutSeconds: this.watchTimeoutSeconds(),
+          },
+          true,
+        );
+      } catch (err) {
+        if (this.stopped || !this.needList || rv === '' || !(isExpired(err) || isTooLargeResourceVersion(err))) throw err;
+        this.rvUnavailable = true;
+      }
+    }
+  }
+
+  /** One watch from the last version seen; resolves when the server ends it. */
+  private watch(): Promise<void> {
+    return this.stream(
+      { ...this.selectors, watch: 'true', resourceVersion: this.lastSyncRv, allowWatchBookmarks: 'true', timeoutSeconds: this.watchTimeoutSeconds() },
+      false,
+    );
+  }
+
+  /** As client-go: the server ends the watch after 5-10 minutes, and it is resumed. */
+  private watchTimeoutSeconds(): number {
+    return Math.round(300 * (1 + (this.opts.random ?? Math.random)()));
+  }
+
+  /**
+   * One watch (a watch-list when `initial`): resolves when the server ends
+   * it normally; a failure, a refusal or a watch-list that ends before its
+   * initial events did throws.
+   */
+  private async stream(params: Query, initial: boolean): Promise<void> {
+    const timeoutSeconds = params.timeoutSeconds as number;
+    const what = `${initial ? 'watch-list' : 'watch'} ${this.path}`;
     const abort = new AbortController();
     this.abort = abort;
     // A server that goes silent (no event, no bookmark, no end) past the
@@ -225,65 +524,107 @@ class Reflector<T> {
     const deadline = setTimeout(() => {
       silent = true;
       abort.abort();
-    }, (params.timeoutSeconds + 60) * 1000);
+    }, (timeoutSeconds + 60) * 1000);
+    const started = performance.now();
+    let events = 0;
+    // The objects of the initial events, until their end: the list's `seen`.
+    const list = initial ? new Set<string>() : undefined;
     try {
       const res = await apiGet(this.kc, this.path, params, abort.signal);
-      if (res.status !== 200) throw await httpError(res, `watch ${this.path}`);
-      this.lastError = undefined;
+      if (res.status !== 200) {
+        const err = await httpError(res, what);
+        // Validation's answer: the fields of a watch-list are not allowed (WatchList off, or older than 1.27).
+        if (initial && (res.status === 400 || res.status === 422)) throw new WatchListRefused(err.message, err.statusCode, err.reason, err.causes);
+        throw err;
+      }
+      this.answered();
       await readLines(res.body as unknown as AsyncIterable<Buffer>, MAX_WATCH_EVENT_BYTES, (line) => {
         if (this.stopped) return false;
         let event: unknown;
         try {
           event = JSON.parse(line);
         } catch (err) {
-          throw new Error(`watch ${this.path}: the server sent a line that is not JSON (${line.length} bytes: ${(err as Error).message}); watching again from version ${this.resourceVersion}`);
+          throw new Error(`${what}: the server sent a line that is not JSON (${line.length} bytes: ${(err as Error).message}); watching again from version ${this.lastSyncRv}`);
         }
-        return this.onWatchEvent(event);
+        events++;
+        return this.onWatchEvent(event, initial && this.needList ? list : undefined);
       });
     } catch (err) {
       if (this.stopped) return;
-      if (silent) throw new Error(`watch ${this.path}: the server did not end the watch within ${params.timeoutSeconds + 60} s of its ${params.timeoutSeconds} s timeout`);
+      if (silent) throw new Error(`${what}: the server did not end the watch within ${timeoutSeconds + 60} s of its ${timeoutSeconds} s timeout`);
       throw err;
     } finally {
       clearTimeout(deadline);
       abort.abort(); // ends the request if an error left it open
       this.abort = undefined;
     }
+    if (this.stopped) return;
+    if (initial && this.needList) throw new Error(`${what}: the server ended the stream before the end of its initial events; trying again`);
+    if (events === 0 && performance.now() - started < VERY_SHORT_WATCH_MS) {
+      throw new ApiError(`${what}: the server ended the watch within a second without an event (client-go's "very short watch")`, 200);
+    }
+    this.backoff.progressed();
   }
 
-  /** Applies one watch event (any JSON value at all); false ends the watch. */
-  private onWatchEvent(line: unknown): boolean {
+  /**
+   * Applies one watch event (any JSON value at all); false ends the watch.
+   * `initial`: the objects seen so far among a watch-list's initial events.
+   */
+  private onWatchEvent(line: unknown, initial: Set<string> | undefined): boolean {
+    const where = `${initial ? 'watch-list' : 'watch'} ${this.path}`;
     if (typeof line !== 'object' || line === null || Array.isArray(line)) {
-      this.problem(`watch ${this.path}`, `an event that is not an object: ${show(line)}`, 'invalid');
+      this.problem(where, `an event that is not an object: ${show(line)}`, 'invalid');
       return true;
     }
     const event = line as { type?: unknown; object?: unknown };
-    const obj = event.object as (RawObject & { code?: unknown; message?: unknown }) | null | undefined;
+    const obj = event.object as (RawObject & { code?: unknown; message?: unknown; reason?: unknown; details?: unknown }) | null | undefined;
     if (typeof obj !== 'object' || obj === null) {
-      this.problem(`watch ${this.path}`, `a ${show(event.type)} event without an object`, 'invalid');
+      this.problem(where, `a ${show(event.type)} event without an object`, 'invalid');
       return true;
     }
+    const rv = (obj.metadata as { resourceVersion?: unknown } | undefined)?.resourceVersion;
     switch (event.type) {
       case 'ADDED':
       case 'MODIFIED':
         this.upsert(obj);
+        initial?.add(objectId(obj.metadata));
         break;
-      case 'DELETED':
-        this.remove(objectId(obj.metadata));
+      case 'DELETED': {
+        const id = objectId(obj.metadata);
+        this.remove(id);
+        initial?.delete(id);
         break;
-      case 'BOOKMARK':
-        break;
-      case 'ERROR': {
-        const message = typeof obj.message === 'string' ? obj.message.slice(0, 300) : '';
-        throw obj.code === 410 ? new GoneError(message || 'resource version too old') : new Error(`watch error ${show(obj.code)}: ${message}`);
       }
+      case 'BOOKMARK':
+        if (initial) {
+          const annotations = (obj.metadata as { annotations?: unknown } | undefined)?.annotations;
+          if (typeof annotations !== 'object' || annotations === null || (annotations as Record<string, unknown>)[INITIAL_EVENTS_END_ANNOTATION] !== 'true') {
+            throw new WatchListRefused(`${where}: a bookmark without the ${INITIAL_EVENTS_END_ANNOTATION} annotation among the initial events: the server does not stream lists`, 200);
+          }
+          this.initialEventsEnd(initial, typeof rv === 'string' ? rv : '');
+          return true;
+        }
+        break;
+      case 'ERROR':
+        throw watchError(obj, where, initial !== undefined);
       default:
-        this.problem(`watch ${this.path}`, `an event of unknown type ${show(event.type)}`, 'invalid');
+        this.problem(where, `an event of unknown type ${show(event.type)}`, 'invalid');
         return true;
     }
-    const rv = (obj.metadata as { resourceVersion?: unknown } | undefined)?.resourceVersion;
-    if (typeof rv === 'string' && rv !== '') this.resourceVersion = rv;
+    this.backoff.progressed();
+    // The initial events come in no order of version (reflector.go waits for the bookmark).
+    if (!initial && typeof rv === 'string' && rv !== '') this.lastSyncRv = rv;
     return true;
+  }
+
+  /** The end of a watch-list's initial events: they were the list. */
+  private initialEventsEnd(seen: Set<string>, rv: string): void {
+    for (const id of this.items.keys()) if (!seen.has(id)) this.remove(id);
+    if (rv !== '') this.lastSyncRv = rv;
+    this.rvUnavailable = false;
+    this.needList = false;
+    this.backoff.progressed();
+    this.listed();
   }
 
   private problem(where: string, reason: string, category: Problem['category'], object?: string): void {
@@ -321,19 +662,31 @@ class Reflector<T> {
   private remove(id: string): void {
     if (this.items.delete(id)) this.changed({ kind: this.kind, type: 'delete', id });
   }
+}
 
-  private backoff(err: unknown): Promise<void> {
-    const min = this.opts.backoffMinMs ?? 500;
-    const max = this.opts.backoffMaxMs ?? 30_000;
-    const base = Math.min(max, min * 2 ** this.failures++);
-    const delay = Math.round(base / 2 + Math.random() * (base / 2)); // "equal jitter"
-    this.lastError = (err as Error)?.message ?? String(err);
-    this.opts.onWatchError?.(this.kind, err, delay);
-    return new Promise((resolve) => {
-      this.wake = resolve;
-      this.timer = setTimeout(resolve, delay);
-    });
-  }
+/**
+ * A watch's ERROR event as an error: its Status's code, reason and causes.
+ * Among a watch-list's initial events a 400, 422 or 500 is the server
+ * refusing to stream (a 500 is what a watch cache over etcd without
+ * progress notifications answers: cacher.go "a watch stream was requested
+ * by the client but the required storage feature RequestWatchProgress is
+ * disabled").
+ */
+function watchError(status: { code?: unknown; message?: unknown; reason?: unknown; details?: unknown }, where: string, initial: boolean): ApiError {
+  const code = typeof status.code === 'number' ? status.code : 0;
+  const message = typeof status.message === 'string' ? status.message.slice(0, 300) : '';
+  const reason = typeof status.reason === 'string' ? status.reason : '';
+  const causes = statusCauses(status.details);
+  if (code === 410) return new ApiError(`410 Gone: ${message || 'resource version too old'}`, 410, reason, causes);
+  if (initial && (code === 400 || code === 422 || code === 500)) return new WatchListRefused(`${where}: watch error ${code}: ${message}`, code, reason, causes);
+  return new ApiError(`watch error ${show(status.code)}: ${message}`, code, reason, causes);
+}
+
+/** The reasons of a Status's causes (metav1.StatusCause's `reason`: ResourceVersionTooLarge, FieldValueForbidden). */
+function statusCauses(details: unknown): string[] {
+  const causes = (details as { causes?: unknown } | null | undefined)?.causes;
+  if (!Array.isArray(causes)) return [];
+  return causes.map((c) => (c as { reason?: unknown } | null)?.reason).filter((r): r is string => typeof r === 'string').slice(0, 10);
 }
 
 type Query = Record<string, string | number | undefined>;
@@ -352,19 +705,21 @@ async function apiGet(kc: KubeConfig, path: string, query: Query, signal: AbortS
   return fetch(url, init);
 }
 
-/** An answer other than 200 as an error naming the request; 410 as GoneError. */
-async function httpError(res: Response, what: string): Promise<Error> {
+/** An answer other than 200 as an error naming the request, with the Status's reason and causes. */
+async function httpError(res: Response, what: string): Promise<ApiError> {
   const body = await res.text().catch(() => '');
   let message = body.slice(0, 300);
+  let reason = '';
+  let causes: string[] = [];
   try {
-    const status = JSON.parse(body) as { message?: unknown };
+    const status = JSON.parse(body) as { message?: unknown; reason?: unknown; details?: unknown };
     if (typeof status.message === 'string') message = status.message.slice(0, 300);
+    if (typeof status.reason === 'string') reason = status.reason;
+    causes = statusCauses(status.details);
   } catch {
     // not a Status object: keep the text
   }
-  const text = `${what}: HTTP ${res.status}${message ? `: ${message}` : ''}`;
-  if (res.status === 410) return new GoneError(text);
-  return Object.assign(new Error(text), { statusCode: res.status });
+  return new ApiError(`${what}: HTTP ${res.status}${message ? `: ${message}` : ''}`, res.status, reason, causes);
 }
 
 /**
@@ -397,27 +752,40 @@ async function readLines(body: AsyncIterable<Buffer>, maxBytes: number, onLine: 
 }
 
 /**
- * One page of a list: GET `path` with the selectors, limit and continue
- * token. A 410 (an expired continue token) relists from the start.
+ * One page of a list (a whole list, when the server does not page it):
+ * GET `path` with the selectors, version, limit and continue token, its
+ * items handed to `onItem` as they arrive; `onAnswer` once the server has
+ * answered 200.
  */
-async function listPage(kc: KubeConfig, path: string, query: Query, stop: AbortSignal): Promise<Page> {
-  const timeout = AbortSignal.timeout(LIST_TIMEOUT_MS);
+async function listPage(kc: KubeConfig, path: string, query: Query, stop: AbortSignal, onAnswer: () => void, onItem: (item: unknown) => void): Promise<ListMeta> {
+  const stalled = new AbortController();
+  const timer = setTimeout(() => stalled.abort(), LIST_TIMEOUT_MS);
+  let answered = false;
   try {
-    const res = await apiGet(kc, path, query, AbortSignal.any([stop, timeout]), MAX_LIST_PAGE_BYTES);
+    const res = await apiGet(kc, path, query, AbortSignal.any([stop, stalled.signal]));
     if (res.status !== 200) throw await httpError(res, `list ${path}`);
-    const list = (await res.json()) as { items?: unknown; metadata?: { resourceVersion?: unknown; continue?: unknown } } | null;
-    if (typeof list !== 'object' || list === null || (list.items != null && !Array.isArray(list.items))) throw new Error(`list ${path}: not a list`);
-    const meta = typeof list.metadata === 'object' && list.metadata !== null ? list.metadata : {};
-    return {
-      items: (list.items ?? []) as RawObject[],
-      resourceVersion: typeof meta.resourceVersion === 'string' ? meta.resourceVersion : '',
-      ...(typeof meta.continue === 'string' && meta.continue !== '' ? { continue: meta.continue } : {}),
+    answered = true;
+    onAnswer();
+    const body = async function* (): AsyncIterable<Buffer> {
+      for await (const chunk of res.body as unknown as AsyncIterable<Buffer>) {
+        timer.refresh();
+        yield chunk;
+      }
     };
+    try {
+      return await readList(body(), MAX_LIST_ITEM_BYTES, onItem);
+    } catch (err) {
+      if (stalled.signal.aborted || stop.aborted) throw err;
+      throw new Error(`list ${path}: ${(err as Error).message}`, { cause: err });
+    }
   } catch (err) {
     // node-fetch reports every abort as "The user aborted a request".
-    if (timeout.aborted && !stop.aborted) throw new Error(`list ${path}: no answer in ${LIST_TIMEOUT_MS / 1000} s`, { cause: err });
-    if ((err as { type?: string }).type === 'max-size') throw new Error(`list ${path}: a page larger than ${MAX_LIST_PAGE_BYTES} bytes`, { cause: err });
+    if (stalled.signal.aborted && !stop.aborted) {
+      throw new Error(`list ${path}: ${answered ? `the answer stalled for ${LIST_TIMEOUT_MS / 1000} s` : `no answer in ${LIST_TIMEOUT_MS / 1000} s`}`, { cause: err });
+    }
     throw err;
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -497,17 +865,36 @@ export class KubernetesSource implements Source {
   private nodeMissing = false;
   private nodeMissingReason = '';
   private stopped = false;
+  /** The reflectors' shared state: the watch-list mode, which a refusal turns off (auto), and news of the server answering. */
+  private readonly shared: SourceShared;
 
   constructor(private readonly opts: KubernetesSourceOptions) {
     this.kc = loadKubeConfig(opts);
     this.name = `kubernetes:${this.kc.getCurrentCluster()!.server}`;
+    const shared: SourceShared = {
+      watchList: opts.watchList ?? 'off',
+      watchListRefused: (kind, reason) => {
+        if (shared.watchList !== 'auto') return;
+        shared.watchList = 'off';
+        opts.onWatchListRefused?.(kind, reason);
+      },
+      answered: (from) => {
+        for (const r of [this.services, this.slices, this.nodes] as Array<Reflector<unknown> | undefined>) if (r && r !== from) r.serverBack();
+      },
+    };
+    this.shared = shared;
+  }
+
+  /** Whether this source streams its lists: the mode it was given, until a refusal ends `auto`. */
+  get watchList(): WatchListMode {
+    return this.shared.watchList;
   }
 
   async start(onChange: (e?: SourceEvent) => void): Promise<void> {
     this.onChange = onChange;
     const changed = (e?: SourceEvent): void => this.changed(e);
     const reflector = <T>(kind: Kind, selectors: { labelSelector?: string; fieldSelector?: string }, validate: (o: unknown) => Validated<T>): Reflector<T> =>
-      new Reflector(kind, this.kc, collectionPath(kind), selectors, validate, this.opts, changed);
+      new Reflector(kind, this.kc, collectionPath(kind), selectors, validate, this.opts, this.shared, changed);
     this.services = reflector('Service', { labelSelector: SERVICE_LABEL_SELECTOR }, validateService);
     this.slices = reflector('EndpointSlice', { labelSelector: SLICE_LABEL_SELECTOR }, validateEndpointSlice);
     this.nodes = reflector('Node', this.opts.allNodes ? {} : { fieldSelector: `metadata.name=${this.opts.nodeName}` }, validateNode);

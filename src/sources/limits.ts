@@ -56,5 +56,10 @@ export const MAX_STRING_CHARS = 256 * 1024;
  */
 export const MAX_WATCH_EVENT_BYTES = 16 * 1024 * 1024;
 
-/** One page of a list (500 objects) from the API server. */
-export const MAX_LIST_PAGE_BYTES = 256 * 1024 * 1024;
+/**
+ * One item of a list from the API server. Lists are read one item at a
+ * time (src/sources/list-stream.ts), not a page at a time: a list at
+ * resourceVersion "0" is the whole collection in one answer, whatever
+ * limit was asked for. An item is one object, bounded as a watch event is.
+ */
+export const MAX_LIST_ITEM_BYTES = MAX_WATCH_EVENT_BYTES;

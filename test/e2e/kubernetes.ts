@@ -2,7 +2,7 @@
 // real list/watch protocol (test/helpers/fake-apiserver.ts), reached through
 // an ordinary kubeconfig. Real Kubernetes YAML in, real clients out.
 import t, { type Test } from 'tap';
-import { FakeApiServer } from '../helpers/fake-apiserver.js';
+import { FakeApiServer, type FakeApiServerOptions } from '../helpers/fake-apiserver.js';
 import { createSandbox, HTTP_PORT, SLOW, type Sandbox } from '../helpers/sandbox.js';
 
 // Eight agents started one after another, each with its own API server:
@@ -70,8 +70,8 @@ metadata:
     topology.kubernetes.io/zone: zone-a
 ${extra}`;
 
-async function setup(t: Test): Promise<{ sb: Sandbox; api: FakeApiServer }> {
-  const api = new FakeApiServer();
+async function setup(t: Test, server: FakeApiServerOptions = {}): Promise<{ sb: Sandbox; api: FakeApiServer }> {
+  const api = new FakeApiServer(server);
   await api.start();
   t.teardown(() => api.stop());
   const sb = await createSandbox(t, { backends: 3, agent: false });
@@ -270,31 +270,56 @@ t.test('health follows the cluster: a Node being deleted fails /healthz', async 
   t.equal((await fetch(`http://127.0.0.1:${port}/livez`)).status, 200, 'liveness does not depend on the cluster');
 });
 
-t.test('lists come in pages of 500; an expired continue token restarts the list from the start', async (t) => {
-  const { sb, api } = await setup(t);
+t.test('the first list is at resourceVersion 0, answered whole by the cache; a consistent list comes in pages of 500, and an expired continue token ends in one full list', async (t) => {
+  // A 1.30 server: consistent lists, and their continue tokens, read through to etcd.
+  const { sb, api } = await setup(t, { version: '1.30' });
   const n = 1_100; // three pages
   const ip = (i: number): string => `10.97.${i >> 8}.${i & 255}`;
+  const name = (i: number): string => `svc-${String(i).padStart(4, '0')}`;
   api.silently(() => {
     for (let i = 0; i < n; i++) {
       api.put({
         apiVersion: 'v1',
         kind: 'Service',
-        metadata: { name: `svc-${String(i).padStart(4, '0')}`, namespace: 'paged' },
+        metadata: { name: name(i), namespace: 'paged' },
         spec: { type: 'ClusterIP', clusterIP: ip(i), clusterIPs: [ip(i)], ports: [{ name: 'http', port: 80, protocol: 'TCP' }] },
       } as never);
     }
   });
-  api.expireContinue = true; // the first continue token the agent sends is too old
   const first = await sb.startAgent();
-  t.equal(first.frontends, n, 'every service of every page is programmed, once');
-  const listed = await sb.lbList();
-  t.ok(listed.some((e) => e.frontend === `${ip(0)}:80/TCP`) && listed.some((e) => e.frontend === `${ip(n - 1)}:80/TCP`), 'the first and the last service are in the maps');
+  t.equal(first.frontends, n, 'every service is programmed, once');
+  const lists = (since = 0) =>
+    api.requests
+      .slice(since)
+      .filter((r) => r.url.startsWith('/api/v1/services?') && !/[?&]watch=/.test(r.url))
+      .map((r) => {
+        const q = new URL(r.url, 'http://x').searchParams;
+        return [r.kind, r.status, q.get('resourceVersion'), q.get('limit'), q.has('continue')];
+      });
+  t.same(lists(), [['list-cache', 200, '0', '500', false]], 'one list at resourceVersion 0: the cache answers with all of it, its limit ignored');
 
-  const lists = api.requests.filter((r) => r.url.startsWith('/api/v1/services?') && !/[?&]watch=/.test(r.url)).map((r) => new URL(r.url, 'http://x').searchParams);
-  t.ok(lists.length > 0 && lists.every((q) => q.get('limit') === '500'), 'every list asks for pages of 500');
-  const starts = lists.filter((q) => !q.has('continue')).length;
-  const continues = lists.filter((q) => q.has('continue')).length;
-  t.equal(starts, 2, 'the 410 on the first continue restarted the list from the start');
-  t.equal(continues, 3, 'one continue refused, then the two that finished the list');
-  t.ok(sb.agent!.logs.some((l) => /410/.test(JSON.stringify(l))), 'the agent logged the 410');
+  // A relist the API server's lagging cache refuses: a consistent list in
+  // pages, whose continue token then expires.
+  await sb.waitUntil(() => api.openWatches >= 3, 'watches open');
+  const mark = api.requests.length;
+  api.cacheBehind = 1_000_000;
+  api.expireContinue = true;
+  api.dropWatches();
+  api.silently(() => api.delete('Service', name(0), 'paged'));
+  api.compact();
+  await sb.waitUntil(async () => !(await sb.lbList()).some((e) => e.frontend === `${ip(0)}:80/TCP`), 'the relist finds the deletion', 60_000);
+  t.same(
+    lists(mark),
+    [
+      ['list-cache', 504, String(api.resourceVersion - 1), null, false],
+      ['list-storage', 200, null, '500', false],
+      ['list-storage', 410, null, '500', true],
+      ['list-storage', 200, null, null, false],
+    ],
+    'the last version seen, refused as too new; a consistent list in pages of 500; its continue token expired; one full list (client-go\'s pager)',
+  );
+  const listed = await sb.lbList();
+  t.equal(listed.length, n - 1, 'the others stay');
+  t.ok(listed.some((e) => e.frontend === `${ip(1)}:80/TCP`) && listed.some((e) => e.frontend === `${ip(n - 1)}:80/TCP`), 'the first and the last of the rest are in the maps');
+  t.ok(sb.agent!.logs.some((l) => /410/.test(JSON.stringify(l))), "the agent logged the watch's 410");
 });

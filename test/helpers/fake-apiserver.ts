@@ -9,7 +9,11 @@
 //     when the resourceVersion is older than the compaction point,
 //   - dropWatches(): every open watch connection is cut mid-stream,
 //   - forbidden: kinds whose list and watch get 403 Forbidden, as from RBAC
-//     that does not grant them.
+//     that does not grant them; throttled: kinds API Priority and Fairness
+//     turns away (429),
+//   - available = false: every request gets 503; goAway()/comeBack(): the
+//     port refuses connections, then a new server process answers;
+//     restart(): a new server process at once (its watch cache starts anew).
 // And as a kube-apiserver guards them (new FakeApiServer({ tls: true }),
 // setRbac()), for a client that runs as in a pod:
 //   - TLS: HTTPS with a certificate for 127.0.0.1 signed by a CA made for
@@ -22,6 +26,37 @@
 //     request-info resolver derives; a denied request is 403 with that
 //     server's Status message, and requestCounts() says who asked what.
 // Objects are real Kubernetes objects (from YAML manifests).
+//
+// And as a kube-apiserver of a given version serves them (`version`,
+// `features`): every list and watch is classified as its watch cache would
+// answer it or as read through to etcd, by its parameters and the server's
+// feature gates, and counted by kind (requestKinds()), so tests can say
+// what a client would cost a real server. The rules are the apiserver's
+// (k8s.io/apiserver pkg/storage/cacher: shouldDelegateList in cacher.go up
+// to 1.32, delegator.go and delegator/interface.go from 1.33):
+//   - resourceVersion "0" (and no resourceVersionMatch, or NotOlderThan):
+//     the cache, whatever the limit (the cache ignores it: the whole
+//     collection in one answer);
+//   - resourceVersion N, no limit: the cache ("not older than" N); an N the
+//     cache has not reached is 504 "Too large resource version" (a real
+//     server waits up to 3 s first);
+//   - resourceVersion "" (a consistent list): etcd before 1.31; the cache
+//     with ConsistentListFromCache (1.31+, which reads etcd's current
+//     revision, a small request, and waits for the cache to reach it:
+//     a cache that cannot, `cacheBehind`, falls back to etcd), a limit
+//     honoured with a continue token;
+//   - a continue token, resourceVersionMatch=Exact, or a limit with N: etcd
+//     (a version older than the compaction is 410 Expired); from the cache's
+//     snapshots with ListFromCacheSnapshot (1.34+);
+//   - watch: the cache; older than its window (compact(), restart()) 410;
+//   - watch with sendInitialEvents=true (a "watch-list", KEP-3157), with
+//     WatchList on (1.32, 1.34+): the current objects as ADDED events, then
+//     a BOOKMARK annotated k8s.io/initial-events-end, then the watch; with
+//     it off, 422 Invalid with the message of that server's validation.
+// What this server does not model: the cache's content is always current
+// (`cacheBehind` makes it refuse what a lagging cache would refuse, not
+// serve old objects), and a list at an exact version gets the current
+// objects.
 import { execFileSync } from 'node:child_process';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
@@ -287,10 +322,56 @@ function makeCertificates(dir: string): { ca: string; cert: string; key: string 
   return { ca: file('ca.crt'), cert: file('server.crt'), key: file('server.key') };
 }
 
+/**
+ * The feature gates that decide where a list or watch is served from, with
+ * their defaults by release (pkg/features/kube_features.go of each
+ * release branch).
+ */
+export interface ServerFeatures {
+  /** WatchList: watch with sendInitialEvents. Alpha 1.27 (off), beta on in 1.32, off again in 1.33, on from 1.34. */
+  readonly watchList: boolean;
+  /** ConsistentListFromCache: a list at resourceVersion "" from the cache. Alpha 1.28 (off), beta on 1.31, GA 1.34. */
+  readonly consistentListFromCache: boolean;
+  /** ListFromCacheSnapshot: continue tokens and exact versions from the cache's snapshots. Alpha 1.33 (off), beta on 1.34. */
+  readonly listFromCacheSnapshot: boolean;
+  /** Validation before 1.27, which has no sendInitialEvents: resourceVersionMatch is refused on any watch. */
+  readonly before127?: boolean;
+  /**
+   * etcd's progress notifications (RequestWatchProgress: etcd 3.4.31+ or
+   * 3.5.13+), default true. Without them a consistent list is read from
+   * etcd whatever the gates, and a watch-list is answered with an ERROR
+   * event (500).
+   */
+  readonly etcdProgressNotify?: boolean;
+}
+
+export type ServerVersion = '1.26' | '1.30' | '1.31' | '1.32' | '1.33' | '1.34';
+
+/** Each release's defaults; '1.34' stands for 1.34 and later (1.35 and 1.36 change none of these). */
+export const SERVER_FEATURES: Readonly<Record<ServerVersion, ServerFeatures>> = {
+  '1.26': { watchList: false, consistentListFromCache: false, listFromCacheSnapshot: false, before127: true },
+  '1.30': { watchList: false, consistentListFromCache: false, listFromCacheSnapshot: false },
+  '1.31': { watchList: false, consistentListFromCache: true, listFromCacheSnapshot: false },
+  '1.32': { watchList: true, consistentListFromCache: true, listFromCacheSnapshot: false },
+  '1.33': { watchList: false, consistentListFromCache: true, listFromCacheSnapshot: false },
+  '1.34': { watchList: true, consistentListFromCache: true, listFromCacheSnapshot: true },
+};
+
 export interface FakeApiServerOptions {
   /** HTTPS with a certificate for 127.0.0.1 from a CA made for this server (caFile); default plain HTTP. */
   readonly tls?: boolean;
+  /** The release whose default feature gates the server has (default '1.34': 1.34 and later). */
+  readonly version?: ServerVersion;
+  /** Gates that differ from the release's defaults. */
+  readonly features?: Partial<ServerFeatures>;
 }
+
+/**
+ * How a real server would have served a request: a list from its watch
+ * cache, or read through to etcd; a watch (always the cache); a watch-list;
+ * or refused by validation (400, 422) before it reached either.
+ */
+export type RequestKind = 'list-cache' | 'list-storage' | 'watch' | 'watch-list' | 'invalid';
 
 /** One request as the server saw it; who and what once authenticated. */
 export interface RequestRecord {
@@ -304,6 +385,12 @@ export interface RequestRecord {
   readonly resource?: string;
   /** 401 or 403 when refused. */
   readonly refused?: number;
+  /** Where a real server would have served it, once it got past authentication, authorization and routing. */
+  readonly kind?: RequestKind;
+  /** The answer's status: 200 for a watch whose stream then carried an ERROR event (see `watchError`). */
+  readonly status?: number;
+  /** The code of the ERROR event a watch was answered with (410 Expired, 504 Too large resource version). */
+  readonly watchError?: number;
 }
 
 export class FakeApiServer {
@@ -315,6 +402,8 @@ export class FakeApiServer {
   private rv = 1000;
   /** Changes at or before this resourceVersion are gone: older watches get 410. */
   private compactedRv = 0;
+  /** The oldest version a watch may start from: the watch cache's window (compact(), restart()). */
+  private cacheStartRv = 0;
   private dir = '';
   /** Every request, for assertions ("the agent relisted"). */
   readonly requests: RequestRecord[] = [];
@@ -334,7 +423,33 @@ export class FakeApiServer {
    */
   rbac: Rbac | undefined;
 
-  constructor(private readonly opts: FakeApiServerOptions = {}) {}
+  /** The feature gates in force: the release's defaults and the overrides. */
+  readonly features: ServerFeatures;
+
+  /**
+   * How many versions the watch cache is behind etcd (an API server that
+   * lags, as one of several may): a cache list or watch-list asking for a
+   * version past it gets 504 "Too large resource version", and a consistent
+   * list from the cache falls back to etcd. 0: the cache is current.
+   */
+  cacheBehind = 0;
+
+  constructor(private readonly opts: FakeApiServerOptions = {}) {
+    this.features = { ...SERVER_FEATURES[opts.version ?? '1.34'], ...opts.features };
+  }
+
+  /**
+   * Requests by kind (RequestKind), from request `since` on (an index into
+   * `requests`), optionally only those whose path starts with `path`.
+   */
+  requestKinds(opts: { since?: number; path?: string } = {}): Partial<Record<RequestKind, number>> {
+    const counts: Partial<Record<RequestKind, number>> = {};
+    for (const r of this.requests.slice(opts.since ?? 0)) {
+      if (!r.kind || (opts.path !== undefined && !r.url.startsWith(opts.path))) continue;
+      counts[r.kind] = (counts[r.kind] ?? 0) + 1;
+    }
+    return counts;
+  }
 
   /** Enforces the RBAC objects among `manifests` from now on (any YAML: `kubectl kustomize deploy`'s output); takes effect at the next request. */
   setRbac(manifests: string): void {
@@ -450,10 +565,51 @@ export class FakeApiServer {
   /** The next list request with a continue token gets 410 Expired (once). */
   expireContinue = false;
 
-  /** Forget history up to now: a watch from an older resourceVersion gets 410 Gone. */
+  /**
+   * Forget history up to now (etcd's compaction, and the watch cache's
+   * window with it): a watch, an exact list or a continue token from an
+   * older resourceVersion gets 410.
+   */
   compact(): void {
     this.compactedRv = this.rv;
+    this.cacheStartRv = this.rv;
     this.history.length = 0;
+  }
+
+  /**
+   * An API server restart: every connection is cut, and the new process's
+   * watch cache starts at the current version, so a watch resumed from an
+   * older one gets 410 Gone and its client relists (etcd's history, and the
+   * continue tokens it serves, are untouched).
+   */
+  restart(): void {
+    this.dropWatches();
+    for (const s of this.sockets) s.destroy();
+    this.cacheStartRv = this.rv;
+    this.history.length = 0;
+  }
+
+  /**
+   * The API server goes away: every connection is cut and the port refuses
+   * new ones (ECONNREFUSED) until comeBack(). The store stays (etcd is not
+   * the API server): put() and delete() change it meanwhile.
+   */
+  async goAway(): Promise<void> {
+    this.dropWatches();
+    for (const s of this.sockets) s.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  /** A new API server process on the same port: as restart(), its watch cache starts at the current version. */
+  async comeBack(): Promise<void> {
+    this.restart();
+    await new Promise<void>((resolve, reject) => {
+      this.server.once('error', reject);
+      this.server.listen(this.port, '127.0.0.1', () => {
+        this.server.off('error', reject);
+        resolve();
+      });
+    });
   }
 
   /** Cuts every open watch connection mid-stream. */
@@ -493,6 +649,11 @@ export class FakeApiServer {
     for (const w of this.watchers) if (w.resource.kind === kind) w.res.write(text);
   }
 
+  /** The store's current resourceVersion (the last write's). */
+  get resourceVersion(): number {
+    return this.rv;
+  }
+
   get openWatches(): number {
     return this.watchers.size;
   }
@@ -527,7 +688,7 @@ export class FakeApiServer {
     return undefined;
   }
 
-  private status(res: ServerResponse, code: number, reason: string, message: string, details?: Record<string, string>): void {
+  private status(res: ServerResponse, code: number, reason: string, message: string, details?: Record<string, unknown>): void {
     res.writeHead(code, { 'content-type': 'application/json' });
     res.end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, ...(details ? { details } : {}), code }));
   }
@@ -541,17 +702,27 @@ export class FakeApiServer {
    */
   readonly forbidden = new Set<string>();
 
+  /**
+   * Kinds whose lists and watches API Priority and Fairness turns away: 429
+   * with Retry-After, as from a server that is up and too busy.
+   */
+  readonly throttled = new Set<string>();
+
   private handle(req: IncomingMessage, res: ServerResponse): void {
     const record: { -readonly [K in keyof RequestRecord]: RequestRecord[K] } = { method: req.method ?? 'GET', url: req.url ?? '', at: performance.now() };
     this.requests.push(record);
-    if (!this.available) return this.status(res, 503, 'ServiceUnavailable', 'the fake API server is down');
+    const status = (code: number, reason: string, message: string, details?: Record<string, unknown>): void => {
+      record.status = code;
+      this.status(res, code, reason, message, details);
+    };
+    if (!this.available) return status(503, 'ServiceUnavailable', 'the fake API server is down');
     const url = new URL(req.url ?? '/', 'http://fake');
     // Authentication, then authorization, then the handler: kube-apiserver's order.
     const auth = /^Bearer (.+)$/.exec(req.headers.authorization ?? '');
     const user = auth ? this.tokens.get(auth[1]!) : undefined;
     if (!user) {
       record.refused = 401;
-      return this.status(res, 401, 'Unauthorized', 'Unauthorized');
+      return status(401, 'Unauthorized', 'Unauthorized');
     }
     const attrs = requestAttributes(record.method, url);
     record.user = user.name;
@@ -561,86 +732,221 @@ export class FakeApiServer {
     if (decision && !decision.allowed) {
       record.refused = 403;
       const { message, details } = forbiddenStatus(user, attrs, decision.reason);
-      return this.status(res, 403, 'Forbidden', message, details);
+      return status(403, 'Forbidden', message, details);
     }
     const route = this.route(url.pathname);
-    if (req.method !== 'GET' || !route) return this.status(res, 404, 'NotFound', `the server could not find ${url.pathname}`);
+    if (req.method !== 'GET' || !route) return status(404, 'NotFound', `the server could not find ${url.pathname}`);
     const { resource, namespace } = route;
     if (this.forbidden.has(resource.kind)) {
       record.refused = 403;
-      const verb = url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1' ? 'watch' : 'list';
+      const verb = WATCH(url.searchParams) ? 'watch' : 'list';
       const scope = namespace ? `in the namespace "${namespace}"` : 'at the cluster scope';
       const group = resource.apiVersion.includes('/') ? resource.apiVersion.split('/')[0] : '';
-      return this.status(res, 403, 'Forbidden', `${resource.plural} is forbidden: User "${user.name}" cannot ${verb} resource "${resource.plural}" in API group "${group}" ${scope}`);
+      return status(403, 'Forbidden', `${resource.plural} is forbidden: User "${user.name}" cannot ${verb} resource "${resource.plural}" in API group "${group}" ${scope}`);
+    }
+    if (this.throttled.has(resource.kind)) {
+      res.setHeader('retry-after', '1');
+      return status(429, 'TooManyRequests', 'Too many requests, please try again later.', { retryAfterSeconds: 1 });
+    }
+    const invalid = this.validateListOptions(url.searchParams);
+    if (invalid.length > 0) {
+      record.kind = 'invalid';
+      return status(422, 'Invalid', `ListOptions.meta.k8s.io "" is invalid: ${invalid.length === 1 ? invalid[0]!.text : `[${invalid.map((e) => e.text).join(', ')}]`}`, {
+        group: 'meta.k8s.io',
+        kind: 'ListOptions',
+        causes: invalid.map((e) => ({ reason: 'FieldValueForbidden', message: e.body, field: e.field })),
+      });
     }
     const labels = labelMatcher(url.searchParams.get('labelSelector'));
     const fields = fieldMatcher(url.searchParams.get('fieldSelector'));
     const matches = (o: Obj): boolean => labels(o.metadata.labels) && fields(o);
+    if (WATCH(url.searchParams)) return this.watch(res, record, url.searchParams, resource, namespace, matches);
+    return this.list(res, record, status, url.searchParams, resource, namespace, matches);
+  }
 
-    if (url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1') {
-      const from = Number(url.searchParams.get('resourceVersion') || this.rv);
-      res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
-      res.flushHeaders();
-      const w: Watcher = { res, resource, ...(namespace ? { namespace } : {}), matches, bookmarks: url.searchParams.get('allowWatchBookmarks') === 'true' };
-      if (from < this.compactedRv) {
+  /**
+   * ValidateListOptions (apimachinery pkg/apis/meta/internalversion/
+   * validation), the part a watch-list meets: errors as field.Error prints
+   * them ("FIELD: Forbidden: DETAIL") and their cause's message ("Forbidden: DETAIL").
+   */
+  private validateListOptions(q: URLSearchParams): Array<{ field: string; text: string; body: string }> {
+    const errs: Array<{ field: string; text: string; body: string }> = [];
+    const forbidden = (field: string, detail: string): void => void errs.push({ field, text: `${field}: Forbidden: ${detail}`, body: `Forbidden: ${detail}` });
+    const match = q.get('resourceVersionMatch') ?? '';
+    if (WATCH(q)) {
+      if (this.features.before127) {
+        // No sendInitialEvents field: the parameter is not decoded at all.
+        if (match !== '') forbidden('resourceVersionMatch', 'resourceVersionMatch is forbidden for watch');
+        return errs;
+      }
+      const sendInitialEvents = q.has('sendInitialEvents');
+      if (sendInitialEvents) {
+        if (match !== 'NotOlderThan') forbidden('resourceVersionMatch', 'sendInitialEvents requires setting resourceVersionMatch to NotOlderThan');
+        if (!this.features.watchList) forbidden('sendInitialEvents', 'sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled');
+      }
+      if (match !== '' && !sendInitialEvents) forbidden('resourceVersionMatch', 'resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided');
+      return errs;
+    }
+    if (match !== '') {
+      if (!q.get('resourceVersion')) forbidden('resourceVersionMatch', 'resourceVersionMatch is forbidden unless resourceVersion is provided');
+      if (q.get('continue')) forbidden('resourceVersionMatch', 'resourceVersionMatch is forbidden when continue is provided');
+    }
+    if (q.has('sendInitialEvents') && !this.features.before127) forbidden('sendInitialEvents', 'sendInitialEvents is forbidden for list');
+    return errs;
+  }
+
+  /** The version the watch cache has reached. */
+  private get cacheRv(): number {
+    return this.rv - this.cacheBehind;
+  }
+
+  /** storage.NewTooLargeResourceVersionError: 504 Timeout with the ResourceVersionTooLarge cause. */
+  private tooLarge(asked: number): { message: string; details: Record<string, unknown> } {
+    return {
+      message: `Timeout: Too large resource version: ${asked}, current: ${this.cacheRv}`,
+      details: { retryAfterSeconds: 1, causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }] },
+    };
+  }
+
+  private watch(res: ServerResponse, record: { kind?: RequestKind; status?: number; watchError?: number }, q: URLSearchParams, resource: Resource, namespace: string | undefined, matches: (o: Obj) => boolean): void {
+    const watchList = q.get('sendInitialEvents') === 'true' && !this.features.before127;
+    const bookmarks = q.get('allowWatchBookmarks') === 'true';
+    record.kind = watchList ? 'watch-list' : 'watch';
+    record.status = 200;
+    const rvParam = q.get('resourceVersion') ?? '';
+    res.writeHead(200, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' });
+    res.flushHeaders();
+    const w: Watcher = { res, resource, ...(namespace ? { namespace } : {}), matches, bookmarks };
+    const fail = (code: number, reason: string, message: string, details?: Record<string, unknown>): void => {
+      record.watchError = code;
+      this.send(w, { type: 'ERROR', object: { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code, ...(details ? { details } : {}) } });
+      res.end();
+    };
+    let from: number;
+    if (watchList) {
+      if (this.features.etcdProgressNotify === false) {
+        return fail(500, 'InternalError', 'a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled');
+      }
+      // cacher.go: "" waits for the cache to reach etcd's current revision
+      // (3 s at most); N waits for N; "0" takes the cache as it is.
+      const asked = rvParam === '' ? this.rv : Number(rvParam);
+      if (asked > this.cacheRv) {
+        const { message, details } = this.tooLarge(asked);
+        return fail(504, 'Timeout', message, details);
+      }
+      // The initial events: every object the watch selects, as ADDED, in key order.
+      for (const { object } of this.sortedObjects(resource)) {
+        if ((namespace && object.metadata.namespace !== namespace) || !matches(object)) continue;
+        this.send(w, { type: 'ADDED', object });
+      }
+      for (const raw of this.rawListItems.get(resource.kind) ?? []) this.send(w, { type: 'ADDED', object: raw });
+      from = this.rv;
+      if (bookmarks) {
         this.send(w, {
-          type: 'ERROR',
-          object: { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: `too old resource version: ${from} (${this.compactedRv})`, reason: 'Expired', code: 410 },
+          type: 'BOOKMARK',
+          object: { kind: resource.kind, apiVersion: resource.apiVersion, metadata: { resourceVersion: String(from), annotations: { 'k8s.io/initial-events-end': 'true' } } },
         });
-        res.end();
-        return;
       }
+    } else {
+      from = Number(rvParam || this.rv);
+      const floor = Math.max(this.compactedRv, this.cacheStartRv);
+      if (from < floor) return fail(410, 'Expired', `too old resource version: ${from} (${floor})`);
       for (const c of this.history) if (c.rv > from) this.deliver(w, c);
-      this.watchers.add(w);
-      const timeout = Number(url.searchParams.get('timeoutSeconds') || 0);
-      const timer = timeout > 0 ? setTimeout(() => res.end(), timeout * 1000) : undefined;
-      res.on('close', () => {
-        if (timer) clearTimeout(timer);
-        this.watchers.delete(w);
-      });
-      return;
     }
+    this.watchers.add(w);
+    const timeout = Number(q.get('timeoutSeconds') || 0);
+    const timer = timeout > 0 ? setTimeout(() => res.end(), timeout * 1000) : undefined;
+    res.on('close', () => {
+      if (timer) clearTimeout(timer);
+      this.watchers.delete(w);
+    });
+  }
 
-    // Paging as the API server does it: `limit` items in the store's key
-    // order, and an opaque continue token naming the list's resourceVersion
-    // and the last key. A token older than the compaction (or expired on
-    // purpose) is 410.
-    let listRv = this.rv;
-    let after = '';
-    const token = url.searchParams.get('continue');
-    if (token) {
-      let parsed: { rv: number; after: string };
-      try {
-        parsed = JSON.parse(Buffer.from(token, 'base64url').toString()) as { rv: number; after: string };
-      } catch {
-        return this.status(res, 400, 'BadRequest', 'continue key is not valid');
-      }
-      if (this.expireContinue || parsed.rv < this.compactedRv) {
-        this.expireContinue = false;
-        return this.status(res, 410, 'Expired', 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.');
-      }
-      listRv = parsed.rv;
-      after = parsed.after;
-    }
-    // Every object of the resource in key order, sorted once per version of the store.
+  /**
+   * Where a real server would serve a list from, by its parameters and
+   * features (see the top of this file), and the version it would answer at.
+   */
+  private listSource(q: URLSearchParams, continueRv: number | undefined): { from: 'cache' | 'storage'; asked?: number; exact: boolean } {
+    const rv = q.get('resourceVersion') ?? '';
+    const match = q.get('resourceVersionMatch') ?? '';
+    const limit = Number(q.get('limit') || 0);
+    const snapshot = (version: number): 'cache' | 'storage' => (this.features.listFromCacheSnapshot && version >= this.cacheStartRv && version <= this.cacheRv ? 'cache' : 'storage');
+    if (continueRv !== undefined) return { from: snapshot(continueRv), asked: continueRv, exact: true };
+    if (match === 'Exact' || (match === '' && limit > 0 && rv !== '' && rv !== '0')) return { from: snapshot(Number(rv)), asked: Number(rv), exact: true };
+    if (rv === '') return { from: this.features.consistentListFromCache && this.features.etcdProgressNotify !== false && this.cacheBehind === 0 ? 'cache' : 'storage', exact: false };
+    return { from: 'cache', asked: Number(rv), exact: false };
+  }
+
+  /** Every object of a resource in key order, sorted once per version of the store. */
+  private sortedObjects(resource: Resource): Array<{ key: string; object: Obj }> {
     let all = this.sorted.get(resource.plural);
     if (!all || all.rv !== this.rv) {
       const list = [...this.objects].filter(([, e]) => e.resource === resource).map(([key, e]) => ({ key, object: e.object }));
       list.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
       this.sorted.set(resource.plural, (all = { rv: this.rv, list }));
     }
+    return all.list;
+  }
+
+  private list(
+    res: ServerResponse,
+    record: { kind?: RequestKind },
+    status: (code: number, reason: string, message: string, details?: Record<string, unknown>) => void,
+    q: URLSearchParams,
+    resource: Resource,
+    namespace: string | undefined,
+    matches: (o: Obj) => boolean,
+  ): void {
+    // Paging as the API server does it: `limit` items in the store's key
+    // order, and an opaque continue token naming the list's resourceVersion
+    // and the last key. A token older than the compaction (or expired on
+    // purpose) is 410.
+    let after = '';
+    let continueRv: number | undefined;
+    const token = q.get('continue');
+    if (token) {
+      let parsed: { rv: number; after: string };
+      try {
+        parsed = JSON.parse(Buffer.from(token, 'base64url').toString()) as { rv: number; after: string };
+      } catch {
+        return status(400, 'BadRequest', 'continue key is not valid');
+      }
+      continueRv = parsed.rv;
+      after = parsed.after;
+    }
+    const source = this.listSource(q, continueRv);
+    record.kind = source.from === 'cache' ? 'list-cache' : 'list-storage';
+    let listRv = this.rv;
+    if (source.exact) {
+      // etcd at an exact revision (or a snapshot of the cache): gone once compacted.
+      if (this.expireContinue && token) {
+        this.expireContinue = false;
+        return status(410, 'Expired', 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.');
+      }
+      if (source.asked! < this.compactedRv) {
+        return token
+          ? status(410, 'Expired', 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.')
+          : status(410, 'Expired', `too old resource version: ${source.asked} (${this.compactedRv})`);
+      }
+      listRv = source.asked!;
+    } else if (source.from === 'cache' && source.asked !== undefined && source.asked > this.cacheRv) {
+      const { message, details } = this.tooLarge(source.asked);
+      return status(504, 'Timeout', message, details);
+    }
+    // The cache ignores the limit at resourceVersion "0" (cacher.go computeListLimit).
+    const limit = source.from === 'cache' && q.get('resourceVersion') === '0' ? 0 : Number(q.get('limit') || 0);
+    const all = this.sortedObjects(resource);
     let lo = 0;
-    for (let hi = all.list.length; lo < hi; ) {
+    for (let hi = all.length; lo < hi; ) {
       const mid = (lo + hi) >>> 1;
-      if (all.list[mid]!.key <= after) lo = mid + 1;
+      if (all[mid]!.key <= after) lo = mid + 1;
       else hi = mid;
     }
-    const limit = Number(url.searchParams.get('limit') || 0);
     const items: Obj[] = [];
     let last = '';
     let next: string | undefined;
-    for (let i = lo; i < all.list.length; i++) {
-      const { key, object } = all.list[i]!;
+    for (let i = lo; i < all.length; i++) {
+      const { key, object } = all[i]!;
       if ((namespace && object.metadata.namespace !== namespace) || !matches(object)) continue;
       if (limit > 0 && items.length === limit) {
         next = Buffer.from(JSON.stringify({ rv: listRv, after: last })).toString('base64url');
@@ -649,6 +955,7 @@ export class FakeApiServer {
       items.push(object);
       last = key;
     }
+    (record as { status?: number }).status = 200;
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(
       JSON.stringify({

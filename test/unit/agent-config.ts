@@ -128,3 +128,10 @@ t.test('--probe-all-failed: open (the default) or closed, from the command line 
   await t.rejects(optionsOf(['--source', 'file:/x', '--probe-all-failed', 'shut']), /expected open or closed/);
   t.equal((await optionsOf(['--config', file(`${HEADER}probeAllFailed: closed\nsource: file:/x\n`)])).probeAllFailed, 'closed');
 });
+
+t.test('--watch-list: off (the default), auto or on, from the command line or the file', async (t) => {
+  t.equal((await optionsOf(['--source', 'file:/x'])).watchList, 'off');
+  t.equal((await optionsOf(['--kubeconfig', '/k', '--watch-list', 'auto'])).watchList, 'auto');
+  await t.rejects(optionsOf(['--kubeconfig', '/k', '--watch-list', 'yes']), /expected off, auto or on/);
+  t.equal((await optionsOf(['--config', file(`${HEADER}watchList: on\nkubeconfig: /k\n`)])).watchList, 'on');
+});

@@ -5,7 +5,7 @@ import t, { type Test } from 'tap';
 import type { Node } from '../../src/model/k8s.js';
 import { KubernetesSource, type KubernetesSourceOptions } from '../../src/sources/kubernetes.js';
 import type { SourceEvent } from '../../src/sources/source.js';
-import { FakeApiServer } from '../helpers/fake-apiserver.js';
+import { FakeApiServer, type FakeApiServerOptions } from '../helpers/fake-apiserver.js';
 
 const NODE = 'n1';
 
@@ -25,8 +25,8 @@ async function until(what: string, ok: () => boolean, timeoutMs = 10_000): Promi
   }
 }
 
-async function setup(t: Test, opts: Partial<KubernetesSourceOptions> = {}) {
-  const api = new FakeApiServer();
+async function setup(t: Test, opts: Partial<KubernetesSourceOptions> = {}, server: FakeApiServerOptions = {}) {
+  const api = new FakeApiServer(server);
   await api.start();
   t.teardown(() => api.stop());
   const missing: string[] = [];
@@ -157,4 +157,271 @@ t.test('with the health mesh: every Node is watched and sent with its addresses;
   api.delete('Node', 'n3', '');
   await until('a peer to go', () => events.some((e) => e.kind === 'Node' && e.id === 'n3' && e.type === 'delete'));
   t.pass('a deleted Node is sent as deleted');
+});
+
+// ---------------------------------------------------------------------------
+// What the source costs the API server: every list it can have served from
+// the watch cache is served from there (the fake classifies each request as
+// a server of that version would serve it: test/helpers/fake-apiserver.ts).
+
+const SERVICES = '/api/v1/services?';
+const SLICES = '/apis/discovery.k8s.io/v1/endpointslices?';
+const NODES = '/api/v1/nodes?';
+const VERSIONS = ['1.26', '1.30', '1.31', '1.32', '1.33', '1.34'] as const;
+
+const db = { ...service, metadata: { name: 'db', namespace: 'default' }, spec: { ...service.spec, clusterIP: '10.96.0.11', clusterIPs: ['10.96.0.11'] } };
+
+/** The requests to `path` from `since` on that are not watches, with their parameters. */
+function lists(api: FakeApiServer, path: string, since = 0) {
+  return api.requests
+    .slice(since)
+    .filter((r) => r.url.startsWith(path) && !/[?&]watch=/.test(r.url))
+    .map((r) => ({ kind: r.kind, status: r.status, q: new URL(r.url, 'http://x').searchParams }));
+}
+
+/** A watch's 410 forces a relist: the watches break, a deletion is missed, history is compacted. */
+function missDeletion(api: FakeApiServer, name: string, namespace = 'default'): void {
+  api.dropWatches();
+  api.silently(() => api.delete('Service', name, namespace));
+  api.compact();
+}
+
+t.test('the first list asks for resourceVersion 0 and is served from the watch cache, on every server version', async (t) => {
+  for (const version of VERSIONS) {
+    const { api, run } = await setup(t, {}, { version });
+    api.put(service as never);
+    api.put(node as never);
+    const src = await run();
+    await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+    for (const path of [SERVICES, SLICES, NODES]) t.same(api.requestKinds({ path }), { 'list-cache': 1, watch: 1 }, `${version}: ${path.slice(0, -1)}: one list, from the cache, then a watch`);
+    const [first] = lists(api, SERVICES);
+    t.equal(first?.q.get('resourceVersion'), '0', `${version}: at resourceVersion 0`);
+    t.equal(first?.q.get('limit'), '500', `${version}: with client-go's limit, which the cache ignores (a server without a cache pages)`);
+    await src.stop();
+  }
+});
+
+t.test("a watch's 410 relists from the last version seen, with no limit: from the cache, after a jittered delay", async (t) => {
+  const errors: Array<{ kind: string; message: string; retryInMs: number }> = [];
+  const { api, events, run } = await setup(
+    t,
+    { random: () => 0.5, backoffMinMs: 40, backoffMaxMs: 1000, onWatchError: (kind, err, retryInMs) => errors.push({ kind, message: (err as Error).message, retryInMs }) },
+    { version: '1.30' },
+  );
+  api.put(service as never);
+  api.put(db as never);
+  api.put(node as never);
+  const src = await run();
+  await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+  api.put({ ...service, metadata: { ...service.metadata, labels: { app: 'web' } } } as never);
+  await until('the update', () => events.some((e) => e.kind === 'Service' && e.type === 'update'));
+  const lastSeen = String(api.resourceVersion);
+
+  const mark = api.requests.length;
+  missDeletion(api, 'db');
+  await until('the missed deletion', () => events.some((e) => e.kind === 'Service' && e.id === 'default/db' && e.type === 'delete'));
+  await until('watching again', () => api.openWatches >= 3);
+  const relists = lists(api, SERVICES, mark);
+  t.equal(relists.length, 1, 'one relist');
+  t.equal(relists[0]!.q.get('resourceVersion'), lastSeen, 'at the last version seen (an event\'s)');
+  t.notOk(relists[0]!.q.has('limit'), 'with no limit: a limit with a version asks for that exact version, which only etcd has');
+  t.same(api.requestKinds({ since: mark, path: SERVICES }), { watch: 2, 'list-cache': 1 }, 'the refused watch, the relist from the cache, the new watch');
+  t.notOk(api.requestKinds({ since: mark })['list-storage'], 'nothing of any kind read through to etcd');
+  const gone = errors.find((e) => e.kind === 'Service' && /410/.test(e.message));
+  t.equal(gone?.retryInMs, 30, 'the relist waits a jittered first step (half of 40 ms plus half of the rest, at random 0.5)');
+  t.ok(events.some((e) => e.id === 'default/web') && !events.some((e) => e.id === 'default/web' && e.type === 'delete'), 'what is still there stays');
+});
+
+t.test('a version the cache refuses (504 Too large resource version): a consistent list at once, in pages; an expired continue token: one full list', async (t) => {
+  const { api, events, run } = await setup(t, {}, { version: '1.30' });
+  const n = 1_100; // three pages of 500
+  const ip = (i: number): string => `10.97.${i >> 8}.${i & 255}`;
+  for (let i = 0; i < n; i++) {
+    api.put({ ...service, metadata: { name: `svc-${String(i).padStart(4, '0')}`, namespace: 'paged' }, spec: { ...service.spec, clusterIP: ip(i), clusterIPs: [ip(i)] } } as never);
+  }
+  api.put(node as never);
+  const src = await run();
+  await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+  t.same(lists(api, SERVICES).map((l) => [l.kind, l.q.get('resourceVersion'), l.q.get('limit'), l.q.has('continue')]), [['list-cache', '0', '500', false]], 'the first list: one answer from the cache, all 1,100');
+
+  // An API server whose cache lags far behind: the relist at the last version seen is refused.
+  const mark = api.requests.length;
+  api.cacheBehind = 1_000_000;
+  api.expireContinue = true;
+  missDeletion(api, 'svc-0000', 'paged');
+  await until('watching again', () => api.requests.length > mark + 6 && api.openWatches >= 3);
+  t.same(
+    lists(api, SERVICES, mark).map((l) => [l.kind, l.status, l.q.get('resourceVersion'), l.q.get('limit'), l.q.has('continue')]),
+    [
+      ['list-cache', 504, String(api.resourceVersion - 1), null, false],
+      ['list-storage', 200, null, '500', false],
+      ['list-storage', 410, null, '500', true],
+      ['list-storage', 200, null, null, false],
+    ],
+    "reflector.go: the version refused, a consistent list at once (from etcd on 1.30); pager.go: its expired continue token, one full list",
+  );
+  t.same(events.filter((e) => e.type === 'delete').map((e) => e.id), ['paged/svc-0000'], 'only what is gone is deleted: none by the lists that did not finish');
+
+  // The cache catches up: the next relist is from the cache again.
+  api.cacheBehind = 0;
+  const again = api.requests.length;
+  missDeletion(api, 'svc-0001', 'paged');
+  await until('watching again', () => api.requests.length > again + 3 && api.openWatches >= 3);
+  t.same(lists(api, SERVICES, again).map((l) => [l.kind, l.status, l.q.has('limit')]), [['list-cache', 200, false]], 'a version again, no limit, from the cache');
+});
+
+t.test('watch-list (--watch-list auto) where the server streams lists: one request per kind, and it goes on as the watch', async (t) => {
+  const { api, events, run } = await setup(t, { watchList: 'auto' }, { version: '1.34' });
+  api.put(service as never);
+  api.put(db as never);
+  api.put(node as never);
+  const src = await run();
+  await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+  t.same(api.requestKinds(), { 'watch-list': 3 }, 'a watch-list per kind, and nothing else');
+  const q = new URL(api.requests.find((r) => r.url.startsWith(SERVICES))!.url, 'http://x').searchParams;
+  t.same(
+    [q.get('watch'), q.get('sendInitialEvents'), q.get('resourceVersionMatch'), q.get('allowWatchBookmarks'), q.has('resourceVersion')],
+    ['true', 'true', 'NotOlderThan', 'true', false],
+    'sendInitialEvents with NotOlderThan and bookmarks, at resourceVersion "" (a consistent start, from the cache)',
+  );
+  t.match(events.filter((e) => e.kind === 'Service').map((e) => [e.type, e.id]).sort(), [['add', 'default/db'], ['add', 'default/web']], 'the initial events are the list');
+  t.equal(src.watchList, 'auto');
+
+  const count = api.requests.length;
+  api.put({ ...service, metadata: { ...service.metadata, labels: { app: 'web' } } } as never);
+  await until('the update', () => events.some((e) => e.kind === 'Service' && e.type === 'update'));
+  t.equal(api.requests.length, count, 'changes come on the same stream: no new request');
+
+  const lastSeen = String(api.resourceVersion);
+  const mark = api.requests.length;
+  missDeletion(api, 'db');
+  await until('the missed deletion', () => events.some((e) => e.id === 'default/db' && e.type === 'delete'));
+  t.same(api.requestKinds({ since: mark, path: SERVICES }), { watch: 1, 'watch-list': 1 }, "the watch's 410, then a watch-list");
+  const relist = new URL(api.requests.slice(mark).filter((r) => r.url.startsWith(SERVICES) && r.kind === 'watch-list')[0]!.url, 'http://x').searchParams;
+  t.equal(relist.get('resourceVersion'), lastSeen, 'from the last version seen (reflector.go rewatchResourceVersion)');
+  t.notOk(events.some((e) => e.id === 'default/web' && e.type === 'delete'), 'what the initial events hold again is not deleted');
+});
+
+t.test('a server that refuses watch-lists (422): the source lists instead, says so once, and lists from then on', async (t) => {
+  for (const version of ['1.33', '1.26'] as const) {
+    const refusals: string[] = [];
+    const { api, events, run } = await setup(t, { watchList: 'auto', onWatchListRefused: (kind, reason) => refusals.push(`${kind}: ${reason}`) }, { version });
+    api.put(service as never);
+    api.put(db as never);
+    api.put(node as never);
+    const src = await run();
+    await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+    t.equal(refusals.length, 1, `${version}: said once for the source, not once per kind`);
+    t.match(
+      refusals[0],
+      version === '1.26'
+        ? /HTTP 422: ListOptions\.meta\.k8s\.io "" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch$/
+        : /HTTP 422: ListOptions\.meta\.k8s\.io "" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled$/,
+      `${version}: with the server's own words`,
+    );
+    t.equal(src.watchList, 'off', 'the source lists from now on');
+    const kinds = api.requestKinds();
+    t.ok(kinds.invalid! >= 1 && kinds.invalid! <= 3, `at most one refused request per kind (${kinds.invalid})`);
+    t.same({ ...kinds, invalid: 0 }, { 'list-cache': 3, watch: 3, invalid: 0 }, 'then lists from the cache, and watches');
+
+    const mark = api.requests.length;
+    missDeletion(api, 'db');
+    await until('the missed deletion', () => events.some((e) => e.id === 'default/db' && e.type === 'delete'));
+    await until('watching again', () => api.openWatches >= 3);
+    t.notOk(api.requestKinds({ since: mark }).invalid, 'a relist does not ask again');
+    t.equal(refusals.length, 1);
+    await src.stop();
+  }
+});
+
+t.test('a watch-list answered with an ERROR event among its initial events (etcd without progress notifications): a refusal too', async (t) => {
+  const refusals: string[] = [];
+  const { api, run } = await setup(t, { watchList: 'auto', onWatchListRefused: (kind, reason) => refusals.push(`${kind}: ${reason}`) }, { version: '1.34', features: { etcdProgressNotify: false } });
+  api.put(service as never);
+  api.put(node as never);
+  const src = await run();
+  await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+  t.match(refusals, [/watch-list \/.*: watch error 500: a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled$/]);
+  t.same([api.requestKinds()['list-cache'], api.requestKinds().watch], [3, 3], 'then lists from the cache at "0" (which needs no progress notification), and watches');
+});
+
+t.test('watch-list: items no API server would hold among the initial events are reported, and the list completes', async (t) => {
+  const problems: string[] = [];
+  const { api, events, run } = await setup(t, { watchList: 'on', onProblem: (p) => problems.push(p.reason) }, { version: '1.34' });
+  api.put(service as never);
+  api.put(node as never);
+  api.rawListItems.set('Service', [null, 7, [], { metadata: null }]);
+  const src = await run();
+  await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+  t.equal(problems.length, 4, 'each reported');
+  t.ok(events.some((e) => e.id === 'default/web' && e.type === 'add'), 'the rest arrived');
+});
+
+t.test('--watch-list on: a refusal is an error, retried with backoff; nothing is listed', async (t) => {
+  const errors: string[] = [];
+  const { api, run } = await setup(t, { watchList: 'on', onWatchError: (kind, err) => errors.push(`${kind}: ${(err as Error).message}`) }, { version: '1.33' });
+  api.put(service as never);
+  const src = await run();
+  await until('each kind refused twice', () => ['Service', 'EndpointSlice', 'Node'].every((k) => errors.filter((e) => e.startsWith(`${k}: `)).length >= 2));
+  t.same(Object.keys(api.requestKinds()), ['invalid'], 'only watch-lists, each refused');
+  t.equal(src.status().synced, false);
+  t.match(src.status().notes, [/^Service list or watch failing, retrying: watch-list \/api\/v1\/services: HTTP 422: .*WatchList feature gate/]);
+});
+
+for (const outage of ['503', 'ECONNREFUSED'] as const) {
+  t.test(`an outage (${outage}) ends when the server answers: what was deleted meanwhile arrives at once, not after a backoff that grew`, async (t) => {
+    const errors: Array<{ kind: string; retryInMs: number }> = [];
+    const { api, events, run } = await setup(t, { backoffMinMs: 20, backoffMaxMs: 4000, onWatchError: (kind, _err, retryInMs) => errors.push({ kind, retryInMs }) });
+    api.put(service as never);
+    api.put(db as never);
+    api.put(node as never);
+    let deletedAt = 0;
+    const src = await run();
+    await until('synced, watching', () => src.status().synced && api.openWatches >= 3);
+
+    // The API server goes down (answering 503, or not at all), a Service is
+    // deleted meanwhile, and the server comes back as a new process whose
+    // watch cache starts after the deletion: the watches resumed from before
+    // get 410, and only a relist finds it.
+    if (outage === '503') {
+      api.available = false;
+      api.dropWatches();
+    } else await api.goAway();
+    api.delete('Service', 'db');
+    // Once a Service retry waits 2 s or more, the next step waits 2 to 4 s.
+    await until("the Service reflector's backoff to grow past 2 s", () => errors.some((e) => e.kind === 'Service' && e.retryInMs >= 2000), 20_000);
+    const mark = api.requests.length;
+    const onDelete = setInterval(() => {
+      if (!deletedAt && events.some((e) => e.id === 'default/db' && e.type === 'delete')) deletedAt = performance.now();
+    }, 1);
+    t.teardown(() => clearInterval(onDelete));
+    if (outage === '503') {
+      api.restart();
+      api.available = true;
+    } else await api.comeBack();
+    await until('the deletion', () => deletedAt > 0, 15_000);
+    const answeredFor = (path: string): boolean => api.requests.slice(mark).some((r) => r.status === 200 && r.url.startsWith(path));
+    await until('every kind answered again', () => [SERVICES, SLICES, NODES].every(answeredFor), 5000);
+    const answered = api.requests.slice(mark).filter((r) => r.status === 200);
+    const firstAnswer = answered[0]!.at;
+    t.ok(deletedAt - firstAnswer < 1500, `the deletion arrived ${Math.round(deletedAt - firstAnswer)} ms after the server's first answer (a first step is 10-20 ms; the Service retry had grown to 2 s or more)`);
+    for (const path of [SERVICES, SLICES, NODES]) {
+      const first = answered.find((r) => r.url.startsWith(path));
+      t.ok(first && first.at - firstAnswer < 1000, `${path.slice(0, -1)}: asked again within ${first ? Math.round(first.at - firstAnswer) : '?'} ms of the first answer: an answer to one reflector ends the others' wait for an unreachable server`);
+    }
+    t.same(api.requestKinds({ since: mark })['list-storage'], undefined, 'the relists after 410 came from the cache');
+  });
+}
+
+t.test("a server that is up and too busy (429) for one kind: that kind backs off, however often the others get through", async (t) => {
+  const retries: number[] = [];
+  const { api, run } = await setup(t, { backoffMinMs: 5, backoffMaxMs: 160, random: () => 0, onWatchError: (kind, _err, retryInMs) => kind === 'Service' && retries.push(retryInMs) });
+  api.put(node as never);
+  api.throttled.add('Service');
+  await run();
+  // The other kinds' watches break and are answered again, over and over.
+  const churn = setInterval(() => api.dropWatches(), 10);
+  t.teardown(() => clearInterval(churn));
+  await until('the Service retry to reach the cap', () => retries.includes(80), 10_000);
+  t.same(retries.slice(0, 6), [2.5, 5, 10, 20, 40, 80].map(Math.round), 'doubling, never cut back to the first step by the answers to the others');
 });

@@ -35,6 +35,8 @@ export interface AgentCommandOptions {
   nodeName?: string;
   /** Kubernetes source: how long the first sync waits for this node's Node (ms). */
   nodeSyncTimeout?: number;
+  /** Kubernetes source: lists, or watch-lists where the server supports them (auto), or only watch-lists (on). */
+  watchList?: 'off' | 'auto' | 'on';
   cgroup?: string;
   bpfRoot: string;
   /** A datapath object other than the built one (an upgrade, a test). */
@@ -127,8 +129,11 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
     // The health mesh probes every node: watch them all, not only this one.
     allNodes: (opts.healthMeshPort ?? 0) !== 0,
     ...(opts.nodeSyncTimeout !== undefined ? { nodeSyncTimeoutMs: opts.nodeSyncTimeout } : {}),
+    ...(opts.watchList !== undefined ? { watchList: opts.watchList } : {}),
     onProblem,
     onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'list or watch failed; retrying after backoff'),
+    onWatchListRefused: (kind, reason) =>
+      log.info({ kind, reason }, 'the API server does not stream lists (watch-list, sendInitialEvents): listing instead from now on (--watch-list auto)'),
     onNodeMissing: (reason) =>
       log.warn({ node: nodeName, reason }, "going on without this node's Node: its zone is unknown, so zone hints are ignored until it arrives"),
     onNodeArrived: (node) => log.info({ node: node.name, zone: node.zone ?? null }, "this node's Node arrived: services are recomputed with its zone"),
