@@ -45,11 +45,14 @@ export class Backoff {
     return this.unanswered + this.refused;
   }
 
-  /** Counts a failure of this kind and gives the delay before the next attempt. */
-  next(kind: FailureKind): number {
+  /**
+   * Counts a failure of this kind and gives the delay before the next
+   * attempt; with capMs, a step never larger than that (still jittered).
+   */
+  next(kind: FailureKind, capMs = Number.POSITIVE_INFINITY): number {
     if (kind === 'unanswered') this.unanswered++;
     else this.refused++;
-    return this.jittered(this.step(this.failures - 1));
+    return this.jittered(Math.min(capMs, this.step(this.failures - 1)));
   }
 
   /** The delay of a first failure, for an attempt cut short (not counted). */

@@ -147,6 +147,15 @@ export interface KubernetesSourceOptions {
 
 export const DEFAULT_BACKOFF_MIN_MS = 500;
 export const DEFAULT_BACKOFF_MAX_MS = 30_000;
+/**
+ * The largest step while the API server is unreachable (no connection, 502,
+ * 503): asking an absent server costs it nothing, and the first ask after
+ * its return comes within this (2.5 to 5 s, jittered), so a change made
+ * during the outage is applied within seconds of the server's return rather
+ * than after a step that grew while it was away. A busy server (429, 500)
+ * gets the full backoff.
+ */
+export const UNREACHABLE_BACKOFF_MAX_MS = 5_000;
 
 type Kind = SourceEvent['kind'];
 
@@ -341,7 +350,7 @@ class Reflector<T> {
   }
 
   private retryAfter(err: unknown): Promise<void> {
-    const delay = this.backoff.next(failureKind(err));
+    const delay = this.backoff.next(failureKind(err), unreachable(err) ? UNREACHABLE_BACKOFF_MAX_MS : undefined);
     this.lastError = (err as Error)?.message ?? String(err);
     this.opts.onWatchError?.(this.kind, err, delay);
     return new Promise((resolve) => {

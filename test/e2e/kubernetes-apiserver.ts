@@ -5,12 +5,13 @@
 // relist after 410 and an API server restart are all served from the cache,
 // even by servers older than consistent reads from the cache (1.31); the
 // watch-list is used where the server streams lists; and a deletion made
-// during an API server outage reaches the maps within a second or two of the
+// during an API server outage reaches the maps within seconds of the
 // server's first answer, by the same agent process (docs/kubernetes.md,
 // "What the agents cost the API server").
 import t, { type Test } from 'tap';
 import { FakeApiServer, type ServerVersion } from '../helpers/fake-apiserver.js';
 import { createSandbox, HTTP_PORT, SLOW, type Sandbox } from '../helpers/sandbox.js';
+import { UNREACHABLE_BACKOFF_MAX_MS } from '../../src/sources/kubernetes.js';
 
 // Six agents started one after another; each wait has its own deadline.
 t.setTimeout(300_000 * SLOW);
@@ -174,12 +175,16 @@ t.test('an API server outage: a deletion made during it reaches the maps within 
   api.delete('Service', 'db');
   const retries = (): number[] =>
     agent.logs.slice(outage).filter((l) => l.msg === 'list or watch failed; retrying after backoff' && l.kind === 'Service').map((l) => Number(l.retryInMs));
-  // The backoff grows (500 ms doubling, equal jitter): once a Service retry
-  // waits 4 s or more, the next step would wait 4 to 8 s.
+  // The backoff grows (500 ms doubling, equal jitter) up to its cap for an
+  // unreachable server, 5 s: once a Service retry waits 4 s or more, the
+  // uncapped next step would wait 4 to 8 s, and later ones up to 30 s.
   await sb.waitUntil(() => retries().some((ms) => ms >= 4000), 'the Service retry to wait 4 s or more', 30_000);
+  await sb.waitUntil(() => retries().length >= 8, 'eight Service retries (uncapped, the last would wait 32 to 64 s)', 60_000);
+  t.ok(retries().every((ms) => ms <= UNREACHABLE_BACKOFF_MAX_MS), `no retry waits more than ${UNREACHABLE_BACKOFF_MAX_MS} ms while the server is unreachable (${retries().join(', ')})`);
   t.same(await frontends(sb), ['10.96.0.10:80/TCP', '10.96.0.11:80/TCP'], 'during the outage the maps keep what they had');
 
   const mark = api.requests.length;
+  const back = Date.now();
   await api.comeBack();
   await sb.waitUntil(async () => !(await frontends(sb)).includes('10.96.0.11:80/TCP'), 'the deletion in the maps', 30_000);
   // The request's arrival (this process's performance.now()) as the epoch ms of the agent's log.
@@ -187,6 +192,8 @@ t.test('an API server outage: a deletion made during it reaches the maps within 
   const sync = agent.logs.find((l, i) => i >= outage && l.msg === 'sync done' && l.frontends === 1);
   const tookMs = Math.round(Number(sync?.time) - firstAnswer);
   t.ok(tookMs >= 0 && tookMs < 3000 * SLOW, `the deletion was programmed ${tookMs} ms after the server's first answer, not after a backoff step of 4 s or more`);
+  const sinceBack = Math.round(Number(sync?.time) - back);
+  t.ok(sinceBack < UNREACHABLE_BACKOFF_MAX_MS + 3000 * SLOW, `and ${sinceBack} ms after the server came back: within one capped step (${UNREACHABLE_BACKOFF_MAX_MS} ms) and the relist`);
   t.equal(sb.agent!.pid, pid, 'the same agent process');
   t.ok(agent.running, 'still running');
   t.notOk(api.requestKinds({ since: mark })['list-storage'], 'the relists came from the cache');

@@ -26,6 +26,16 @@ t.test('equal jitter: each delay is half its step plus up to the other half; ste
   t.equal(low.next('answered'), 15_000);
 });
 
+t.test('a cap for one failure (an unreachable server): the step stops growing there, still jittered, and the count goes on', async (t) => {
+  const b = new Backoff({ minMs: 500, maxMs: 30_000, random: () => 0.999999 });
+  const capped = Array.from({ length: 8 }, () => b.next('unanswered', 5000));
+  t.same(capped, [500, 1000, 2000, 4000, 5000, 5000, 5000, 5000], 'the high end: never above the cap');
+  const low = new Backoff({ minMs: 500, maxMs: 30_000, random: () => 0 });
+  for (let i = 0; i < 7; i++) low.next('unanswered', 5000);
+  t.equal(low.next('unanswered', 5000), 2500, 'the low end at the cap: half of it');
+  t.equal(b.next('unanswered'), 30_000, 'an uncapped failure after them takes the step the count has reached');
+});
+
 t.test('jitter spreads agents that failed together: 1,000 of them retry over the whole second half of the step', async (t) => {
   const delays = Array.from({ length: 1000 }, () => new Backoff({ minMs: 500, maxMs: 30_000 }).next('answered'));
   t.ok(delays.every((d) => d >= 250 && d <= 500), 'all within [250, 500] ms');
