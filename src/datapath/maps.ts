@@ -1,7 +1,7 @@
 // LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
 // moves bytes through the native addon. Nothing here knows a byte offset.
 import { ConfigError } from '../errors.js';
-import { BPF_ANY, BPF_EXIST } from '../native/bpf.js';
+import { BPF_ANY, BPF_EXIST, type FlatEntries } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
 import {
@@ -21,8 +21,8 @@ import {
   type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import { PartialWriteError, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
-import type { ServiceAddr } from '../lb/types.js';
+import { PartialWriteError, type ExpectedFrontend, type ExpectedMaps, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
+import { serviceAddr4Id, serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -34,6 +34,8 @@ export interface ByteMap {
   update(key: Buffer, value: Buffer, flags?: number): void;
   delete(key: Buffer): boolean;
   entries(): Array<[Buffer, Buffer]>;
+  /** Optional: every entry packed into one key and one value buffer (BpfMap.entriesFlat); else entries() is used. */
+  entriesFlat?(): FlatEntries;
   /** Optional: `count` concatenated keys and values in one syscall; failures carry `count` written. */
   batchUpdate?(keys: Buffer, values: Buffer, count: number): number;
 }
@@ -143,6 +145,29 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
       affinityTimeout: v.affinityTimeout,
     },
   };
+}
+
+/** The scope a key's scope byte names ('' for the external scope); unknown: an entry no lbctl build writes. */
+const SCOPE_NAME = new Map<number, '' | 'internal'>([
+  [LbScope.LB_SCOPE_EXT, ''],
+  [LbScope.LB_SCOPE_INT, 'internal'],
+]);
+
+/** a[0..n) === b[bo..bo+n) */
+function sameBytes(a: Buffer, b: Buffer, bo: number, n: number): boolean {
+  for (let i = 0; i < n; i++) if (a[i] !== b[bo + i]) return false;
+  return true;
+}
+
+/** A map's entries packed (entriesFlat), or packed here from entries() where the map has no such call. */
+function packed(map: ByteMap): FlatEntries {
+  if (map.entriesFlat) {
+    const flat = map.entriesFlat();
+    if (flat.values.length !== flat.count * map.valueSize) throw new RangeError(`${map.name}: entriesFlat gave ${flat.values.length} value bytes for ${flat.count} entries of ${map.valueSize}`);
+    return flat;
+  }
+  const list = map.entries();
+  return { keys: Buffer.concat(list.map(([k]) => k)), values: Buffer.concat(list.map(([, v]) => v)), count: list.length };
 }
 
 const EMPTY_SLOT = { count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 };
@@ -261,6 +286,86 @@ export class KernelLbMaps implements LbMaps {
 
   dump(): MapsDump {
     return dumpMaps(this.m);
+  }
+
+  matches(x: ExpectedMaps): boolean {
+    // Each expected entry is encoded into `k`/`v` by the same code that
+    // writes it, and its value compared with the kernel's bytes in place.
+    const k = Buffer.alloc(64);
+    const v = Buffer.alloc(64);
+    const slotValue = { ...EMPTY_SLOT, backendId: 0 };
+    for (const family of [4, 6] as const) {
+      const map = this.services(family);
+      const { keys, values, count } = packed(map);
+      const ks = map.keySize;
+      const vs = map.valueSize;
+      let seen = 0;
+      for (let i = 0; i < count; i++) {
+        let fe: ExpectedFrontend | undefined;
+        let slot: number;
+        if (family === 4) {
+          const key = lb4_key.decode(keys, i * ks);
+          const protocol = PROTO_NAME.get(key.proto);
+          const scope = SCOPE_NAME.get(key.scope);
+          if (protocol === undefined || scope === undefined) continue; // dump() skips it too
+          fe = x.frontendAt4(serviceAddr4Id(key.address, key.dport, protocol, scope || undefined));
+          slot = key.backendSlot;
+        } else {
+          const key = lb6_key.decode(keys, i * ks);
+          const a = serviceAddr(ipFromBytes(key.address), 6, key.dport, key.proto, key.scope);
+          if (!a) continue; // dump() skips it too
+          fe = x.frontendAt(serviceAddrKey(a));
+          slot = key.backendSlot;
+        }
+        if (!fe) return false;
+        if (slot === 0) {
+          if (!fe.master) return false;
+          masterValue(fe.master, v, 0);
+        } else {
+          const id = fe.slots[slot];
+          if (id === undefined) return false;
+          slotValue.backendId = id;
+          lb_service.encode(slotValue, v, 0);
+        }
+        if (!sameBytes(v, values, i * vs, vs)) return false;
+        seen++;
+      }
+      if (seen !== x.entries(`lb${family}_services`)) return false;
+    }
+    for (const family of [4, 6] as const) {
+      const map = family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
+      const codec = family === 4 ? lb4_backend : lb6_backend;
+      const { keys, values, count } = packed(map);
+      const ks = map.keySize;
+      const vs = map.valueSize;
+      let seen = 0;
+      for (let i = 0; i < count; i++) {
+        const proto = codec.decode(values, i * vs).proto;
+        if (proto !== PROTO_NUM.TCP && proto !== PROTO_NUM.UDP) continue; // dump() skips it too
+        const id = u32.decode(keys, i * ks);
+        const backend = x.backendAt(id);
+        if (backend?.family !== family) return false;
+        this.encode({ kind: 'put-backend', id, backend }, k, 0, v, 0);
+        if (!sameBytes(v, values, i * vs, vs)) return false;
+        seen++;
+      }
+      if (seen !== x.entries(`lb${family}_backends`)) return false;
+    }
+    for (const family of [4, 6] as const) {
+      const map = family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
+      const { keys, values, count } = packed(map);
+      const ks = map.keySize;
+      const vs = map.valueSize;
+      for (let i = 0; i < count; i++) {
+        const id = u32.decode(keys, i * ks);
+        const entry = x.revNatAt(family, id);
+        if (!entry) return false;
+        this.encode({ kind: 'put-revnat', id, family, entry }, k, 0, v, 0);
+        if (!sameBytes(v, values, i * vs, vs)) return false;
+      }
+      if (count !== x.entries(`lb${family}_reverse_nat`)) return false;
+    }
+    return true;
   }
 
   private services(family: Family): ByteMap {
