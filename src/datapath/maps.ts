@@ -147,11 +147,8 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
   };
 }
 
-/** The scope a key's scope byte names ('' for the external scope); unknown: an entry no lbctl build writes. */
-const SCOPE_NAME = new Map<number, '' | 'internal'>([
-  [LbScope.LB_SCOPE_EXT, ''],
-  [LbScope.LB_SCOPE_INT, 'internal'],
-]);
+/** PROTO_NAME.get(n) without a Map lookup (a resync asks it for every service entry). */
+const protocolName = (n: number): Protocol | 'ANY' | undefined => (n === 6 ? 'TCP' : n === 17 ? 'UDP' : n === 0 ? 'ANY' : undefined);
 
 /** a[0..n) === b[bo..bo+n) */
 function sameBytes(a: Buffer, b: Buffer, bo: number, n: number): boolean {
@@ -305,10 +302,10 @@ export class KernelLbMaps implements LbMaps {
         let slot: number;
         if (family === 4) {
           const key = lb4_key.decode(keys, i * ks);
-          const protocol = PROTO_NAME.get(key.proto);
-          const scope = SCOPE_NAME.get(key.scope);
-          if (protocol === undefined || scope === undefined) continue; // dump() skips it too
-          fe = x.frontendAt4(serviceAddr4Id(key.address, key.dport, protocol, scope || undefined));
+          const protocol = protocolName(key.proto);
+          const scope = key.scope === LbScope.LB_SCOPE_EXT ? undefined : key.scope === LbScope.LB_SCOPE_INT ? 'internal' : null;
+          if (protocol === undefined || scope === null) continue; // dump() skips it too
+          fe = x.frontendAt4(serviceAddr4Id(key.address, key.dport, protocol, scope));
           slot = key.backendSlot;
         } else {
           const key = lb6_key.decode(keys, i * ks);
