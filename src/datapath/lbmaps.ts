@@ -133,10 +133,10 @@ export interface LbMaps {
   dump(): MapsDump;
   /**
    * Optional: reads every entry of the six maps (batch lookups, one key and
-   * one value buffer per map) and compares each, as bytes, with what
-   * `expected` holds, without decoding it into objects. True when the maps
-   * hold exactly the expected entries (entries lbctl cannot decode, which
-   * dump() skips, are skipped here too); false at the first difference.
+   * one value buffer per map) and compares each in place, field by field,
+   * with what `expected` holds, without building a dump. True when the maps
+   * hold exactly the expected entries, as dump() would read them (entries it
+   * skips are skipped here too); false at the first difference.
    */
   matches?(expected: ExpectedMaps): boolean;
 }

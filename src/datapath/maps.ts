@@ -150,11 +150,8 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
 /** PROTO_NAME.get(n) without a Map lookup (a resync asks it for every service entry). */
 const protocolName = (n: number): Protocol | 'ANY' | undefined => (n === 6 ? 'TCP' : n === 17 ? 'UDP' : n === 0 ? 'ANY' : undefined);
 
-/** a[0..n) === b[bo..bo+n) */
-function sameBytes(a: Buffer, b: Buffer, bo: number, n: number): boolean {
-  for (let i = 0; i < n; i++) if (a[i] !== b[bo + i]) return false;
-  return true;
-}
+/** An address field as decoded (IPv4: a number; IPv6: 16 bytes) against its text. */
+const sameAddress = (got: number | Buffer, address: string): boolean => (typeof got === 'number' ? got === ipv4ToUint(address) : got.equals(ipv6Bytes(address)));
 
 /** A map's entries packed (entriesFlat), or packed here from entries() where the map has no such call. */
 function packed(map: ByteMap): FlatEntries {
@@ -166,6 +163,14 @@ function packed(map: ByteMap): FlatEntries {
   const list = map.entries();
   return { keys: Buffer.concat(list.map(([k]) => k)), values: Buffer.concat(list.map(([, v]) => v)), count: list.length };
 }
+
+/** Whether a master's value, decoded, is `m` (every field lb_service has). */
+const sameMasterValue = (v: LbService, m: MasterEntry): boolean =>
+  v.backendId === 0 && v.count === m.count && v.qcount === m.qcount && v.revNatIndex === m.revNatId && v.type === TYPE_NUM[m.type] && v.flags === m.flags && v.affinityTimeout === m.affinityTimeout;
+
+/** Whether a slot's value, decoded, names backend `id` (and nothing else). */
+const sameSlotValue = (v: LbService, id: number): boolean =>
+  v.backendId === id && v.count === 0 && v.qcount === 0 && v.revNatIndex === 0 && v.type === 0 && v.flags === 0 && v.affinityTimeout === 0;
 
 const EMPTY_SLOT = { count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 };
 
@@ -286,11 +291,9 @@ export class KernelLbMaps implements LbMaps {
   }
 
   matches(x: ExpectedMaps): boolean {
-    // Each expected entry is encoded into `k`/`v` by the same code that
-    // writes it, and its value compared with the kernel's bytes in place.
-    const k = Buffer.alloc(64);
-    const v = Buffer.alloc(64);
-    const slotValue = { ...EMPTY_SLOT, backendId: 0 };
+    // Each entry is read in place from the packed buffers with the codecs
+    // and its fields compared with what `x` holds: every field the codecs
+    // know (padding is not compared, as dump() does not read it either).
     for (const family of [4, 6] as const) {
       const map = this.services(family);
       const { keys, values, count } = packed(map);
@@ -315,16 +318,14 @@ export class KernelLbMaps implements LbMaps {
           slot = key.backendSlot;
         }
         if (!fe) return false;
+        const got = lb_service.decode(values, i * vs);
         if (slot === 0) {
-          if (!fe.master) return false;
-          masterValue(fe.master, v, 0);
+          const m = fe.master;
+          if (!m || !sameMasterValue(got, m)) return false;
         } else {
           const id = fe.slots[slot];
-          if (id === undefined) return false;
-          slotValue.backendId = id;
-          lb_service.encode(slotValue, v, 0);
+          if (id === undefined || !sameSlotValue(got, id)) return false;
         }
-        if (!sameBytes(v, values, i * vs, vs)) return false;
         seen++;
       }
       if (seen !== x.entries(`lb${family}_services`)) return false;
@@ -342,8 +343,8 @@ export class KernelLbMaps implements LbMaps {
         const id = u32.decode(keys, i * ks);
         const backend = x.backendAt(id);
         if (backend?.family !== family) return false;
-        this.encode({ kind: 'put-backend', id, backend }, k, 0, v, 0);
-        if (!sameBytes(v, values, i * vs, vs)) return false;
+        const got = family === 4 ? lb4_backend.decode(values, i * vs) : lb6_backend.decode(values, i * vs);
+        if (!sameAddress(got.address, backend.address) || got.port !== backend.port || got.proto !== PROTO_NUM[backend.protocol] || got.state !== STATE_NUM[backend.state]) return false;
         seen++;
       }
       if (seen !== x.entries(`lb${family}_backends`)) return false;
@@ -357,8 +358,8 @@ export class KernelLbMaps implements LbMaps {
         const id = u32.decode(keys, i * ks);
         const entry = x.revNatAt(family, id);
         if (!entry) return false;
-        this.encode({ kind: 'put-revnat', id, family, entry }, k, 0, v, 0);
-        if (!sameBytes(v, values, i * vs, vs)) return false;
+        const got = family === 4 ? lb4_reverse_nat.decode(values, i * vs) : lb6_reverse_nat.decode(values, i * vs);
+        if (!sameAddress(got.address, entry.address) || got.port !== entry.port) return false;
       }
       if (count !== x.entries(`lb${family}_reverse_nat`)) return false;
     }
