@@ -338,12 +338,11 @@ export class KernelLbMaps implements LbMaps {
       const vs = map.valueSize;
       let seen = 0;
       for (let i = 0; i < count; i++) {
-        const proto = codec.decode(values, i * vs).proto;
-        if (proto !== PROTO_NUM.TCP && proto !== PROTO_NUM.UDP) continue; // dump() skips it too
+        const got = codec.decode(values, i * vs);
+        if (got.proto !== PROTO_NUM.TCP && got.proto !== PROTO_NUM.UDP) continue; // dump() skips it too
         const id = u32.decode(keys, i * ks);
         const backend = x.backendAt(id);
         if (backend?.family !== family) return false;
-        const got = family === 4 ? lb4_backend.decode(values, i * vs) : lb6_backend.decode(values, i * vs);
         if (!sameAddress(got.address, backend.address) || got.port !== backend.port || got.proto !== PROTO_NUM[backend.protocol] || got.state !== STATE_NUM[backend.state]) return false;
         seen++;
       }
