@@ -72,6 +72,7 @@ Napi::Function BpfMap::Define(Napi::Env env) {
           InstanceMethod<&BpfMap::Delete>("delete"),
           InstanceMethod<&BpfMap::Keys>("keys"),
           InstanceMethod<&BpfMap::Entries>("entries"),
+          InstanceMethod<&BpfMap::EntriesFlat>("entriesFlat"),
           InstanceMethod<&BpfMap::BatchUpdate>("batchUpdate"),
           InstanceMethod<&BpfMap::Layout>("layout"),
           InstanceMethod<&BpfMap::Close>("close"),
@@ -244,9 +245,9 @@ Napi::Value BpfMap::Keys(const Napi::CallbackInfo& info) {
   return out;
 }
 
-Napi::Array BpfMap::entriesWalk(Napi::Env env, int mfd) {
-  Napi::Array out = Napi::Array::New(env);
-  uint32_t i = 0;
+// Every entry by get_next_key + lookup_elem: onEntries(keys, values, n) with n = 1.
+template <typename F>
+void BpfMap::walkEntries(Napi::Env env, int mfd, F&& onEntries) {
   std::vector<uint8_t> val(std::max<size_t>(valueBufSize_, 1));
   walkKeys(env, mfd, meta_, [&](const uint8_t* k) {
     int r = bpf_map_lookup_elem(mfd, k, val.data());
@@ -257,18 +258,15 @@ Napi::Array BpfMap::entriesWalk(Napi::Env env, int mfd) {
       c.map = meta_.name;
       throwBpfError(env, "bpf_map_lookup_elem", e, c);
     }
-    Napi::Array pair = Napi::Array::New(env, 2);
-    pair.Set(0u, copyBuf(env, k, meta_.keySize));
-    pair.Set(1u, copyBuf(env, val.data(), valueBufSize_));
-    out.Set(i++, pair);
+    onEntries(k, val.data(), 1u);
   });
-  return out;
 }
 
-Napi::Array BpfMap::entriesBatch(Napi::Env env, int mfd, bool* unsupported) {
-  *unsupported = false;
-  Napi::Array out = Napi::Array::New(env);
-  uint32_t n = 0;
+// Every entry by BPF_MAP_LOOKUP_BATCH, chunk by chunk: onEntries(keys, values, n)
+// with n entries packed back to back. False (nothing passed on) when the kernel or
+// the map type has no batch lookup.
+template <typename F>
+bool BpfMap::batchEntries(Napi::Env env, int mfd, F&& onEntries) {
   uint32_t chunk = std::clamp<uint32_t>(meta_.maxEntries, 1, 1024);
   // The batch cursor is opaque: a u32 bucket for hash maps, a key for others.
   std::vector<uint8_t> inBatch(std::max<uint32_t>(meta_.keySize, 8));
@@ -285,11 +283,8 @@ Napi::Array BpfMap::entriesBatch(Napi::Env env, int mfd, bool* unsupported) {
     int e = r != 0 ? errFromRet(r) : 0;
     if (e != 0 && e != ENOENT) {
       // No batch support (old kernel: EINVAL; map type without the op: ENOTSUPP).
-      // Nothing was appended yet, whatever count says (early errors leave it untouched).
-      if (first && (e == EINVAL || e == kENOTSUPP || e == EOPNOTSUPP)) {
-        *unsupported = true;
-        return out;
-      }
+      // Nothing was passed on yet, whatever count says (early errors leave it untouched).
+      if (first && (e == EINVAL || e == kENOTSUPP || e == EOPNOTSUPP)) return false;
       if (e == ENOSPC && chunk < (1u << 20)) {  // a hash bucket bigger than chunk: nothing copied
         chunk *= 2;
         continue;
@@ -299,31 +294,59 @@ Napi::Array BpfMap::entriesBatch(Napi::Env env, int mfd, bool* unsupported) {
       throwBpfError(env, "bpf_map_lookup_batch", e, c);
     }
     if (count > chunk) count = chunk;
-    for (uint32_t j = 0; j < count; j++) {
-      Napi::Array pair = Napi::Array::New(env, 2);
-      pair.Set(0u, copyBuf(env, keys.data() + static_cast<size_t>(j) * meta_.keySize, meta_.keySize));
-      pair.Set(1u, copyBuf(env, vals.data() + static_cast<size_t>(j) * valueBufSize_, valueBufSize_));
-      out.Set(n++, pair);
-    }
-    if (e == ENOENT) return out;  // end of map
+    if (count > 0) onEntries(keys.data(), vals.data(), count);
+    if (e == ENOENT) return true;  // end of map
     inBatch.swap(outBatch);
     first = false;
   }
 }
 
-Napi::Value BpfMap::Entries(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  int mfd = fd("bpf_map_lookup_batch");
+int BpfMap::iterFd(Napi::Env env, const char* op) {
+  int mfd = fd(op);
   if (meta_.keySize == 0) {  // queue/stack/ringbuf: nothing to iterate by key
     ErrCtx c;
     c.map = meta_.name;
     c.reason = "map has no keys to iterate";
-    throwBpfError(env, "bpf_map_lookup_batch", EINVAL, c);
+    throwBpfError(env, op, EINVAL, c);
   }
-  bool unsupported = false;
-  Napi::Array out = entriesBatch(env, mfd, &unsupported);
-  if (!unsupported) return out;
-  return entriesWalk(env, mfd);
+  return mfd;
+}
+
+Napi::Value BpfMap::Entries(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int mfd = iterFd(env, "bpf_map_lookup_batch");
+  Napi::Array out = Napi::Array::New(env);
+  uint32_t n = 0;
+  auto append = [&](const uint8_t* keys, const uint8_t* vals, uint32_t count) {
+    for (uint32_t j = 0; j < count; j++) {
+      Napi::Array pair = Napi::Array::New(env, 2);
+      pair.Set(0u, copyBuf(env, keys + static_cast<size_t>(j) * meta_.keySize, meta_.keySize));
+      pair.Set(1u, copyBuf(env, vals + static_cast<size_t>(j) * valueBufSize_, valueBufSize_));
+      out.Set(n++, pair);
+    }
+  };
+  if (!batchEntries(env, mfd, append)) walkEntries(env, mfd, append);
+  return out;
+}
+
+// Every entry as two buffers: { keys, values, count }, keys back to back
+// (keySize each), values likewise (valueBufSize each). No object per entry.
+Napi::Value BpfMap::EntriesFlat(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int mfd = iterFd(env, "bpf_map_lookup_batch");
+  std::vector<uint8_t> keys, vals;
+  uint32_t n = 0;
+  auto append = [&](const uint8_t* k, const uint8_t* v, uint32_t count) {
+    keys.insert(keys.end(), k, k + static_cast<size_t>(count) * meta_.keySize);
+    vals.insert(vals.end(), v, v + static_cast<size_t>(count) * valueBufSize_);
+    n += count;
+  };
+  if (!batchEntries(env, mfd, append)) walkEntries(env, mfd, append);
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("keys", copyBuf(env, keys.data(), keys.size()));
+  out.Set("values", copyBuf(env, vals.data(), vals.size()));
+  out.Set("count", Napi::Number::New(env, n));
+  return out;
 }
 
 Napi::Value BpfMap::BatchUpdate(const Napi::CallbackInfo& info) {

@@ -39,8 +39,11 @@ class BpfMap : public Napi::ObjectWrap<BpfMap> {
   int fd(const char* op);  // the usable fd, or throws EBADF
   void checkKey(const Napi::Uint8Array& key);
   void checkValue(const Napi::Uint8Array& value);
-  Napi::Array entriesBatch(Napi::Env env, int fd, bool* unsupported);
-  Napi::Array entriesWalk(Napi::Env env, int fd);
+  int iterFd(Napi::Env env, const char* op);  // fd(op), or throws EINVAL for a map without keys
+  template <typename F>
+  bool batchEntries(Napi::Env env, int fd, F&& onEntries);
+  template <typename F>
+  void walkEntries(Napi::Env env, int fd, F&& onEntries);
 
   Napi::Value GetName(const Napi::CallbackInfo& info);
   Napi::Value GetType(const Napi::CallbackInfo& info);
@@ -57,6 +60,7 @@ class BpfMap : public Napi::ObjectWrap<BpfMap> {
   Napi::Value Delete(const Napi::CallbackInfo& info);
   Napi::Value Keys(const Napi::CallbackInfo& info);
   Napi::Value Entries(const Napi::CallbackInfo& info);
+  Napi::Value EntriesFlat(const Napi::CallbackInfo& info);
   Napi::Value BatchUpdate(const Napi::CallbackInfo& info);
   Napi::Value Layout(const Napi::CallbackInfo& info);
   Napi::Value Close(const Napi::CallbackInfo& info);

@@ -1,92 +1,161 @@
 // Profiles lbctl's sync path on real maps, outside the agent: validate N
 // Services and EndpointSlices, compute the desired state, and program it
-// into freshly created (unattached) maps; then add one service on top, and
-// change one service's endpoints.
-//   node --cpu-prof --import=@tapjs/typescript/import bench/profile/sync.ts 10000
-// With --expose-gc it also prints the V8 heap each stage keeps (after a full
-// collection): where the agent's memory per service goes.
+// into freshly created (unattached) maps; then add one service on top,
+// change one service's endpoints, and run one periodic full resync (re-read
+// the maps, then the sync after it) with no drift and with some.
+//   node --expose-gc --import=@tapjs/typescript/import bench/profile/sync.ts --services 10000 [--json] [--cpu-prof]
+// (TS_NODE_TRANSPILE_ONLY=1 as the Makefile's bench targets set it.)
+// Prints each stage's wall and CPU time and, with --expose-gc, the V8 heap
+// each stage keeps after a full collection (where the agent's memory per
+// service goes) and the process's peak RSS. --json prints one JSON object
+// instead (the bench's rows read it: see measure() below).
 import { rmSync, mkdirSync } from 'node:fs';
 import { BpfObject } from '../../src/native/bpf.js';
 import { DEFAULT_OBJECT } from '../../src/datapath/loader.js';
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../../src/datapath/maps.js';
+import { u32 } from '../../src/datapath/abi.gen.js';
 import { validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../../src/model/k8s.js';
 import { DesiredModel, serviceId } from '../../src/model/desired.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { serviceObject, sliceObject } from '../lbctl.js';
 import { makeServices } from '../services.js';
 
-const n = Number(process.argv[2] ?? 10_000);
-const pin = `/sys/fs/bpf/lbctl-bench-${process.pid}-profile`;
-mkdirSync(pin, { recursive: true });
-const obj = BpfObject.open(DEFAULT_OBJECT, {
-  pinRoot: pin,
-  maxEntries: { lb4_services: 2 * 2 * n + 4 * n + 64, lb4_backends: 4 * n + 64, lb4_reverse_nat: 2 * n + 64 },
-});
-try {
-  await obj.load();
-  const set = {} as LbMapSet;
-  for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
-  const rec = new Reconciler(new KernelLbMaps(set));
-  rec.restore();
-  const all = makeServices(n + 1);
-  const ok = <T>(v: { ok: true; value: T } | { ok: false; reason: string }): T => {
-    if (!v.ok) throw new Error(v.reason);
-    return v.value;
-  };
-  const t = <T>(label: string, fn: () => T): T => {
-    const t0 = performance.now();
-    const c0 = process.cpuUsage();
-    const out = fn();
-    const cpu = process.cpuUsage(c0);
-    process.stdout.write(`${label}: ${(performance.now() - t0).toFixed(2)} ms (cpu ${((cpu.user + cpu.system) / 1000).toFixed(2)} ms)\n`);
-    return out;
-  };
-  const gc = (globalThis as { gc?: () => void }).gc;
-  let heapBefore = 0;
-  const heap = (label: string): void => {
-    if (!gc) return;
-    gc();
-    gc();
-    const used = process.memoryUsage().heapUsed;
-    if (heapBefore) process.stdout.write(`  heap kept by ${label}: ${((used - heapBefore) / 2 ** 20).toFixed(1)} MiB (${((used - heapBefore) / n).toFixed(0)} B per service)\n`);
-    heapBefore = used;
-  };
-  heap('');
-  const model = new DesiredModel();
-  const add = (svc: Service, slice: EndpointSlice): void => {
-    model.setService(serviceId(svc.namespace, svc.name), svc);
-    model.setSlice(serviceId(slice.namespace, slice.name), slice);
-  };
-  const objs = t(`validate ${n}`, () => all.map((s) => [ok(validateService(serviceObject(s))), ok(validateEndpointSlice(sliceObject(s)))] as const));
-  heap('the validated Services and EndpointSlices');
-  t(`model: ${n} events`, () => objs.slice(0, n).forEach(([s, e]) => add(s, e)));
-  heap('the model\'s indexes');
-  let flushed = t('model: flush (cold)', () => model.flush());
-  heap('the computed frontends');
-  t('sync cold', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
-  heap('the reconciler (realized state, ids)');
-  add(...objs[n]!);
-  flushed = t('add one: model flush', () => model.flush());
-  t('add one: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
-  const [svc0, slice0] = objs[0]!;
-  model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(1) });
-  flushed = t('one endpoint less: model flush', () => model.flush());
-  t('one endpoint less: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
-  t('200 endpoint changes, one sync each (total)', () => {
-    for (let i = 0; i < 200; i++) {
-      model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(i % 2) });
-      const f = model.flush();
-      rec.sync(model.frontends, { prune: true, changed: f.changed });
+/** One stage: wall and CPU (user + system) time in ms. */
+export interface StageTime {
+  readonly wallMs: number;
+  readonly cpuMs: number;
+}
+
+/** What measure() returns: times by stage, heap kept by stage (MiB; absent without --expose-gc), RSS. */
+export interface SyncProfile {
+  readonly services: number;
+  readonly times: Record<string, StageTime>;
+  /** The reconciler's own split of the cold sync (SyncResult.phasesMs). */
+  readonly coldPhasesMs: Record<string, number>;
+  readonly heapMiB: Record<string, number>;
+  /** Peak RSS of the process (getrusage maxrss), MiB, after the cold sync; and RSS at the end. */
+  readonly peakRssMiB: number;
+  readonly rssMiB: number;
+}
+
+const round = (x: number): number => Math.round(x * 100) / 100;
+
+/**
+ * Runs the profile at `n` services on maps created for it (pinned under a
+ * fresh directory of /sys/fs/bpf, removed after). Needs CAP_BPF.
+ */
+export async function measure(n: number, log: (line: string) => void = () => {}): Promise<SyncProfile> {
+  const pin = `/sys/fs/bpf/lbctl-bench-${process.pid}-profile`;
+  mkdirSync(pin, { recursive: true });
+  const obj = BpfObject.open(DEFAULT_OBJECT, {
+    pinRoot: pin,
+    maxEntries: { lb4_services: 2 * 2 * n + 4 * n + 64, lb4_backends: 4 * n + 64, lb4_reverse_nat: 2 * n + 64 },
+  });
+  const times: Record<string, StageTime> = {};
+  const heapMiB: Record<string, number> = {};
+  try {
+    await obj.load();
+    const set = {} as LbMapSet;
+    for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
+    const rec = new Reconciler(new KernelLbMaps(set));
+    rec.restore();
+    const all = makeServices(n + 1);
+    const ok = <T>(v: { ok: true; value: T } | { ok: false; reason: string }): T => {
+      if (!v.ok) throw new Error(v.reason);
+      return v.value;
+    };
+    const t = <T>(label: string, fn: () => T): T => {
+      const t0 = performance.now();
+      const c0 = process.cpuUsage();
+      const out = fn();
+      const cpu = process.cpuUsage(c0);
+      const s = { wallMs: round(performance.now() - t0), cpuMs: round((cpu.user + cpu.system) / 1000) };
+      times[label] = s;
+      log(`${label}: ${s.wallMs.toFixed(2)} ms (cpu ${s.cpuMs.toFixed(2)} ms)`);
+      return out;
+    };
+    const gc = (globalThis as { gc?: () => void }).gc;
+    let heapBefore = 0;
+    const heap = (label: string): void => {
+      if (!gc) return;
+      gc();
+      gc();
+      const used = process.memoryUsage().heapUsed;
+      if (label) {
+        heapMiB[label] = round((used - heapBefore) / 2 ** 20);
+        log(`  heap kept by ${label}: ${heapMiB[label]!.toFixed(1)} MiB (${((used - heapBefore) / n).toFixed(0)} B per service)`);
+      }
+      heapBefore = used;
+    };
+    heap('');
+    const model = new DesiredModel();
+    const add = (svc: Service, slice: EndpointSlice): void => {
+      model.setService(serviceId(svc.namespace, svc.name), svc);
+      model.setSlice(serviceId(slice.namespace, slice.name), slice);
+    };
+    const objs = t(`validate`, () => all.map((s) => [ok(validateService(serviceObject(s))), ok(validateEndpointSlice(sliceObject(s)))] as const));
+    heap('validated objects');
+    t(`model events`, () => objs.slice(0, n).forEach(([s, e]) => add(s, e)));
+    heap('model indexes');
+    let flushed = t('model flush (cold)', () => model.flush());
+    heap('frontends');
+    const cold = t('sync cold', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+    const peakRssMiB = round((process.resourceUsage().maxRSS * 1024) / 2 ** 20);
+    log(`  reconciler phases: ${JSON.stringify(cold.phasesMs)}; peak RSS so far ${peakRssMiB} MiB`);
+    heap('reconciler');
+    add(...objs[n]!);
+    flushed = t('add one: model flush', () => model.flush());
+    t('add one: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+    const [, slice0] = objs[0]!;
+    model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(1) });
+    flushed = t('one endpoint less: model flush', () => model.flush());
+    t('one endpoint less: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+    t('200 endpoint changes, one sync each (total)', () => {
+      for (let i = 0; i < 200; i++) {
+        model.setSlice(serviceId(slice0.namespace, slice0.name), { ...slice0, endpoints: slice0.endpoints.slice(i % 2) });
+        const f = model.flush();
+        rec.sync(model.frontends, { prune: true, changed: f.changed });
+      }
+    });
+    flushed = t('nothing changed: model flush', () => model.flush());
+    t('nothing changed: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
+    // The agent's periodic run: resync(), then a sync with what the model
+    // flushed (nothing). The first one runs code the process has not run
+    // before; the agent runs one every syncPeriod, so the steady cost is the
+    // median of the next five.
+    t('resync', () => rec.resync());
+    const after = t('sync after resync', () => rec.sync(model.frontends, { prune: true, changed: new Set() }));
+    if (after.planned !== 0) throw new Error(`a resync with no drift planned ${after.planned} writes`);
+    const steady: StageTime[] = [];
+    for (let i = 0; i < 5; i++) {
+      const t0 = performance.now();
+      const c0 = process.cpuUsage();
+      rec.resync();
+      rec.sync(model.frontends, { prune: true, changed: new Set() });
+      const cpu = process.cpuUsage(c0);
+      steady.push({ wallMs: round(performance.now() - t0), cpuMs: round((cpu.user + cpu.system) / 1000) });
     }
-  });
-  flushed = t('nothing changed: model flush', () => model.flush());
-  t('nothing changed: sync', () => rec.sync(model.frontends, { prune: true, changed: flushed.changed }));
-  t('full resync (re-read the maps, full plan)', () => {
-    rec.resync();
-    return rec.sync(model.frontends, { prune: true });
-  });
-  void svc0;
-} finally {
-  obj.close();
-  rmSync(pin, { recursive: true, force: true });
+    const mid = (k: keyof StageTime): number => [...steady].sort((x, y) => x[k] - y[k])[2]![k];
+    const label = 'resync + sync, steady (median of 5)';
+    times[label] = { wallMs: mid('wallMs'), cpuMs: mid('cpuMs') };
+    log(`${label}: ${mid('wallMs').toFixed(2)} ms (cpu ${mid('cpuMs').toFixed(2)} ms)`);
+    // Drift: one backend deleted behind the agent's back; the resync finds it and the sync rewrites it.
+    set.lb4_backends.delete(u32.encode(rec.realized.backends.keys().next().value!));
+    t('resync (one entry drifted)', () => rec.resync());
+    const repaired = t('sync after resync (one entry drifted)', () => rec.sync(model.frontends, { prune: true, changed: new Set() }));
+    if (repaired.applied < 1) throw new Error('the drifted backend was not rewritten');
+    return { services: n, times, coldPhasesMs: { ...cold.phasesMs }, heapMiB, peakRssMiB, rssMiB: round(process.memoryUsage().rss / 2 ** 20) };
+  } finally {
+    obj.close();
+    rmSync(pin, { recursive: true, force: true });
+  }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const args = process.argv.slice(2);
+  const at = args.indexOf('--services');
+  const n = Number(at >= 0 ? args[at + 1] : (args.find((a) => /^\d+$/.test(a)) ?? 10_000));
+  const json = args.includes('--json');
+  const profile = await measure(n, json ? undefined : (line) => process.stdout.write(`${line}\n`));
+  if (json) process.stdout.write(`${JSON.stringify(profile)}\n`);
 }

@@ -1,7 +1,7 @@
 // LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
 // moves bytes through the native addon. Nothing here knows a byte offset.
 import { ConfigError } from '../errors.js';
-import { BPF_ANY, BPF_EXIST } from '../native/bpf.js';
+import { BPF_ANY, BPF_EXIST, type FlatEntries } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
 import {
@@ -21,8 +21,8 @@ import {
   type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import { PartialWriteError, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
-import type { ServiceAddr } from '../lb/types.js';
+import { PartialWriteError, type ExpectedFrontend, type ExpectedMaps, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
+import { serviceAddr4Id, serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -34,6 +34,8 @@ export interface ByteMap {
   update(key: Buffer, value: Buffer, flags?: number): void;
   delete(key: Buffer): boolean;
   entries(): Array<[Buffer, Buffer]>;
+  /** Optional: every entry packed into one key and one value buffer (BpfMap.entriesFlat); else entries() is used. */
+  entriesFlat?(): FlatEntries;
   /** Optional: `count` concatenated keys and values in one syscall; failures carry `count` written. */
   batchUpdate?(keys: Buffer, values: Buffer, count: number): number;
 }
@@ -144,6 +146,31 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
     },
   };
 }
+
+/** PROTO_NAME.get(n) without a Map lookup (a resync asks it for every service entry). */
+const protocolName = (n: number): Protocol | 'ANY' | undefined => (n === 6 ? 'TCP' : n === 17 ? 'UDP' : n === 0 ? 'ANY' : undefined);
+
+/** An address field as decoded (IPv4: a number; IPv6: 16 bytes) against its text. */
+const sameAddress = (got: number | Buffer, address: string): boolean => (typeof got === 'number' ? got === ipv4ToUint(address) : got.equals(ipv6Bytes(address)));
+
+/** A map's entries packed (entriesFlat), or packed here from entries() where the map has no such call. */
+function packed(map: ByteMap): FlatEntries {
+  if (map.entriesFlat) {
+    const flat = map.entriesFlat();
+    if (flat.values.length !== flat.count * map.valueSize) throw new RangeError(`${map.name}: entriesFlat gave ${flat.values.length} value bytes for ${flat.count} entries of ${map.valueSize}`);
+    return flat;
+  }
+  const list = map.entries();
+  return { keys: Buffer.concat(list.map(([k]) => k)), values: Buffer.concat(list.map(([, v]) => v)), count: list.length };
+}
+
+/** Whether a master's value, decoded, is `m` (every field lb_service has). */
+const sameMasterValue = (v: LbService, m: MasterEntry): boolean =>
+  v.backendId === 0 && v.count === m.count && v.qcount === m.qcount && v.revNatIndex === m.revNatId && v.type === TYPE_NUM[m.type] && v.flags === m.flags && v.affinityTimeout === m.affinityTimeout;
+
+/** Whether a slot's value, decoded, names backend `id` (and nothing else). */
+const sameSlotValue = (v: LbService, id: number): boolean =>
+  v.backendId === id && v.count === 0 && v.qcount === 0 && v.revNatIndex === 0 && v.type === 0 && v.flags === 0 && v.affinityTimeout === 0;
 
 const EMPTY_SLOT = { count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 };
 
@@ -261,6 +288,81 @@ export class KernelLbMaps implements LbMaps {
 
   dump(): MapsDump {
     return dumpMaps(this.m);
+  }
+
+  matches(x: ExpectedMaps): boolean {
+    // Each entry is read in place from the packed buffers with the codecs
+    // and its fields compared with what `x` holds: every field the codecs
+    // know (padding is not compared, as dump() does not read it either).
+    for (const family of [4, 6] as const) {
+      const map = this.services(family);
+      const { keys, values, count } = packed(map);
+      const ks = map.keySize;
+      const vs = map.valueSize;
+      let seen = 0;
+      for (let i = 0; i < count; i++) {
+        let fe: ExpectedFrontend | undefined;
+        let slot: number;
+        if (family === 4) {
+          const key = lb4_key.decode(keys, i * ks);
+          const protocol = protocolName(key.proto);
+          const scope = key.scope === LbScope.LB_SCOPE_EXT ? undefined : key.scope === LbScope.LB_SCOPE_INT ? 'internal' : null;
+          if (protocol === undefined || scope === null) continue; // dump() skips it too
+          fe = x.frontendAt4(serviceAddr4Id(key.address, key.dport, protocol, scope));
+          slot = key.backendSlot;
+        } else {
+          const key = lb6_key.decode(keys, i * ks);
+          const a = serviceAddr(ipFromBytes(key.address), 6, key.dport, key.proto, key.scope);
+          if (!a) continue; // dump() skips it too
+          fe = x.frontendAt(serviceAddrKey(a));
+          slot = key.backendSlot;
+        }
+        if (!fe) return false;
+        const got = lb_service.decode(values, i * vs);
+        if (slot === 0) {
+          const m = fe.master;
+          if (!m || !sameMasterValue(got, m)) return false;
+        } else {
+          const id = fe.slots[slot];
+          if (id === undefined || !sameSlotValue(got, id)) return false;
+        }
+        seen++;
+      }
+      if (seen !== x.entries(`lb${family}_services`)) return false;
+    }
+    for (const family of [4, 6] as const) {
+      const map = family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
+      const codec = family === 4 ? lb4_backend : lb6_backend;
+      const { keys, values, count } = packed(map);
+      const ks = map.keySize;
+      const vs = map.valueSize;
+      let seen = 0;
+      for (let i = 0; i < count; i++) {
+        const got = codec.decode(values, i * vs);
+        if (got.proto !== PROTO_NUM.TCP && got.proto !== PROTO_NUM.UDP) continue; // dump() skips it too
+        const id = u32.decode(keys, i * ks);
+        const backend = x.backendAt(id);
+        if (backend?.family !== family) return false;
+        if (!sameAddress(got.address, backend.address) || got.port !== backend.port || got.proto !== PROTO_NUM[backend.protocol] || got.state !== STATE_NUM[backend.state]) return false;
+        seen++;
+      }
+      if (seen !== x.entries(`lb${family}_backends`)) return false;
+    }
+    for (const family of [4, 6] as const) {
+      const map = family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
+      const { keys, values, count } = packed(map);
+      const ks = map.keySize;
+      const vs = map.valueSize;
+      for (let i = 0; i < count; i++) {
+        const id = u32.decode(keys, i * ks);
+        const entry = x.revNatAt(family, id);
+        if (!entry) return false;
+        const got = family === 4 ? lb4_reverse_nat.decode(values, i * vs) : lb6_reverse_nat.decode(values, i * vs);
+        if (!sameAddress(got.address, entry.address) || got.port !== entry.port) return false;
+      }
+      if (count !== x.entries(`lb${family}_reverse_nat`)) return false;
+    }
+    return true;
   }
 
   private services(family: Family): ByteMap {

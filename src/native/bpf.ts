@@ -6,10 +6,10 @@
  */
 import { LbError } from '../errors.js';
 import { loadBinding } from './binding.js';
-import type { DeclaredMapLayout, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink } from './native.js';
+import type { DeclaredMapLayout, FlatEntries, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink } from './native.js';
 
 export type { InetDiagSocket, OpenOptions } from './native.js';
-export type { DeclaredMapLayout, MapLayout, TypeLayout } from './native.js';
+export type { DeclaredMapLayout, FlatEntries, MapLayout, TypeLayout } from './native.js';
 
 /** bpf_map_update_elem flags. */
 export const BPF_ANY = 0;
@@ -148,6 +148,8 @@ export class BpfMap {
   delete(key: Buffer): boolean { return guard(() => this.raw.delete(key)); }
   keys(): Buffer[] { return guard(() => this.raw.keys()); }
   entries(): Array<[Buffer, Buffer]> { return guard(() => this.raw.entries()); }
+  /** Every entry packed into one key and one value buffer (no object per entry). */
+  entriesFlat(): FlatEntries { return guard(() => this.raw.entriesFlat()); }
   /** Write `count` concatenated keys/values; returns how many were written (error.count on failure). */
   batchUpdate(keys: Buffer, values: Buffer, count: number, flags: number = BPF_ANY): number {
     return guard(() => this.raw.batchUpdate(keys, values, count, flags));

@@ -43,6 +43,13 @@ export interface RawBpfObject {
   mapLayout(name: string): DeclaredMapLayout;
 }
 
+/** A map's entries packed: entry i's key at i * keySize of keys, its value at i * valueBufSize of values. */
+export interface FlatEntries {
+  readonly keys: Buffer;
+  readonly values: Buffer;
+  readonly count: number;
+}
+
 export interface RawBpfMap {
   readonly name: string; readonly type: number; readonly keySize: number; readonly valueSize: number;
   readonly maxEntries: number; readonly flags: number; readonly id: number; readonly fd: number;
@@ -58,6 +65,12 @@ export interface RawBpfMap {
   delete(key: Buffer): boolean;
   keys(): Buffer[];
   entries(): Array<[Buffer, Buffer]>;
+  /**
+   * Every entry as two buffers, keys back to back (keySize each) and values
+   * likewise (valueBufSize each): BPF_MAP_LOOKUP_BATCH, or get_next_key +
+   * lookup where the kernel or the map type has no batch lookup.
+   */
+  entriesFlat(): FlatEntries;
   /** keys/values concatenated; returns count written; errors carry `count` (how many were written). */
   batchUpdate(keys: Buffer, values: Buffer, count: number, flags?: number): number;
   /** Closes only an fd this wrapper owns (maps opened by path). */

@@ -282,46 +282,61 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   for (const [map, max] of Object.entries(scope.maxEntries ?? {}) as Array<[LbMapName, number]>) room.set(map, max - r.entries(map));
   for (const op of removals) room.set(opMapName(op), (room.get(opMapName(op)) ?? Number.POSITIVE_INFINITY) + 1);
   for (const op of revNatDeletes) room.set(opMapName(op), (room.get(opMapName(op)) ?? Number.POSITIVE_INFINITY) + 1);
+  /** The refusal when `n` new entries do not fit in `map`'s room. */
+  const overflow = (map: LbMapName, n: number, fe: Frontend): Refusal | undefined => {
+    const free = n > 0 ? room.get(map) : undefined;
+    if (free === undefined || n <= free) return undefined;
+    return { map, reason: `${map} is full: ${Math.max(0, free)} free of ${scope.maxEntries![map]} entries, ${fe.key} needs ${n} more` };
+  };
+  const take = (map: LbMapName, n: number): void => {
+    const free = n > 0 ? room.get(map) : undefined;
+    if (free !== undefined) room.set(map, free - n);
+  };
 
+  /** Backend ids this frontend adds to `planned`: taken out again if it does not fit. */
+  const plannedHere: number[] = [];
   const update = (fe: Frontend): void => {
     if (hold?.has(fe.key)) return keep(fe);
     const revNatId = ids.revNatId(fe);
     const have = r.frontends.get(fe.key);
     const f = fe.family;
-    // This frontend's writes, and the new keys they add per map: committed
-    // only if they all fit, so a frontend is written whole or not at all.
-    const mine: { backend: MapOp[]; revNat: MapOp[]; slot: MapOp[]; master: MapOp[]; shrink: MapOp[]; wildcard: MapOp[] } = {
-      backend: [], revNat: [], slot: [], master: [], shrink: [], wildcard: [],
-    };
-    const need = new Map<LbMapName, number>();
-    const add = (map: LbMapName): void => void need.set(map, (need.get(map) ?? 0) + 1);
-    const slotBumps: Array<[number, number]> = [];
-    const newBackends: number[] = [];
+    // This frontend's writes go straight into the stage lists, and the new
+    // keys they add are counted per map. If they do not all fit, the lists
+    // are cut back to where they were: a frontend is written whole or not
+    // at all. (No list or map per frontend: a cold sync plans every one.)
+    const marks = { b4: backendPuts[4].length, b6: backendPuts[6].length, revNat: revNatPuts[f].length, slot: slotPuts[f].length, master: masterPuts[f].length, shrink: shrinks.length, wildcard: wildcardPuts[f].length };
+    let needServices = 0;
+    let needRevNat = 0;
+    const needBackends = { 4: 0, 6: 0 };
+    /** (backend id, by) pairs, flat: only a change plan counts slot references. */
+    const slotBumps: number[] | undefined = slotDelta ? [] : undefined;
+    plannedHere.length = 0;
 
     const rn = r.revNat[f].get(revNatId);
     if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      mine.revNat.push({ kind: 'put-revnat', id: revNatId, family: f, entry: { address: fe.address, port: fe.port }, key: fe.key });
-      if (!rn) add(`lb${f}_reverse_nat`);
+      revNatPuts[f].push({ kind: 'put-revnat', id: revNatId, family: f, entry: { address: fe.address, port: fe.port }, key: fe.key });
+      if (!rn) needRevNat++;
     }
     // Slots: selectable backends, then terminating ones.
     let slot = 0;
     const put = (b: Backend): void => {
       const id = ids.backendId(b);
-      if (!planned.has(id) && !newBackends.includes(id)) {
+      if (!planned.has(id)) {
         const hb = r.backends.get(id);
         if (!hb || !sameBackend(hb, b)) {
-          mine.backend.push({ kind: 'put-backend', id, backend: b });
-          if (!hb) add(`lb${b.family}_backends`);
+          backendPuts[b.family].push({ kind: 'put-backend', id, backend: b });
+          if (!hb) needBackends[b.family]++;
         }
-        newBackends.push(id);
+        planned.add(id);
+        plannedHere.push(id);
       }
       slot++;
       const old = have?.slots[slot];
       if (old === id) return;
-      mine.slot.push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
-      if (old === undefined) add(`lb${f}_services`);
-      slotBumps.push([id, 1]);
-      if (old !== undefined) slotBumps.push([old, -1]);
+      slotPuts[f].push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
+      if (old === undefined) needServices++;
+      slotBumps?.push(id, 1);
+      if (old !== undefined) slotBumps?.push(old, -1);
     };
     for (const b of fe.backends) put(b);
     for (const b of fe.terminating) put(b);
@@ -334,22 +349,24 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       affinityTimeout: fe.affinityTimeout,
     };
     if (!have?.master || !sameMaster(have.master, master)) {
-      mine.master.push({ kind: 'put-master', key: fe.key, fe, master });
-      if (!have?.master) add(`lb${f}_services`);
+      masterPuts[f].push({ kind: 'put-master', key: fe.key, fe, master });
+      if (!have?.master) needServices++;
     }
     if (have) {
       for (const [s, old] of heldSlots(have)) {
         if (s <= slot) continue;
-        mine.shrink.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
-        slotBumps.push([old, -1]);
+        shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
+        slotBumps?.push(old, -1);
       }
     }
     // North-south: the Maglev table and source ranges, written before the
     // master whose flags send the datapath to them (without a table the
     // datapath picks at random, so a table written late is never a drop).
-    const northSouth: MapOp[] = [];
-    const late: MapOp[] = [];
+    let northSouth: MapOp[] | undefined;
+    let late: MapOp[] | undefined;
     if (scope.northSouth === true) {
+      northSouth = [];
+      late = [];
       const table = maglevTableKey(revNatId, f);
       if (fe.maglev) {
         const backends = fe.backends.map((b) => ({ key: backendKey(b), id: ids.backendId(b) }));
@@ -376,33 +393,41 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       const wkey = serviceAddrKey(wild);
       const hw = r.frontends.get(wkey);
       if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) {
-        mine.wildcard.push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
-        if (!hw?.master) add(`lb${f}_services`);
+        wildcardPuts[f].push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
+        if (!hw?.master) needServices++;
       }
     }
 
-    for (const [map, n] of need) {
-      const free = room.get(map);
-      if (free === undefined || n <= free) continue;
-      refused.set(fe.key, { map, reason: `${map} is full: ${Math.max(0, free)} free of ${scope.maxEntries![map]} entries, ${fe.key} needs ${n} more` });
+    // The first map that overflows names the reason: rev-NAT, backends, services (the order a new frontend needs them in).
+    const tooBig =
+      overflow(`lb${f}_reverse_nat`, needRevNat, fe) ??
+      overflow('lb4_backends', needBackends[4], fe) ??
+      overflow('lb6_backends', needBackends[6], fe) ??
+      overflow(`lb${f}_services`, needServices, fe);
+    if (tooBig) {
+      refused.set(fe.key, tooBig);
+      backendPuts[4].length = marks.b4;
+      backendPuts[6].length = marks.b6;
+      revNatPuts[f].length = marks.revNat;
+      slotPuts[f].length = marks.slot;
+      masterPuts[f].length = marks.master;
+      shrinks.length = marks.shrink;
+      wildcardPuts[f].length = marks.wildcard;
+      for (const id of plannedHere) planned.delete(id);
       return keep(fe);
     }
-    for (const [map, n] of need) if (room.has(map)) room.set(map, room.get(map)! - n);
-    for (const id of newBackends) planned.add(id);
-    for (const [id, by] of slotBumps) bump(slotDelta, id, by);
+    take(`lb${f}_services`, needServices);
+    take(`lb${f}_reverse_nat`, needRevNat);
+    take('lb4_backends', needBackends[4]);
+    take('lb6_backends', needBackends[6]);
+    if (slotBumps) for (let i = 0; i < slotBumps.length; i += 2) bump(slotDelta, slotBumps[i]!, slotBumps[i + 1]!);
     if (fe.maglev) maglevWanted.add(maglevTableKey(revNatId, f));
     if (fe.sourceRanges.length > 0) rangesWanted.add(fe.key);
-    append(maglevPuts, northSouth);
-    append(lateNorthSouth, late);
+    if (northSouth) append(maglevPuts, northSouth);
+    if (late) append(lateNorthSouth, late);
     const wasCounted = have?.master !== undefined && hasWildcard(have.master.type);
     if (wasCounted !== hasWildcard(fe.type)) bump(addrDelta, fe.address, wasCounted ? -1 : 1);
     if (wildcardNew) wildcardsSeen.add(fe.address);
-    for (const o of mine.backend) backendPuts[opFamily(o)].push(o);
-    append(revNatPuts[f], mine.revNat);
-    append(slotPuts[f], mine.slot);
-    append(masterPuts[f], mine.master);
-    append(shrinks, mine.shrink);
-    append(wildcardPuts[f], mine.wildcard);
   };
 
   if (full) {

@@ -8,8 +8,9 @@
 // nothing to report.
 import type { Backend, Family } from '../lb/types.js';
 import type { SourceRange } from '../model/north-south.js';
-import type { MapsDump, MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
-import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
+import type { ExpectedMaps, MapsDump, MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
+import { ipv4ToUint } from '../lb/addr.js';
+import { serviceAddr4Id, serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 import type { LB_MAP_NAMES } from '../datapath/maps.js';
 
 /** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
@@ -51,7 +52,10 @@ export interface RealizedRanges {
   readonly fingerprint: string;
 }
 
-export class RealizedState {
+/** The numeric key of an IPv4 service address (LbMaps.matches looks entries up by it). */
+const addr4Id = (fe: ServiceAddr): number => serviceAddr4Id(ipv4ToUint(fe.address), fe.port, fe.protocol, fe.scope);
+
+export class RealizedState implements ExpectedMaps {
   /**
    * Maglev tables by lb_maglev key, with the fingerprint of the backends
    * they were built from ('' for a table found at restart: rewritten once,
@@ -62,6 +66,8 @@ export class RealizedState {
   readonly srcRanges = new Map<string, RealizedRanges>();
   /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
   readonly frontends = new Map<string, RealizedFrontend>();
+  /** The IPv4 ones again, by serviceAddr4Id: a map key's bytes find their entry without a string. */
+  private readonly frontends4 = new Map<number, RealizedFrontend>();
   readonly backends = new Map<number, Backend>();
   /** Rev-NAT entries by family, then id. */
   readonly revNat: Record<Family, Map<number, RevNatEntry>> = { 4: new Map(), 6: new Map() };
@@ -87,6 +93,22 @@ export class RealizedState {
     for (const { id, backend } of dump.backends) r.setBackend(id, backend);
     for (const e of dump.revNat) r.revNat[e.family].set(e.id, { address: e.address, port: e.port });
     return r;
+  }
+
+  frontendAt4(id: number): RealizedFrontend | undefined {
+    return this.frontends4.get(id);
+  }
+
+  frontendAt(key: string): RealizedFrontend | undefined {
+    return this.frontends.get(key);
+  }
+
+  backendAt(id: number): Backend | undefined {
+    return this.backends.get(id);
+  }
+
+  revNatAt(family: Family, id: number): RevNatEntry | undefined {
+    return this.revNat[family].get(id);
   }
 
   /** Entries of one map, as the realized state holds them. */
@@ -162,6 +184,7 @@ export class RealizedState {
           : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
       e = { fe: copy, slots: [undefined] };
       this.frontends.set(key, e);
+      if (fe.family === 4) this.frontends4.set(addr4Id(fe), e);
     }
     return e;
   }
@@ -169,5 +192,6 @@ export class RealizedState {
   private dropIfEmpty(key: string, e: RealizedFrontend): void {
     if (e.master || e.slots.length > 1) return;
     this.frontends.delete(key);
+    if (e.fe.family === 4) this.frontends4.delete(addr4Id(e.fe));
   }
 }

@@ -292,13 +292,38 @@ export class Reconciler {
   /**
    * Re-reads the maps as the realized state, keeping the ids in use: the
    * next plan then repairs whatever changed behind the agent's back (drift).
+   * First the maps' bytes are compared in place with the realized state's
+   * (LbMaps.matches: batch lookups, no object per entry); when they are the
+   * same, the realized state already is what a re-read would give, so it
+   * stays, and so does what the next sync may skip. Only a difference (or
+   * maps without that comparison) re-reads and decodes every entry and
+   * makes the next sync a full plan.
    */
   resync(): void {
+    // The maps hold exactly what the realized state says (the usual case):
+    // nothing to repair, and the next sync may still plan only what changed.
+    if (this.maps.matches?.(this.realizedState) && this.northSouthMatches()) return;
     const before = this.realizedState;
     this.realizedState = RealizedState.from(this.maps.dump());
     this.readNorthSouth(before.maglev);
     this.clean = false;
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
+  }
+
+  /**
+   * Whether the tc datapath's Maglev tables and source ranges are the ones
+   * the realized state holds (no tc datapath: true).
+   */
+  private northSouthMatches(): boolean {
+    const ns = this.northSouth;
+    if (!ns) return true;
+    const r = this.realizedState;
+    const tables = ns.maps.maglevKeys();
+    if (tables.length !== r.maglev.size || tables.some((t) => !r.maglev.has(t))) return false;
+    const want = new Set<string>();
+    for (const g of r.srcRanges.values()) for (const x of g.ranges) want.add(`${g.fe.family}/${g.revNatId}/${x.address}/${x.prefixLen}`);
+    const have = ns.maps.srcRanges();
+    return have.length === want.size && have.every((e) => want.has(`${e.family}/${e.revNatId}/${e.address}/${e.prefixLen}`));
   }
 
   /**

@@ -12,9 +12,11 @@ import {
   BPF_NOEXIST,
   BpfError,
   BpfObject,
+  type BpfMap,
   holdPinnedLink,
   isErrno,
   libbpfVersion,
+  mapCreate,
   numPossibleCpus,
   openPinnedMap,
   pinnedLinkInfo,
@@ -33,6 +35,8 @@ const XDP_PASS = 2;
 const BPF_MAP_TYPE_HASH = 1;
 const BPF_MAP_TYPE_PERCPU_ARRAY = 6;
 const BPF_MAP_TYPE_LRU_HASH = 9;
+const BPF_MAP_TYPE_LPM_TRIE = 11;
+const BPF_F_NO_PREALLOC = 1;
 const BPF_PROG_TYPE_XDP = 6;
 const BPF_LINK_TYPE_CGROUP = 3;
 const BPF_CGROUP_INET4_CONNECT = 10;
@@ -261,6 +265,45 @@ if (process.getuid?.() !== 0) {
     t.same(h.lookup(u32(20)), u64(2));
     t.throws(() => h.batchUpdate(u32(22), u64(1), 1, BPF_EXIST), { code: 'ENOENT', count: 0 });
     t.equal(h.delete(u32(20)), true);
+  });
+
+  t.test('entriesFlat packs what entries() lists: batch lookups, the walk where a map type has none, per-CPU strides', async (t) => {
+    /** Entries as sorted hex pairs, from entries() or from entriesFlat()'s two buffers. */
+    const pairs = (m: BpfMap): string[] => m.entries().map(([k, v]) => `${k.toString('hex')}=${v.toString('hex')}`).sort();
+    const flatPairs = (m: BpfMap): string[] => {
+      const { keys, values, count } = m.entriesFlat();
+      t.equal(keys.length, count * m.keySize, `${m.name}: keys are keySize each`);
+      t.equal(values.length, count * m.valueBufSize, `${m.name}: values are valueBufSize each`);
+      return Array.from({ length: count }, (_, i) =>
+        `${keys.subarray(i * m.keySize, (i + 1) * m.keySize).toString('hex')}=${values.subarray(i * m.valueBufSize, (i + 1) * m.valueBufSize).toString('hex')}`,
+      ).sort();
+    };
+    const lru = obj1.map('nt_lru');
+    t.ok(pairs(lru).length >= 10, 'the LRU map holds the batch written above');
+    t.same(flatPairs(lru), pairs(lru), 'LRU hash (BPF_MAP_LOOKUP_BATCH)');
+    t.same(flatPairs(obj1.map('nt_percpu')), pairs(obj1.map('nt_percpu')), 'per-CPU array: one valueBufSize per entry');
+
+    const empty = mapCreate({ type: BPF_MAP_TYPE_HASH, keySize: 4, valueSize: 8, maxEntries: 8, name: 'nt_empty' });
+    t.teardown(() => empty.close());
+    t.same(empty.entriesFlat(), { keys: Buffer.alloc(0), values: Buffer.alloc(0), count: 0 }, 'an empty map');
+    // More entries than one batch chunk (1024): the cursor carries on.
+    const big = mapCreate({ type: BPF_MAP_TYPE_HASH, keySize: 4, valueSize: 8, maxEntries: 5000, name: 'nt_big' });
+    t.teardown(() => big.close());
+    const n = 3000;
+    big.batchUpdate(Buffer.concat(Array.from({ length: n }, (_, i) => u32(i))), Buffer.concat(Array.from({ length: n }, (_, i) => u64(i * 7))), n);
+    const all = flatPairs(big);
+    t.equal(all.length, n, `${n} entries across chunks, none twice`);
+    t.same(all, pairs(big), 'the same as entries()');
+
+    // An LPM trie has no batch lookup (the kernel answers ENOTSUPP): the get_next_key walk.
+    const lpm = mapCreate({ type: BPF_MAP_TYPE_LPM_TRIE, keySize: 8, valueSize: 4, maxEntries: 16, flags: BPF_F_NO_PREALLOC, name: 'nt_lpm' });
+    t.teardown(() => lpm.close());
+    const lpmKey = (len: number, a: number): Buffer => Buffer.concat([u32(len), Buffer.from([10, a, 0, 0])]);
+    lpm.update(lpmKey(16, 1), u32(1));
+    lpm.update(lpmKey(24, 2), u32(2));
+    lpm.update(lpmKey(32, 3), u32(3));
+    t.equal(flatPairs(lpm).length, 3, 'every entry of the trie');
+    t.same(flatPairs(lpm), pairs(lpm), 'the same as entries()');
   });
 
   t.test('per-CPU map and progTestRun', async (t) => {

@@ -105,3 +105,41 @@ t.test('through the reconciler: writes, changes, removal and restart', async (t)
   t.equal(ns.ranges.size, 0, 'and orphaned ranges');
   t.ok(DEFAULT_MAGLEV_TABLE_SIZE > M);
 });
+
+t.test('resync: with the service maps as written, Maglev tables and source ranges are still compared', async (t) => {
+  // The service, backend and rev-NAT maps hold what was written (only the
+  // reconciler wrote these fakes): matches() says so, as the kernel maps'
+  // byte comparison would (test/native/resync.ts); the tc maps are compared here.
+  const maps = Object.assign(new FakeLbMaps(), { matches: () => true });
+  const ns = new FakeNorthSouthMaps();
+  const rec = new Reconciler(maps, { northSouth: { maps: ns, maglevM: M, maglevSeed: SEED } });
+  rec.restore();
+  const v1 = LB(['10.0.0.1', '10.0.0.2'], [['10.1.0.0', 16], ['10.2.0.0', 16]]);
+  rec.sync(state(v1), { prune: true });
+  const [table] = [...ns.tables.keys()];
+  const periodic = (): string[] => {
+    ns.log.length = 0;
+    rec.resync();
+    rec.sync(state(v1), { prune: true, changed: new Set() });
+    return [...ns.log];
+  };
+
+  const before = rec.realized;
+  t.same(periodic(), [], 'as written: nothing re-read, nothing written');
+  t.equal(rec.realized, before, 'the realized state stays');
+
+  ns.deleteMaglev(table!);
+  // (A re-read, as before: the ranges read back have no fingerprint and are written once more.)
+  t.ok(periodic().includes(`put-maglev ${table}`), 'a table deleted behind the agent’s back is written again');
+  t.not(rec.realized, before, 'after a re-read');
+
+  const [range] = [...ns.ranges];
+  const [family, revNatId, address, prefixLen] = range!.split('/');
+  ns.deleteSrcRange({ family: Number(family) as 4, revNatId: Number(revNatId), address: address!, prefixLen: Number(prefixLen) });
+  t.ok(periodic().includes(`put-range ${range}`), 'a source range deleted is written again');
+  t.equal(ns.ranges.size, 2);
+
+  ns.putSrcRange({ family: 4, revNatId: 42, address: '10.9.0.0', prefixLen: 16 });
+  t.ok(periodic().includes('delete-range 4/42/10.9.0.0/16'), 'a source range nothing wrote is deleted');
+  t.same(periodic(), [], 'and then all is left alone');
+});

@@ -2,7 +2,7 @@
 // counts change syncs rely on and the per-map entry counts of map pressure.
 import t from 'tap';
 import type { MapsDump } from '../../src/datapath/lbmaps.js';
-import type { Backend } from '../../src/lb/types.js';
+import { serviceAddr4Id, type Backend } from '../../src/lb/types.js';
 import { RealizedState, heldSlots } from '../../src/reconcile/realized.js';
 
 const fe = { address: '10.96.0.1', family: 4, port: 80, protocol: 'TCP' } as const;
@@ -105,4 +105,27 @@ t.test('backends: per-family counts, also when an id changes family', async (t) 
   t.same(r.deleteBackend(2), b6, 'delete returns what it removed');
   t.equal(r.deleteBackend(2), undefined);
   t.same([r.entries('lb4_backends'), r.entries('lb6_backends')], [0, 1]);
+});
+
+t.test('IPv4 frontends are found by their numeric key too, and leave that index with their last entry', async (t) => {
+  const id = (address: number, port: number, protocol: 'TCP' | 'UDP' | 'ANY', scope?: 'internal'): number => serviceAddr4Id(address, port, protocol, scope);
+  const r = new RealizedState();
+  r.putMaster('10.96.0.1:80/TCP', fe, master);
+  r.putSlot('10.96.0.1:80/TCP', fe, 1, 7);
+  r.putMaster('10.96.0.1:0/ANY', wild, { ...master, type: 'Wildcard' });
+  const top = { address: '255.255.255.255', family: 4, port: 65535, protocol: 'UDP', scope: 'internal' } as const;
+  r.putMaster('255.255.255.255:65535/UDP/internal', top, master);
+  r.putSlot('[fd00::1]:80/TCP', fe6, 1, 8);
+  t.equal(r.frontendAt4(id(0x0a600001, 80, 'TCP')), r.frontends.get('10.96.0.1:80/TCP'), 'by address, port and protocol');
+  t.equal(r.frontendAt4(id(0x0a600001, 0, 'ANY')), r.frontends.get('10.96.0.1:0/ANY'), 'the wildcard has its own');
+  t.equal(r.frontendAt4(id(0x0a600001, 80, 'UDP')), undefined, 'another protocol is another frontend');
+  t.equal(r.frontendAt4(id(0x0a600001, 80, 'TCP', 'internal')), undefined, 'so is the internal scope');
+  t.equal(r.frontendAt4(id(0xffffffff, 65535, 'UDP', 'internal')), r.frontends.get('255.255.255.255:65535/UDP/internal'), 'the largest key is exact (below 2^53)');
+  t.ok(id(0xffffffff, 65535, 'UDP', 'internal') < Number.MAX_SAFE_INTEGER);
+  t.equal(r.frontendAt('[fd00::1]:80/TCP'), r.frontends.get('[fd00::1]:80/TCP'), 'IPv6 by its key text');
+  r.deleteMaster('10.96.0.1:80/TCP');
+  t.ok(r.frontendAt4(id(0x0a600001, 80, 'TCP')), 'kept while a slot remains');
+  r.deleteSlot('10.96.0.1:80/TCP', 1);
+  t.equal(r.frontendAt4(id(0x0a600001, 80, 'TCP')), undefined, 'gone with its last entry');
+  t.equal(r.frontends.has('10.96.0.1:80/TCP'), false);
 });
