@@ -125,9 +125,13 @@ async function measure(t: Test, child: ChildProcess, handler: ProbeHandler, opts
 
 t.test(`${N} backends at periodSeconds 1: the pool keeps up`, async (t) => {
   const child = await servers(t, { http: 18081, tcp: 18082, grpc: 18083 });
-  await measure(t, child, { kind: 'httpGet', path: '/healthz', port: 18081, scheme: 'HTTP', httpHeaders: [] });
-  await measure(t, child, { kind: 'tcpSocket', port: 18082 });
-  await measure(t, child, { kind: 'grpc', port: 18083, service: '' });
+  // The agent's pool (PROBE_CONCURRENCY), as the agent runs its prober: a
+  // grpc probe takes tens of ms on a busy machine, and the Prober's default
+  // of 64 in flight would then be what limits the rate, not the agent.
+  const agentPool = { concurrency: PROBE_CONCURRENCY };
+  await measure(t, child, { kind: 'httpGet', path: '/healthz', port: 18081, scheme: 'HTTP', httpHeaders: [] }, agentPool);
+  await measure(t, child, { kind: 'tcpSocket', port: 18082 }, agentPool);
+  await measure(t, child, { kind: 'grpc', port: 18083, service: '' }, agentPool);
   // Half the backends hang for the whole 1 s timeout: the agent's pool (512) still probes everyone once a second.
   const down = new Set(Array.from({ length: N / 2 }, (_, i) => addr(2 * i)));
   for (const a of down) writeFileSync(path.join(control, a), '');
