@@ -12,6 +12,7 @@ import t, { type Test } from 'tap';
 import { FakeApiServer, type ServerVersion } from '../helpers/fake-apiserver.js';
 import { createSandbox, HTTP_PORT, SLOW, type Sandbox } from '../helpers/sandbox.js';
 import { UNREACHABLE_BACKOFF_MAX_MS } from '../../src/sources/kubernetes.js';
+import { serviceWithBackends } from '../helpers/manifests.js';
 
 // Six agents started one after another; each wait has its own deadline.
 t.setTimeout(300_000 * SLOW);
@@ -19,43 +20,9 @@ t.setTimeout(300_000 * SLOW);
 const NODE = 'node-a';
 const SERVICES = '/api/v1/services?';
 
-function service(name: string, ip: string): string {
-  return `apiVersion: v1
-kind: Service
-metadata:
-  name: ${name}
-  namespace: default
-spec:
-  type: ClusterIP
-  clusterIP: ${ip}
-  clusterIPs: [${ip}]
-  ports:
-  - name: http
-    port: 80
-    protocol: TCP
-    targetPort: http
-`;
-}
-
-function slice(svc: string, ip: string): string {
-  return `apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: ${svc}-abcde
-  namespace: default
-  labels:
-    kubernetes.io/service-name: ${svc}
-addressType: IPv4
-ports:
-- name: http
-  port: ${HTTP_PORT}
-  protocol: TCP
-endpoints:
-- addresses: [${ip}]
-  conditions: {ready: true}
-  nodeName: ${NODE}
-`;
-}
+/** A ClusterIP service on port 80 with one backend, as the test API server stores it. */
+const serviceYaml = (name: string, ip: string, backend: string): string =>
+  serviceWithBackends({ name, clusterIPs: [ip], ports: [{ name: 'http', port: 80 }] }, [{ name: `${name}-abcde`, family: 4, ports: [{ name: 'http', port: HTTP_PORT }], addresses: [backend] }]);
 
 const nodeYaml = `apiVersion: v1
 kind: Node
@@ -71,8 +38,8 @@ async function setup(t: Test, version: ServerVersion): Promise<{ sb: Sandbox; ap
   sb.sourceArgs = ['--kubeconfig', api.kubeconfig, '--node-name', NODE, '--sync-period', '600000'];
   const backend = sb.backends[0]!.v4;
   api.apply(nodeYaml);
-  api.apply(`${service('web', '10.96.0.10')}---\n${slice('web', backend)}`);
-  api.apply(`${service('db', '10.96.0.11')}---\n${slice('db', backend)}`);
+  api.apply(serviceYaml('web', '10.96.0.10', backend));
+  api.apply(serviceYaml('db', '10.96.0.11', backend));
   return { sb, api };
 }
 
