@@ -6,42 +6,22 @@
 // BPF_MAP_UPDATE_BATCH (with the count written before it), while an update
 // of an existing key (BPF_ANY or BPF_EXIST) and a delete still work. Root only.
 import t, { type Test } from 'tap';
-import { execFileSync } from 'node:child_process';
-import fs from 'node:fs';
 import { mapSpecs } from '../../src/datapath/abi.gen.js';
 import { PartialWriteError } from '../../src/datapath/lbmaps.js';
-import { datapathObject } from '../../src/datapath/loader.js';
-import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type ByteMap, type LbMapSet } from '../../src/datapath/maps.js';
+import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type ByteMap } from '../../src/datapath/maps.js';
 import type { Backend } from '../../src/lb/types.js';
 import { frontendKey } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
-import { BpfError, BpfObject } from '../../src/native/bpf.js';
+import { BpfError } from '../../src/native/bpf.js';
 import { Reconciler, isNoRoom } from '../../src/reconcile/reconciler.js';
+import { ensureBpffs, loadDatapathMaps } from '../helpers/datapath-maps.js';
 
 const SMALL = 4;
 
-function ensureBpffs(): void {
-  const mounts = fs.readFileSync('/proc/mounts', 'utf8').split('\n').map((l) => l.split(' '));
-  if (mounts.some((m) => m[1] === '/sys/fs/bpf' && m[2] === 'bpf')) return;
-  execFileSync('mount', ['-t', 'bpf', 'bpf', '/sys/fs/bpf']);
-}
 
 /** The datapath object loaded into a fresh pin dir with 4-entry maps; removed at teardown, even on failure. */
-async function loadSmall(t: Test): Promise<{ object: BpfObject; set: LbMapSet; maxEntries: Record<string, number> }> {
-  const pinRoot = `/sys/fs/bpf/lbctl-test-maps-${process.pid}-${Math.random().toString(16).slice(2, 8)}`;
-  fs.mkdirSync(pinRoot);
-  let object: BpfObject | undefined;
-  t.teardown(() => {
-    object?.close();
-    fs.rmSync(pinRoot, { recursive: true, force: true });
-  });
-  const maxEntries: Record<string, number> = {};
-  for (const name of LB_MAP_NAMES) maxEntries[name] = SMALL;
-  object = BpfObject.open(await datapathObject(), { pinRoot, maxEntries });
-  await object.load();
-  const set = {} as LbMapSet;
-  for (const name of LB_MAP_NAMES) set[name] = object.map(name);
-  return { object, set, maxEntries };
+function loadSmall(t: Test): ReturnType<typeof loadDatapathMaps> {
+  return loadDatapathMaps(t, 'maps', SMALL);
 }
 
 const be = (i: number, family: 4 | 6 = 4): Backend =>

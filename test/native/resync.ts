@@ -7,13 +7,11 @@
 // The datapath object is loaded (not attached) into a fresh pin directory
 // under bpffs, removed at teardown even on failure. Root only.
 import t, { type Test } from 'tap';
-import fs from 'node:fs';
 import { lb4_backend, lb4_key, lb_service, u32 } from '../../src/datapath/abi.gen.js';
-import { datapathObject } from '../../src/datapath/loader.js';
 import { KernelLbMaps, LB_MAP_NAMES, type ByteMap, type LbMapSet } from '../../src/datapath/maps.js';
-import { BpfObject } from '../../src/native/bpf.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { frontend, state } from '../fakes/frontends.js';
+import { loadDatapathMaps } from '../helpers/datapath-maps.js';
 
 if (process.getuid?.() !== 0) {
   t.bailout('test/native/resync.ts needs root: it loads the real datapath object');
@@ -21,20 +19,7 @@ if (process.getuid?.() !== 0) {
 
 /** The datapath object loaded into a fresh pin dir; removed at teardown, even on failure. */
 async function load(t: Test): Promise<LbMapSet> {
-  const pinRoot = `/sys/fs/bpf/lbctl-test-resync-${process.pid}-${Math.random().toString(16).slice(2, 8)}`;
-  fs.mkdirSync(pinRoot);
-  let object: BpfObject | undefined;
-  t.teardown(() => {
-    object?.close();
-    fs.rmSync(pinRoot, { recursive: true, force: true });
-  });
-  const maxEntries: Record<string, number> = {};
-  for (const name of LB_MAP_NAMES) maxEntries[name] = 256;
-  object = BpfObject.open(await datapathObject(), { pinRoot, maxEntries });
-  await object.load();
-  const set = {} as LbMapSet;
-  for (const name of LB_MAP_NAMES) set[name] = object.map(name);
-  return set;
+  return (await loadDatapathMaps(t, 'resync', 256)).set;
 }
 
 // A cluster IP with terminating backends (and its wildcard), an address
