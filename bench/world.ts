@@ -103,15 +103,17 @@ export function sweepLeftovers(): void {
 /**
  * Where a memory limit can be set: cgroup v1's memory hierarchy when it is
  * mounted (hybrid hosts like this one, whose cgroup2 mount has no
- * controllers), else the cgroup2 mount when its root offers the memory
- * controller. Undefined: nowhere (the memory-limited run is then not made).
+ * controllers), else the cgroup2 mount when its root already enables the
+ * memory controller for its children (never enabled by the bench). Undefined: nowhere (the memory-limited run is then not made).
  */
 export function memoryHierarchy(): { root: string; v: 1 | 2 } | undefined {
   const v1 = mounts().find((l) => l[2] === 'cgroup' && (l[3] ?? '').split(',').includes('memory'));
   if (v1?.[1]) return { root: v1[1], v: 1 };
   const v2 = cgroup2Mount();
   try {
-    if (readFileSync(path.join(v2, 'cgroup.controllers'), 'utf8').split(/\s+/).includes('memory')) return { root: v2, v: 2 };
+    // Only where the host already gives its children the memory controller:
+    // the bench never changes the root cgroup's configuration.
+    if (readFileSync(path.join(v2, 'cgroup.subtree_control'), 'utf8').split(/\s+/).includes('memory')) return { root: v2, v: 2 };
   } catch {
     /* no controllers file */
   }
@@ -129,11 +131,6 @@ export class MemoryCgroup {
   static make(runId: string, limitBytes: number): MemoryCgroup | undefined {
     const h = memoryHierarchy();
     if (!h) return undefined;
-    if (h.v === 2) {
-      // The memory controller must be on in the root's subtree for the child to have memory.max.
-      const ctl = path.join(h.root, 'cgroup.subtree_control');
-      if (!readFileSync(ctl, 'utf8').split(/\s+/).includes('memory')) writeFileSync(ctl, '+memory');
-    }
     const dir = path.join(h.root, `${runId}-mem`);
     if (!existsSync(dir)) mkdirSync(dir);
     writeFileSync(path.join(dir, h.v === 1 ? 'memory.limit_in_bytes' : 'memory.max'), String(limitBytes));
