@@ -7,9 +7,10 @@ import type { ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
+import { Worker } from 'node:worker_threads';
 import { FakeApiServer } from '../test/helpers/fake-apiserver.js';
-import { openPinnedMap, type BpfMap } from '../src/native/bpf.js';
-import { LbScope, lb4_key, lb_service } from '../src/datapath/abi.gen.js';
+import { LbScope, lb4_key } from '../src/datapath/abi.gen.js';
+import type { PollerAnswer, PollerAsk, PollerData } from './map-poller.js';
 import { ipv4ToUint } from '../src/lb/addr.js';
 import { LBCTL, type BenchRun, type MemoryCgroup, type World } from './world.js';
 import type { BenchService } from './kube-proxy.js';
@@ -247,32 +248,61 @@ export class BenchAgent {
   }
 }
 
-/** Reads a frontend's master entry straight from the pinned map: how many selectable backends the kernel has. */
+/**
+ * Watches a frontend's master entry in the pinned map from a worker thread
+ * (bench/map-poller.ts): when the kernel holds a given count of selectable
+ * backends, as an absolute time (performance.timeOrigin + performance.now()).
+ */
 export class MasterProbe {
-  private readonly map: BpfMap;
-  private readonly key: Buffer;
+  private readonly worker: Worker;
+  private readonly errors: Error[] = [];
 
   constructor(bpfRoot: string, clusterIP: string, port: number) {
-    this.map = openPinnedMap(path.join(bpfRoot, 'maps', 'lb4_services'));
-    this.key = lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT });
+    const data: PollerData = {
+      mapPath: path.join(bpfRoot, 'maps', 'lb4_services'),
+      key: lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT }),
+    };
+    this.worker = new Worker(new URL('./map-poller.ts', import.meta.url), { workerData: data });
+    this.worker.on('error', (err) => this.errors.push(err));
   }
 
-  count(): number | undefined {
-    const v = this.map.lookup(this.key);
-    return v ? lb_service.decode(v).count : undefined;
+  /**
+   * Starts watching for count `want` (undefined: the entry absent) and
+   * resolves once the worker is reading the map, so a change made after
+   * this is never missed; `seen` is then when the kernel showed it.
+   */
+  async arm(want: number | undefined, timeoutMs = 60_000): Promise<{ seen: Promise<number> }> {
+    if (this.errors.length) throw this.errors[0]!;
+    let armed!: () => void;
+    const ready = new Promise<void>((resolve) => (armed = resolve));
+    const seen = new Promise<number>((resolve, reject) => {
+      const onMessage = (m: 'armed' | PollerAnswer): void => {
+        if (m === 'armed') return armed();
+        this.worker.off('message', onMessage);
+        this.worker.off('error', reject);
+        if ('at' in m) resolve(m.at);
+        else reject(new Error(m.error));
+      };
+      this.worker.on('message', onMessage);
+      this.worker.once('error', reject);
+      this.worker.postMessage({ want: want ?? null, timeoutMs } satisfies PollerAsk);
+    });
+    seen.catch(() => armed()); // a worker that fails before arming must not leave arm() waiting
+    await ready;
+    return { seen };
   }
 
-  /** Polls (yielding to the event loop between reads, so the API server keeps writing) until count() is `want`. */
+  /** When the count is `want`: arm() and wait for it. */
   async until(want: number | undefined, timeoutMs = 60_000): Promise<number> {
-    const t0 = performance.now();
-    while (this.count() !== want) {
-      if (performance.now() - t0 > timeoutMs) throw new Error(`the maps never showed count ${want}`);
-      await new Promise((r) => setImmediate(r));
-    }
-    return performance.now();
+    return (await this.arm(want, timeoutMs)).seen;
   }
 
-  close(): void {
-    this.map.close();
+  /** Ends the worker after it has closed its map fd (terminated if it does not within a second). */
+  async close(): Promise<void> {
+    const exited = new Promise<void>((resolve) => this.worker.once('exit', () => resolve()));
+    this.worker.postMessage('close');
+    const timer = setTimeout(() => void this.worker.terminate(), 1000);
+    await exited;
+    clearTimeout(timer);
   }
 }

@@ -26,6 +26,8 @@ import { makeServices } from './services.js';
 import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, type World } from './world.js';
 import { parseAllDocuments } from 'yaml';
 import type { FakeApiServer } from '../test/helpers/fake-apiserver.js';
+import { LbScope, lb4_key } from '../src/datapath/abi.gen.js';
+import { ipv4ToUint } from '../src/lb/addr.js';
 
 export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
 export type Mode = (typeof MODES)[number];
@@ -83,7 +85,7 @@ function parse(): Plan {
     modes,
     ccCount: quick ? 5000 : 20_000,
     rrCount: quick ? 2000 : 10_000,
-    events: quick ? 20 : 50,
+    events: quick ? 20 : 300,
     iptablesMax: Number(o.iptablesMax ?? 10_000),
     nftablesMax: Number(o.nftablesMax ?? 10_000),
     out: o.out,
@@ -240,12 +242,30 @@ async function program(
   }
 }
 
+/**
+ * Runs `change` (which makes the API server send watch events) and returns
+ * when the server handed the first of them to a watch connection: where
+ * "event → map" starts, so the server's own bookkeeping before it sends is
+ * not counted as lbctl's. (Absolute time; the change's start if it sent nothing.)
+ */
+function sentBy(api: FakeApiServer, change: () => void): number {
+  let first: number | undefined;
+  api.onSend = (at) => (first ??= at);
+  const start = performance.timeOrigin + performance.now();
+  try {
+    change();
+  } finally {
+    api.onSend = undefined;
+  }
+  return first ?? start;
+}
+
 /** lbctl: how long one added service takes, from the API server to the kernel map, and the sync that wrote it. */
 async function timedAdd(agent: BenchAgent, probe: MasterProbe, api: FakeApiServer, added: BenchService): Promise<{ syncMs: number; eventMs: number }> {
   const mark = agent.syncs.length;
-  const t0 = performance.now();
-  putServices(api, [added]);
-  const eventMs = (await probe.until(3)) - t0;
+  const { seen } = await probe.arm(3);
+  const t0 = sentBy(api, () => putServices(api, [added]));
+  const eventMs = (await seen) - t0;
   const s = await agent.waitForSync(mark, (x) => x.reason === 'change' && x.planned > 0);
   return { syncMs: s.durationMs, eventMs };
 }
@@ -264,7 +284,7 @@ async function addOne(mode: Mode, p: Programmed, ctx: { w: World; services: Benc
     p.addMs = t.syncMs;
     p.addEventToMapMs = t.eventMs;
   } finally {
-    probe.close();
+    await probe.close();
   }
 }
 
@@ -298,12 +318,16 @@ async function addAgain(p: Programmed, ctx: { w: World; services: BenchService[]
       p.addAgainEventToMapMs.push(t.eventMs);
     }
   } finally {
-    probe.close();
+    await probe.close();
   }
 }
 
-/** lbctl: EndpointSlice changes (a 4th endpoint added, then removed again) timed from the API server to the kernel map. */
-async function events(p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer; plan: Plan }): Promise<void> {
+/**
+ * EndpointSlice changes (a 4th endpoint added, then removed again) to the
+ * service in the middle, each timed from the API server sending it to the
+ * kernel map holding it, 20 ms apart.
+ */
+async function timedSliceChanges(ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer; plan: Plan }): Promise<number[]> {
   const s = ctx.services[Math.floor(ctx.n / 2)]!;
   const probe = new MasterProbe(ctx.w.bpfRoot, s.clusterIP, s.port);
   const samples: number[] = [];
@@ -312,14 +336,46 @@ async function events(p: Programmed, ctx: { w: World; services: BenchService[]; 
       const grow = i % 2 === 0;
       const eps = grow ? [...s.endpoints, { ip: '10.244.9.9', port: POD_PORT }] : s.endpoints;
       await new Promise((r) => setTimeout(r, 20));
-      const t0 = performance.now();
-      ctx.api.put(sliceObject({ ...s, endpoints: eps }) as never);
-      samples.push((await probe.until(eps.length)) - t0);
+      const { seen } = await probe.arm(eps.length);
+      const t0 = sentBy(ctx.api, () => ctx.api.put(sliceObject({ ...s, endpoints: eps }) as never));
+      samples.push((await seen) - t0);
     }
   } finally {
-    probe.close();
+    await probe.close();
   }
-  p.eventToMapMs = samples;
+  return samples;
+}
+
+/** lbctl: the EndpointSlice changes through the agent. */
+async function events(p: Programmed, ctx: { w: World; services: BenchService[]; n: number; api: FakeApiServer; plan: Plan }): Promise<void> {
+  p.eventToMapMs = await timedSliceChanges(ctx);
+}
+
+/**
+ * The same EndpointSlice changes through bench/event-floor.ts instead of
+ * the agent (stopped by now; its maps stay pinned), on the agent's CPU: the
+ * least a Node.js watcher needs on this machine, the baseline of lbctl's
+ * event → map figures in the same run.
+ */
+async function eventFloor(ctx: { run: BenchRun; w: World; services: BenchService[]; n: number; api: FakeApiServer; plan: Plan }): Promise<number[]> {
+  const s = ctx.services[Math.floor(ctx.n / 2)]!;
+  const key = lb4_key.encode({ address: ipv4ToUint(s.clusterIP), dport: s.port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT });
+  const args = [
+    '-c', String(AGENT_CPU), process.execPath, '--import=@tapjs/typescript/import', path.join(ROOT, 'bench/event-floor.ts'),
+    ctx.api.url, 'fake-token', String(ctx.api.resourceVersion), path.join(ctx.w.bpfRoot, 'maps', 'lb4_services'), key.toString('hex'), `${s.name}-x7k2p`,
+  ];
+  const floor = ctx.run.spawn('taskset', args);
+  try {
+    let err = '';
+    floor.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    await new Promise<void>((resolve, reject) => {
+      floor.stdout!.on('data', (d: Buffer) => d.toString().includes('watching') && resolve());
+      floor.once('exit', (code) => reject(new Error(`bench/event-floor.ts exited (${code}) before watching: ${err.trim()}`)));
+    });
+    return await timedSliceChanges(ctx);
+  } finally {
+    if (floor.exitCode === null) floor.kill('SIGKILL');
+  }
 }
 
 /** An agent that died under the memory limit is named as such: the limit is a target of its own. */
@@ -465,6 +521,7 @@ async function main(): Promise<void> {
                 }
                 // The resyncs get an agent of their own (a short sync period); this point's agent is done.
                 if (mode === 'lbctl') await p.agent!.stop();
+                const floorEvents = mode === 'lbctl' ? await eventFloor({ run, w, services, n, api, plan }) : undefined;
                 const resync = mode === 'lbctl' && n <= plan.resyncMax ? await resyncCost(run, api, n, memory) : undefined;
                 results.points.push({
                   mode,
@@ -484,6 +541,7 @@ async function main(): Promise<void> {
                   addAgainMs: p.addAgainMs,
                   addAgainEventToMapMs: p.addAgainEventToMapMs,
                   eventToMapMs: p.eventToMapMs,
+                  ...(floorEvents ? { floorEventToMapMs: floorEvents } : {}),
                   memory: p.memory,
                   memoryIdle: p.memoryIdle,
                 });

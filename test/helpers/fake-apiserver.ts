@@ -398,6 +398,13 @@ export class FakeApiServer {
   private readonly objects = new Map<string, { resource: Resource; object: Obj }>();
   private readonly history: Change[] = [];
   private readonly watchers = new Set<Watcher>();
+  /**
+   * Called as each watch event is handed to its connection, after it was
+   * serialized, with the time (absolute: performance.timeOrigin +
+   * performance.now()): where a measurement "from the API server sending"
+   * starts.
+   */
+  onSend: ((at: number) => void) | undefined;
   private readonly sockets = new Set<Socket>();
   private rv = 1000;
   /** Changes at or before this resourceVersion are gone: older watches get 410. */
@@ -676,7 +683,9 @@ export class FakeApiServer {
   }
 
   private send(w: Watcher, event: unknown): void {
-    w.res.write(JSON.stringify(event) + '\n');
+    const line = JSON.stringify(event) + '\n';
+    this.onSend?.(performance.timeOrigin + performance.now());
+    w.res.write(line);
   }
 
   private route(pathname: string): { resource: Resource; namespace?: string } | undefined {
