@@ -20,6 +20,7 @@ import { DesiredModel, type ServiceId } from '../model/desired.js';
 import { Prober, type Executors, type LastResult, type ProbeState } from './prober.js';
 import type { Skipped } from '../model/from-k8s.js';
 import type { Node } from '../model/k8s.js';
+import type { FrontendKey } from '../lb/types.js';
 import { frontendStatuses } from './drift.js';
 import { LB_MAP_NAMES } from '../datapath/maps.js';
 import { LbError } from '../errors.js';
@@ -125,6 +126,14 @@ export class Agent implements AgentView {
   private serviceHealth: ServiceHealthServers | undefined;
   /** Ports that could not be bound, by service: reported once each. */
   private serviceHealthProblems = new Map<string, string>();
+  /**
+   * The frontends a healthCheckNodePort server counts (external scope,
+   * externalTrafficPolicy Local, a health check port), kept up to date from
+   * each flush's changes; healthStale when one of them changed since the
+   * servers were last told.
+   */
+  private readonly healthFrontends = new Set<FrontendKey>();
+  private healthStale = true;
   private readonly runner: BoundedFrequencyRunner;
   /** The desired state, kept up to date event by event (kube-proxy's change trackers). */
   private readonly model: DesiredModel;
@@ -274,9 +283,14 @@ export class Agent implements AgentView {
   private syncServiceHealth(): void {
     const sh = this.serviceHealth;
     if (!sh) return;
+    // Nothing they count changed and every server is up: nothing to do (a
+    // change sync must not walk every frontend). Problems are retried at every sync.
+    if (!this.healthStale && this.serviceHealthProblems.size === 0) return;
+    this.healthStale = false;
     const targets = new Map<string, { namespace: string; name: string; port: number; ips: Record<4 | 6, Set<string>> }>();
-    for (const fe of this.model.frontends.values()) {
-      if (fe.healthCheckNodePort === undefined || !fe.externalLocal || fe.scope === 'internal') continue;
+    for (const k of this.healthFrontends) {
+      const fe = this.model.frontends.get(k);
+      if (fe?.healthCheckNodePort === undefined) continue;
       const key = `${fe.service.namespace}/${fe.service.name}`;
       let t = targets.get(key);
       if (!t) targets.set(key, (t = { namespace: fe.service.namespace, name: fe.service.name, port: fe.healthCheckNodePort, ips: { 4: new Set(), 6: new Set() } }));
@@ -290,9 +304,23 @@ export class Agent implements AgentView {
       }
       this.serviceHealthProblems = now;
     }).catch((err: unknown) => {
+      this.healthStale = true;
       // A boundary: a server that fails to close must not become an unhandled rejection (it would end the agent).
       this.opts.log.error({ err: (err as Error)?.message ?? String(err) }, 'healthCheckNodePort servers could not be updated; retried at the next sync');
     });
+  }
+
+  /** Keeps healthFrontends from a flush's changes (a frontend added, changed or removed). */
+  private trackHealthFrontends(changed: ReadonlySet<FrontendKey>): void {
+    for (const k of changed) {
+      const fe = this.model.frontends.get(k);
+      if (fe && fe.healthCheckNodePort !== undefined && fe.externalLocal && fe.scope !== 'internal') {
+        this.healthFrontends.add(k);
+        this.healthStale = true;
+      } else if (this.healthFrontends.delete(k)) {
+        this.healthStale = true;
+      }
+    }
   }
 
   async stop(): Promise<void> {
@@ -371,6 +399,7 @@ export class Agent implements AgentView {
       if (reason !== 'change') this.reconciler!.resync();
       const t1 = performance.now();
       const { changed, newSkips } = this.model.flush();
+      this.trackHealthFrontends(changed);
       const t2 = performance.now();
       this.reportSkipped(newSkips);
       this.reportAllFailed();
