@@ -248,6 +248,10 @@ export class BenchAgent {
   }
 }
 
+/** The lb4_services key of a TCP ClusterIP frontend's master entry (slot 0). */
+export const masterKey = (clusterIP: string, port: number): Buffer =>
+  lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT });
+
 /**
  * Watches a frontend's master entry in the pinned map from a worker thread
  * (bench/map-poller.ts): when the kernel holds a given count of selectable
@@ -258,10 +262,7 @@ export class MasterProbe {
   private readonly errors: Error[] = [];
 
   constructor(bpfRoot: string, clusterIP: string, port: number) {
-    const data: PollerData = {
-      mapPath: path.join(bpfRoot, 'maps', 'lb4_services'),
-      key: lb4_key.encode({ address: ipv4ToUint(clusterIP), dport: port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT }),
-    };
+    const data: PollerData = { mapPath: path.join(bpfRoot, 'maps', 'lb4_services'), key: masterKey(clusterIP, port) };
     this.worker = new Worker(new URL('./map-poller.ts', import.meta.url), { workerData: data });
     this.worker.on('error', (err) => this.errors.push(err));
   }

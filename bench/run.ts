@@ -19,15 +19,13 @@ import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
 import { iptablesRestoreAdd, iptablesRestoreFull, nftablesAdd, nftablesFull, type BenchService } from './kube-proxy.js';
-import { BenchAgent, MasterProbe, deleteServices, putServices, sliceObject, startCluster } from './lbctl.js';
+import { BenchAgent, MasterProbe, deleteServices, masterKey, putServices, sliceObject, startCluster } from './lbctl.js';
 import { report, type ConnStats, type Results } from './report.js';
 import { revnatProfile } from './revnat.js';
 import { makeServices } from './services.js';
 import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, type World } from './world.js';
 import { parseAllDocuments } from 'yaml';
 import type { FakeApiServer } from '../test/helpers/fake-apiserver.js';
-import { LbScope, lb4_key } from '../src/datapath/abi.gen.js';
-import { ipv4ToUint } from '../src/lb/addr.js';
 
 export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
 export type Mode = (typeof MODES)[number];
@@ -359,7 +357,7 @@ async function events(p: Programmed, ctx: { w: World; services: BenchService[]; 
  */
 async function eventFloor(ctx: { run: BenchRun; w: World; services: BenchService[]; n: number; api: FakeApiServer; plan: Plan }): Promise<number[]> {
   const s = ctx.services[Math.floor(ctx.n / 2)]!;
-  const key = lb4_key.encode({ address: ipv4ToUint(s.clusterIP), dport: s.port, backendSlot: 0, proto: 6, scope: LbScope.LB_SCOPE_EXT });
+  const key = masterKey(s.clusterIP, s.port);
   const args = [
     '-c', String(AGENT_CPU), process.execPath, '--import=@tapjs/typescript/import', path.join(ROOT, 'bench/event-floor.ts'),
     ctx.api.url, 'fake-token', String(ctx.api.resourceVersion), path.join(ctx.w.bpfRoot, 'maps', 'lb4_services'), key.toString('hex'), `${s.name}-x7k2p`,
