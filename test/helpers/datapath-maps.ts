@@ -2,23 +2,16 @@
 // bpffs, for the native tests that write its maps through KernelLbMaps
 // (test/native/maps.ts, resync.ts). bpffs is mounted when missing; the pin
 // directory and the object are removed at teardown, even on failure.
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import type { Test } from 'tap';
-import { datapathObject } from '../../src/datapath/loader.js';
+import { datapathObject, ensureBpffs } from '../../src/datapath/loader.js';
 import { LB_MAP_NAMES, type LbMapSet } from '../../src/datapath/maps.js';
 import { BpfObject } from '../../src/native/bpf.js';
 
-export function ensureBpffs(): void {
-  const mounts = fs.readFileSync('/proc/mounts', 'utf8').split('\n').map((l) => l.split(' '));
-  if (mounts.some((m) => m[1] === '/sys/fs/bpf' && m[2] === 'bpf')) return;
-  execFileSync('mount', ['-t', 'bpf', 'bpf', '/sys/fs/bpf']);
-}
-
 /** Loads the datapath object with every lb map sized `entries`, pinned under a fresh directory named after `tag`. */
 export async function loadDatapathMaps(t: Test, tag: string, entries: number): Promise<{ object: BpfObject; set: LbMapSet; maxEntries: Record<string, number> }> {
-  ensureBpffs();
   const pinRoot = `/sys/fs/bpf/lbctl-test-${tag}-${process.pid}-${Math.random().toString(16).slice(2, 8)}`;
+  ensureBpffs(pinRoot);
   fs.mkdirSync(pinRoot);
   let object: BpfObject | undefined;
   t.teardown(() => {

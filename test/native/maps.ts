@@ -14,7 +14,7 @@ import { frontendKey } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { BpfError } from '../../src/native/bpf.js';
 import { Reconciler, isNoRoom } from '../../src/reconcile/reconciler.js';
-import { ensureBpffs, loadDatapathMaps } from '../helpers/datapath-maps.js';
+import { loadDatapathMaps } from '../helpers/datapath-maps.js';
 
 const SMALL = 4;
 
@@ -50,8 +50,6 @@ const state = (...fes: Frontend[]): DesiredState => new Map(fes.map((f) => [f.ke
 if (process.getuid?.() !== 0) {
   t.bailout('test/native/maps.ts needs root: it loads the real datapath object');
 } else {
-  ensureBpffs();
-
   t.test('KernelLbMaps: every kind of entry written, read back and deleted, both families', async (t) => {
     const { set } = await loadSmall(t);
     const maps = new KernelLbMaps(set);
