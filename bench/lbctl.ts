@@ -35,12 +35,15 @@ export function serviceObject(s: BenchService): K8sObject {
   };
 }
 
+/** The name of a bench service's one EndpointSlice. */
+export const sliceName = (s: BenchService): string => `${s.name}-x7k2p`;
+
 export function sliceObject(s: BenchService): K8sObject {
   return {
     apiVersion: 'discovery.k8s.io/v1',
     kind: 'EndpointSlice',
     metadata: {
-      name: `${s.name}-x7k2p`,
+      name: sliceName(s),
       namespace: s.namespace,
       labels: { 'kubernetes.io/service-name': s.name, 'endpointslice.kubernetes.io/managed-by': 'endpointslice-controller.k8s.io' },
     },
@@ -74,7 +77,7 @@ export function putServices(api: FakeApiServer, services: readonly BenchService[
 export function deleteServices(api: FakeApiServer, services: readonly BenchService[]): void {
   for (const s of services) {
     api.delete('Service', s.name, s.namespace);
-    api.delete('EndpointSlice', `${s.name}-x7k2p`, s.namespace);
+    api.delete('EndpointSlice', sliceName(s), s.namespace);
   }
 }
 

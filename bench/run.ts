@@ -19,13 +19,13 @@ import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
 import { iptablesRestoreAdd, iptablesRestoreFull, nftablesAdd, nftablesFull, type BenchService } from './kube-proxy.js';
-import { BenchAgent, MasterProbe, deleteServices, masterKey, putServices, sliceObject, startCluster } from './lbctl.js';
+import { BenchAgent, MasterProbe, deleteServices, masterKey, putServices, sliceName, sliceObject, startCluster } from './lbctl.js';
 import { report, type ConnStats, type Results } from './report.js';
 import { revnatProfile } from './revnat.js';
 import { makeServices } from './services.js';
 import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, type World } from './world.js';
 import { parseAllDocuments } from 'yaml';
-import type { FakeApiServer } from '../test/helpers/fake-apiserver.js';
+import { AGENT_TOKEN, type FakeApiServer } from '../test/helpers/fake-apiserver.js';
 
 export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
 export type Mode = (typeof MODES)[number];
@@ -360,15 +360,23 @@ async function eventFloor(ctx: { run: BenchRun; w: World; services: BenchService
   const key = masterKey(s.clusterIP, s.port);
   const args = [
     '-c', String(AGENT_CPU), process.execPath, '--import=@tapjs/typescript/import', path.join(ROOT, 'bench/event-floor.ts'),
-    ctx.api.url, 'fake-token', String(ctx.api.resourceVersion), path.join(ctx.w.bpfRoot, 'maps', 'lb4_services'), key.toString('hex'), `${s.name}-x7k2p`,
+    ctx.api.url, AGENT_TOKEN, String(ctx.api.resourceVersion), path.join(ctx.w.bpfRoot, 'maps', 'lb4_services'), key.toString('hex'), sliceName(s),
   ];
   const floor = ctx.run.spawn('taskset', args);
   try {
     let err = '';
     floor.stderr!.on('data', (d: Buffer) => (err += d.toString()));
     await new Promise<void>((resolve, reject) => {
-      floor.stdout!.on('data', (d: Buffer) => d.toString().includes('watching') && resolve());
-      floor.once('exit', (code) => reject(new Error(`bench/event-floor.ts exited (${code}) before watching: ${err.trim()}`)));
+      const deadline = setTimeout(() => reject(new Error(`bench/event-floor.ts was not watching within 60 s: ${err.trim()}`)), 60_000);
+      floor.stdout!.on('data', (d: Buffer) => {
+        if (!d.toString().includes('watching')) return;
+        clearTimeout(deadline);
+        resolve();
+      });
+      floor.once('exit', (code) => {
+        clearTimeout(deadline);
+        reject(new Error(`bench/event-floor.ts exited (${code}) before watching: ${err.trim()}`));
+      });
     });
     return await timedSliceChanges(ctx);
   } finally {

@@ -137,7 +137,10 @@ export function serviceAccountUser(namespace: string, name: string): UserInfo {
   return { name: `system:serviceaccount:${namespace}:${name}`, groups: ['system:serviceaccounts', `system:serviceaccounts:${namespace}`, 'system:authenticated'] };
 }
 
-/** The agent's service account in deploy/ (kube-system/lbctl); 'fake-token' authenticates as it. */
+/** The bearer token the kubeconfig carries; it authenticates as LBCTL_SERVICE_ACCOUNT. */
+export const AGENT_TOKEN = 'fake-token';
+
+/** The agent's service account in deploy/ (kube-system/lbctl); AGENT_TOKEN authenticates as it. */
 export const LBCTL_SERVICE_ACCOUNT = serviceAccountUser('kube-system', 'lbctl');
 
 /**
@@ -422,7 +425,7 @@ export class FakeApiServer {
   url = '';
 
   /** Bearer tokens and the users they authenticate as; any other token, or none, is 401. */
-  readonly tokens = new Map<string, UserInfo>([['fake-token', LBCTL_SERVICE_ACCOUNT]]);
+  readonly tokens = new Map<string, UserInfo>([[AGENT_TOKEN, LBCTL_SERVICE_ACCOUNT]]);
 
   /**
    * The RBAC in force (setRbac()); undefined: every authenticated request
@@ -508,7 +511,7 @@ export class FakeApiServer {
             cluster: this.opts.tls ? { server: this.url, 'certificate-authority': this.caFile } : { server: this.url, 'insecure-skip-tls-verify': true },
           },
         ],
-        users: [{ name: 'lbctl', user: { token: 'fake-token' } }],
+        users: [{ name: 'lbctl', user: { token: AGENT_TOKEN } }],
         contexts: [{ name: 'fake', context: { cluster: 'fake', user: 'lbctl' } }],
         'current-context': 'fake',
       }),
