@@ -3,6 +3,7 @@
 // pinned kernel maps is in maps.ts, a fake for tests in test/fakes/fake-maps.ts.
 import type { Backend, Family, ServiceAddr, ServiceType } from '../lb/types.js';
 import type { LB_MAP_NAMES } from './maps.js';
+import type { MapDigest } from './digest.js';
 
 export type MasterType = ServiceType | 'Wildcard';
 
@@ -38,26 +39,16 @@ export interface MapsDump {
   readonly revNat: ReadonlyArray<{ readonly id: number; readonly family: Family } & RevNatEntry>;
 }
 
-/** A frontend's entries as ExpectedMaps gives them: the master and the backend id by slot. */
-export interface ExpectedFrontend {
-  readonly master?: MasterEntry | undefined;
-  /** Backend id by slot number (index 0 unused); undefined: no such slot. */
-  readonly slots: ReadonlyArray<number | undefined>;
-}
-
 /**
- * What the maps should hold, entry by entry (the reconciler's realized
- * state), for LbMaps.matches to compare the kernel's bytes against.
+ * What the maps should hold (the reconciler's realized state), for
+ * LbMaps.matches to compare the kernel's entries against: per map, how many
+ * entries and the digest of their fields (src/datapath/digest.ts).
  */
 export interface ExpectedMaps {
   /** How many entries each map should hold. */
   entries(map: (typeof LB_MAP_NAMES)[number]): number;
-  /** An IPv4 frontend (or wildcard entry) by serviceAddr4Id. */
-  frontendAt4(id: number): ExpectedFrontend | undefined;
-  /** Any frontend by serviceAddrKey (what IPv6 keys are looked up by). */
-  frontendAt(key: string): ExpectedFrontend | undefined;
-  backendAt(id: number): Backend | undefined;
-  revNatAt(family: Family, id: number): RevNatEntry | undefined;
+  /** The sum of those entries' hashes. */
+  digest(map: (typeof LB_MAP_NAMES)[number]): MapDigest;
 }
 
 /** A write that can go in a batch (several of one kind, to one map, in one syscall). */
@@ -133,10 +124,11 @@ export interface LbMaps {
   dump(): MapsDump;
   /**
    * Optional: reads every entry of the six maps (batch lookups, one key and
-   * one value buffer per map) and compares each in place, field by field,
-   * with what `expected` holds, without building a dump. True when the maps
-   * hold exactly the expected entries, as dump() would read them (entries it
-   * skips are skipped here too); false at the first difference.
+   * one value buffer per map) and sums the digest of each entry's fields in
+   * place, without building a dump or looking an entry up. True when every
+   * map holds as many entries as `expected` says, with the same digest: the
+   * maps hold exactly the expected entries, as dump() would read them
+   * (entries it skips are skipped here too).
    */
   matches?(expected: ExpectedMaps): boolean;
 }

@@ -5,9 +5,7 @@ import { BPF_ANY, BPF_EXIST, type FlatEntries } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
 import {
-  LbBackendState,
   LbScope,
-  LbSvcType,
   lb4_backend,
   lb4_key,
   lb4_reverse_nat,
@@ -21,8 +19,10 @@ import {
   type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import { PartialWriteError, type ExpectedFrontend, type ExpectedMaps, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
-import { serviceAddr4Id, serviceAddrKey, type ServiceAddr } from '../lb/types.js';
+import { PartialWriteError, type ExpectedMaps, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
+import type { ServiceAddr } from '../lb/types.js';
+import { PROTO_NAME, PROTO_NUM, STATE_NAME, STATE_NUM, TYPE_NAME, TYPE_NUM } from './codes.js';
+import { EntryHash, MapDigest } from './digest.js';
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -52,28 +52,6 @@ export const LB_MAP_NAMES = [
 
 export type LbMapSet = Record<(typeof LB_MAP_NAMES)[number], ByteMap>;
 
-const PROTO_NUM: Record<Protocol | 'ANY', number> = { ANY: 0, TCP: 6, UDP: 17 };
-const PROTO_NAME = new Map<number, Protocol | 'ANY'>([
-  [0, 'ANY'],
-  [6, 'TCP'],
-  [17, 'UDP'],
-]);
-
-const TYPE_NUM: Record<MasterType, number> = {
-  ClusterIP: LbSvcType.LB_SVC_CLUSTER_IP,
-  NodePort: LbSvcType.LB_SVC_NODEPORT,
-  LoadBalancer: LbSvcType.LB_SVC_LOADBALANCER,
-  ExternalIP: LbSvcType.LB_SVC_EXTERNAL_IP,
-  Wildcard: LbSvcType.LB_SVC_WILDCARD,
-};
-const TYPE_NAME = new Map<number, MasterType>(Object.entries(TYPE_NUM).map(([k, v]) => [v, k as MasterType]));
-
-const STATE_NUM: Record<BackendState, number> = {
-  active: LbBackendState.LB_BACKEND_ACTIVE,
-  terminating: LbBackendState.LB_BACKEND_TERMINATING,
-  quarantined: LbBackendState.LB_BACKEND_QUARANTINED,
-};
-const STATE_NAME = new Map<number, BackendState>(Object.entries(STATE_NUM).map(([k, v]) => [v, k as BackendState]));
 /** A state no lbctl build writes reads as terminating: never shown as active; a sync rewrites it if the backend is. */
 const stateName = (n: number): BackendState => STATE_NAME.get(n) ?? 'terminating';
 
@@ -150,9 +128,6 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
 /** PROTO_NAME.get(n) without a Map lookup (a resync asks it for every service entry). */
 const protocolName = (n: number): Protocol | 'ANY' | undefined => (n === 6 ? 'TCP' : n === 17 ? 'UDP' : n === 0 ? 'ANY' : undefined);
 
-/** An address field as decoded (IPv4: a number; IPv6: 16 bytes) against its text. */
-const sameAddress = (got: number | Buffer, address: string): boolean => (typeof got === 'number' ? got === ipv4ToUint(address) : got.equals(ipv6Bytes(address)));
-
 /** A map's entries packed (entriesFlat), or packed here from entries() where the map has no such call. */
 function packed(map: ByteMap): FlatEntries {
   if (map.entriesFlat) {
@@ -164,17 +139,12 @@ function packed(map: ByteMap): FlatEntries {
   return { keys: Buffer.concat(list.map(([k]) => k)), values: Buffer.concat(list.map(([, v]) => v)), count: list.length };
 }
 
-/** Whether a master's value, decoded, is `m` (every field lb_service has). */
-const sameMasterValue = (v: LbService, m: MasterEntry): boolean =>
-  v.backendId === 0 && v.count === m.count && v.qcount === m.qcount && v.revNatIndex === m.revNatId && v.type === TYPE_NUM[m.type] && v.flags === m.flags && v.affinityTimeout === m.affinityTimeout;
-
-/** Whether a slot's value, decoded, names backend `id` (and nothing else). */
-const sameSlotValue = (v: LbService, id: number): boolean =>
-  v.backendId === id && v.count === 0 && v.qcount === 0 && v.revNatIndex === 0 && v.type === 0 && v.flags === 0 && v.affinityTimeout === 0;
-
 const EMPTY_SLOT = { count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 };
 
 export class KernelLbMaps implements LbMaps {
+  /** The entry hash matches() reuses for every entry. */
+  private readonly hash = new EntryHash();
+
   constructor(private readonly m: LbMapSet) {
     for (const name of LB_MAP_NAMES) verifyMapLayout(m[name], mapSpecs[name]);
   }
@@ -291,76 +261,61 @@ export class KernelLbMaps implements LbMaps {
   }
 
   matches(x: ExpectedMaps): boolean {
-    // Each entry is read in place from the packed buffers with the codecs
-    // and its fields compared with what `x` holds: every field the codecs
-    // know (padding is not compared, as dump() does not read it either).
+    // Each entry is read in place from the packed buffers with the codecs,
+    // its fields hashed and summed (digest.ts); nothing of `x` is looked at
+    // but one count and one digest per map. Entries dump() skips (a
+    // protocol, scope or backend protocol no lbctl build writes) are
+    // skipped here too, so they are not drift either way.
+    const h = this.hash;
     for (const family of [4, 6] as const) {
-      const map = this.services(family);
+      const name = `lb${family}_services` as const;
+      const map = this.m[name];
       const { keys, values, count } = packed(map);
       const ks = map.keySize;
       const vs = map.valueSize;
+      const sum = new MapDigest();
       let seen = 0;
       for (let i = 0; i < count; i++) {
-        let fe: ExpectedFrontend | undefined;
-        let slot: number;
-        if (family === 4) {
-          const key = lb4_key.decode(keys, i * ks);
-          const protocol = protocolName(key.proto);
-          const scope = key.scope === LbScope.LB_SCOPE_EXT ? undefined : key.scope === LbScope.LB_SCOPE_INT ? 'internal' : null;
-          if (protocol === undefined || scope === null) continue; // dump() skips it too
-          fe = x.frontendAt4(serviceAddr4Id(key.address, key.dport, protocol, scope));
-          slot = key.backendSlot;
-        } else {
-          const key = lb6_key.decode(keys, i * ks);
-          const a = serviceAddr(ipFromBytes(key.address), 6, key.dport, key.proto, key.scope);
-          if (!a) continue; // dump() skips it too
-          fe = x.frontendAt(serviceAddrKey(a));
-          slot = key.backendSlot;
-        }
-        if (!fe) return false;
-        const got = lb_service.decode(values, i * vs);
-        if (slot === 0) {
-          const m = fe.master;
-          if (!m || !sameMasterValue(got, m)) return false;
-        } else {
-          const id = fe.slots[slot];
-          if (id === undefined || !sameSlotValue(got, id)) return false;
-        }
+        const key = family === 4 ? lb4_key.decode(keys, i * ks) : lb6_key.decode(keys, i * ks);
+        if (protocolName(key.proto) === undefined || (key.scope !== LbScope.LB_SCOPE_EXT && key.scope !== LbScope.LB_SCOPE_INT)) continue;
+        if (typeof key.address === 'number') h.key4(key.address, key.dport, key.proto, key.scope);
+        else h.key6(key.address, key.dport, key.proto, key.scope);
+        const v = lb_service.decode(values, i * vs);
+        sum.add(h.service(key.backendSlot, v.backendId, v.count, v.qcount, v.revNatIndex, v.type, v.flags, v.affinityTimeout));
         seen++;
       }
-      if (seen !== x.entries(`lb${family}_services`)) return false;
+      if (seen !== x.entries(name) || !sum.equals(x.digest(name))) return false;
     }
     for (const family of [4, 6] as const) {
-      const map = family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
-      const codec = family === 4 ? lb4_backend : lb6_backend;
+      const name = `lb${family}_backends` as const;
+      const map = this.m[name];
       const { keys, values, count } = packed(map);
       const ks = map.keySize;
       const vs = map.valueSize;
+      const sum = new MapDigest();
       let seen = 0;
       for (let i = 0; i < count; i++) {
-        const got = codec.decode(values, i * vs);
-        if (got.proto !== PROTO_NUM.TCP && got.proto !== PROTO_NUM.UDP) continue; // dump() skips it too
+        const b = family === 4 ? lb4_backend.decode(values, i * vs) : lb6_backend.decode(values, i * vs);
+        if (b.proto !== PROTO_NUM.TCP && b.proto !== PROTO_NUM.UDP) continue;
         const id = u32.decode(keys, i * ks);
-        const backend = x.backendAt(id);
-        if (backend?.family !== family) return false;
-        if (!sameAddress(got.address, backend.address) || got.port !== backend.port || got.proto !== PROTO_NUM[backend.protocol] || got.state !== STATE_NUM[backend.state]) return false;
+        sum.add(typeof b.address === 'number' ? h.backend4(id, b.address, b.port, b.proto, b.state) : h.backend6(id, b.address, b.port, b.proto, b.state));
         seen++;
       }
-      if (seen !== x.entries(`lb${family}_backends`)) return false;
+      if (seen !== x.entries(name) || !sum.equals(x.digest(name))) return false;
     }
     for (const family of [4, 6] as const) {
-      const map = family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
+      const name = `lb${family}_reverse_nat` as const;
+      const map = this.m[name];
       const { keys, values, count } = packed(map);
       const ks = map.keySize;
       const vs = map.valueSize;
+      const sum = new MapDigest();
       for (let i = 0; i < count; i++) {
         const id = u32.decode(keys, i * ks);
-        const entry = x.revNatAt(family, id);
-        if (!entry) return false;
-        const got = family === 4 ? lb4_reverse_nat.decode(values, i * vs) : lb6_reverse_nat.decode(values, i * vs);
-        if (!sameAddress(got.address, entry.address) || got.port !== entry.port) return false;
+        const e = family === 4 ? lb4_reverse_nat.decode(values, i * vs) : lb6_reverse_nat.decode(values, i * vs);
+        sum.add(typeof e.address === 'number' ? h.revNat4(id, e.address, e.port) : h.revNat6(id, e.address, e.port));
       }
-      if (count !== x.entries(`lb${family}_reverse_nat`)) return false;
+      if (count !== x.entries(name) || !sum.equals(x.digest(name))) return false;
     }
     return true;
   }

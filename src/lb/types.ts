@@ -82,14 +82,3 @@ export function frontendKey(a: L3n4Addr & { readonly scope?: Scope }): FrontendK
 export function backendKey(a: L3n4Addr): BackendKey {
   return serviceAddrKey(a) as BackendKey;
 }
-
-const PROTO_INDEX: Record<Protocol | 'ANY', number> = { ANY: 0, TCP: 1, UDP: 2 };
-
-/**
- * An IPv4 service address as one number: the address (host order), port,
- * protocol and scope in 51 bits, exact in a double. A Map key that costs no
- * string to build from a map key's bytes (serviceAddrKey is the text form).
- */
-export function serviceAddr4Id(address: number, port: number, protocol: Protocol | 'ANY', scope: Scope | undefined): number {
-  return ((address * 65536 + port) * 4 + PROTO_INDEX[protocol]) * 2 + (scope === 'internal' ? 1 : 0);
-}

@@ -5,19 +5,24 @@
 // every frontend: how many slots name each backend, and how many ClusterIP
 // masters (the frontends a wildcard entry serves) sit at each address. It also counts the entries of each
 // map it mirrors, so the map pressure (entries in use / max_entries) costs
-// nothing to report.
+// nothing to report, and keeps each map's digest (src/datapath/digest.ts)
+// in step with every write, so the periodic resync compares the kernel's
+// entries with one sum per map instead of looking each one up here.
 import type { Backend, Family } from '../lb/types.js';
 import type { SourceRange } from '../model/north-south.js';
 import type { ExpectedMaps, MapsDump, MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
-import { ipv4ToUint } from '../lb/addr.js';
-import { serviceAddr4Id, serviceAddrKey, type ServiceAddr } from '../lb/types.js';
+import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 import type { LB_MAP_NAMES } from '../datapath/maps.js';
+import { EntryHash, MapDigest } from '../datapath/digest.js';
 
 /** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
 export type LbMapName = (typeof LB_MAP_NAMES)[number];
 
 export interface RealizedFrontend {
   readonly fe: ServiceAddr;
+  /** The digest's hash of the key's fields (EntryHash.serviceKey), both lanes: each entry's hash resumes from it. */
+  readonly k1: number;
+  readonly k2: number;
   master?: MasterEntry;
   /**
    * Backend id by slot number (index 0, the master, is never set; a slot
@@ -52,9 +57,6 @@ export interface RealizedRanges {
   readonly fingerprint: string;
 }
 
-/** The numeric key of an IPv4 service address (LbMaps.matches looks entries up by it). */
-const addr4Id = (fe: ServiceAddr): number => serviceAddr4Id(ipv4ToUint(fe.address), fe.port, fe.protocol, fe.scope);
-
 export class RealizedState implements ExpectedMaps {
   /**
    * Maglev tables by lb_maglev key, with the fingerprint of the backends
@@ -66,11 +68,9 @@ export class RealizedState implements ExpectedMaps {
   readonly srcRanges = new Map<string, RealizedRanges>();
   /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
   readonly frontends = new Map<string, RealizedFrontend>();
-  /** The IPv4 ones again, by serviceAddr4Id: a map key's bytes find their entry without a string. */
-  private readonly frontends4 = new Map<number, RealizedFrontend>();
   readonly backends = new Map<number, Backend>();
-  /** Rev-NAT entries by family, then id. */
-  readonly revNat: Record<Family, Map<number, RevNatEntry>> = { 4: new Map(), 6: new Map() };
+  /** Rev-NAT entries by family, then id (written through setRevNat/deleteRevNat, which keep the digest). */
+  readonly revNat: Record<Family, ReadonlyMap<number, RevNatEntry>> = { 4: new Map(), 6: new Map() };
   /** backend id → how many slots name it. */
   readonly slotRefs = new Map<number, number>();
   /**
@@ -82,6 +82,15 @@ export class RealizedState implements ExpectedMaps {
   /** Entries of lb{4,6}_services (masters, slots and wildcards) and lb{4,6}_backends, by family. */
   readonly serviceEntries: Record<Family, number> = { 4: 0, 6: 0 };
   readonly backendEntries: Record<Family, number> = { 4: 0, 6: 0 };
+  private readonly digests: Record<LbMapName, MapDigest> = {
+    lb4_services: new MapDigest(),
+    lb6_services: new MapDigest(),
+    lb4_backends: new MapDigest(),
+    lb6_backends: new MapDigest(),
+    lb4_reverse_nat: new MapDigest(),
+    lb6_reverse_nat: new MapDigest(),
+  };
+  private readonly h = new EntryHash();
 
   static from(dump: MapsDump): RealizedState {
     const r = new RealizedState();
@@ -91,24 +100,12 @@ export class RealizedState implements ExpectedMaps {
       else if (e.backendId !== undefined) r.putSlot(key, e.fe, e.slot, e.backendId);
     }
     for (const { id, backend } of dump.backends) r.setBackend(id, backend);
-    for (const e of dump.revNat) r.revNat[e.family].set(e.id, { address: e.address, port: e.port });
+    for (const e of dump.revNat) r.setRevNat(e.id, e.family, { address: e.address, port: e.port });
     return r;
   }
 
-  frontendAt4(id: number): RealizedFrontend | undefined {
-    return this.frontends4.get(id);
-  }
-
-  frontendAt(key: string): RealizedFrontend | undefined {
-    return this.frontends.get(key);
-  }
-
-  backendAt(id: number): Backend | undefined {
-    return this.backends.get(id);
-  }
-
-  revNatAt(family: Family, id: number): RevNatEntry | undefined {
-    return this.revNat[family].get(id);
+  digest(map: LbMapName): MapDigest {
+    return this.digests[map];
   }
 
   /** Entries of one map, as the realized state holds them. */
@@ -121,9 +118,13 @@ export class RealizedState implements ExpectedMaps {
 
   setBackend(id: number, b: Backend): void {
     const old = this.backends.get(id);
-    if (old) this.backendEntries[old.family]--;
+    if (old) {
+      this.backendEntries[old.family]--;
+      this.digests[`lb${old.family}_backends`].sub(this.h.backend(id, old));
+    }
     this.backends.set(id, b);
     this.backendEntries[b.family]++;
+    this.digests[`lb${b.family}_backends`].add(this.h.backend(id, b));
   }
 
   deleteBackend(id: number): Backend | undefined {
@@ -131,18 +132,41 @@ export class RealizedState implements ExpectedMaps {
     if (!old) return undefined;
     this.backends.delete(id);
     this.backendEntries[old.family]--;
+    this.digests[`lb${old.family}_backends`].sub(this.h.backend(id, old));
     return old;
   }
 
+  setRevNat(id: number, family: Family, e: RevNatEntry): void {
+    const m = this.revNat[family] as Map<number, RevNatEntry>;
+    const d = this.digests[`lb${family}_reverse_nat`];
+    const old = m.get(id);
+    if (old) d.sub(this.h.revNat(id, family, old));
+    m.set(id, e);
+    d.add(this.h.revNat(id, family, e));
+  }
+
+  deleteRevNat(id: number, family: Family): void {
+    const m = this.revNat[family] as Map<number, RevNatEntry>;
+    const old = m.get(id);
+    if (!old) return;
+    m.delete(id);
+    this.digests[`lb${family}_reverse_nat`].sub(this.h.revNat(id, family, old));
+  }
+
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
-    const slots = this.entry(key, fe).slots;
+    const e = this.entry(key, fe);
+    const slots = e.slots;
     const old = slots[slot];
     if (old === backendId) return;
-    if (old !== undefined) bump(this.slotRefs, old, -1);
-    else this.serviceEntries[fe.family]++;
+    const d = this.digests[`lb${fe.family}_services`];
+    if (old !== undefined) {
+      bump(this.slotRefs, old, -1);
+      d.sub(this.h.resume(e.k1, e.k2).slot(slot, old));
+    } else this.serviceEntries[fe.family]++;
     while (slots.length < slot) slots.push(undefined);
     slots[slot] = backendId;
     bump(this.slotRefs, backendId, 1);
+    d.add(this.h.resume(e.k1, e.k2).slot(slot, backendId));
   }
 
   deleteSlot(key: string, slot: number): void {
@@ -151,6 +175,7 @@ export class RealizedState implements ExpectedMaps {
     if (!e || old === undefined) return;
     e.slots[slot] = undefined;
     this.serviceEntries[e.fe.family]--;
+    this.digests[`lb${e.fe.family}_services`].sub(this.h.resume(e.k1, e.k2).slot(slot, old));
     while (e.slots.length > 1 && e.slots[e.slots.length - 1] === undefined) e.slots.pop();
     bump(this.slotRefs, old, -1);
     this.dropIfEmpty(key, e);
@@ -158,7 +183,10 @@ export class RealizedState implements ExpectedMaps {
 
   putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
     const e = this.entry(key, fe);
+    const d = this.digests[`lb${fe.family}_services`];
     if (!e.master) this.serviceEntries[fe.family]++;
+    else d.sub(this.h.resume(e.k1, e.k2).master(e.master));
+    d.add(this.h.resume(e.k1, e.k2).master(master));
     const was = e.master?.type === 'ClusterIP';
     const is = master.type === 'ClusterIP';
     if (was !== is) bump(this.addrRefs, fe.address, is ? 1 : -1);
@@ -169,6 +197,7 @@ export class RealizedState implements ExpectedMaps {
     const e = this.frontends.get(key);
     if (!e?.master) return;
     this.serviceEntries[e.fe.family]--;
+    this.digests[`lb${e.fe.family}_services`].sub(this.h.resume(e.k1, e.k2).master(e.master));
     if (e.master.type === 'ClusterIP') bump(this.addrRefs, e.fe.address, -1);
     delete e.master;
     this.dropIfEmpty(key, e);
@@ -182,9 +211,9 @@ export class RealizedState implements ExpectedMaps {
         fe.scope === 'internal'
           ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope }
           : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
-      e = { fe: copy, slots: [undefined] };
+      const h = this.h.serviceKey(fe);
+      e = { fe: copy, k1: h.h1, k2: h.h2, slots: [undefined] };
       this.frontends.set(key, e);
-      if (fe.family === 4) this.frontends4.set(addr4Id(fe), e);
     }
     return e;
   }
@@ -192,6 +221,5 @@ export class RealizedState implements ExpectedMaps {
   private dropIfEmpty(key: string, e: RealizedFrontend): void {
     if (e.master || e.slots.length > 1) return;
     this.frontends.delete(key);
-    if (e.fe.family === 4) this.frontends4.delete(addr4Id(e.fe));
   }
 }

@@ -647,10 +647,10 @@ export class Reconciler {
         break;
       }
       case 'put-revnat':
-        r.revNat[op.family].set(op.id, op.entry);
+        r.setRevNat(op.id, op.family, op.entry);
         break;
       case 'delete-revnat':
-        r.revNat[op.family].delete(op.id);
+        r.deleteRevNat(op.id, op.family);
         break;
       case 'put-slot':
         r.putSlot(op.key, op.fe, op.slot, op.backendId);

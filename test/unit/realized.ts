@@ -2,7 +2,7 @@
 // counts change syncs rely on and the per-map entry counts of map pressure.
 import t from 'tap';
 import type { MapsDump } from '../../src/datapath/lbmaps.js';
-import { serviceAddr4Id, type Backend } from '../../src/lb/types.js';
+import type { Backend } from '../../src/lb/types.js';
 import { RealizedState, heldSlots } from '../../src/reconcile/realized.js';
 
 const fe = { address: '10.96.0.1', family: 4, port: 80, protocol: 'TCP' } as const;
@@ -107,25 +107,98 @@ t.test('backends: per-family counts, also when an id changes family', async (t) 
   t.same([r.entries('lb4_backends'), r.entries('lb6_backends')], [0, 1]);
 });
 
-t.test('IPv4 frontends are found by their numeric key too, and leave that index with their last entry', async (t) => {
-  const id = (address: number, port: number, protocol: 'TCP' | 'UDP' | 'ANY', scope?: 'internal'): number => serviceAddr4Id(address, port, protocol, scope);
-  const r = new RealizedState();
-  r.putMaster('10.96.0.1:80/TCP', fe, master);
-  r.putSlot('10.96.0.1:80/TCP', fe, 1, 7);
-  r.putMaster('10.96.0.1:0/ANY', wild, { ...master, type: 'Wildcard' });
+const SIX = ['lb4_services', 'lb6_services', 'lb4_backends', 'lb6_backends', 'lb4_reverse_nat', 'lb6_reverse_nat'] as const;
+const digests = (r: RealizedState): string[] => SIX.map((m) => `${m} ${r.entries(m)} ${r.digest(m).a}/${r.digest(m).b}`);
+
+t.test('the digests follow the entries held, not the writes that led there', async (t) => {
   const top = { address: '255.255.255.255', family: 4, port: 65535, protocol: 'UDP', scope: 'internal' } as const;
-  r.putMaster('255.255.255.255:65535/UDP/internal', top, master);
-  r.putSlot('[fd00::1]:80/TCP', fe6, 1, 8);
-  t.equal(r.frontendAt4(id(0x0a600001, 80, 'TCP')), r.frontends.get('10.96.0.1:80/TCP'), 'by address, port and protocol');
-  t.equal(r.frontendAt4(id(0x0a600001, 0, 'ANY')), r.frontends.get('10.96.0.1:0/ANY'), 'the wildcard has its own');
-  t.equal(r.frontendAt4(id(0x0a600001, 80, 'UDP')), undefined, 'another protocol is another frontend');
-  t.equal(r.frontendAt4(id(0x0a600001, 80, 'TCP', 'internal')), undefined, 'so is the internal scope');
-  t.equal(r.frontendAt4(id(0xffffffff, 65535, 'UDP', 'internal')), r.frontends.get('255.255.255.255:65535/UDP/internal'), 'the largest key is exact (below 2^53)');
-  t.ok(id(0xffffffff, 65535, 'UDP', 'internal') < Number.MAX_SAFE_INTEGER);
-  t.equal(r.frontendAt('[fd00::1]:80/TCP'), r.frontends.get('[fd00::1]:80/TCP'), 'IPv6 by its key text');
-  r.deleteMaster('10.96.0.1:80/TCP');
-  t.ok(r.frontendAt4(id(0x0a600001, 80, 'TCP')), 'kept while a slot remains');
-  r.deleteSlot('10.96.0.1:80/TCP', 1);
-  t.equal(r.frontendAt4(id(0x0a600001, 80, 'TCP')), undefined, 'gone with its last entry');
-  t.equal(r.frontends.has('10.96.0.1:80/TCP'), false);
+  // Written with overwrites and deletes on the way ...
+  const a = new RealizedState();
+  a.putMaster('10.96.0.1:80/TCP', fe, { ...master, count: 5 });
+  a.putSlot('10.96.0.1:80/TCP', fe, 1, 9);
+  a.putSlot('10.96.0.1:80/TCP', fe, 1, 7);
+  a.putSlot('10.96.0.1:80/TCP', fe, 2, 8);
+  a.putSlot('10.96.0.1:80/TCP', fe, 3, 8);
+  a.deleteSlot('10.96.0.1:80/TCP', 3);
+  a.putMaster('10.96.0.1:80/TCP', fe, master);
+  a.putMaster('10.96.0.1:0/ANY', wild, { ...master, type: 'Wildcard' });
+  a.putMaster('255.255.255.255:65535/UDP/internal', top, master);
+  a.putMaster('[fd00::1]:80/TCP', fe6, master);
+  a.putSlot('[fd00::1]:80/TCP', fe6, 1, 2);
+  a.setBackend(7, { ...b4, state: 'terminating' });
+  a.setBackend(7, b4);
+  a.setBackend(8, b6);
+  a.setBackend(8, { ...b4, port: 81 });
+  a.setBackend(2, b6);
+  a.setBackend(3, b6);
+  a.deleteBackend(3);
+  a.setRevNat(1, 4, { address: '10.96.0.9', port: 80 });
+  a.setRevNat(1, 4, { address: '10.96.0.1', port: 80 });
+  a.setRevNat(2, 4, { address: '10.96.0.2', port: 80 });
+  a.deleteRevNat(2, 4);
+  a.setRevNat(1, 6, { address: 'fd00::1', port: 80 });
+  // ... or straight, in another order: the same digests.
+  const b = new RealizedState();
+  b.setRevNat(1, 6, { address: 'fd00::1', port: 80 });
+  b.setRevNat(1, 4, { address: '10.96.0.1', port: 80 });
+  b.setBackend(2, b6);
+  b.setBackend(8, { ...b4, port: 81 });
+  b.setBackend(7, b4);
+  b.putSlot('[fd00::1]:80/TCP', fe6, 1, 2);
+  b.putMaster('[fd00::1]:80/TCP', fe6, master);
+  b.putMaster('255.255.255.255:65535/UDP/internal', top, master);
+  b.putMaster('10.96.0.1:0/ANY', wild, { ...master, type: 'Wildcard' });
+  b.putSlot('10.96.0.1:80/TCP', fe, 2, 8);
+  b.putSlot('10.96.0.1:80/TCP', fe, 1, 7);
+  b.putMaster('10.96.0.1:80/TCP', fe, master);
+  t.same(digests(a), digests(b));
+  // Emptied, every digest is where it started.
+  const empty = digests(new RealizedState());
+  t.notSame(digests(a), empty);
+  for (const key of [...a.frontends.keys()]) {
+    a.deleteMaster(key);
+    for (let s = 1; s < 4; s++) a.deleteSlot(key, s);
+  }
+  for (const id of [2, 7, 8]) a.deleteBackend(id);
+  a.deleteRevNat(1, 4);
+  a.deleteRevNat(1, 6);
+  t.same(digests(a), empty, 'nothing held: the empty digests');
+});
+
+t.test('every field of an entry moves its map\'s digest, and only its own map\'s', async (t) => {
+  const one = (write: (r: RealizedState) => void): string[] => {
+    const r = new RealizedState();
+    write(r);
+    return digests(r);
+  };
+  const base = one((r) => r.putMaster('k', fe, master));
+  const variants: Array<[string, (r: RealizedState) => void]> = [
+    ['count', (r) => r.putMaster('k', fe, { ...master, count: 3 })],
+    ['qcount', (r) => r.putMaster('k', fe, { ...master, qcount: 1 })],
+    ['rev-NAT id', (r) => r.putMaster('k', fe, { ...master, revNatId: 2 })],
+    ['type', (r) => r.putMaster('k', fe, { ...master, type: 'NodePort' })],
+    ['flags', (r) => r.putMaster('k', fe, { ...master, flags: 1 })],
+    ['affinity timeout', (r) => r.putMaster('k', fe, { ...master, affinityTimeout: 10 })],
+    ['address', (r) => r.putMaster('k', { ...fe, address: '10.96.0.2' }, master)],
+    ['port', (r) => r.putMaster('k', { ...fe, port: 81 }, master)],
+    ['protocol', (r) => r.putMaster('k', { ...fe, protocol: 'UDP' }, master)],
+    ['scope', (r) => r.putMaster('k', { ...fe, scope: 'internal' }, master)],
+  ];
+  for (const [what, write] of variants) {
+    const d = one(write);
+    t.not(d[0], base[0], `${what}: lb4_services moves`);
+    t.same(d.slice(1), base.slice(1), `${what}: no other map does`);
+  }
+  const slot = one((r) => r.putSlot('k', fe, 1, 7));
+  t.not(one((r) => r.putSlot('k', fe, 2, 7))[0], slot[0], 'a slot: its number');
+  t.not(one((r) => r.putSlot('k', fe, 1, 8))[0], slot[0], 'a slot: its backend');
+  const be = one((r) => r.setBackend(7, b4));
+  for (const [what, b] of [['state', { ...b4, state: 'quarantined' }], ['port', { ...b4, port: 81 }], ['protocol', { ...b4, protocol: 'UDP' }], ['address', { ...b4, address: '10.0.0.2' }]] as const) {
+    t.not(one((r) => r.setBackend(7, b as Backend))[2], be[2], `a backend: its ${what}`);
+  }
+  t.not(one((r) => r.setBackend(8, b4))[2], be[2], 'a backend: its id');
+  t.not(one((r) => r.setBackend(7, { ...b6, address: 'fd00::b' }))[3], one((r) => r.setBackend(7, b6))[3], 'an IPv6 backend: its address');
+  const rn = one((r) => r.setRevNat(1, 4, { address: '10.96.0.1', port: 80 }));
+  t.not(one((r) => r.setRevNat(1, 4, { address: '10.96.0.1', port: 81 }))[4], rn[4], 'rev-NAT: its port');
+  t.not(one((r) => r.setRevNat(2, 4, { address: '10.96.0.1', port: 80 }))[4], rn[4], 'rev-NAT: its id');
 });
