@@ -40,6 +40,9 @@ export function* heldSlots(e: RealizedFrontend): Generator<[slot: number, backen
   }
 }
 
+/** The entry hash every digest update reuses (one per process: no object per write, and none in the state itself). */
+const h = new EntryHash();
+
 export const isWildcard = (fe: ServiceAddr): boolean => fe.protocol === 'ANY';
 
 function bump<K>(m: Map<K, number>, k: K, by: number): void {
@@ -90,7 +93,7 @@ export class RealizedState implements ExpectedMaps {
     lb4_reverse_nat: new MapDigest(),
     lb6_reverse_nat: new MapDigest(),
   };
-  private readonly h = new EntryHash();
+
 
   static from(dump: MapsDump): RealizedState {
     const r = new RealizedState();
@@ -120,11 +123,11 @@ export class RealizedState implements ExpectedMaps {
     const old = this.backends.get(id);
     if (old) {
       this.backendEntries[old.family]--;
-      this.digests[`lb${old.family}_backends`].sub(this.h.backend(id, old));
+      this.digests[`lb${old.family}_backends`].sub(h.backend(id, old));
     }
     this.backends.set(id, b);
     this.backendEntries[b.family]++;
-    this.digests[`lb${b.family}_backends`].add(this.h.backend(id, b));
+    this.digests[`lb${b.family}_backends`].add(h.backend(id, b));
   }
 
   deleteBackend(id: number): Backend | undefined {
@@ -132,7 +135,7 @@ export class RealizedState implements ExpectedMaps {
     if (!old) return undefined;
     this.backends.delete(id);
     this.backendEntries[old.family]--;
-    this.digests[`lb${old.family}_backends`].sub(this.h.backend(id, old));
+    this.digests[`lb${old.family}_backends`].sub(h.backend(id, old));
     return old;
   }
 
@@ -140,9 +143,9 @@ export class RealizedState implements ExpectedMaps {
     const m = this.revNat[family] as Map<number, RevNatEntry>;
     const d = this.digests[`lb${family}_reverse_nat`];
     const old = m.get(id);
-    if (old) d.sub(this.h.revNat(id, family, old));
+    if (old) d.sub(h.revNat(id, family, old));
     m.set(id, e);
-    d.add(this.h.revNat(id, family, e));
+    d.add(h.revNat(id, family, e));
   }
 
   deleteRevNat(id: number, family: Family): void {
@@ -150,7 +153,7 @@ export class RealizedState implements ExpectedMaps {
     const old = m.get(id);
     if (!old) return;
     m.delete(id);
-    this.digests[`lb${family}_reverse_nat`].sub(this.h.revNat(id, family, old));
+    this.digests[`lb${family}_reverse_nat`].sub(h.revNat(id, family, old));
   }
 
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
@@ -161,12 +164,12 @@ export class RealizedState implements ExpectedMaps {
     const d = this.digests[`lb${fe.family}_services`];
     if (old !== undefined) {
       bump(this.slotRefs, old, -1);
-      d.sub(this.h.resume(e.k1, e.k2).slot(slot, old));
+      d.sub(h.resume(e.k1, e.k2).slot(slot, old));
     } else this.serviceEntries[fe.family]++;
     while (slots.length < slot) slots.push(undefined);
     slots[slot] = backendId;
     bump(this.slotRefs, backendId, 1);
-    d.add(this.h.resume(e.k1, e.k2).slot(slot, backendId));
+    d.add(h.resume(e.k1, e.k2).slot(slot, backendId));
   }
 
   deleteSlot(key: string, slot: number): void {
@@ -175,7 +178,7 @@ export class RealizedState implements ExpectedMaps {
     if (!e || old === undefined) return;
     e.slots[slot] = undefined;
     this.serviceEntries[e.fe.family]--;
-    this.digests[`lb${e.fe.family}_services`].sub(this.h.resume(e.k1, e.k2).slot(slot, old));
+    this.digests[`lb${e.fe.family}_services`].sub(h.resume(e.k1, e.k2).slot(slot, old));
     while (e.slots.length > 1 && e.slots[e.slots.length - 1] === undefined) e.slots.pop();
     bump(this.slotRefs, old, -1);
     this.dropIfEmpty(key, e);
@@ -185,8 +188,8 @@ export class RealizedState implements ExpectedMaps {
     const e = this.entry(key, fe);
     const d = this.digests[`lb${fe.family}_services`];
     if (!e.master) this.serviceEntries[fe.family]++;
-    else d.sub(this.h.resume(e.k1, e.k2).master(e.master));
-    d.add(this.h.resume(e.k1, e.k2).master(master));
+    else d.sub(h.resume(e.k1, e.k2).master(e.master));
+    d.add(h.resume(e.k1, e.k2).master(master));
     const was = e.master?.type === 'ClusterIP';
     const is = master.type === 'ClusterIP';
     if (was !== is) bump(this.addrRefs, fe.address, is ? 1 : -1);
@@ -197,7 +200,7 @@ export class RealizedState implements ExpectedMaps {
     const e = this.frontends.get(key);
     if (!e?.master) return;
     this.serviceEntries[e.fe.family]--;
-    this.digests[`lb${e.fe.family}_services`].sub(this.h.resume(e.k1, e.k2).master(e.master));
+    this.digests[`lb${e.fe.family}_services`].sub(h.resume(e.k1, e.k2).master(e.master));
     if (e.master.type === 'ClusterIP') bump(this.addrRefs, e.fe.address, -1);
     delete e.master;
     this.dropIfEmpty(key, e);
@@ -211,7 +214,7 @@ export class RealizedState implements ExpectedMaps {
         fe.scope === 'internal'
           ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope }
           : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
-      const h = this.h.serviceKey(fe);
+      h.serviceKey(fe);
       e = { fe: copy, k1: h.h1, k2: h.h2, slots: [undefined] };
       this.frontends.set(key, e);
     }
