@@ -51,12 +51,42 @@ export interface ExpectedMaps {
   digest(map: (typeof LB_MAP_NAMES)[number]): MapDigest;
 }
 
-/** A write that can go in a batch (several of one kind, to one map, in one syscall). */
-export type LbWrite =
-  | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
-  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
-  | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
-  | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry };
+/** The puts that go in batches: one kind, one map, in one syscall. */
+export type PutKind = 'put-backend' | 'put-revnat' | 'put-slot' | 'put-master';
+
+/**
+ * Puts of one kind to one map, as columns: entry i is the i-th element of
+ * the columns its kind uses (no object per write; the reconciler's plan
+ * keeps its puts this way, src/reconcile/plan.ts PutRun).
+ *   put-backend: ids (backend id), backends
+ *   put-revnat:  ids (rev-NAT id), entries
+ *   put-slot:    fes, slots, ids (the backend id the slot names)
+ *   put-master:  fes, masters
+ */
+export interface PutBatch {
+  readonly kind: PutKind;
+  readonly family: Family;
+  readonly ids: readonly number[];
+  readonly backends: readonly Backend[];
+  readonly entries: readonly RevNatEntry[];
+  readonly fes: readonly ServiceAddr[];
+  readonly slots: readonly number[];
+  readonly masters: readonly MasterEntry[];
+}
+
+/** Entry i of a batch, written alone through the one-entry calls. */
+export function putOne(maps: LbMaps, b: PutBatch, i: number): void {
+  switch (b.kind) {
+    case 'put-backend':
+      return maps.putBackend(b.ids[i]!, b.backends[i]!);
+    case 'put-revnat':
+      return maps.putRevNat(b.ids[i]!, b.family, b.entries[i]!);
+    case 'put-slot':
+      return maps.putSlot(b.fes[i]!, b.slots[i]!, b.ids[i]!);
+    case 'put-master':
+      return maps.putMaster(b.fes[i]!, b.masters[i]!);
+  }
+}
 
 /** A loadBalancerSourceRanges entry as the datapath holds it. */
 export interface SrcRangeEntry {
@@ -103,11 +133,11 @@ export class PartialWriteError extends Error {
 /** Every write the reconciler makes. Each call is one map syscall. */
 export interface LbMaps {
   /**
-   * Optional: writes of one kind and one address family, in order, in one
-   * syscall (BPF_MAP_UPDATE_BATCH). Throws PartialWriteError naming how many
-   * were written before the failure.
+   * Optional: entries [from, to) of a batch, in order, in one syscall
+   * (BPF_MAP_UPDATE_BATCH), encoded straight from its columns. Throws
+   * PartialWriteError naming how many were written before the failure.
    */
-  putMany?(writes: readonly LbWrite[]): void;
+  putBatch?(b: PutBatch, from: number, to: number): void;
   putBackend(id: number, backend: Backend): void;
   deleteBackend(id: number, family: Family): void;
   putMaster(fe: ServiceAddr, master: MasterEntry): void;

@@ -19,10 +19,17 @@ import {
   type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import { PartialWriteError, type ExpectedMaps, type LbMaps, type LbWrite, type MapsDump, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
+import { PartialWriteError, putOne, type ExpectedMaps, type LbMaps, type MapsDump, type PutBatch, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
 import type { ServiceAddr } from '../lb/types.js';
 import { PROTO_NAME, PROTO_NUM, STATE_NAME, STATE_NUM, TYPE_NAME, TYPE_NUM } from './codes.js';
 import { EntryHash, MapDigest } from './digest.js';
+
+/** One put, as the one-entry calls make it (batches come as columns: PutBatch). */
+type LbWrite =
+  | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
+  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
+  | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
+  | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry };
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -192,28 +199,83 @@ export class KernelLbMaps implements LbMaps {
     this.target(w).update(k, v, flags);
   }
 
-  /** Encodes the whole batch into one key and one value buffer (no buffer per entry). */
-  putMany(writes: readonly LbWrite[]): void {
-    if (writes.length === 0) return;
-    const map = this.target(writes[0]!);
-    if (writes.some((w) => this.target(w) !== map)) throw new RangeError('putMany: every write of a batch must go to the same map');
+  /** Key and value buffers reused by putBatch (zeroed before each batch: padding is written as zero). */
+  private scratch = { keys: Buffer.alloc(0), values: Buffer.alloc(0) };
+
+  /** The map a batch goes to. */
+  private batchTarget(b: PutBatch): ByteMap {
+    switch (b.kind) {
+      case 'put-backend':
+        return b.family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
+      case 'put-revnat':
+        return b.family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
+      case 'put-slot':
+      case 'put-master':
+        return this.services(b.family);
+    }
+  }
+
+  /**
+   * Encodes entries [from, to) of a batch straight from its columns into one
+   * key and one value buffer, and writes them in one syscall.
+   */
+  putBatch(b: PutBatch, from: number, to: number): void {
+    const count = to - from;
+    if (count <= 0) return;
+    const map = this.batchTarget(b);
+    for (let i = from; i < to; i++) {
+      const family = b.kind === 'put-backend' ? b.backends[i]!.family : b.kind === 'put-revnat' ? b.family : b.fes[i]!.family;
+      if (family !== b.family) throw new RangeError(`putBatch: entry ${i} is IPv${family}, the batch is IPv${b.family}`);
+    }
     if (!map.batchUpdate) {
-      writes.forEach((w, i) => {
+      for (let i = from; i < to; i++) {
         try {
-          this.put(w);
+          putOne(this, b, i);
         } catch (err) {
-          throw new PartialWriteError((err as Error).message, i, { cause: err });
+          throw new PartialWriteError((err as Error).message, i - from, { cause: err });
         }
-      });
+      }
       return;
     }
     const ks = map.keySize;
     const vs = map.valueSize;
-    const keys = Buffer.alloc(writes.length * ks);
-    const values = Buffer.alloc(writes.length * vs);
-    writes.forEach((w, i) => this.encode(w, keys, i * ks, values, i * vs));
+    if (this.scratch.keys.length < count * ks) this.scratch.keys = Buffer.alloc(count * ks);
+    if (this.scratch.values.length < count * vs) this.scratch.values = Buffer.alloc(count * vs);
+    const keys = this.scratch.keys.subarray(0, count * ks).fill(0);
+    const values = this.scratch.values.subarray(0, count * vs).fill(0);
+    // A frontend's slots are consecutive: its address is parsed once for all of them.
+    let lastFe: ServiceAddr | undefined;
+    let addr: number | Buffer = 0;
+    for (let i = from; i < to; i++) {
+      const ko = (i - from) * ks;
+      const vo = (i - from) * vs;
+      switch (b.kind) {
+        case 'put-backend':
+          this.encode({ kind: 'put-backend', id: b.ids[i]!, backend: b.backends[i]! }, keys, ko, values, vo);
+          break;
+        case 'put-revnat':
+          this.encode({ kind: 'put-revnat', id: b.ids[i]!, family: b.family, entry: b.entries[i]! }, keys, ko, values, vo);
+          break;
+        case 'put-slot':
+        case 'put-master': {
+          const fe = b.fes[i]!;
+          if (fe !== lastFe) {
+            lastFe = fe;
+            addr = fe.family === 4 ? ipv4ToUint(fe.address) : ipv6Bytes(fe.address);
+          }
+          const proto = PROTO_NUM[fe.protocol];
+          const scope = scopeNum(fe);
+          const slot = b.kind === 'put-slot' ? b.slots[i]! : 0;
+          if (typeof addr === 'number') lb4_key.encode({ address: addr, dport: fe.port, backendSlot: slot, proto, scope }, keys, ko);
+          else lb6_key.encode({ address: addr, dport: fe.port, backendSlot: slot, proto, scope }, keys, ko);
+          if (b.kind === 'put-slot') lb_service.encode({ backendId: b.ids[i]!, count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 }, values, vo);
+          else masterValue(b.masters[i]!, values, vo);
+          break;
+        }
+      }
+    }
     try {
-      map.batchUpdate(keys, values, writes.length);
+      map.batchUpdate(keys, values, count);
     } catch (err) {
       const written = (err as { count?: unknown }).count;
       throw new PartialWriteError((err as Error).message, typeof written === 'number' ? written : 0, { cause: err });

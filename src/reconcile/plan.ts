@@ -31,7 +31,7 @@ import { backendKey, serviceAddrKey, type Backend, type Family, type FrontendKey
 import type { SourceRange } from '../model/north-south.js';
 import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
-import type { MasterEntry, RevNatEntry } from '../datapath/lbmaps.js';
+import type { MasterEntry, PutBatch, PutKind, RevNatEntry } from '../datapath/lbmaps.js';
 import { heldSlots, isWildcard, type LbMapName, type RealizedFrontend, type RealizedState } from './realized.js';
 
 export type MapOp =
@@ -131,10 +131,98 @@ export function opFamily(op: MapOp): Family {
   }
 }
 
-/** ops.push(...more) without a spread: plans reach hundreds of thousands of ops, past the call stack's argument limit. */
+/** ops.push(...more) without a spread: a full plan's removals can reach hundreds of thousands, past the call stack's argument limit. */
 function append(ops: MapOp[], more: readonly MapOp[]): void {
   for (const op of more) ops.push(op);
 }
+
+/**
+ * The puts of one kind to one map, in plan order, as columns (LbMaps.putBatch
+ * writes them from there): a cold sync of 100,000 services plans about
+ * 900,000 puts, and this keeps them as a few numbers and references each,
+ * not an object each. `keys` names each entry's frontend (put-revnat,
+ * put-slot, put-master), for refusals and the realized state's bookkeeping.
+ */
+export class PutRun implements PutBatch {
+  readonly keys: string[] = [];
+  readonly ids: number[] = [];
+  readonly backends: Backend[] = [];
+  readonly entries: RevNatEntry[] = [];
+  readonly fes: ServiceAddr[] = [];
+  readonly slots: number[] = [];
+  readonly masters: MasterEntry[] = [];
+  private n = 0;
+
+  constructor(
+    readonly kind: PutKind,
+    readonly family: Family,
+  ) {}
+
+  get length(): number {
+    return this.n;
+  }
+
+  /** The map the run writes. */
+  get map(): LbMapName {
+    const k = this.kind;
+    return k === 'put-backend' ? `lb${this.family}_backends` : k === 'put-revnat' ? `lb${this.family}_reverse_nat` : `lb${this.family}_services`;
+  }
+
+  backend(id: number, b: Backend): void {
+    this.ids.push(id);
+    this.backends.push(b);
+    this.n++;
+  }
+
+  /** `entry`: the frontend itself will do (its address and port); the realized state copies what it keeps. */
+  revNat(id: number, key: string, entry: RevNatEntry): void {
+    this.ids.push(id);
+    this.keys.push(key);
+    this.entries.push(entry);
+    this.n++;
+  }
+
+  slot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
+    this.keys.push(key);
+    this.fes.push(fe);
+    this.slots.push(slot);
+    this.ids.push(backendId);
+    this.n++;
+  }
+
+  master(key: string, fe: ServiceAddr, master: MasterEntry): void {
+    this.keys.push(key);
+    this.fes.push(fe);
+    this.masters.push(master);
+    this.n++;
+  }
+
+  /** Drops the entries from `n` on (a frontend that does not fit is planned whole or not at all). */
+  truncate(n: number): void {
+    if (n >= this.n) return;
+    for (const col of [this.keys, this.ids, this.backends, this.entries, this.fes, this.slots, this.masters] as unknown[][]) if (col.length > n) col.length = n;
+    this.n = n;
+  }
+
+  /** Entry i as a MapOp: for messages and tests, never on the write path. */
+  op(i: number): MapOp {
+    switch (this.kind) {
+      case 'put-backend':
+        return { kind: 'put-backend', id: this.ids[i]!, backend: this.backends[i]! };
+      case 'put-revnat': {
+        const e = this.entries[i]!;
+        return { kind: 'put-revnat', id: this.ids[i]!, family: this.family, entry: { address: e.address, port: e.port }, key: this.keys[i]! as FrontendKey };
+      }
+      case 'put-slot':
+        return { kind: 'put-slot', key: this.keys[i]!, fe: this.fes[i]!, slot: this.slots[i]!, backendId: this.ids[i]! };
+      case 'put-master':
+        return { kind: 'put-master', key: this.keys[i]!, fe: this.fes[i]!, master: this.masters[i]! };
+    }
+  }
+}
+
+/** A plan's steps, in order: runs of puts (written in batches) and lists of single ops. */
+export type PlanStep = PutRun | readonly MapOp[];
 
 /** What a plan looks at. */
 export interface PlanScope {
@@ -170,7 +258,7 @@ function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
   m?.set(k, (m.get(k) ?? 0) + by);
 }
 
-const byFamily = (): Record<Family, MapOp[]> => ({ 4: [], 6: [] });
+const runs = (kind: PutKind): Record<Family, PutRun> => ({ 4: new PutRun(kind, 4), 6: new PutRun(kind, 6) });
 
 /** A frontend the plan left as the maps hold it: its new entries do not fit in `map`. */
 export interface Refusal {
@@ -178,10 +266,30 @@ export interface Refusal {
   readonly reason: string;
 }
 
-export interface Plan {
-  readonly ops: MapOp[];
-  /** By frontend key: frontends left out because their new entries do not fit (PlanScope.maxEntries). */
-  readonly refused: ReadonlyMap<string, Refusal>;
+export class Plan {
+  constructor(
+    /** The writes, in order. */
+    readonly steps: readonly PlanStep[],
+    /** By frontend key: frontends left out because their new entries do not fit (PlanScope.maxEntries). */
+    readonly refused: ReadonlyMap<string, Refusal>,
+  ) {}
+
+  /** How many writes. */
+  get size(): number {
+    let n = 0;
+    for (const s of this.steps) n += s.length;
+    return n;
+  }
+
+  /** Every write as a MapOp, in order: an object each, for tests and messages (the reconciler writes the steps). */
+  get ops(): MapOp[] {
+    const out: MapOp[] = [];
+    for (const s of this.steps) {
+      if (s instanceof PutRun) for (let i = 0; i < s.length; i++) out.push(s.op(i));
+      else append(out, s);
+    }
+    return out;
+  }
 }
 
 /** The map an op writes. */
@@ -201,12 +309,12 @@ export function opMapName(op: MapOp): LbMapName {
 
 export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): Plan {
   const full = scope.changed === undefined;
-  const backendPuts = byFamily();
-  const revNatPuts = byFamily();
-  const slotPuts = byFamily();
-  const masterPuts = byFamily();
+  const backendPuts = runs('put-backend');
+  const revNatPuts = runs('put-revnat');
+  const slotPuts = runs('put-slot');
+  const masterPuts = runs('put-master');
   const shrinks: MapOp[] = [];
-  const wildcardPuts = byFamily();
+  const wildcardPuts = runs('put-master');
   const removals: MapOp[] = [];
   const revNatDeletes: MapOp[] = [];
   const planned = new Set<number>();
@@ -314,7 +422,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
 
     const rn = r.revNat[f].get(revNatId);
     if (!rn || rn.address !== fe.address || rn.port !== fe.port) {
-      revNatPuts[f].push({ kind: 'put-revnat', id: revNatId, family: f, entry: { address: fe.address, port: fe.port }, key: fe.key });
+      revNatPuts[f].revNat(revNatId, fe.key, fe);
       if (!rn) needRevNat++;
     }
     // Slots: selectable backends, then terminating ones.
@@ -324,7 +432,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       if (!planned.has(id)) {
         const hb = r.backends.get(id);
         if (!hb || !sameBackend(hb, b)) {
-          backendPuts[b.family].push({ kind: 'put-backend', id, backend: b });
+          backendPuts[b.family].backend(id, b);
           if (!hb) needBackends[b.family]++;
         }
         planned.add(id);
@@ -333,7 +441,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       slot++;
       const old = have?.slots[slot];
       if (old === id) return;
-      slotPuts[f].push({ kind: 'put-slot', key: fe.key, fe, slot, backendId: id });
+      slotPuts[f].slot(fe.key, fe, slot, id);
       if (old === undefined) needServices++;
       slotBumps?.push(id, 1);
       if (old !== undefined) slotBumps?.push(old, -1);
@@ -349,7 +457,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       affinityTimeout: fe.affinityTimeout,
     };
     if (!have?.master || !sameMaster(have.master, master)) {
-      masterPuts[f].push({ kind: 'put-master', key: fe.key, fe, master });
+      masterPuts[f].master(fe.key, fe, master);
       if (!have?.master) needServices++;
     }
     if (have) {
@@ -393,7 +501,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       const wkey = serviceAddrKey(wild);
       const hw = r.frontends.get(wkey);
       if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) {
-        wildcardPuts[f].push({ kind: 'put-master', key: wkey, fe: wild, master: WILDCARD_MASTER });
+        wildcardPuts[f].master(wkey, wild, WILDCARD_MASTER);
         if (!hw?.master) needServices++;
       }
     }
@@ -406,13 +514,13 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       overflow(`lb${f}_services`, needServices, fe);
     if (tooBig) {
       refused.set(fe.key, tooBig);
-      backendPuts[4].length = marks.b4;
-      backendPuts[6].length = marks.b6;
-      revNatPuts[f].length = marks.revNat;
-      slotPuts[f].length = marks.slot;
-      masterPuts[f].length = marks.master;
+      backendPuts[4].truncate(marks.b4);
+      backendPuts[6].truncate(marks.b6);
+      revNatPuts[f].truncate(marks.revNat);
+      slotPuts[f].truncate(marks.slot);
+      masterPuts[f].truncate(marks.master);
       shrinks.length = marks.shrink;
-      wildcardPuts[f].length = marks.wildcard;
+      wildcardPuts[f].truncate(marks.wildcard);
       for (const id of plannedHere) planned.delete(id);
       return keep(fe);
     }
@@ -499,28 +607,44 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       }
     }
   }
-  for (const list of [backendPuts, revNatPuts, slotPuts]) {
-    append(ops, list[4]);
-    append(ops, list[6]);
+  // The steps, in the order of the invariant above: removals, then
+  // backends, rev-NAT entries and slots, Maglev tables and source ranges,
+  // masters, shrinks, wildcards, and the deletes that wait for them.
+  const steps: PlanStep[] = [];
+  const step = (s: PlanStep): void => {
+    if (s.length > 0) steps.push(s);
+  };
+  step(ops);
+  for (const r of [backendPuts, revNatPuts, slotPuts]) {
+    step(r[4]);
+    step(r[6]);
   }
-  append(ops, maglevPuts);
-  append(ops, masterPuts[4]);
-  append(ops, masterPuts[6]);
-  append(ops, shrinks);
-  append(ops, wildcardPuts[4]);
-  append(ops, wildcardPuts[6]);
-  append(ops, lateRevNatDeletes);
-  append(ops, lateNorthSouth);
+  step(maglevPuts);
+  step(masterPuts[4]);
+  step(masterPuts[6]);
+  step(shrinks);
+  step(wildcardPuts[4]);
+  step(wildcardPuts[6]);
+  const late: MapOp[] = [];
+  append(late, lateRevNatDeletes);
+  append(late, lateNorthSouth);
   if (full && scope.prune) {
     // Tables and ranges no desired frontend has (a frontend gone while the agent was down).
-    const removedHere = new Set(ops.filter((o) => o.kind === 'delete-maglev').map((o) => (o as { table: number }).table));
-    for (const table of r.maglev.keys()) {
-      if (!maglevWanted.has(table) && !removedHere.has(table)) ops.push({ kind: 'delete-maglev', key: `maglev:${table}`, fe: { address: '', family: table & 0x80000000 ? 6 : 4, port: 0, protocol: 'ANY' }, table });
+    const removedHere = new Set<number>();
+    const rangesRemoved = new Set<string>();
+    for (const list of [ops, late]) {
+      for (const o of list) {
+        if (o.kind === 'delete-maglev') removedHere.add(o.table);
+        else if (o.kind === 'delete-srcranges') rangesRemoved.add(o.key);
+      }
     }
-    const rangesRemoved = new Set(ops.filter((o) => o.kind === 'delete-srcranges').map((o) => o.key));
+    for (const table of r.maglev.keys()) {
+      if (!maglevWanted.has(table) && !removedHere.has(table)) late.push({ kind: 'delete-maglev', key: `maglev:${table}`, fe: { address: '', family: table & 0x80000000 ? 6 : 4, port: 0, protocol: 'ANY' }, table });
+    }
     for (const [key, have] of r.srcRanges) {
-      if (!rangesWanted.has(key) && !rangesRemoved.has(key)) ops.push({ kind: 'delete-srcranges', key, fe: have.fe, revNatId: have.revNatId, remove: have.ranges });
+      if (!rangesWanted.has(key) && !rangesRemoved.has(key)) late.push({ kind: 'delete-srcranges', key, fe: have.fe, revNatId: have.revNatId, remove: have.ranges });
     }
   }
-  return { ops, refused };
+  step(late);
+  return new Plan(steps, refused);
 }

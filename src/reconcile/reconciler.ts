@@ -15,12 +15,12 @@ import { LbError } from '../errors.js';
 import type { LbMaps, NorthSouthMaps } from '../datapath/lbmaps.js';
 import { maglevTable } from '../lb/maglev.js';
 import type { SourceRange } from '../model/north-south.js';
-import { PartialWriteError, type LbWrite } from '../datapath/lbmaps.js';
+import { PartialWriteError, putOne } from '../datapath/lbmaps.js';
 import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family, type FrontendKey, type L3n4Addr, type ServiceAddr } from '../lb/types.js';
 import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
-import { opFamily, opMapName, plan, type MapOp } from './plan.js';
+import { opMapName, plan, PutRun, type MapOp } from './plan.js';
 import { RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
@@ -374,7 +374,7 @@ export class Reconciler {
     }
     const t1 = performance.now();
     const northSouth = this.northSouth !== undefined;
-    const { ops, refused: tooBig } = plan(
+    const p = plan(
       this.realizedState,
       desired,
       {
@@ -383,72 +383,25 @@ export class Reconciler {
       },
       { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}), maxEntries: this.maxEntries, northSouth },
     );
-    for (const [frontend, { map, reason }] of tooBig) refused.frontends.set(frontend, { frontend, map, reason });
+    for (const [frontend, { map, reason }] of p.refused) refused.frontends.set(frontend, { frontend, map, reason });
 
     const t2 = performance.now();
     const byKind: Record<string, number> = {};
     let applied_ = 0;
-    const count = (op: MapOp, n = 1): void => {
-      byKind[op.kind] = (byKind[op.kind] ?? 0) + n;
+    const count = (kind: MapOp['kind'], n = 1): void => {
+      byKind[kind] = (byKind[kind] ?? 0) + n;
       applied_ += n;
     };
+    const applied = (): number => applied_;
     /** Backend deletes that a realized slot still named: tried again after the puts. */
     const deferred: MapOp[] = [];
     /** Deletes left undone because something still names what they would delete. */
     let heldBack = 0;
     let ok = false;
     try {
-      for (let i = 0; i < ops.length; ) {
-        if (ops[i]!.kind === 'put-maglev' && this.northSouth?.maps.putMaglevMany) {
-          i = this.putMaglevRun(ops, i, refused, (op) => count(op), () => applied_);
-          continue;
-        }
-        const end = this.runEnd(ops, i, refused);
-        const batch: Array<MapOp & LbWrite> = [];
-        const at: number[] = [];
-        for (let j = i; j < end; j++) {
-          const op = ops[j]!;
-          const verdict = this.admit(op, refused);
-          if (verdict === 'defer') deferred.push(op);
-          else if (verdict === 'write') {
-            batch.push(op as MapOp & LbWrite);
-            at.push(j);
-          }
-        }
-        if (batch.length > 1) {
-          try {
-            this.maps.putMany!(batch);
-          } catch (err) {
-            const written = err instanceof PartialWriteError ? err.written : 0;
-            for (let k = 0; k < written; k++) this.note(batch[k]!);
-            if (written > 0) count(batch[0]!, written);
-            const failed = batch[written] ?? batch[0]!;
-            const cause = err instanceof PartialWriteError && err.cause ? err.cause : err;
-            if (written < batch.length && isNoRoom(cause)) {
-              this.refuse(failed, cause, refused);
-              i = at[written]! + 1;
-              continue;
-            }
-            throw new SyncError(`${describeOp(failed)}: ${(err as Error).message}`, failed, applied_, { cause });
-          }
-          for (const op of batch) this.note(op);
-          count(batch[0]!, batch.length);
-          i = end;
-          continue;
-        }
-        i = end;
-        const op = batch[0];
-        if (!op) continue;
-        try {
-          this.apply(op);
-        } catch (err) {
-          if (isNoRoom(err) && op.kind.startsWith('put-')) {
-            this.refuse(op, err, refused);
-            continue;
-          }
-          throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied_, { cause: err });
-        }
-        count(op);
+      for (const step of p.steps) {
+        if (step instanceof PutRun) this.applyRun(step, refused, count, applied);
+        else this.applyOps(step, refused, deferred, count, applied);
       }
       // Backend deletes whose slots were rewritten meanwhile; what a slot
       // still names (its frontend's put failed) stays for the next sync.
@@ -462,7 +415,7 @@ export class Reconciler {
         } catch (err) {
           throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied_, { cause: err });
         }
-        count(op);
+        count(op.kind);
       }
       ok = true;
     } finally {
@@ -471,13 +424,13 @@ export class Reconciler {
       // maps still hold); a change sync that failed outright frees nothing:
       // the full sync after it does.
       const complete = ok && refused.frontends.size === 0 && refused.backends.size === 0 && heldBack === 0;
-      if (complete && changed) this.releaseDeleted(ops, changed, desired);
+      if (complete && changed) this.releaseDeleted(p.steps, changed, desired);
       else if (!changed || ok) this.releaseUnused(desired, new Set(backendIds.values()));
       this.clean = complete && options.prune;
     }
     const ms = (x: number): number => Math.round(x * 1000) / 1000;
     return {
-      planned: ops.length,
+      planned: p.size,
       applied: applied_,
       byKind,
       removedBackends: this.removed.splice(0),
@@ -491,7 +444,7 @@ export class Reconciler {
    * table is 4 × M bytes while it is built): one outer update per batch.
    * Returns where the run ends.
    */
-  private putMaglevRun(ops: readonly MapOp[], i: number, refused: Refusals, count: (op: MapOp) => void, applied: () => number): number {
+  private putMaglevRun(ops: readonly MapOp[], i: number, refused: Refusals, count: (kind: MapOp['kind']) => void, applied: () => number): number {
     const ns = this.northSouth!;
     let j = i;
     while (j < ops.length && ops[j]!.kind === 'put-maglev') {
@@ -507,14 +460,14 @@ export class Reconciler {
         const written = err instanceof PartialWriteError ? err.written : 0;
         for (const op of run.slice(0, written)) {
           this.note(op);
-          count(op);
+          count(op.kind);
         }
         const failed = run[written] ?? run[0]!;
         throw new SyncError(`${describeOp(failed)}: ${(err as Error).message}`, failed, applied(), { cause: err });
       }
       for (const op of run) {
         this.note(op);
-        count(op);
+        count(op.kind);
       }
     }
     return j;
@@ -558,28 +511,122 @@ export class Reconciler {
   }
 
   /**
-   * The end (exclusive) of the run starting at `i` that goes in one batch:
-   * puts of one kind and family, to a map that has not answered "no room"
-   * this sync (after that, one by one: a batch that fails at its first entry
-   * would be encoded again for every entry). i + 1: write it alone.
+   * A list of single writes (removals, shrinks, Maglev tables, source
+   * ranges), in order: runs of Maglev tables go out together.
    */
-  private runEnd(ops: readonly MapOp[], i: number, refused: Refusals): number {
-    if (!this.maps.putMany) return i + 1;
-    const first = ops[i]!;
-    const kind = first.kind;
-    if (kind !== 'put-backend' && kind !== 'put-revnat' && kind !== 'put-slot' && kind !== 'put-master') return i + 1;
-    if (refused.full.has(opMapName(first))) return i + 1;
-    const fam = opFamily(first);
-    const end = Math.min(ops.length, i + MAX_BATCH);
-    let j = i + 1;
-    while (j < end && ops[j]!.kind === kind && opFamily(ops[j]!) === fam) j++;
-    return j;
+  private applyOps(ops: readonly MapOp[], refused: Refusals, deferred: MapOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
+    for (let i = 0; i < ops.length; ) {
+      const op = ops[i]!;
+      if (op.kind === 'put-maglev' && this.northSouth?.maps.putMaglevMany) {
+        i = this.putMaglevRun(ops, i, refused, count, applied);
+        continue;
+      }
+      i++;
+      const verdict = this.admit(op, refused);
+      if (verdict === 'defer') deferred.push(op);
+      if (verdict !== 'write') continue;
+      try {
+        this.apply(op);
+      } catch (err) {
+        if (isNoRoom(err) && op.kind.startsWith('put-')) {
+          this.refuse(op, err, refused);
+          continue;
+        }
+        throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied(), { cause: err });
+      }
+      count(op.kind);
+    }
   }
 
-  private releaseDeleted(ops: readonly MapOp[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
-    for (const op of ops) {
-      if (op.kind === 'delete-backend') this.backendIds.releaseId(op.id);
-      else if (op.kind === 'delete-revnat') this.revNatIds[op.family].releaseId(op.id);
+  /**
+   * A run of puts, in batches of up to MAX_BATCH consecutive entries it
+   * admits, each encoded straight from the run's columns and written in one
+   * syscall (LbMaps.putBatch). Once its map has answered "no room" this
+   * sync, or without putBatch, one by one: a batch that fails at its first
+   * entry would be encoded again for every entry. A put refused for want of
+   * room fails its frontend (a backend: each frontend whose slot names it);
+   * any other error stops the sync.
+   */
+  private applyRun(run: PutRun, refused: Refusals, count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
+    const map = run.map;
+    const n = run.length;
+    for (let i = 0; i < n; ) {
+      if (!this.admitAt(run, i, refused)) {
+        i++;
+        continue;
+      }
+      const batched = this.maps.putBatch !== undefined && !refused.full.has(map);
+      let end = i + 1;
+      if (batched) while (end < n && end - i < MAX_BATCH && this.admitAt(run, end, refused)) end++;
+      try {
+        if (batched) this.maps.putBatch!(run, i, end);
+        else putOne(this.maps, run, i);
+      } catch (err) {
+        const written = err instanceof PartialWriteError ? Math.min(err.written, end - i) : 0;
+        for (let k = i; k < i + written; k++) this.noteAt(run, k);
+        if (written > 0) count(run.kind, written);
+        const failed = i + written < end ? i + written : i;
+        const cause = err instanceof PartialWriteError && err.cause ? err.cause : err;
+        if (i + written < end && isNoRoom(cause)) {
+          this.refuseAt(run, failed, cause, refused);
+          i = failed + 1;
+          continue;
+        }
+        const op = run.op(failed);
+        throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied(), { cause });
+      }
+      for (let k = i; k < end; k++) this.noteAt(run, k);
+      count(run.kind, end - i);
+      i = end;
+    }
+  }
+
+  /** admit() for entry i of a run, without making its op. */
+  private admitAt(run: PutRun, i: number, refused: Refusals): boolean {
+    if (run.kind === 'put-backend') return true;
+    const key = run.keys[i]!;
+    if (refused.frontends.has(key)) return false;
+    if (run.kind !== 'put-slot') return true;
+    const b = refused.backends.get(run.ids[i]!);
+    if (!b) return true;
+    refused.frontends.set(key, { frontend: key, map: b.map, reason: b.reason });
+    return false;
+  }
+
+  /** refuse() for entry i of a run. */
+  private refuseAt(run: PutRun, i: number, err: unknown, refused: Refusals): void {
+    const map = run.map;
+    refused.full.add(map);
+    const reason = `${describeOp(run.op(i))}: ${(err as Error).message}`;
+    if (run.kind === 'put-backend') refused.backends.set(run.ids[i]!, { map, reason });
+    else if (!refused.frontends.has(run.keys[i]!)) refused.frontends.set(run.keys[i]!, { frontend: run.keys[i]!, map, reason });
+  }
+
+  /** note() for entry i of a run: the realized state's bookkeeping of a write the map accepted. */
+  private noteAt(run: PutRun, i: number): void {
+    const r = this.realizedState;
+    switch (run.kind) {
+      case 'put-backend':
+        return r.setBackend(run.ids[i]!, run.backends[i]!);
+      case 'put-revnat': {
+        const e = run.entries[i]!;
+        // A copy: the entry is often the Frontend itself, which must not stay alive here.
+        return r.setRevNat(run.ids[i]!, run.family, { address: e.address, port: e.port });
+      }
+      case 'put-slot':
+        return r.putSlot(run.keys[i]!, run.fes[i]!, run.slots[i]!, run.ids[i]!);
+      case 'put-master':
+        return r.putMaster(run.keys[i]!, run.fes[i]!, run.masters[i]!);
+    }
+  }
+
+  private releaseDeleted(steps: readonly (PutRun | readonly MapOp[])[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
+    for (const step of steps) {
+      if (step instanceof PutRun) continue;
+      for (const op of step) {
+        if (op.kind === 'delete-backend') this.backendIds.releaseId(op.id);
+        else if (op.kind === 'delete-revnat') this.revNatIds[op.family].releaseId(op.id);
+      }
     }
     for (const key of changed) {
       if (desired.has(key)) continue;
@@ -647,7 +694,7 @@ export class Reconciler {
         break;
       }
       case 'put-revnat':
-        r.setRevNat(op.id, op.family, op.entry);
+        r.setRevNat(op.id, op.family, { address: op.entry.address, port: op.entry.port });
         break;
       case 'delete-revnat':
         r.deleteRevNat(op.id, op.family);

@@ -98,12 +98,12 @@ export class FakeLbMaps implements LbMaps {
   putRevNat(id: number, family: Family, entry: RevNatEntry): void {
     this.room(`lb${family}_reverse_nat`, this.revNat.has(`${family}/${id}`));
     this.record('putRevNat', `${family}/${id}`);
-    this.revNat.set(`${family}/${id}`, { id, family, ...entry });
+    this.revNat.set(`${family}/${id}`, { id, family, address: entry.address, port: entry.port });
   }
   rewriteRevNat(id: number, family: Family, entry: RevNatEntry): void {
     this.record('rewriteRevNat', `${family}/${id}`);
     if (!this.revNat.has(`${family}/${id}`)) throw Object.assign(new Error(`rev-NAT ${family}/${id}: ENOENT`), { code: 'ENOENT' });
-    this.revNat.set(`${family}/${id}`, { id, family, ...entry });
+    this.revNat.set(`${family}/${id}`, { id, family, address: entry.address, port: entry.port });
   }
   deleteRevNat(id: number, family: Family): void {
     this.record('deleteRevNat', `${family}/${id}`);

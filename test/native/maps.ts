@@ -14,6 +14,7 @@ import { frontendKey } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 import { BpfError } from '../../src/native/bpf.js';
 import { Reconciler, isNoRoom } from '../../src/reconcile/reconciler.js';
+import { PutRun } from '../../src/reconcile/plan.js';
 import { loadDatapathMaps } from '../helpers/datapath-maps.js';
 
 const SMALL = 4;
@@ -113,8 +114,9 @@ if (process.getuid?.() !== 0) {
     t.throws(() => maps.rewriteRevNat(9, 4, { address: '10.96.0.9', port: 80 }), { code: 'ENOENT' }, 'BPF_EXIST of a missing key: ENOENT, never an insert');
 
     // A batch: two existing keys, then two new ones.
-    const batch = [2, 4, 6, 7].map((id) => ({ kind: 'put-revnat', id, family: 4, entry: { address: `10.96.1.${id}`, port: 80 } }) as const);
-    const err = t.throws(() => maps.putMany(batch)) as unknown;
+    const batch = new PutRun('put-revnat', 4);
+    for (const id of [2, 4, 6, 7]) batch.revNat(id, `rev-NAT ${id}`, { address: `10.96.1.${id}`, port: 80 });
+    const err = t.throws(() => maps.putBatch(batch, 0, batch.length)) as unknown;
     t.ok(err instanceof PartialWriteError, 'BPF_MAP_UPDATE_BATCH into the full map fails part way');
     t.equal((err as PartialWriteError).written, 2, 'after the two existing keys (the count the kernel reports)');
     t.match((err as PartialWriteError).cause, { code: 'E2BIG' }, 'with E2BIG');

@@ -1,9 +1,9 @@
-// Batched writes: runs of puts of one kind and family go to LbMaps.putMany
+// Batched writes: runs of puts of one kind and family go to LbMaps.putBatch
 // (BPF_MAP_UPDATE_BATCH on the kernel's maps). The result must be exactly
 // what one-by-one writes give, and a batch that fails part way must leave
 // the realized state naming exactly the writes that happened.
 import t from 'tap';
-import { PartialWriteError, type LbWrite } from '../../src/datapath/lbmaps.js';
+import { PartialWriteError, putOne, type PutBatch } from '../../src/datapath/lbmaps.js';
 import { desiredState } from '../../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../../src/model/k8s.js';
 import type { DesiredState } from '../../src/model/types.js';
@@ -11,30 +11,19 @@ import { Reconciler, SyncError } from '../../src/reconcile/reconciler.js';
 import { FakeLbMaps } from '../fakes/fake-maps.js';
 import { service, slice } from '../fakes/objects.js';
 
-/** FakeLbMaps with putMany; `failAt` makes the write with that global index fail (inside its batch). */
+/** FakeLbMaps with putBatch; `failAt` makes the write with that global index fail (inside its batch). */
 class BatchingMaps extends FakeLbMaps {
   batches: number[] = [];
   writes = 0;
   failAt: number | undefined;
 
-  putMany(writes: readonly LbWrite[]): void {
-    this.batches.push(writes.length);
-    const kinds = new Set(writes.map((w) => w.kind));
-    if (kinds.size !== 1) throw new Error(`a batch mixes ${[...kinds].join(', ')}`);
-    writes.forEach((w, i) => {
-      if (this.writes === this.failAt) throw new PartialWriteError('E2BIG: map full', i);
+  putBatch(b: PutBatch, from: number, to: number): void {
+    this.batches.push(to - from);
+    for (let i = from; i < to; i++) {
+      if (this.writes === this.failAt) throw new PartialWriteError('E2BIG: map full', i - from);
       this.writes++;
-      switch (w.kind) {
-        case 'put-backend':
-          return this.putBackend(w.id, w.backend);
-        case 'put-revnat':
-          return this.putRevNat(w.id, w.family, w.entry);
-        case 'put-slot':
-          return this.putSlot(w.fe, w.slot, w.backendId);
-        case 'put-master':
-          return this.putMaster(w.fe, w.master);
-      }
-    });
+      putOne(this, b, i);
+    }
   }
 }
 

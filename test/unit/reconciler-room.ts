@@ -5,7 +5,7 @@
 // max_entries (test/fakes/fake-maps.ts: a full map answers E2BIG to a new
 // key, as test/native/maps.ts shows the kernel's does).
 import t from 'tap';
-import { PartialWriteError, type LbWrite } from '../../src/datapath/lbmaps.js';
+import { PartialWriteError, putOne, type PutBatch } from '../../src/datapath/lbmaps.js';
 import { serviceAddrKey } from '../../src/lb/types.js';
 import type { Frontend } from '../../src/model/types.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
@@ -110,27 +110,18 @@ t.test('an update that does not fit keeps the previous version, and its backends
   t.equal(consistent(m), undefined, 'consistent');
 });
 
-/** FakeLbMaps with putMany: E2BIG inside a batch comes back as a PartialWriteError, as KernelLbMaps reports it. */
+/** FakeLbMaps with putBatch: E2BIG inside a batch comes back as a PartialWriteError, as KernelLbMaps reports it. */
 class BatchingMaps extends FakeLbMaps {
   batches = 0;
-  putMany(writes: readonly LbWrite[]): void {
+  putBatch(b: PutBatch, from: number, to: number): void {
     this.batches++;
-    writes.forEach((w, i) => {
+    for (let i = from; i < to; i++) {
       try {
-        switch (w.kind) {
-          case 'put-backend':
-            return this.putBackend(w.id, w.backend);
-          case 'put-revnat':
-            return this.putRevNat(w.id, w.family, w.entry);
-          case 'put-slot':
-            return this.putSlot(w.fe, w.slot, w.backendId);
-          case 'put-master':
-            return this.putMaster(w.fe, w.master);
-        }
+        putOne(this, b, i);
       } catch (err) {
-        throw new PartialWriteError((err as Error).message, i, { cause: err });
+        throw new PartialWriteError((err as Error).message, i - from, { cause: err });
       }
-    });
+    }
   }
 }
 
