@@ -66,13 +66,26 @@ export function formatAddr(address: string, family: Family, port: number): strin
 }
 
 /**
+ * A string built from parts, as one flat string. V8 keeps a concatenation of
+ * 13 characters or more as a tree of its parts (a cons string: 32 bytes per
+ * node, and the parts stay alive), and hashing it as a Map key flattens it
+ * but keeps the node; Array.prototype.join allocates its result flat. For
+ * the keys the agent keeps for as long as a service exists: at 10,000
+ * services they were 89,000 cons nodes and their parts, about 400 bytes a
+ * service (a heap snapshot, docs/benchmarks.md).
+ */
+export function joinFlat(...parts: ReadonlyArray<string | number>): string {
+  return parts.join('');
+}
+
+/**
  * The key text of an address, port, protocol and scope: the only definition
  * of the form. The external scope adds nothing, so every key written before
  * scopes existed reads back the same (restart adoption depends on it).
  */
 export function serviceAddrKey(a: ServiceAddr): string {
-  const key = `${formatAddr(a.address, a.family, a.port)}/${a.protocol}`;
-  return a.scope === 'internal' ? `${key}/internal` : key;
+  const internal = a.scope === 'internal' ? '/internal' : '';
+  return a.family === 6 ? joinFlat('[', a.address, ']:', a.port, '/', a.protocol, internal) : joinFlat(a.address, ':', a.port, '/', a.protocol, internal);
 }
 
 export function frontendKey(a: L3n4Addr & { readonly scope?: Scope }): FrontendKey {

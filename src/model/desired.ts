@@ -20,7 +20,7 @@ import type { EndpointSlice, Node, Service } from './k8s.js';
 import { serviceFrontends, type Quarantine, type Skipped } from './from-k8s.js';
 import { resolvePort, type ProbeTarget } from './probe.js';
 import { DEFAULT_NODEPORT_RANGE, type PortRange, type SourceRange } from './north-south.js';
-import { frontendKey, type Backend, type FrontendKey } from '../lb/types.js';
+import { frontendKey, joinFlat, type Backend, type FrontendKey } from '../lb/types.js';
 import type { DesiredState, Frontend } from './types.js';
 
 /**
@@ -33,7 +33,7 @@ export const MAX_SLICES_PER_SERVICE = 1000;
 /** namespace/name of a Service, or the service an EndpointSlice belongs to. */
 export type ServiceId = string;
 
-export const serviceId = (namespace: string, name: string): ServiceId => `${namespace}/${name}`;
+export const serviceId = (namespace: string, name: string): ServiceId => joinFlat(namespace, '/', name);
 
 export interface Flushed {
   /** Frontends added, changed or removed since the last flush. */

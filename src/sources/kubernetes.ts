@@ -90,6 +90,7 @@ import { Backoff, type FailureKind } from './backoff.js';
 import { MAX_LIST_ITEM_BYTES, MAX_WATCH_EVENT_BYTES } from './limits.js';
 import { readList, type ListMeta } from './list-stream.js';
 import type { Problem, Source, SourceEvent, SourceStatus } from './source.js';
+import { joinFlat } from '../lb/types.js';
 
 /**
  * kube-proxy's informer filters (cmd/kube-proxy/app/server.go: one label
@@ -164,7 +165,7 @@ function objectId(meta: unknown): string {
   if (typeof meta !== 'object' || meta === null) return '';
   const { namespace, name } = meta as { namespace?: unknown; name?: unknown };
   const n = typeof name === 'string' && name.length <= 253 ? name : '';
-  return typeof namespace === 'string' && namespace !== '' && namespace.length <= 63 ? `${namespace}/${n}` : n;
+  return typeof namespace === 'string' && namespace !== '' && namespace.length <= 63 ? joinFlat(namespace, '/', n) : n;
 }
 
 interface RawObject {
