@@ -1,8 +1,8 @@
 // The numbers the maps hold for lbctl's names (protocols, service types,
-// backend states), from the BTF-generated enums: one table each, read by the
+// backend states, key scopes), from the BTF-generated enums: one table each, read by the
 // codecs' callers (maps.ts) and by the entry digests (digest.ts).
-import { LbBackendState, LbSvcType } from './abi.gen.js';
-import type { BackendState, Protocol } from '../lb/types.js';
+import { LbBackendState, LbScope, LbSvcType } from './abi.gen.js';
+import type { BackendState, Protocol, ServiceAddr } from '../lb/types.js';
 import type { MasterType } from './lbmaps.js';
 
 export const PROTO_NUM: Record<Protocol | 'ANY', number> = { ANY: 0, TCP: 6, UDP: 17 };
@@ -27,3 +27,6 @@ export const STATE_NUM: Record<BackendState, number> = {
   quarantined: LbBackendState.LB_BACKEND_QUARANTINED,
 };
 export const STATE_NAME = new Map<number, BackendState>(Object.entries(STATE_NUM).map(([k, v]) => [v, k as BackendState]));
+
+/** The key's scope byte (enum lb_scope): absent is the external scope, so old entries (pad 0) read as before. */
+export const scopeNum = (fe: Pick<ServiceAddr, 'scope'>): number => (fe.scope === 'internal' ? LbScope.LB_SCOPE_INT : LbScope.LB_SCOPE_EXT);

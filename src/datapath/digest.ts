@@ -18,8 +18,7 @@
 // the realized side and the kernel side call the same methods.
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
 import type { Backend, Family, ServiceAddr } from '../lb/types.js';
-import { LbScope } from './abi.gen.js';
-import { PROTO_NUM, STATE_NUM, TYPE_NUM } from './codes.js';
+import { PROTO_NUM, STATE_NUM, TYPE_NUM, scopeNum } from './codes.js';
 import type { MasterEntry, RevNatEntry } from './lbmaps.js';
 
 /** A map's digest: the two lanes' sums (int32). */
@@ -145,7 +144,7 @@ export class EntryHash {
 
   /** A service address's key fields (no slot): starts an entry; resume() from h1/h2 after it for each of its slots. */
   serviceKey(fe: ServiceAddr): this {
-    const scope = fe.scope === 'internal' ? LbScope.LB_SCOPE_INT : LbScope.LB_SCOPE_EXT;
+    const scope = scopeNum(fe);
     const proto = PROTO_NUM[fe.protocol];
     return fe.family === 4 ? this.key4(ipv4ToUint(fe.address), fe.port, proto, scope) : this.key6(ipv6Bytes(fe.address), fe.port, proto, scope);
   }

@@ -21,15 +21,8 @@ import {
 } from './abi.gen.js';
 import { PartialWriteError, putOne, type ExpectedMaps, type LbMaps, type MapsDump, type PutBatch, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
 import type { ServiceAddr } from '../lb/types.js';
-import { PROTO_NAME, PROTO_NUM, STATE_NAME, STATE_NUM, TYPE_NAME, TYPE_NUM } from './codes.js';
+import { PROTO_NAME, PROTO_NUM, STATE_NAME, STATE_NUM, TYPE_NAME, TYPE_NUM, scopeNum } from './codes.js';
 import { EntryHash, MapDigest } from './digest.js';
-
-/** One put, as the one-entry calls make it (batches come as columns: PutBatch). */
-type LbWrite =
-  | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
-  | { readonly kind: 'put-revnat'; readonly id: number; readonly family: Family; readonly entry: RevNatEntry }
-  | { readonly kind: 'put-slot'; readonly fe: ServiceAddr; readonly slot: number; readonly backendId: number }
-  | { readonly kind: 'put-master'; readonly fe: ServiceAddr; readonly master: MasterEntry };
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -80,8 +73,6 @@ export function verifyMapLayout(map: ByteMap, spec: MapSpec<unknown, unknown>): 
 }
 
 
-/** The key's scope byte (enum lb_scope): absent is the external scope, so old entries (pad 0) read as before. */
-const scopeNum = (fe: ServiceAddr): number => (fe.scope === 'internal' ? LbScope.LB_SCOPE_INT : LbScope.LB_SCOPE_EXT);
 
 /** A service key read back; undefined for a protocol or scope no lbctl build writes. */
 function serviceAddr(address: string, family: Family, port: number, proto: number, scope: number): ServiceAddr | undefined {
@@ -92,12 +83,34 @@ function serviceAddr(address: string, family: Family, port: number, proto: numbe
   return undefined;
 }
 
-function serviceKey(fe: ServiceAddr, slot: number, b?: Buffer, o?: number): Buffer {
+/** A service address's address field: IPv4 as a number, IPv6 as its bytes. */
+const addressField = (fe: ServiceAddr): number | Buffer => (fe.family === 4 ? ipv4ToUint(fe.address) : ipv6Bytes(fe.address));
+
+/** `address`: addressField(fe), when the caller already has it (a frontend's slots share it). */
+function serviceKey(fe: ServiceAddr, slot: number, b?: Buffer, o?: number, address: number | Buffer = addressField(fe)): Buffer {
   const proto = PROTO_NUM[fe.protocol];
   const scope = scopeNum(fe);
-  return fe.family === 4
-    ? lb4_key.encode({ address: ipv4ToUint(fe.address), dport: fe.port, backendSlot: slot, proto, scope }, b, o)
-    : lb6_key.encode({ address: ipv6Bytes(fe.address), dport: fe.port, backendSlot: slot, proto, scope }, b, o);
+  return typeof address === 'number'
+    ? lb4_key.encode({ address, dport: fe.port, backendSlot: slot, proto, scope }, b, o)
+    : lb6_key.encode({ address, dport: fe.port, backendSlot: slot, proto, scope }, b, o);
+}
+
+function slotValue(backendId: number, b?: Buffer, o?: number): Buffer {
+  return lb_service.encode({ backendId, count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 }, b, o);
+}
+
+function backendValue(be: Backend, b?: Buffer, o?: number): Buffer {
+  const proto = PROTO_NUM[be.protocol];
+  const state = STATE_NUM[be.state];
+  return be.family === 4
+    ? lb4_backend.encode({ address: ipv4ToUint(be.address), port: be.port, proto, state }, b, o)
+    : lb6_backend.encode({ address: ipv6Bytes(be.address), port: be.port, proto, state }, b, o);
+}
+
+function revNatValue(family: Family, e: RevNatEntry, b?: Buffer, o?: number): Buffer {
+  return family === 4
+    ? lb4_reverse_nat.encode({ address: ipv4ToUint(e.address), port: e.port }, b, o)
+    : lb6_reverse_nat.encode({ address: ipv6Bytes(e.address), port: e.port }, b, o);
 }
 
 function masterValue(m: MasterEntry, b?: Buffer, o?: number): Buffer {
@@ -146,7 +159,6 @@ function packed(map: ByteMap): FlatEntries {
   return { keys: Buffer.concat(list.map(([k]) => k)), values: Buffer.concat(list.map(([, v]) => v)), count: list.length };
 }
 
-const EMPTY_SLOT = { count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 };
 
 export class KernelLbMaps implements LbMaps {
   /** The entry hash matches() reuses for every entry. */
@@ -156,47 +168,30 @@ export class KernelLbMaps implements LbMaps {
     for (const name of LB_MAP_NAMES) verifyMapLayout(m[name], mapSpecs[name]);
   }
 
-  /** The map a write goes to. */
-  private target(w: LbWrite): ByteMap {
-    switch (w.kind) {
-      case 'put-backend':
-        return w.backend.family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
-      case 'put-revnat':
-        return w.family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
-      case 'put-slot':
-      case 'put-master':
-        return this.services(w.fe.family);
-    }
-  }
-
   /**
-   * The key and value of one write, encoded into `k` at `ko` and `v` at `vo`
-   * (fresh buffers when omitted): the one place that encodes them.
+   * Entry i of a batch into `keys` at `ko` and `values` at `vo`, with the
+   * same key and value encoders as the one-entry writes. `address`: the frontend's
+   * address field, when the caller has parsed it already.
    */
-  private encode(w: LbWrite, k?: Buffer, ko?: number, v?: Buffer, vo?: number): [Buffer, Buffer] {
-    switch (w.kind) {
-      case 'put-backend': {
-        const b = w.backend;
-        const proto = PROTO_NUM[b.protocol];
-        const state = STATE_NUM[b.state];
-        return b.family === 4
-          ? [u32.encode(w.id, k, ko), lb4_backend.encode({ address: ipv4ToUint(b.address), port: b.port, proto, state }, v, vo)]
-          : [u32.encode(w.id, k, ko), lb6_backend.encode({ address: ipv6Bytes(b.address), port: b.port, proto, state }, v, vo)];
-      }
+  private encodeAt(b: PutBatch, i: number, keys: Buffer, ko: number, values: Buffer, vo: number, address?: number | Buffer): void {
+    switch (b.kind) {
+      case 'put-backend':
+        u32.encode(b.ids[i]!, keys, ko);
+        backendValue(b.backends[i]!, values, vo);
+        return;
       case 'put-revnat':
-        return w.family === 4
-          ? [u32.encode(w.id, k, ko), lb4_reverse_nat.encode({ address: ipv4ToUint(w.entry.address), port: w.entry.port }, v, vo)]
-          : [u32.encode(w.id, k, ko), lb6_reverse_nat.encode({ address: ipv6Bytes(w.entry.address), port: w.entry.port }, v, vo)];
+        u32.encode(b.ids[i]!, keys, ko);
+        revNatValue(b.family, b.entries[i]!, values, vo);
+        return;
       case 'put-slot':
-        return [serviceKey(w.fe, w.slot, k, ko), lb_service.encode({ ...EMPTY_SLOT, backendId: w.backendId }, v, vo)];
+        serviceKey(b.fes[i]!, b.slots[i]!, keys, ko, address);
+        slotValue(b.ids[i]!, values, vo);
+        return;
       case 'put-master':
-        return [serviceKey(w.fe, 0, k, ko), masterValue(w.master, v, vo)];
+        serviceKey(b.fes[i]!, 0, keys, ko, address);
+        masterValue(b.masters[i]!, values, vo);
+        return;
     }
-  }
-
-  private put(w: LbWrite, flags = BPF_ANY): void {
-    const [k, v] = this.encode(w);
-    this.target(w).update(k, v, flags);
   }
 
   /** Key and value buffers reused by putBatch (zeroed before each batch: padding is written as zero). */
@@ -206,9 +201,9 @@ export class KernelLbMaps implements LbMaps {
   private batchTarget(b: PutBatch): ByteMap {
     switch (b.kind) {
       case 'put-backend':
-        return b.family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
+        return this.backends(b.family);
       case 'put-revnat':
-        return b.family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
+        return this.revNats(b.family);
       case 'put-slot':
       case 'put-master':
         return this.services(b.family);
@@ -245,34 +240,16 @@ export class KernelLbMaps implements LbMaps {
     const values = this.scratch.values.subarray(0, count * vs).fill(0);
     // A frontend's slots are consecutive: its address is parsed once for all of them.
     let lastFe: ServiceAddr | undefined;
-    let addr: number | Buffer = 0;
+    let address: number | Buffer | undefined;
     for (let i = from; i < to; i++) {
-      const ko = (i - from) * ks;
-      const vo = (i - from) * vs;
-      switch (b.kind) {
-        case 'put-backend':
-          this.encode({ kind: 'put-backend', id: b.ids[i]!, backend: b.backends[i]! }, keys, ko, values, vo);
-          break;
-        case 'put-revnat':
-          this.encode({ kind: 'put-revnat', id: b.ids[i]!, family: b.family, entry: b.entries[i]! }, keys, ko, values, vo);
-          break;
-        case 'put-slot':
-        case 'put-master': {
-          const fe = b.fes[i]!;
-          if (fe !== lastFe) {
-            lastFe = fe;
-            addr = fe.family === 4 ? ipv4ToUint(fe.address) : ipv6Bytes(fe.address);
-          }
-          const proto = PROTO_NUM[fe.protocol];
-          const scope = scopeNum(fe);
-          const slot = b.kind === 'put-slot' ? b.slots[i]! : 0;
-          if (typeof addr === 'number') lb4_key.encode({ address: addr, dport: fe.port, backendSlot: slot, proto, scope }, keys, ko);
-          else lb6_key.encode({ address: addr, dport: fe.port, backendSlot: slot, proto, scope }, keys, ko);
-          if (b.kind === 'put-slot') lb_service.encode({ backendId: b.ids[i]!, count: 0, qcount: 0, revNatIndex: 0, type: 0, flags: 0, affinityTimeout: 0 }, values, vo);
-          else masterValue(b.masters[i]!, values, vo);
-          break;
+      if (b.kind === 'put-slot' || b.kind === 'put-master') {
+        const fe = b.fes[i]!;
+        if (fe !== lastFe) {
+          lastFe = fe;
+          address = addressField(fe);
         }
       }
+      this.encodeAt(b, i, keys, (i - from) * ks, values, (i - from) * vs, address);
     }
     try {
       map.batchUpdate(keys, values, count);
@@ -283,15 +260,15 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putBackend(id: number, backend: Backend): void {
-    this.put({ kind: 'put-backend', id, backend });
+    this.backends(backend.family).update(u32.encode(id), backendValue(backend));
   }
 
   deleteBackend(id: number, family: Family): void {
-    (family === 4 ? this.m.lb4_backends : this.m.lb6_backends).delete(u32.encode(id));
+    this.backends(family).delete(u32.encode(id));
   }
 
   putMaster(fe: ServiceAddr, master: MasterEntry): void {
-    this.put({ kind: 'put-master', fe, master });
+    this.services(fe.family).update(serviceKey(fe, 0), masterValue(master));
   }
 
   deleteMaster(fe: ServiceAddr): void {
@@ -299,7 +276,7 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putSlot(fe: ServiceAddr, slot: number, backendId: number): void {
-    this.put({ kind: 'put-slot', fe, slot, backendId });
+    this.services(fe.family).update(serviceKey(fe, slot), slotValue(backendId));
   }
 
   deleteSlot(fe: ServiceAddr, slot: number): void {
@@ -307,15 +284,15 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putRevNat(id: number, family: Family, entry: RevNatEntry): void {
-    this.put({ kind: 'put-revnat', id, family, entry });
+    this.revNats(family).update(u32.encode(id), revNatValue(family, entry));
   }
 
   rewriteRevNat(id: number, family: Family, entry: RevNatEntry): void {
-    this.put({ kind: 'put-revnat', id, family, entry }, BPF_EXIST);
+    this.revNats(family).update(u32.encode(id), revNatValue(family, entry), BPF_EXIST);
   }
 
   deleteRevNat(id: number, family: Family): void {
-    (family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat).delete(u32.encode(id));
+    this.revNats(family).delete(u32.encode(id));
   }
 
   dump(): MapsDump {
@@ -384,6 +361,14 @@ export class KernelLbMaps implements LbMaps {
 
   private services(family: Family): ByteMap {
     return family === 4 ? this.m.lb4_services : this.m.lb6_services;
+  }
+
+  private backends(family: Family): ByteMap {
+    return family === 4 ? this.m.lb4_backends : this.m.lb6_backends;
+  }
+
+  private revNats(family: Family): ByteMap {
+    return family === 4 ? this.m.lb4_reverse_nat : this.m.lb6_reverse_nat;
   }
 }
 
