@@ -132,7 +132,7 @@ export function opFamily(op: MapOp): Family {
 }
 
 /** ops.push(...more) without a spread: a full plan's removals can reach hundreds of thousands, past the call stack's argument limit. */
-function append(ops: MapOp[], more: readonly MapOp[]): void {
+function append<T>(ops: T[], more: readonly T[]): void {
   for (const op of more) ops.push(op);
 }
 
@@ -221,8 +221,11 @@ export class PutRun implements PutBatch {
   }
 }
 
+/** The ops a plan keeps one by one: everything but the four kinds of put a PutRun holds. */
+export type SingleOp = Exclude<MapOp, { readonly kind: PutKind }>;
+
 /** A plan's steps, in order: runs of puts (written in batches) and lists of single ops. */
-export type PlanStep = PutRun | readonly MapOp[];
+export type PlanStep = PutRun | readonly SingleOp[];
 
 /** What a plan looks at. */
 export interface PlanScope {
@@ -313,10 +316,10 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const revNatPuts = runs('put-revnat');
   const slotPuts = runs('put-slot');
   const masterPuts = runs('put-master');
-  const shrinks: MapOp[] = [];
+  const shrinks: SingleOp[] = [];
   const wildcardPuts = runs('put-master');
-  const removals: MapOp[] = [];
-  const revNatDeletes: MapOp[] = [];
+  const removals: SingleOp[] = [];
+  const revNatDeletes: SingleOp[] = [];
   const planned = new Set<number>();
   const wildcardsSeen = new Set<string>();
   /**
@@ -337,8 +340,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   /** Maglev tables and source ranges desired (or kept with a held frontend): a full plan deletes the others. */
   const maglevWanted = new Set<number>();
   const rangesWanted = new Set<string>();
-  const maglevPuts: MapOp[] = [];
-  const lateNorthSouth: MapOp[] = [];
+  const maglevPuts: SingleOp[] = [];
+  const lateNorthSouth: SingleOp[] = [];
   const keep = (fe: Frontend): void => {
     if (hasWildcard(fe.type)) wildcardsKept.add(fe.address);
     const have = r.frontends.get(fe.key);
@@ -470,8 +473,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     // North-south: the Maglev table and source ranges, written before the
     // master whose flags send the datapath to them (without a table the
     // datapath picks at random, so a table written late is never a drop).
-    let northSouth: MapOp[] | undefined;
-    let late: MapOp[] | undefined;
+    let northSouth: SingleOp[] | undefined;
+    let late: SingleOp[] | undefined;
     if (scope.northSouth === true) {
       northSouth = [];
       late = [];
@@ -489,7 +492,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
         if (haveRanges?.fingerprint !== fingerprint) {
           const keepOld = haveRanges?.revNatId === revNatId ? new Set(fe.sourceRanges.map(rangeText)) : new Set<string>();
           const remove = haveRanges ? haveRanges.ranges.filter((x) => !keepOld.has(rangeText(x))) : [];
-          northSouth.push({ kind: 'put-srcranges', key: fe.key, fe, revNatId, add: fe.sourceRanges, remove, fingerprint, ...(haveRanges && haveRanges.revNatId !== revNatId ? { oldRevNatId: haveRanges.revNatId } : {}) } as MapOp);
+          northSouth.push({ kind: 'put-srcranges', key: fe.key, fe, revNatId, add: fe.sourceRanges, remove, fingerprint, ...(haveRanges && haveRanges.revNatId !== revNatId ? { oldRevNatId: haveRanges.revNatId } : {}) } as SingleOp);
         }
       } else if (haveRanges) {
         late.push({ kind: 'delete-srcranges', key: fe.key, fe, revNatId: haveRanges.revNatId, remove: haveRanges.ranges });
@@ -547,8 +550,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     }
   }
 
-  const ops: MapOp[] = [];
-  const lateRevNatDeletes: MapOp[] = [];
+  const ops: SingleOp[] = [];
+  const lateRevNatDeletes: SingleOp[] = [];
   if (scope.prune) {
     // Removals, in reverse order of creation: frontends (master first, so no
     // new selection, then slots), their rev-NAT entries, wildcards of
@@ -625,7 +628,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   step(shrinks);
   step(wildcardPuts[4]);
   step(wildcardPuts[6]);
-  const late: MapOp[] = [];
+  const late: SingleOp[] = [];
   append(late, lateRevNatDeletes);
   append(late, lateNorthSouth);
   if (full && scope.prune) {

@@ -20,7 +20,7 @@ import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family,
 import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
-import { opMapName, plan, PutRun, type MapOp } from './plan.js';
+import { opMapName, plan, PutRun, type MapOp, type PlanStep, type SingleOp } from './plan.js';
 import { RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
@@ -394,7 +394,7 @@ export class Reconciler {
     };
     const applied = (): number => applied_;
     /** Backend deletes that a realized slot still named: tried again after the puts. */
-    const deferred: MapOp[] = [];
+    const deferred: SingleOp[] = [];
     /** Deletes left undone because something still names what they would delete. */
     let heldBack = 0;
     let ok = false;
@@ -444,7 +444,7 @@ export class Reconciler {
    * table is 4 × M bytes while it is built): one outer update per batch.
    * Returns where the run ends.
    */
-  private putMaglevRun(ops: readonly MapOp[], i: number, refused: Refusals, count: (kind: MapOp['kind']) => void, applied: () => number): number {
+  private putMaglevRun(ops: readonly SingleOp[], i: number, refused: Refusals, count: (kind: MapOp['kind']) => void, applied: () => number): number {
     const ns = this.northSouth!;
     let j = i;
     while (j < ops.length && ops[j]!.kind === 'put-maglev') {
@@ -474,47 +474,37 @@ export class Reconciler {
   }
 
   /**
-   * Whether to write `op` now: 'skip' when its frontend already failed for
-   * want of room (or a slot would name a backend that found none, which
-   * fails the frontend), 'defer' for a backend delete that a realized slot
-   * still names (it is retried after the puts), 'write' otherwise.
+   * Whether to write single op `op` now: 'skip' when its frontend already
+   * failed for want of room, 'defer' for a backend delete that a realized
+   * slot still names (it is retried after the puts), 'write' otherwise.
+   * (admitAt does the same for the entries of a run of puts.)
    */
-  private admit(op: MapOp, refused: Refusals): 'write' | 'skip' | 'defer' {
+  private admit(op: SingleOp, refused: Refusals): 'write' | 'skip' | 'defer' {
     const r = this.realizedState;
     switch (op.kind) {
-      case 'put-backend':
-        return 'write';
       case 'delete-backend':
         return (r.slotRefs.get(op.id) ?? 0) > 0 ? 'defer' : 'write';
       case 'delete-revnat':
         // Only once the live master that named it has moved to its new id.
         return op.namedBy !== undefined && r.frontends.get(op.namedBy)?.master?.revNatId === op.id ? 'skip' : 'write';
-      case 'put-slot': {
-        if (refused.frontends.has(op.key)) return 'skip';
-        const b = refused.backends.get(op.backendId);
-        if (!b) return 'write';
-        refused.frontends.set(op.key, { frontend: op.key, map: b.map, reason: b.reason });
-        return 'skip';
-      }
       default:
         return refused.frontends.has(op.key) ? 'skip' : 'write';
     }
   }
 
-  /** Records a put the kernel refused for want of room: its frontend (for a backend: each frontend a slot of this plan would point at it) is not programmed. */
-  private refuse(op: MapOp, err: unknown, refused: Refusals): void {
+  /** Records a single put (a Maglev table, source ranges) the kernel refused for want of room: its frontend is not programmed. */
+  private refuse(op: SingleOp, err: unknown, refused: Refusals): void {
     const map = opMapName(op);
     refused.full.add(map);
     const reason = `${describeOp(op)}: ${(err as Error).message}`;
-    if (op.kind === 'put-backend') refused.backends.set(op.id, { map, reason });
-    else if ('key' in op && !refused.frontends.has(op.key)) refused.frontends.set(op.key, { frontend: op.key, map, reason });
+    if ('key' in op && !refused.frontends.has(op.key)) refused.frontends.set(op.key, { frontend: op.key, map, reason });
   }
 
   /**
    * A list of single writes (removals, shrinks, Maglev tables, source
    * ranges), in order: runs of Maglev tables go out together.
    */
-  private applyOps(ops: readonly MapOp[], refused: Refusals, deferred: MapOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
+  private applyOps(ops: readonly SingleOp[], refused: Refusals, deferred: SingleOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
     for (let i = 0; i < ops.length; ) {
       const op = ops[i]!;
       if (op.kind === 'put-maglev' && this.northSouth?.maps.putMaglevMany) {
@@ -620,7 +610,7 @@ export class Reconciler {
     }
   }
 
-  private releaseDeleted(steps: readonly (PutRun | readonly MapOp[])[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
+  private releaseDeleted(steps: readonly PlanStep[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
     for (const step of steps) {
       if (step instanceof PutRun) continue;
       for (const op of step) {
@@ -635,29 +625,21 @@ export class Reconciler {
     }
   }
 
-  private apply(op: MapOp): void {
+  private apply(op: SingleOp): void {
     this.write(op);
     this.note(op);
   }
 
   /** The map write of one op. */
-  private write(op: MapOp): void {
+  private write(op: SingleOp): void {
     const m = this.maps;
     switch (op.kind) {
-      case 'put-backend':
-        return m.putBackend(op.id, op.backend);
       case 'delete-backend':
         return m.deleteBackend(op.id, op.family);
-      case 'put-revnat':
-        return m.putRevNat(op.id, op.family, op.entry);
       case 'delete-revnat':
         return m.deleteRevNat(op.id, op.family);
-      case 'put-slot':
-        return m.putSlot(op.fe, op.slot, op.backendId);
       case 'delete-slot':
         return m.deleteSlot(op.fe, op.slot);
-      case 'put-master':
-        return m.putMaster(op.fe, op.master);
       case 'delete-master':
         return m.deleteMaster(op.fe);
       case 'put-maglev': {
@@ -682,31 +664,19 @@ export class Reconciler {
   }
 
   /** Realized-state bookkeeping of a write the maps accepted. */
-  private note(op: MapOp): void {
+  private note(op: SingleOp): void {
     const r = this.realizedState;
     switch (op.kind) {
-      case 'put-backend':
-        r.setBackend(op.id, op.backend);
-        break;
       case 'delete-backend': {
         const gone = r.deleteBackend(op.id);
         if (gone) this.removed.push(gone);
         break;
       }
-      case 'put-revnat':
-        r.setRevNat(op.id, op.family, { address: op.entry.address, port: op.entry.port });
-        break;
       case 'delete-revnat':
         r.deleteRevNat(op.id, op.family);
         break;
-      case 'put-slot':
-        r.putSlot(op.key, op.fe, op.slot, op.backendId);
-        break;
       case 'delete-slot':
         r.deleteSlot(op.key, op.slot);
-        break;
-      case 'put-master':
-        r.putMaster(op.key, op.fe, op.master);
         break;
       case 'delete-master':
         r.deleteMaster(op.key);
