@@ -17,10 +17,11 @@
 // and would make every socket's rev-NAT entry that names it stale. Such ids
 // are never handed out again once released, so they die out.
 import { LbError } from '../errors.js';
+import { IdMap } from './id-map.js';
 
 export class IdAllocator<K> {
   private readonly byKey = new Map<K, number>();
-  private readonly byId = new Map<number, K>();
+  private readonly byId = new IdMap<K>();
   /** Ids in use within min..max (adopted ones beyond it do not take room there). */
   private used = 0;
   private next: number;

@@ -14,6 +14,7 @@ import type { ExpectedMaps, MapsDump, MasterEntry, RevNatEntry } from '../datapa
 import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 import type { LB_MAP_NAMES } from '../datapath/maps.js';
 import { EntryHash, MapDigest } from '../datapath/digest.js';
+import { IdMap } from './id-map.js';
 
 /** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
 export type LbMapName = (typeof LB_MAP_NAMES)[number];
@@ -45,7 +46,7 @@ const h = new EntryHash();
 
 export const isWildcard = (fe: ServiceAddr): boolean => fe.protocol === 'ANY';
 
-function bump<K>(m: Map<K, number>, k: K, by: number): void {
+function bump<K>(m: { get(k: K): number | undefined; set(k: K, v: number): unknown; delete(k: K): unknown }, k: K, by: number): void {
   const n = (m.get(k) ?? 0) + by;
   if (n > 0) m.set(k, n);
   else m.delete(k);
@@ -71,11 +72,11 @@ export class RealizedState implements ExpectedMaps {
   readonly srcRanges = new Map<string, RealizedRanges>();
   /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
   readonly frontends = new Map<string, RealizedFrontend>();
-  readonly backends = new Map<number, Backend>();
+  readonly backends = new IdMap<Backend>();
   /** Rev-NAT entries by family, then id (written through setRevNat/deleteRevNat, which keep the digest). */
-  readonly revNat: Record<Family, ReadonlyMap<number, RevNatEntry>> = { 4: new Map(), 6: new Map() };
+  readonly revNat: Record<Family, ReadonlyMap<number, RevNatEntry>> = { 4: new IdMap(), 6: new IdMap() };
   /** backend id → how many slots name it. */
-  readonly slotRefs = new Map<number, number>();
+  readonly slotRefs = new IdMap<number>();
   /**
    * address → how many ClusterIP masters sit there: its wildcard entry is
    * needed while one does (NodePort, LoadBalancer and ExternalIP frontends
@@ -140,7 +141,7 @@ export class RealizedState implements ExpectedMaps {
   }
 
   setRevNat(id: number, family: Family, e: RevNatEntry): void {
-    const m = this.revNat[family] as Map<number, RevNatEntry>;
+    const m = this.revNat[family] as IdMap<RevNatEntry>;
     const d = this.digests[`lb${family}_reverse_nat`];
     const old = m.get(id);
     if (old) d.sub(h.revNat(id, family, old));
@@ -149,7 +150,7 @@ export class RealizedState implements ExpectedMaps {
   }
 
   deleteRevNat(id: number, family: Family): void {
-    const m = this.revNat[family] as Map<number, RevNatEntry>;
+    const m = this.revNat[family] as IdMap<RevNatEntry>;
     const old = m.get(id);
     if (!old) return;
     m.delete(id);

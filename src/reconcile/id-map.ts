@@ -1,0 +1,108 @@
+// A Map from ids (small non-negative integers: backend and rev-NAT ids) to
+// values, kept in pages of PAGE slots allocated when an id in them is first
+// set and dropped when their last id goes. A Map entry costs 30-50 bytes;
+// a slot here costs 8, so the realized state and the id allocators, which
+// hold several entries per service, shrink with it (docs/benchmarks.md,
+// "Issue 18"). Ids are handed out round-robin over their whole range
+// (src/reconcile/ids.ts), so live ids can spread over every page: the worst
+// case is one page per live id, PAGE * 8 bytes each, which at a few live
+// ids is still little, and at many the pages are full.
+//
+// Ids beyond MAX_PAGED (adopted from maps an older build wrote with a
+// bigger range) go to an ordinary Map.
+
+const PAGE_BITS = 10;
+const PAGE = 1 << PAGE_BITS;
+/** Ids at or above this go to the overflow Map (2^24: 16,384 pages at most). */
+const MAX_PAGED = 1 << 24;
+
+export class IdMap<V> implements ReadonlyMap<number, V> {
+  private readonly pages: Array<Array<V | undefined> | undefined> = [];
+  /** Ids set in each page (a page with none is dropped). */
+  private readonly counts: number[] = [];
+  private readonly overflow = new Map<number, V>();
+  private n = 0;
+
+  get size(): number {
+    return this.n;
+  }
+
+  get(id: number): V | undefined {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) return this.overflow.get(id);
+    return this.pages[id >>> PAGE_BITS]?.[id & (PAGE - 1)];
+  }
+
+  has(id: number): boolean {
+    return this.get(id) !== undefined;
+  }
+
+  /** `v` must not be undefined (an absent id reads as undefined). */
+  set(id: number, v: V): this {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+      if (!this.overflow.has(id)) this.n++;
+      this.overflow.set(id, v);
+      return this;
+    }
+    const p = id >>> PAGE_BITS;
+    let page = this.pages[p];
+    if (!page) {
+      while (this.pages.length <= p) {
+        this.pages.push(undefined);
+        this.counts.push(0);
+      }
+      page = this.pages[p] = new Array<V | undefined>(PAGE).fill(undefined);
+    }
+    const i = id & (PAGE - 1);
+    if (page[i] === undefined) {
+      this.n++;
+      this.counts[p]!++;
+    }
+    page[i] = v;
+    return this;
+  }
+
+  delete(id: number): boolean {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+      if (!this.overflow.delete(id)) return false;
+      this.n--;
+      return true;
+    }
+    const p = id >>> PAGE_BITS;
+    const page = this.pages[p];
+    const i = id & (PAGE - 1);
+    if (!page || page[i] === undefined) return false;
+    page[i] = undefined;
+    this.n--;
+    if (--this.counts[p]! === 0) this.pages[p] = undefined;
+    return true;
+  }
+
+  /** Ascending ids, then the overflow's. */
+  *entries(): MapIterator<[number, V]> {
+    for (let p = 0; p < this.pages.length; p++) {
+      const page = this.pages[p];
+      if (!page) continue;
+      for (let i = 0; i < PAGE; i++) {
+        const v = page[i];
+        if (v !== undefined) yield [(p << PAGE_BITS) | i, v];
+      }
+    }
+    yield* this.overflow.entries();
+  }
+
+  *keys(): MapIterator<number> {
+    for (const [id] of this.entries()) yield id;
+  }
+
+  *values(): MapIterator<V> {
+    for (const [, v] of this.entries()) yield v;
+  }
+
+  [Symbol.iterator](): MapIterator<[number, V]> {
+    return this.entries();
+  }
+
+  forEach(fn: (value: V, key: number, map: ReadonlyMap<number, V>) => void): void {
+    for (const [k, v] of this.entries()) fn(v, k, this);
+  }
+}
