@@ -174,17 +174,23 @@ BENCH_FILE_LOAD := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/impo
 BENCH_NP_TC := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/nodeport-tc.ts
 BENCH_NP_E2E := TS_NODE_TRANSPILE_ONLY=1 taskset -c 1 node --import=@tapjs/typescript/import bench/nodeport-e2e.ts
 
+# Standalone mode's probes (issue 17): 1,000 backends at periodSeconds 1 with
+# each handler, and with half of them hanging (bench/results/probes.{md,json}).
+BENCH_PROBES := TS_NODE_TRANSPILE_ONLY=1 node --expose-gc --import=@tapjs/typescript/import bench/probes.ts
+
 bench: build bench-deps
 	$(BENCH_RUN) $(BENCH_ARGS)
 	$(BENCH_FILE_LOAD)
 	$(BENCH_NP_TC)
 	$(BENCH_NP_E2E)
+	$(BENCH_PROBES)
 
 bench-quick: build bench-deps
 	$(BENCH_RUN) --quick --out bench/results-quick $(BENCH_ARGS)
 	$(BENCH_FILE_LOAD) --reps 1 --out bench/results-quick
 	$(BENCH_NP_TC) --quick --out bench/results-quick
 	$(BENCH_NP_E2E) --quick --out bench/results-quick
+	$(BENCH_PROBES) --window 3 --out bench/results-quick
 
 cleanup:
 	./bin/lbctl cleanup
