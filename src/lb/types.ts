@@ -79,6 +79,19 @@ export function joinFlat(...parts: ReadonlyArray<string | number>): string {
 }
 
 /**
+ * An array's elements in a store of exactly their number. An array grown by
+ * push() keeps spare room (V8 grows its store to 1.5 times plus 16
+ * elements), which a GC never gives back: kept for as long as a service
+ * exists, a one-element array built by push costs 128 bytes more than a
+ * literal (measured, docs/benchmarks.md "Issue 18"). For the arrays the
+ * agent keeps per service, endpoint or frontend; an empty one is shared.
+ */
+export function packed<T>(a: readonly T[]): readonly T[] {
+  return a.length === 0 ? NONE : a.slice();
+}
+const NONE: readonly never[] = Object.freeze([]);
+
+/**
  * The key text of an address, port, protocol and scope: the only definition
  * of the form. The external scope adds nothing, so every key written before
  * scopes existed reads back the same (restart adoption depends on it).

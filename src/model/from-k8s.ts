@@ -125,7 +125,7 @@ export function selectBackends(
   eps: readonly Candidate[],
   svc: Pick<Service, 'internalTrafficPolicy'>,
   node: Node | undefined,
-): { backends: Backend[]; terminating: Backend[] } {
+): { backends: Backend[]; terminating: readonly Backend[] } {
   let chosen: Candidate[];
   if (svc.internalTrafficPolicy === 'Local') {
     // Topology is ignored for Local; its terminating fallback is local too.
@@ -140,7 +140,7 @@ export function selectBackends(
   }
   const backends = chosen.map(asBackend);
   // Terminating endpoints not chosen stay as non-selectable slots (most services have none).
-  if (!eps.some((c) => c.ep.terminating)) return { backends, terminating: [] };
+  if (!eps.some((c) => c.ep.terminating)) return { backends, terminating: NO_BACKENDS };
   const selected = new Set(chosen);
   return { backends, terminating: eps.filter((c) => c.ep.terminating && !selected.has(c)).map(asBackend) };
 }
@@ -164,7 +164,7 @@ export interface Quarantine {
  * closed leaves none selectable. `allFailed`: every selectable backend was
  * quarantined (either way). Pure.
  */
-export function applyQuarantine(chosen: { backends: Backend[]; terminating: Backend[] }, q: Quarantine): { backends: Backend[]; terminating: Backend[]; allFailed: boolean } {
+export function applyQuarantine(chosen: { backends: Backend[]; terminating: readonly Backend[] }, q: Quarantine): { backends: Backend[]; terminating: readonly Backend[]; allFailed: boolean } {
   if (q.addresses.size === 0 || !chosen.backends.some((b) => q.addresses.has(b.address))) return { ...chosen, allFailed: false };
   const kept = chosen.backends.filter((b) => !q.addresses.has(b.address));
   if (kept.length === 0 && q.allFailed === 'open') return { ...chosen, allFailed: true };
@@ -178,6 +178,8 @@ export function applyQuarantine(chosen: { backends: Backend[]; terminating: Back
 }
 
 const NO_RANGES: readonly SourceRange[] = Object.freeze([]);
+/** No terminating backends: one shared empty list, not one per frontend. */
+const NO_BACKENDS: readonly Backend[] = Object.freeze([]);
 type Chosen = ReturnType<typeof selectBackends>;
 /** Selection for the external entries: externalTrafficPolicy Local or Cluster, through selectBackends. */
 const LOCAL_POLICY = { internalTrafficPolicy: 'Local' } as const;

@@ -3,7 +3,7 @@
 // normalized forms. Pure: no I/O. Field names follow the API, so objects
 // from @kubernetes/client-node and from manifests fit alike.
 import { parseIp, type ParsedIp } from '../lb/addr.js';
-import type { Family, Protocol } from '../lb/types.js';
+import { packed, type Family, type Protocol } from '../lb/types.js';
 import { ALL_PORTS, northSouth, type NorthSouth, type RawNorthSouth } from './north-south.js';
 import { parseProbeAnnotation, READINESS_PROBE_ANNOTATION, type ProbeSpec } from './probe.js';
 import { show, type Validated } from './validated.js';
@@ -336,9 +336,10 @@ export function validateService(obj: unknown): Validated<Service> {
     namespace: meta.value.namespace,
     name: meta.value.name,
     type,
-    clusterIPs,
-    ports,
-    unsupportedPorts,
+    // Exact copies of the lists built by push (packed(): no spare room kept per service).
+    clusterIPs: packed(clusterIPs),
+    ports: packed(ports),
+    unsupportedPorts: packed(unsupportedPorts),
     internalTrafficPolicy: itp,
     affinityTimeout,
     proxyName: typeof proxyName === 'string' ? proxyName : undefined,
@@ -352,11 +353,11 @@ export function validateService(obj: unknown): Validated<Service> {
 }
 
 /** The names of hints.forZones or hints.forNodes; undefined when none is given. */
-function hintNames(list: unknown): string[] | undefined {
+function hintNames(list: unknown): readonly string[] | undefined {
   if (!Array.isArray(list)) return undefined;
   const names: string[] = [];
   for (const h of list) if (isObject(h) && typeof h.name === 'string' && h.name !== '') names.push(h.name);
-  return names.length > 0 ? names : undefined;
+  return names.length > 0 ? packed(names) : undefined;
 }
 
 /** EndpointSlice → normalized form. FQDN slices are valid but carry no family: reported as unusable. */
@@ -427,7 +428,7 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
       nodeHints: hintNames(hints?.forNodes),
     });
   }
-  const value: EndpointSlice = { namespace: meta.value.namespace, name: meta.value.name, serviceName, family, ports, endpoints };
+  const value: EndpointSlice = { namespace: meta.value.namespace, name: meta.value.name, serviceName, family, ports: packed(ports), endpoints: packed(endpoints) };
   return { ok: true, value };
 }
 

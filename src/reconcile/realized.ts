@@ -28,10 +28,14 @@ export interface RealizedFrontend {
   /**
    * Backend id by slot number (index 0, the master, is never set; a slot
    * missing from the maps is undefined). No trailing undefined: `length - 1`
-   * is the highest slot held.
+   * is the highest slot held. Grown to exactly its length while short (see
+   * putSlot).
    */
-  readonly slots: Array<number | undefined>;
+  slots: Array<number | undefined>;
 }
+
+/** Frontends with fewer slots than this keep their slots array exactly as long as it is (putSlot). */
+const EXACT_SLOTS = 64;
 
 /** Slot numbers held, ascending. */
 export function* heldSlots(e: RealizedFrontend): Generator<[slot: number, backendId: number]> {
@@ -159,7 +163,7 @@ export class RealizedState implements ExpectedMaps {
 
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
     const e = this.entry(key, fe);
-    const slots = e.slots;
+    let slots = e.slots;
     const old = slots[slot];
     if (old === backendId) return;
     const d = this.digests[`lb${fe.family}_services`];
@@ -167,8 +171,19 @@ export class RealizedState implements ExpectedMaps {
       bump(this.slotRefs, old, -1);
       d.sub(h.resume(e.k1, e.k2).slot(slot, old));
     } else this.serviceEntries[fe.family]++;
-    while (slots.length < slot) slots.push(undefined);
-    slots[slot] = backendId;
+    if (slot < slots.length) slots[slot] = backendId;
+    else if (slot < EXACT_SLOTS) {
+      // A copy of exactly the new length: an array grown in place keeps
+      // room for 16 more (packed() in src/lb/types.ts), about 130 bytes
+      // per frontend with a few backends. Past EXACT_SLOTS it grows in
+      // place, so filling a big frontend stays linear.
+      const grown = slots.concat(new Array<undefined>(slot - slots.length), [backendId]);
+      e.slots = grown;
+      slots = grown;
+    } else {
+      while (slots.length < slot) slots.push(undefined);
+      slots[slot] = backendId;
+    }
     bump(this.slotRefs, backendId, 1);
     d.add(h.resume(e.k1, e.k2).slot(slot, backendId));
   }

@@ -67,6 +67,23 @@ t.test('slots and masters: counts follow every change, and an entry with nothing
   t.equal(r.entries('lb4_services'), 0, 'deleting what is not there changes nothing');
 });
 
+t.test('slots: filled in any order, past the length kept exact and beyond, each held once', async (t) => {
+  const r = new RealizedState();
+  const key = '10.96.0.1:80/TCP';
+  // Every third slot up to 150 first (gaps), then the rest, from the top down.
+  const order = [...Array.from({ length: 50 }, (_, i) => 3 * (i + 1)), ...Array.from({ length: 150 }, (_, i) => 150 - i).filter((s) => s % 3 !== 0)];
+  for (const slot of order) r.putSlot(key, fe, slot, 1000 + slot);
+  const held = [...heldSlots(r.frontends.get(key)!)];
+  t.equal(held.length, 150, 'every slot held');
+  t.ok(held.every(([slot, id], i) => slot === i + 1 && id === 1000 + slot), 'in slot order, each with its backend');
+  t.equal(r.entries('lb4_services'), 150);
+  t.equal(r.slotRefs.size, 150);
+  for (let slot = 150; slot > 2; slot--) r.deleteSlot(key, slot);
+  t.same(r.frontends.get(key)!.slots, [undefined, 1001, 1002], 'trimmed back to the slots left');
+  r.putSlot(key, fe, 70, 7);
+  t.same([...heldSlots(r.frontends.get(key)!)], [[1, 1001], [2, 1002], [70, 7]], 'and grown again past the exact range');
+});
+
 t.test('address references count ClusterIP masters only: other frontends have no wildcard', async (t) => {
   const r = new RealizedState();
   const np = { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP' } as const;
