@@ -20,7 +20,7 @@ import type { EndpointSlice, Node, Service } from './k8s.js';
 import { serviceFrontends, type Quarantine, type Skipped } from './from-k8s.js';
 import { resolvePort, type ProbeTarget } from './probe.js';
 import { DEFAULT_NODEPORT_RANGE, type PortRange, type SourceRange } from './north-south.js';
-import { frontendKey, joinFlat, type Backend, type FrontendKey } from '../lb/types.js';
+import { frontendKey, joinFlat, packed, type Backend, type FrontendKey } from '../lb/types.js';
 import type { DesiredState, Frontend } from './types.js';
 
 /**
@@ -42,14 +42,45 @@ export interface Flushed {
   readonly newSkips: readonly Skipped[];
 }
 
-interface Computed {
-  readonly frontends: ReadonlyMap<FrontendKey, Frontend>;
-  readonly skipped: readonly Skipped[];
+/**
+ * Everything the model keeps for one service id, in one record: the
+ * Service (when there is one), its EndpointSlices, and the frontends and
+ * skips computed from them. One record instead of a Map per kind (services,
+ * slices by service, computed) and a Map per service (its slices, its
+ * frontends): at 100,000 services those Maps cost about 500 bytes a service
+ * (docs/benchmarks.md, "Issue 18"). A record lives while any of its parts
+ * does.
+ */
+interface ServiceEntry {
+  svc: Service | undefined;
+  /**
+   * Its EndpointSlices: none, the one it has (nearly every service: one
+   * slice holds 100 endpoints), or, from the second on, a Set. The objects
+   * are the ones `slices` holds by id, so identity finds one.
+   */
+  slices: EndpointSlice | Set<EndpointSlice> | undefined;
+  /** What the last flush computed: the frontends it asks for (no two with one key), and its skips. */
+  frontends: readonly Frontend[];
+  /** The frontends by key, when there are more than INDEX_FROM (below that, a scan is cheaper than a Map). */
+  index: ReadonlyMap<FrontendKey, Frontend> | undefined;
+  skipped: readonly Skipped[];
   /** Every selectable backend of some frontend is quarantined by its probe (issue 17). */
-  readonly allFailed?: boolean;
+  allFailed: boolean;
 }
 
-const NONE: Computed = { frontends: new Map(), skipped: [] };
+/** A service with more frontends than this keeps a Map of them by key. */
+const INDEX_FROM = 8;
+
+const NO_FRONTENDS: readonly Frontend[] = Object.freeze([]);
+const NO_SKIPS: readonly Skipped[] = Object.freeze([]);
+
+/** The frontend of `e` at `key`, if it asks for one. */
+function frontendAt(e: ServiceEntry | undefined, key: FrontendKey): Frontend | undefined {
+  if (!e) return undefined;
+  if (e.index) return e.index.get(key);
+  for (const fe of e.frontends) if (fe.key === key) return fe;
+  return undefined;
+}
 
 /** One backend address of a service with a readiness probe, and the probe aimed at it. */
 export interface ServiceProbeTarget {
@@ -112,15 +143,17 @@ const externalKeyOf = (fe: Frontend): FrontendKey => frontendKey({ address: fe.a
 
 export class DesiredModel {
   private readonly nodePortRange: PortRange;
-  private readonly services = new Map<ServiceId, Service>();
+  /** One record per service id (ServiceEntry). */
+  private readonly entries = new Map<ServiceId, ServiceEntry>();
   /** Slices by their own namespace/name (a slice may move to another service). */
   private readonly slices = new Map<string, EndpointSlice>();
-  private readonly slicesBySvc = new Map<ServiceId, Map<string, EndpointSlice>>();
   private node: Node | undefined;
   private readonly dirty = new Set<ServiceId>();
-  private readonly computed = new Map<ServiceId, Computed>();
-  /** Who asks for each frontend key; more than one only in a conflict. */
-  private readonly claims = new Map<FrontendKey, ServiceId[]>();
+  /**
+   * Who asks for each frontend key: the one service (nearly always), or, in
+   * a conflict, all of them in an array.
+   */
+  private readonly claims = new Map<FrontendKey, ServiceId | ServiceId[]>();
   private readonly current = new Map<FrontendKey, Frontend>();
   private readonly conflicts = new Map<FrontendKey, Skipped[]>();
   private servicesWithFrontends = 0;
@@ -154,7 +187,7 @@ export class DesiredModel {
       (a?.size ?? 0) === (b?.size ?? 0) && [...(a ?? [])].every((x) => b!.has(x));
     for (const [id, set] of this.quarantined) {
       if (same(set, next.get(id))) continue;
-      if (this.services.has(id)) this.dirty.add(id);
+      if (this.entries.get(id)?.svc) this.dirty.add(id);
       changed = true;
     }
     const kept = new Map<ServiceId, ReadonlySet<string>>();
@@ -162,7 +195,7 @@ export class DesiredModel {
       if (set.size === 0) continue;
       kept.set(id, set);
       if (this.quarantined.has(id)) continue;
-      if (this.services.has(id)) this.dirty.add(id);
+      if (this.entries.get(id)?.svc) this.dirty.add(id);
       changed = true;
     }
     this.quarantined = kept;
@@ -191,9 +224,10 @@ export class DesiredModel {
     const targets: ServiceProbeTarget[] = [];
     const unresolved: Array<{ service: ServiceId; detail: string }> = [];
     for (const id of [...this.probed].sort()) {
-      const spec = this.services.get(id)?.probe;
+      const e = this.entries.get(id);
+      const spec = e?.svc?.probe;
       if (!spec) continue;
-      const slices = [...(this.slicesBySvc.get(id)?.values() ?? [])].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)).slice(0, MAX_SLICES_PER_SERVICE);
+      const slices = slicesOf(e).sort(byName).slice(0, MAX_SLICES_PER_SERVICE);
       const seen = new Set<string>();
       for (const slice of slices) {
         const port = resolvePort(spec.handler.port, slice.ports);
@@ -223,8 +257,12 @@ export class DesiredModel {
   }
 
   setService(id: ServiceId, svc: Service | undefined): void {
-    if (svc) this.services.set(id, svc);
-    else if (!this.services.delete(id)) return;
+    let e = this.entries.get(id);
+    if (svc) {
+      if (!e) this.entries.set(id, (e = newEntry()));
+      e.svc = svc;
+    } else if (!e?.svc) return;
+    else e.svc = undefined;
     if (svc?.probe) this.probed.add(id);
     else this.probed.delete(id);
     this.dirty.add(id);
@@ -234,9 +272,15 @@ export class DesiredModel {
     const old = this.slices.get(id);
     if (old) {
       const owner = serviceId(old.namespace, old.serviceName);
-      const list = this.slicesBySvc.get(owner);
-      list?.delete(id);
-      if (list?.size === 0) this.slicesBySvc.delete(owner);
+      const e = this.entries.get(owner);
+      if (e) {
+        if (e.slices === old) e.slices = undefined;
+        else if (e.slices instanceof Set) {
+          e.slices.delete(old);
+          // Back to the one slice left, held as itself.
+          if (e.slices.size === 1) e.slices = e.slices.values().next().value!;
+        }
+      }
       this.dirty.add(owner);
     }
     if (!slice) {
@@ -245,9 +289,11 @@ export class DesiredModel {
     }
     this.slices.set(id, slice);
     const owner = serviceId(slice.namespace, slice.serviceName);
-    let list = this.slicesBySvc.get(owner);
-    if (!list) this.slicesBySvc.set(owner, (list = new Map()));
-    list.set(id, slice);
+    let e = this.entries.get(owner);
+    if (!e) this.entries.set(owner, (e = newEntry()));
+    if (e.slices === undefined) e.slices = slice;
+    else if (e.slices instanceof Set) e.slices.add(slice);
+    else e.slices = new Set([e.slices, slice]);
     this.dirty.add(owner);
   }
 
@@ -256,7 +302,7 @@ export class DesiredModel {
     const before = this.node;
     this.node = node;
     if (before?.name === node?.name && before?.zone === node?.zone) return;
-    for (const id of this.services.keys()) this.dirty.add(id);
+    for (const [id, e] of this.entries) if (e.svc) this.dirty.add(id);
   }
 
   /** Recomputes the dirty services and settles the frontends they touch. */
@@ -266,30 +312,35 @@ export class DesiredModel {
     if (this.dirty.size === 0) return { changed, newSkips };
     const touched = new Set<FrontendKey>();
     for (const id of this.dirty) {
-      const before = this.computed.get(id) ?? NONE;
-      const svc = this.services.get(id);
-      const after = svc ? this.compute(svc, id, before) : NONE;
-      if (after.frontends.size === 0 && after.skipped.length === 0) this.computed.delete(id);
-      else this.computed.set(id, after);
-      if (after.allFailed) this.allFailed.add(id);
+      const e = this.entries.get(id);
+      if (!e) continue;
+      const before = e.frontends;
+      const skippedBefore = e.skipped;
+      if (e.svc) this.compute(e, e.svc, id);
+      else {
+        e.frontends = NO_FRONTENDS;
+        e.index = undefined;
+        e.skipped = NO_SKIPS;
+        e.allFailed = false;
+      }
+      if (e.allFailed) this.allFailed.add(id);
       else this.allFailed.delete(id);
-      this.servicesWithFrontends += (after.frontends.size > 0 ? 1 : 0) - (before.frontends.size > 0 ? 1 : 0);
+      this.servicesWithFrontends += (e.frontends.length > 0 ? 1 : 0) - (before.length > 0 ? 1 : 0);
 
-      if (after.skipped.length > 0) {
-        const had = new Set(before.skipped.map(skipKey));
-        for (const s of after.skipped) if (!had.has(skipKey(s))) newSkips.push(s);
+      if (e.skipped.length > 0) {
+        const had = new Set(skippedBefore.map(skipKey));
+        for (const s of e.skipped) if (!had.has(skipKey(s))) newSkips.push(s);
       }
-      for (const key of before.frontends.keys()) {
-        if (after.frontends.has(key)) continue;
-        this.unclaim(key, id);
-        touched.add(key);
+      for (const fe of before) {
+        if (frontendAt(e, fe.key)) continue;
+        this.unclaim(fe.key, id);
+        touched.add(fe.key);
       }
-      for (const key of after.frontends.keys()) {
-        const list = this.claims.get(key);
-        if (!list) this.claims.set(key, [id]);
-        else if (!list.includes(id)) list.push(id);
-        touched.add(key);
+      for (const fe of e.frontends) {
+        this.claim(fe.key, id);
+        touched.add(fe.key);
       }
+      if (!e.svc && e.slices === undefined) this.entries.delete(id);
     }
     this.dirty.clear();
 
@@ -314,7 +365,7 @@ export class DesiredModel {
 
   /** Puts the winner's frontend for `key` in force; true when that changed what is in force. */
   private apply(key: FrontendKey, winner: ServiceId | undefined): boolean {
-    const fe = winner === undefined ? undefined : this.computed.get(winner)!.frontends.get(key);
+    const fe = winner === undefined ? undefined : frontendAt(this.entries.get(winner), key);
     const have = this.current.get(key);
     if (fe === have) return false;
     if (fe) this.current.set(key, fe);
@@ -322,10 +373,39 @@ export class DesiredModel {
     return true;
   }
 
+  /** The services that claim `key` (a copy when there are several). */
+  private claimants(key: FrontendKey): readonly ServiceId[] {
+    const c = this.claims.get(key);
+    return c === undefined ? [] : typeof c === 'string' ? [c] : c;
+  }
+
+  private claim(key: FrontendKey, id: ServiceId): void {
+    const c = this.claims.get(key);
+    if (c === undefined) this.claims.set(key, id);
+    else if (typeof c === 'string') {
+      if (c !== id) this.claims.set(key, [c, id]);
+    } else if (!c.includes(id)) c.push(id);
+  }
+
+  private unclaim(key: FrontendKey, id: ServiceId): void {
+    const c = this.claims.get(key);
+    if (c === undefined) return;
+    if (typeof c === 'string') {
+      if (c === id) this.claims.delete(key);
+      return;
+    }
+    const i = c.indexOf(id);
+    if (i >= 0) c.splice(i, 1);
+    // Back to the one claimant left, held as itself.
+    if (c.length === 1) this.claims.set(key, c[0]!);
+    else if (c.length === 0) this.claims.delete(key);
+  }
+
   /** A claimed internal-scope frontend at `key` (any claimant's), else undefined. */
   private claimedTwin(key: FrontendKey): Frontend | undefined {
-    const list = this.claims.get(key);
-    const fe = list && list.length > 0 ? this.computed.get(list[0]!)?.frontends.get(key) : undefined;
+    const c = this.claims.get(key);
+    const first = c === undefined ? undefined : typeof c === 'string' ? c : c[0];
+    const fe = first === undefined ? undefined : frontendAt(this.entries.get(first), key);
     return fe?.scope === 'internal' ? fe : undefined;
   }
 
@@ -337,30 +417,32 @@ export class DesiredModel {
    * belong to one service.
    */
   private settleTwin(key: FrontendKey): ServiceId | undefined {
-    const list = this.claims.get(key);
     const fe = this.claimedTwin(key);
-    if (!list || !fe) return undefined;
+    if (!fe) return undefined;
     const held = this.current.get(externalKeyOf(fe));
     const holder = held && serviceId(held.service.namespace, held.service.name);
-    return holder !== undefined && list.includes(holder) ? holder : undefined;
+    return holder !== undefined && this.claimants(key).includes(holder) ? holder : undefined;
   }
 
   /** Every current skip: the services' own, then lost conflicts. */
   skipped(): Skipped[] {
     const out: Skipped[] = [];
-    for (const c of this.computed.values()) for (const s of c.skipped) out.push(s);
+    for (const e of this.entries.values()) for (const s of e.skipped) out.push(s);
     for (const list of this.conflicts.values()) out.push(...list);
     return out;
   }
 
-  /** One service's frontends; one equal to its previous version keeps the previous object. */
-  private compute(svc: Service, id: ServiceId, before: Computed): Computed {
-    const m = this.slicesBySvc.get(id);
-    let slices = m ? [...m.values()] : [];
+  /**
+   * Recomputes one service's frontends into its record; one equal to its
+   * previous version keeps the previous object.
+   */
+  private compute(e: ServiceEntry, svc: Service, id: ServiceId): void {
+    let slices = slicesOf(e);
     const extra: Skipped[] = [];
     if (slices.length > MAX_SLICES_PER_SERVICE) {
-      slices = slices.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)).slice(0, MAX_SLICES_PER_SERVICE);
-      extra.push({ service: id, reason: 'limit', detail: `${m!.size} EndpointSlices, more than ${MAX_SLICES_PER_SERVICE}: the first ${MAX_SLICES_PER_SERVICE} by name are used` });
+      const all = slices.length;
+      slices = slices.sort(byName).slice(0, MAX_SLICES_PER_SERVICE);
+      extra.push({ service: id, reason: 'limit', detail: `${all} EndpointSlices, more than ${MAX_SLICES_PER_SERVICE}: the first ${MAX_SLICES_PER_SERVICE} by name are used` });
     }
     let out: ReturnType<typeof serviceFrontends>;
     // Probe verdicts count only while the service still has its probe.
@@ -371,23 +453,24 @@ export class DesiredModel {
     } catch (err) {
       // The boundary: this service keeps what it had; the failure is reported.
       const detail = `its frontends could not be computed (${(err as Error)?.message ?? String(err)}); the last ones stay`;
-      return { frontends: before.frontends, skipped: [{ service: id, reason: 'error', detail }], ...(before.allFailed ? { allFailed: true } : {}) };
+      e.skipped = [{ service: id, reason: 'error', detail }];
+      return;
     }
-    if (extra.length > 0) out = { ...out, frontends: out.frontends, skipped: [...extra, ...out.skipped] };
-    const frontends = new Map<FrontendKey, Frontend>();
+    // Keyed as a Map would be: a key that repeats keeps its last frontend.
+    const frontends: Frontend[] = [];
+    const index = out.frontends.length > INDEX_FROM ? new Map<FrontendKey, Frontend>() : undefined;
     for (const fe of out.frontends) {
-      const prev = before.frontends.get(fe.key);
-      frontends.set(fe.key, prev && sameFrontend(prev, fe) ? prev : fe);
+      const prev = frontendAt(e, fe.key);
+      const kept = prev && sameFrontend(prev, fe) ? prev : fe;
+      const repeated = index ? index.has(fe.key) : frontends.some((x) => x.key === fe.key);
+      if (repeated) frontends[frontends.findIndex((x) => x.key === fe.key)] = kept;
+      else frontends.push(kept);
+      index?.set(fe.key, kept);
     }
-    return out.allFailed ? { frontends, skipped: out.skipped, allFailed: true } : { frontends, skipped: out.skipped };
-  }
-
-  private unclaim(key: FrontendKey, id: ServiceId): void {
-    const list = this.claims.get(key);
-    if (!list) return;
-    const i = list.indexOf(id);
-    if (i >= 0) list.splice(i, 1);
-    if (list.length === 0) this.claims.delete(key);
+    e.frontends = packed(frontends);
+    e.index = index;
+    e.skipped = extra.length > 0 ? [...extra, ...out.skipped] : out.skipped.length > 0 ? out.skipped : NO_SKIPS;
+    e.allFailed = out.allFailed === true;
   }
 
   /**
@@ -396,14 +479,15 @@ export class DesiredModel {
    * conflicts recorded.
    */
   private settle(key: FrontendKey, newSkips: Skipped[]): ServiceId | undefined {
-    const list = this.claims.get(key);
+    const c = this.claims.get(key);
     const previous = this.conflicts.get(key);
     if (previous) this.conflicts.delete(key);
-    if (!list || list.length === 0) return undefined;
-    if (list.length === 1) return list[0];
+    if (c === undefined) return undefined;
+    if (typeof c === 'string') return c;
+    const list = c;
     const held = this.current.get(key);
     const holder = held && serviceId(held.service.namespace, held.service.name);
-    const svc = (id: ServiceId): Service => this.services.get(id)!;
+    const svc = (id: ServiceId): Service => this.entries.get(id)!.svc!;
     const before = (a: ServiceId, b: ServiceId): number => {
       const x = svc(a);
       const y = svc(b);
@@ -413,7 +497,7 @@ export class DesiredModel {
     if (holder !== undefined && list.includes(holder)) list.splice(0, 0, ...list.splice(list.indexOf(holder), 1));
     const [winner, ...losers] = list;
     const had = new Set((previous ?? []).map(skipKey));
-    const fe = this.computed.get(winner!)?.frontends.get(key);
+    const fe = frontendAt(this.entries.get(winner!), key);
     const what = fe?.type === 'NodePort' ? `nodePort ${fe.port}/${fe.protocol} (${key})` : key;
     const skips = losers.map((id): Skipped => ({ service: id, reason: 'conflict', detail: `${what} is already served for ${winner}` }));
     for (const s of skips) if (!had.has(skipKey(s))) newSkips.push(s);
@@ -421,6 +505,18 @@ export class DesiredModel {
     return winner;
   }
 }
+
+function newEntry(): ServiceEntry {
+  return { svc: undefined, slices: undefined, frontends: NO_FRONTENDS, index: undefined, skipped: NO_SKIPS, allFailed: false };
+}
+
+/** A record's slices, as a new array. */
+function slicesOf(e: ServiceEntry): EndpointSlice[] {
+  const s = e.slices;
+  return s === undefined ? [] : s instanceof Set ? [...s] : [s];
+}
+
+const byName = (a: EndpointSlice, b: EndpointSlice): number => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
 
 export interface ModelInput {
   readonly services: Iterable<Service>;

@@ -212,6 +212,68 @@ t.test('model: a slice added, removed, moved to another service, a Service repla
   void dns;
 });
 
+t.test('model: one record per service, whatever form its parts take (one slice or several, one claimant or several, few frontends or many)', async (t) => {
+  const m = new DesiredModel();
+  const web = svc(service('web', ['10.96.0.10'], [{ name: 'http', port: 80 }]));
+  const sl = (name: string, address: string): EndpointSlice => eps(slice(name, 'web', 'IPv4', [{ name: 'http', port: 8080 }], [{ addresses: [address] }]));
+  const backends = (): string[] => fe(m.frontends, '10.96.0.10:80/TCP').backends.map((b) => b.address);
+  // Slices before their Service, as a list may deliver them.
+  for (const [name, address] of [['web-a', '10.0.0.1'], ['web-b', '10.0.0.2'], ['web-c', '10.0.0.3']] as const) m.setSlice(`default/${name}`, sl(name, address));
+  m.setService(id(web), web);
+  m.flush();
+  t.same(backends(), ['10.0.0.1', '10.0.0.2', '10.0.0.3'], 'three slices');
+  m.setSlice('default/web-a', undefined);
+  m.setSlice('default/web-c', undefined);
+  m.flush();
+  t.same(backends(), ['10.0.0.2'], 'down to one');
+  m.setSlice('default/web-b', sl('web-b', '10.0.0.5'));
+  m.flush();
+  t.same(backends(), ['10.0.0.5'], 'the one left, replaced');
+  m.setSlice('default/web-d', sl('web-d', '10.0.0.4'));
+  m.flush();
+  t.same(backends(), ['10.0.0.4', '10.0.0.5'], 'two again');
+  m.setService(id(web), undefined);
+  m.flush();
+  t.equal(m.frontends.size, 0, 'no Service: no frontend, its slices kept');
+  m.setService(id(web), web);
+  m.flush();
+  t.same(backends(), ['10.0.0.4', '10.0.0.5'], 'the Service back: the slices kept meanwhile serve it');
+
+  // Three services claim one address:port; they leave one by one.
+  const claimant = (name: string): Service => svc(service(name, ['10.96.0.10'], [{ name: 'http', port: 80 }]));
+  for (const name of ['x2', 'x1']) m.setService(`default/${name}`, claimant(name));
+  m.flush();
+  const holder = (): string => fe(m.frontends, '10.96.0.10:80/TCP').service.name;
+  t.equal(holder(), 'web', 'the holder keeps it');
+  t.same(m.skipped().filter((s) => s.reason === 'conflict').map((s) => s.service).sort(), ['default/x1', 'default/x2'], 'both newcomers named');
+  m.setService(id(web), undefined);
+  m.flush();
+  t.equal(holder(), 'x1', 'then the first by name');
+  m.setService('default/x1', undefined);
+  m.flush();
+  t.equal(holder(), 'x2', 'then the last claimant');
+  t.same(m.skipped().filter((s) => s.reason === 'conflict'), [], 'no conflict left');
+  m.setService('default/x2', undefined);
+  m.flush();
+  t.equal(m.frontends.size, 0, 'nobody claims it');
+
+  // A service with more frontends than a scan is kept for (indexed by key).
+  const ports = Array.from({ length: 20 }, (_, i) => ({ name: `p${i}`, port: 1000 + i }));
+  const many = svc(service('many', ['10.96.0.20'], ports));
+  m.setService(id(many), many);
+  m.setSlice('default/many-a', eps(slice('many-a', 'many', 'IPv4', ports.map((p) => ({ name: p.name, port: p.port + 1000 })), [{ addresses: ['10.0.1.1'] }])));
+  t.equal(m.flush().changed.size, 20, 'twenty frontends');
+  const before = new Map(m.frontends);
+  m.setService(id(many), svc(service('many', ['10.96.0.20'], ports)));
+  t.equal(m.flush().changed.size, 0, 'an equal Service changes none');
+  for (const [key, f] of before) t.equal(m.frontends.get(key), f, `${key}: the same object`);
+  const fewer = svc(service('many', ['10.96.0.20'], ports.slice(0, 3)));
+  m.setService(id(many), fewer);
+  t.equal(m.flush().changed.size, 17, 'seventeen ports gone');
+  t.same([...m.frontends.keys()].sort(), ['10.96.0.20:1000/TCP', '10.96.0.20:1001/TCP', '10.96.0.20:1002/TCP']);
+  t.equal(m.frontends.get('10.96.0.20:1000/TCP' as never), before.get('10.96.0.20:1000/TCP' as never), 'a port kept keeps its object');
+});
+
 t.test('model: a Node change recomputes every service only when its name or zone changes', async (t) => {
   const m = model(cluster().input);
   m.flush();
