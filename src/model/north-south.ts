@@ -15,7 +15,7 @@
 // src/cli/flags.ts.
 import ipaddr from 'ipaddr.js';
 import { parseIp, type ParsedIp } from '../lb/addr.js';
-import type { Family, Protocol } from '../lb/types.js';
+import { packed, type Family, type Protocol } from '../lb/types.js';
 
 /** The fields of a Service this module reads (RawService is the rest). */
 export interface RawNorthSouth {
@@ -158,7 +158,17 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
   const sourceRangesFailClosed = given > 0 && sourceRanges.length === 0;
   if (sourceRangesFailClosed) problems.push(`${id}: no valid spec.loadBalancerSourceRanges: its LoadBalancer addresses are not served (closed rather than open to all)`);
 
-  return { nodePorts, externalIPs, loadBalancerIPs, externalTrafficPolicy, healthCheckNodePort, sourceRanges, sourceRangesFailClosed, problems };
+  // Exact copies of the lists built by push (packed(): no spare room kept per service).
+  return {
+    nodePorts: packed(nodePorts),
+    externalIPs: packed(externalIPs),
+    loadBalancerIPs: packed(loadBalancerIPs),
+    externalTrafficPolicy,
+    healthCheckNodePort,
+    sourceRanges: packed(sourceRanges),
+    sourceRangesFailClosed,
+    problems: packed(problems),
+  };
 }
 
 /** The problem of a nodePort outside `range`, or undefined when it is inside. */
