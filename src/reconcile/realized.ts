@@ -36,6 +36,13 @@ export interface RealizedFrontend {
 
 /** Frontends with fewer slots than this keep their slots array exactly as long as it is (putSlot). */
 const EXACT_SLOTS = 64;
+/**
+ * The slots of an entry that holds none (every wildcard entry, and a
+ * master without backends): one shared, frozen array, replaced by the
+ * entry's own at its first slot (putSlot only writes below the length of
+ * an array it made, and deleteSlot only where a slot is held).
+ */
+const NO_SLOTS = Object.freeze([undefined]) as unknown as Array<number | undefined>;
 
 /** Slot numbers held, ascending. */
 export function* heldSlots(e: RealizedFrontend): Generator<[slot: number, backendId: number]> {
@@ -181,6 +188,7 @@ export class RealizedState implements ExpectedMaps {
       e.slots = grown;
       slots = grown;
     } else {
+      if (slots === NO_SLOTS) e.slots = slots = [undefined];
       while (slots.length < slot) slots.push(undefined);
       slots[slot] = backendId;
     }
@@ -231,7 +239,7 @@ export class RealizedState implements ExpectedMaps {
           ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope }
           : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
       h.serviceKey(fe);
-      e = { fe: copy, k1: h.h1, k2: h.h2, slots: [undefined] };
+      e = { fe: copy, k1: h.h1, k2: h.h2, slots: NO_SLOTS };
       this.frontends.set(key, e);
     }
     return e;

@@ -82,6 +82,19 @@ t.test('slots: filled in any order, past the length kept exact and beyond, each 
   t.same(r.frontends.get(key)!.slots, [undefined, 1001, 1002], 'trimmed back to the slots left');
   r.putSlot(key, fe, 70, 7);
   t.same([...heldSlots(r.frontends.get(key)!)], [[1, 1001], [2, 1002], [70, 7]], 'and grown again past the exact range');
+  // Entries with no slot share one array: a first slot, low or high, gets its own.
+  const other = '10.96.0.2:80/TCP';
+  const fe2 = { ...fe, address: '10.96.0.2' };
+  r.putMaster(other, fe2, master);
+  const wkey = '10.96.0.1:0/ANY';
+  r.putMaster(wkey, wild, master);
+  r.putSlot(other, fe2, 100, 9);
+  t.same([...heldSlots(r.frontends.get(other)!)], [[100, 9]], 'a first slot past the exact range');
+  t.same(r.frontends.get(wkey)!.slots, [undefined], 'the other entries without slots are untouched');
+  r.deleteSlot(other, 100);
+  r.putSlot(other, fe2, 1, 9);
+  t.same(r.frontends.get(other)!.slots, [undefined, 9]);
+  t.same(r.frontends.get(wkey)!.slots, [undefined]);
 });
 
 t.test('address references count ClusterIP masters only: other frontends have no wildcard', async (t) => {
