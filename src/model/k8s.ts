@@ -200,6 +200,27 @@ export interface EndpointSlice {
 }
 
 
+/**
+ * One frozen object per distinct port (name, number, protocol), shared by
+ * every Service and EndpointSlice that lists it: a cluster repeats a few
+ * ports (http/80/TCP, https/443/TCP, dns/53/UDP) over thousands of
+ * objects, and each copy cost 48 bytes and a name string (about 96 bytes a
+ * service with its slice, docs/benchmarks.md "Issue 18"). The table is
+ * bounded: past MAX_SHARED_PORTS distinct ports (input built to grow it),
+ * ports are made per object again.
+ */
+const sharedPorts = new Map<string, ServicePort>();
+const MAX_SHARED_PORTS = 4096;
+
+function servicePort(name: string, port: number, protocol: Protocol): ServicePort {
+  const key = `${protocol}/${port}/${name}`;
+  const have = sharedPorts.get(key);
+  if (have) return have;
+  const p: ServicePort = Object.freeze({ name, port, protocol });
+  if (sharedPorts.size < MAX_SHARED_PORTS) sharedPorts.set(key, p);
+  return p;
+}
+
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
 
@@ -268,7 +289,7 @@ export function validateService(obj: unknown): Validated<Service> {
       unsupportedPorts.push(`${p.port}/SCTP`);
       continue;
     }
-    ports.push({ name, port: p.port, protocol });
+    ports.push(servicePort(name, p.port, protocol));
   }
 
   const clusterIPs: ParsedIp[] = [];
@@ -388,7 +409,7 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     const protocol = checkProtocol(p.protocol);
     if (!protocol) return fail(`${id}: ports[${i}].protocol ${show(p.protocol)} is not TCP, UDP or SCTP`);
     if (protocol === 'SCTP') continue;
-    ports.push({ name, port: p.port, protocol });
+    ports.push(servicePort(name, p.port, protocol));
   }
 
   const rawEndpoints = raw.endpoints ?? [];
