@@ -353,28 +353,28 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   };
 
   const remove = (key: string, have: RealizedFrontend): void => {
-    if (have.master) removals.push({ kind: 'delete-master', key, fe: have.fe });
+    if (have.master) removals.push({ kind: 'delete-master', key, fe: have });
     for (const [s, old] of heldSlots(have)) {
-      removals.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
+      removals.push({ kind: 'delete-slot', key, fe: have, slot: s });
       bump(slotDelta, old, -1);
     }
-    if (have.master && hasWildcard(have.master.type)) bump(addrDelta, have.fe.address, -1);
+    if (have.master && hasWildcard(have.master.type)) bump(addrDelta, have.address, -1);
     // Its Maglev table and source ranges go after its master (no new flow reads them then).
     if (have.master) {
-      const table = maglevTableKey(have.master.revNatId, have.fe.family);
-      if (r.maglev.has(table)) removals.push({ kind: 'delete-maglev', key, fe: have.fe, table });
+      const table = maglevTableKey(have.master.revNatId, have.family);
+      if (r.maglev.has(table)) removals.push({ kind: 'delete-maglev', key, fe: have, table });
     }
     const ranges = r.srcRanges.get(key);
-    if (ranges) removals.push({ kind: 'delete-srcranges', key, fe: have.fe, revNatId: ranges.revNatId, remove: ranges.ranges });
+    if (ranges) removals.push({ kind: 'delete-srcranges', key, fe: have, revNatId: ranges.revNatId, remove: ranges.ranges });
     // A full plan deletes every rev-NAT entry no desired frontend uses, below.
     const id = have.master?.revNatId;
-    if (!full && id !== undefined && r.revNat[have.fe.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.fe.family });
+    if (!full && id !== undefined && r.revNat[have.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.family });
   };
 
   // Removals first: the room they free counts for the puts.
   if (scope.prune) {
     if (full) {
-      for (const [key, have] of r.frontends) if (!isWildcard(have.fe) && !desired.has(key as FrontendKey)) remove(key, have);
+      for (const [key, have] of r.frontends) if (!isWildcard(have) && !desired.has(key as FrontendKey)) remove(key, have);
     } else {
       for (const key of scope.changed!) {
         const have = desired.has(key) ? undefined : r.frontends.get(key);
@@ -466,7 +466,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     if (have) {
       for (const [s, old] of heldSlots(have)) {
         if (s <= slot) continue;
-        shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have.fe, slot: s });
+        shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have, slot: s });
         slotBumps?.push(old, -1);
       }
     }
@@ -579,14 +579,14 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     append(ops, revNatDeletes);
     const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && !wildcardsKept.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
     const dropWildcard = (key: string, have: RealizedFrontend): void => {
-      if (have.master) ops.push({ kind: 'delete-master', key, fe: have.fe });
+      if (have.master) ops.push({ kind: 'delete-master', key, fe: have });
       for (const [s, old] of heldSlots(have)) {
-        ops.push({ kind: 'delete-slot', key, fe: have.fe, slot: s });
+        ops.push({ kind: 'delete-slot', key, fe: have, slot: s });
         bump(slotDelta, old, -1);
       }
     };
     if (full) {
-      for (const [key, have] of r.frontends) if (isWildcard(have.fe) && unused(have.fe.address)) dropWildcard(key, have);
+      for (const [key, have] of r.frontends) if (isWildcard(have) && unused(have.address)) dropWildcard(key, have);
     } else {
       for (const [addr, d] of addrDelta!) {
         if (d >= 0 || !unused(addr)) continue;

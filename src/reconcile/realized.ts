@@ -19,12 +19,16 @@ import { IdMap } from './id-map.js';
 /** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
 export type LbMapName = (typeof LB_MAP_NAMES)[number];
 
-export interface RealizedFrontend {
-  readonly fe: ServiceAddr;
+/**
+ * One entry of lb{4,6}_services as held: its key's fields themselves (the
+ * entry is the ServiceAddr: no copy of the key per entry), the digest's
+ * hash of them, its master and its slots.
+ */
+export interface RealizedFrontend extends ServiceAddr {
   /** The digest's hash of the key's fields (EntryHash.serviceKey), both lanes: each entry's hash resumes from it. */
   readonly k1: number;
   readonly k2: number;
-  master?: MasterEntry;
+  master: MasterEntry | undefined;
   /**
    * Backend id by slot number (index 0, the master, is never set; a slot
    * missing from the maps is undefined). No trailing undefined: `length - 1`
@@ -32,6 +36,14 @@ export interface RealizedFrontend {
    * putSlot).
    */
   slots: Array<number | undefined>;
+}
+
+/** A realized entry's key fields alone (a new object: it keeps nothing else of the entry alive). */
+export function addrOf(e: RealizedFrontend | undefined): ServiceAddr | undefined {
+  if (!e) return undefined;
+  return e.scope === 'internal'
+    ? { address: e.address, family: e.family, port: e.port, protocol: e.protocol, scope: e.scope }
+    : { address: e.address, family: e.family, port: e.port, protocol: e.protocol };
 }
 
 /** Frontends with fewer slots than this keep their slots array exactly as long as it is (putSlot). */
@@ -201,8 +213,8 @@ export class RealizedState implements ExpectedMaps {
     const old = e?.slots[slot];
     if (!e || old === undefined) return;
     e.slots[slot] = undefined;
-    this.serviceEntries[e.fe.family]--;
-    this.digests[`lb${e.fe.family}_services`].sub(h.resume(e.k1, e.k2).slot(slot, old));
+    this.serviceEntries[e.family]--;
+    this.digests[`lb${e.family}_services`].sub(h.resume(e.k1, e.k2).slot(slot, old));
     while (e.slots.length > 1 && e.slots[e.slots.length - 1] === undefined) e.slots.pop();
     bump(this.slotRefs, old, -1);
     this.dropIfEmpty(key, e);
@@ -223,23 +235,24 @@ export class RealizedState implements ExpectedMaps {
   deleteMaster(key: string): void {
     const e = this.frontends.get(key);
     if (!e?.master) return;
-    this.serviceEntries[e.fe.family]--;
-    this.digests[`lb${e.fe.family}_services`].sub(h.resume(e.k1, e.k2).master(e.master));
-    if (e.master.type === 'ClusterIP') bump(this.addrRefs, e.fe.address, -1);
-    delete e.master;
+    this.serviceEntries[e.family]--;
+    this.digests[`lb${e.family}_services`].sub(h.resume(e.k1, e.k2).master(e.master));
+    if (e.master.type === 'ClusterIP') bump(this.addrRefs, e.address, -1);
+    e.master = undefined;
     this.dropIfEmpty(key, e);
   }
 
   private entry(key: string, fe: ServiceAddr): RealizedFrontend {
     let e = this.frontends.get(key);
     if (!e) {
-      // A copy: the entry must not keep a caller's larger object (a Frontend) alive.
-      const copy: ServiceAddr =
-        fe.scope === 'internal'
-          ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope }
-          : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol };
+      // The key's fields, not the caller's object: the entry must not keep
+      // a larger one (a Frontend) alive. Every field in one literal, in one
+      // order: two hidden classes in all (with and without a scope).
       h.serviceKey(fe);
-      e = { fe: copy, k1: h.h1, k2: h.h2, slots: NO_SLOTS };
+      e =
+        fe.scope === 'internal'
+          ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope, k1: h.h1, k2: h.h2, master: undefined, slots: NO_SLOTS }
+          : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, k1: h.h1, k2: h.h2, master: undefined, slots: NO_SLOTS };
       this.frontends.set(key, e);
     }
     return e;

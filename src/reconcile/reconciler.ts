@@ -21,7 +21,7 @@ import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
 import { opMapName, plan, PutRun, type MapOp, type PlanStep, type SingleOp } from './plan.js';
-import { RealizedState, type LbMapName } from './realized.js';
+import { addrOf, RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
   /**
@@ -222,9 +222,9 @@ export class Reconciler {
     this.clean = false;
     let frontends = 0;
     for (const [key, fe] of this.realizedState.frontends) {
-      if (fe.fe.protocol === 'ANY' || !fe.master) continue;
+      if (fe.protocol === 'ANY' || !fe.master) continue;
       frontends++;
-      this.revNatIds[fe.fe.family].adopt(key as FrontendKey, fe.master.revNatId);
+      this.revNatIds[fe.family].adopt(key as FrontendKey, fe.master.revNatId);
     }
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
     return { frontends, backends: this.realizedState.backends.size };
@@ -244,12 +244,12 @@ export class Reconciler {
     const r = this.realizedState;
     for (const table of ns.maps.maglevKeys()) r.maglev.set(table, known.get(table) ?? '');
     const byId = new Map<string, string>();
-    for (const [key, fe] of r.frontends) if (fe.master && fe.fe.protocol !== 'ANY') byId.set(`${fe.fe.family}/${fe.master.revNatId}`, key);
+    for (const [key, fe] of r.frontends) if (fe.master && fe.protocol !== 'ANY') byId.set(`${fe.family}/${fe.master.revNatId}`, key);
     const groups = new Map<string, { fe: ServiceAddr; revNatId: number; ranges: SourceRange[] }>();
     for (const e of ns.maps.srcRanges()) {
       const key = byId.get(`${e.family}/${e.revNatId}`) ?? `src-range:${e.family}/${e.revNatId}`;
       let g = groups.get(key);
-      if (!g) groups.set(key, (g = { fe: r.frontends.get(key)?.fe ?? { address: '', family: e.family, port: 0, protocol: 'ANY' }, revNatId: e.revNatId, ranges: [] }));
+      if (!g) groups.set(key, (g = { fe: addrOf(r.frontends.get(key)) ?? { address: '', family: e.family, port: 0, protocol: 'ANY' }, revNatId: e.revNatId, ranges: [] }));
       g.ranges.push({ family: e.family, address: e.address, prefixLen: e.prefixLen });
     }
     for (const [key, g] of groups) r.srcRanges.set(key, { ...g, fingerprint: '' });

@@ -118,10 +118,10 @@ t.test('an internal-scope entry keeps its scope: deletes and adoption find it by
   const twin = { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP', scope: 'internal' } as const;
   const r = RealizedState.from({ services: [{ fe: twin, slot: 0, master: { ...master, type: 'NodePort' } }], backends: [], revNat: [] });
   t.same([...r.frontends.keys()], ['0.0.0.0:30080/TCP/internal']);
-  t.equal(r.frontends.get('0.0.0.0:30080/TCP/internal')!.fe.scope, 'internal');
+  t.equal(r.frontends.get('0.0.0.0:30080/TCP/internal')!.scope, 'internal');
   const plain = new RealizedState();
   plain.putSlot('10.96.0.1:80/TCP', { ...fe, scope: undefined }, 1, 3);
-  t.notOk('scope' in plain.frontends.get('10.96.0.1:80/TCP')!.fe, 'an external entry carries no scope field');
+  t.notOk('scope' in plain.frontends.get('10.96.0.1:80/TCP')!, 'an external entry carries no scope field');
 });
 
 t.test('backends: per-family counts, also when an id changes family', async (t) => {
