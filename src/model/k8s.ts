@@ -190,6 +190,47 @@ export interface Endpoint {
   readonly nodeHints?: readonly string[];
 }
 
+const READY = 1;
+const SERVING = 2;
+const TERMINATING = 4;
+
+/**
+ * A validated endpoint as kept: the three conditions in one small integer
+ * and the hints (rare: topology-aware routing) in an object of their own,
+ * read through getters on the prototype, so an endpoint is 5 fields
+ * instead of 8 (64 bytes instead of 88, and most clusters keep several per
+ * service). Every one is made by this constructor: one hidden class.
+ */
+class ValidEndpoint implements Endpoint {
+  constructor(
+    readonly address: string,
+    private readonly conditions: number,
+    readonly nodeName: string | undefined,
+    readonly zone: string | undefined,
+    private readonly hints: { readonly zoneHints: readonly string[] | undefined; readonly nodeHints: readonly string[] | undefined } | undefined,
+  ) {}
+
+  get ready(): boolean {
+    return (this.conditions & READY) !== 0;
+  }
+
+  get serving(): boolean {
+    return (this.conditions & SERVING) !== 0;
+  }
+
+  get terminating(): boolean {
+    return (this.conditions & TERMINATING) !== 0;
+  }
+
+  get zoneHints(): readonly string[] | undefined {
+    return this.hints?.zoneHints;
+  }
+
+  get nodeHints(): readonly string[] | undefined {
+    return this.hints?.nodeHints;
+  }
+}
+
 export interface EndpointSlice {
   readonly namespace: string;
   readonly name: string;
@@ -437,17 +478,17 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     const serving = c.serving !== false;
     const terminating = c.terminating === true;
     const hints = isObject(e.hints) ? e.hints : undefined;
-    // One literal shape for every endpoint (see validateService).
-    endpoints.push({
-      address,
-      ready,
-      serving,
-      terminating,
-      nodeName: typeof e.nodeName === 'string' ? e.nodeName : undefined,
-      zone: typeof e.zone === 'string' ? e.zone : undefined,
-      zoneHints: hintNames(hints?.forZones),
-      nodeHints: hintNames(hints?.forNodes),
-    });
+    const zoneHints = hintNames(hints?.forZones);
+    const nodeHints = hintNames(hints?.forNodes);
+    endpoints.push(
+      new ValidEndpoint(
+        address,
+        (ready ? READY : 0) | (serving ? SERVING : 0) | (terminating ? TERMINATING : 0),
+        typeof e.nodeName === 'string' ? e.nodeName : undefined,
+        typeof e.zone === 'string' ? e.zone : undefined,
+        zoneHints || nodeHints ? { zoneHints, nodeHints } : undefined,
+      ),
+    );
   }
   const value: EndpointSlice = { namespace: meta.value.namespace, name: meta.value.name, serviceName, family, ports: packed(ports), endpoints: packed(endpoints) };
   return { ok: true, value };
