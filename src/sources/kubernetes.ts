@@ -251,9 +251,13 @@ interface SourceShared {
   answered(from: Reflector<unknown>): void;
 }
 
-/** One resource: its list+watch loop and its validated objects. */
+/** One resource: its list+watch loop, and which objects it holds. */
 class Reflector<T> {
-  readonly items = new Map<string, T>();
+  /**
+   * The ids of the objects held (their last valid versions went to the
+   * consumer with each change; it keeps them, so they are not kept twice).
+   */
+  readonly items = new Set<string>();
   synced = false;
   /**
    * The last list or watch error, until a list or watch succeeds again: the
@@ -398,7 +402,7 @@ class Reflector<T> {
       result = await this.listAt('');
     }
     if (this.stopped) return;
-    for (const id of this.items.keys()) if (!result.seen.has(id)) this.remove(id);
+    for (const id of this.items) if (!result.seen.has(id)) this.remove(id);
     if (rv === '0' && result.paged) this.paginated = true;
     this.rvUnavailable = false;
     this.lastSyncRv = result.resourceVersion;
@@ -629,7 +633,7 @@ class Reflector<T> {
 
   /** The end of a watch-list's initial events: they were the list. */
   private initialEventsEnd(seen: Set<string>, rv: string): void {
-    for (const id of this.items.keys()) if (!seen.has(id)) this.remove(id);
+    for (const id of this.items) if (!seen.has(id)) this.remove(id);
     if (rv !== '') this.lastSyncRv = rv;
     this.rvUnavailable = false;
     this.needList = false;
@@ -665,7 +669,7 @@ class Reflector<T> {
       this.problem(where, had ? `${v.reason} (keeping its last valid version)` : v.reason, category, object);
       return;
     }
-    this.items.set(id, v.value);
+    this.items.add(id);
     this.changed({ kind: this.kind, type: had ? 'update' : 'add', id, object: v.value } as SourceEvent);
   }
 
