@@ -136,8 +136,12 @@ test: test-host test-vm
 test-vm: build typecheck
 	VMTEST_SKIP_HOST=1 VMTEST_PROFILE=test bash scripts/vmtest/vmtest.sh
 
+# On a failure the failing assertions are named again at the end, where
+# CI's excerpt of the output (its last lines) shows them.
 test-host: build typecheck image
-	npx --no-install tap test/unit test/native test/bpf test/e2e test/deploy
+	@mkdir -p .tap
+	set -o pipefail; npx --no-install tap test/unit test/native test/bpf test/e2e test/deploy 2>&1 | tee .tap/host.log || \
+	  { echo '# the failed assertions (the whole output is above):'; grep 'not ok' .tap/host.log | tail -40; exit 1; }
 
 test-unit: build
 	npx --no-install tap test/unit
