@@ -190,6 +190,100 @@ export interface Endpoint {
   readonly nodeHints?: readonly string[];
 }
 
+/** What a Service asks beyond its addresses and ports; PLAIN_EXTRAS for most. */
+interface ServiceExtras {
+  readonly unsupportedPorts: readonly string[];
+  readonly internalTrafficPolicy: 'Cluster' | 'Local';
+  readonly affinityTimeout: number | undefined;
+  readonly proxyName: string | undefined;
+  readonly headlessLabel: boolean;
+  readonly northSouth: NorthSouth;
+  readonly lbAlgorithm: 'maglev' | 'random';
+  readonly probe: ProbeSpec | undefined;
+  readonly probeProblem: string | undefined;
+}
+
+/** The extras of a Service that sets none of them: one shared object. */
+const PLAIN_EXTRAS: ServiceExtras = Object.freeze({
+  unsupportedPorts: Object.freeze([]),
+  internalTrafficPolicy: 'Cluster',
+  affinityTimeout: undefined,
+  proxyName: undefined,
+  headlessLabel: false,
+  northSouth: NO_NORTH_SOUTH,
+  lbAlgorithm: 'maglev',
+  probe: undefined,
+  probeProblem: undefined,
+});
+
+function plainExtras(x: ServiceExtras): boolean {
+  return (
+    x.unsupportedPorts.length === 0 &&
+    x.internalTrafficPolicy === 'Cluster' &&
+    x.affinityTimeout === undefined &&
+    x.proxyName === undefined &&
+    !x.headlessLabel &&
+    x.northSouth === NO_NORTH_SOUTH &&
+    x.lbAlgorithm === 'maglev' &&
+    x.probe === undefined &&
+    x.probeProblem === undefined
+  );
+}
+
+/**
+ * A validated Service as kept: its name, type, cluster IPs and ports, and
+ * the rest in an extras object read through getters, one shared object
+ * for every Service that sets none of it (6 fields instead of 14: 72 bytes
+ * instead of 136). Every one is made by this constructor: one hidden
+ * class.
+ */
+class ValidService implements Service {
+  constructor(
+    readonly namespace: string,
+    readonly name: string,
+    readonly type: Service['type'],
+    readonly clusterIPs: readonly ParsedIp[],
+    readonly ports: readonly ServicePort[],
+    private readonly x: ServiceExtras,
+  ) {}
+
+  get unsupportedPorts(): readonly string[] {
+    return this.x.unsupportedPorts;
+  }
+
+  get internalTrafficPolicy(): 'Cluster' | 'Local' {
+    return this.x.internalTrafficPolicy;
+  }
+
+  get affinityTimeout(): number | undefined {
+    return this.x.affinityTimeout;
+  }
+
+  get proxyName(): string | undefined {
+    return this.x.proxyName;
+  }
+
+  get headlessLabel(): boolean {
+    return this.x.headlessLabel;
+  }
+
+  get northSouth(): NorthSouth {
+    return this.x.northSouth;
+  }
+
+  get lbAlgorithm(): 'maglev' | 'random' {
+    return this.x.lbAlgorithm;
+  }
+
+  get probe(): ProbeSpec | undefined {
+    return this.x.probe;
+  }
+
+  get probeProblem(): string | undefined {
+    return this.x.probeProblem;
+  }
+}
+
 const READY = 1;
 const SERVING = 2;
 const TERMINATING = 4;
@@ -391,16 +485,7 @@ export function validateService(obj: unknown): Validated<Service> {
   // north-south fields are not read (nor reported).
   const ns = clusterIPs.length === 0 ? NO_NORTH_SOUTH : orNone(northSouth(raw as RawNorthSouth, id, clusterIPs.map((c) => c.family), ALL_PORTS));
 
-  // Built as one literal with every field (absent ones undefined): V8 then
-  // shares one hidden class among all Services, where spreads and optional
-  // fields gave each object its own (about 2 KB per service at 10,000).
-  const value: Service = {
-    namespace: meta.value.namespace,
-    name: meta.value.name,
-    type,
-    // Exact copies of the lists built by push (packed(): no spare room kept per service).
-    clusterIPs: packed(clusterIPs),
-    ports: packed(ports),
+  const extras: ServiceExtras = {
     unsupportedPorts: packed(unsupportedPorts),
     internalTrafficPolicy: itp,
     affinityTimeout,
@@ -411,6 +496,8 @@ export function validateService(obj: unknown): Validated<Service> {
     probe,
     probeProblem,
   };
+  // Exact copies of the lists built by push (packed(): no spare room kept per service).
+  const value: Service = new ValidService(meta.value.namespace, meta.value.name, type, packed(clusterIPs), packed(ports), plainExtras(extras) ? PLAIN_EXTRAS : extras);
   return { ok: true, value };
 }
 

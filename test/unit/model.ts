@@ -392,7 +392,7 @@ t.test('model: a Service whose computation throws keeps its frontends, is report
   m.flush();
   const held = fe(m.frontends, '10.96.0.10:80/TCP');
   // An object the validators would never produce: its ports throw when read.
-  const poisoned = { ...web, get ports(): never { throw new Error('poisoned'); } } as Service;
+  const poisoned = Object.create(web, { ports: { get(): never { throw new Error('poisoned'); } } }) as Service;
   const dns2 = svc(service('dns', ['10.96.0.54'], [{ name: 'dns', port: 53, protocol: 'UDP' }]));
   m.setService(id(web), poisoned);
   m.setService(id(dns2), dns2);
