@@ -59,8 +59,12 @@ interface ServiceEntry {
    * are the ones `slices` holds by id, so identity finds one.
    */
   slices: EndpointSlice | Set<EndpointSlice> | undefined;
-  /** What the last flush computed: the frontends it asks for (no two with one key), and its skips. */
-  frontends: readonly Frontend[];
+  /**
+   * What the last flush computed: the frontends it asks for (no two with
+   * one key), the one itself when it asks for one (most services: no
+   * array), and its skips.
+   */
+  frontends: Frontend | readonly Frontend[];
   /** The frontends by key, when there are more than INDEX_FROM (below that, a scan is cheaper than a Map). */
   index: ReadonlyMap<FrontendKey, Frontend> | undefined;
   skipped: readonly Skipped[];
@@ -78,9 +82,15 @@ const NO_SKIPS: readonly Skipped[] = Object.freeze([]);
 function frontendAt(e: ServiceEntry | undefined, key: FrontendKey): Frontend | undefined {
   if (!e) return undefined;
   if (e.index) return e.index.get(key);
-  for (const fe of e.frontends) if (fe.key === key) return fe;
+  const f = e.frontends;
+  if (!isList(f)) return f.key === key ? f : undefined;
+  for (const fe of f) if (fe.key === key) return fe;
   return undefined;
 }
+
+const isList = (f: Frontend | readonly Frontend[]): f is readonly Frontend[] => Array.isArray(f);
+/** A record's frontends as a list (a new one-element array for a single frontend). */
+const listOf = (f: Frontend | readonly Frontend[]): readonly Frontend[] => (isList(f) ? f : [f]);
 
 /** One backend address of a service with a readiness probe, and the probe aimed at it. */
 export interface ServiceProbeTarget {
@@ -325,18 +335,18 @@ export class DesiredModel {
       }
       if (e.allFailed) this.allFailed.add(id);
       else this.allFailed.delete(id);
-      this.servicesWithFrontends += (e.frontends.length > 0 ? 1 : 0) - (before.length > 0 ? 1 : 0);
+      this.servicesWithFrontends += (listOf(e.frontends).length > 0 ? 1 : 0) - (listOf(before).length > 0 ? 1 : 0);
 
       if (e.skipped.length > 0) {
         const had = new Set(skippedBefore.map(skipKey));
         for (const s of e.skipped) if (!had.has(skipKey(s))) newSkips.push(s);
       }
-      for (const fe of before) {
+      for (const fe of listOf(before)) {
         if (frontendAt(e, fe.key)) continue;
         this.unclaim(fe.key, id);
         touched.add(fe.key);
       }
-      for (const fe of e.frontends) {
+      for (const fe of listOf(e.frontends)) {
         this.claim(fe.key, id);
         touched.add(fe.key);
       }
@@ -467,7 +477,7 @@ export class DesiredModel {
       else frontends.push(kept);
       index?.set(fe.key, kept);
     }
-    e.frontends = packed(frontends);
+    e.frontends = frontends.length === 1 ? frontends[0]! : packed(frontends);
     e.index = index;
     e.skipped = extra.length > 0 ? [...extra, ...out.skipped] : out.skipped.length > 0 ? out.skipped : NO_SKIPS;
     e.allFailed = out.allFailed === true;
