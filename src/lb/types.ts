@@ -92,6 +92,31 @@ export function packed<T>(a: readonly T[]): readonly T[] {
 const NONE: readonly never[] = Object.freeze([]);
 
 /**
+ * One object per distinct value, shared by every holder of that value (a
+ * port, a frontend's options: a cluster repeats a few over thousands of
+ * objects). `make` runs only for a key not seen yet. Bounded: past `max`
+ * distinct keys (input built to grow the table) values are made per call
+ * again, so the table never holds more than `max`.
+ */
+export class Interner<T> {
+  private readonly table = new Map<string, T>();
+
+  constructor(private readonly max: number) {}
+
+  get size(): number {
+    return this.table.size;
+  }
+
+  of(key: string, make: () => T): T {
+    const have = this.table.get(key);
+    if (have !== undefined) return have;
+    const v = make();
+    if (this.table.size < this.max) this.table.set(key, v);
+    return v;
+  }
+}
+
+/**
  * The key text of an address, port, protocol and scope: the only definition
  * of the form. The external scope adds nothing, so every key written before
  * scopes existed reads back the same (restart adoption depends on it).

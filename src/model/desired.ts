@@ -91,6 +91,8 @@ function frontendAt(e: ServiceEntry | undefined, key: FrontendKey): Frontend | u
 const isList = (f: Frontend | readonly Frontend[]): f is readonly Frontend[] => Array.isArray(f);
 /** A record's frontends as a list (a new one-element array for a single frontend). */
 const listOf = (f: Frontend | readonly Frontend[]): readonly Frontend[] => (isList(f) ? f : [f]);
+/** Whether a record asks for any frontend. */
+const asksAny = (f: Frontend | readonly Frontend[]): boolean => !isList(f) || f.length > 0;
 
 /** One backend address of a service with a readiness probe, and the probe aimed at it. */
 export interface ServiceProbeTarget {
@@ -335,7 +337,7 @@ export class DesiredModel {
       }
       if (e.allFailed) this.allFailed.add(id);
       else this.allFailed.delete(id);
-      this.servicesWithFrontends += (listOf(e.frontends).length > 0 ? 1 : 0) - (listOf(before).length > 0 ? 1 : 0);
+      this.servicesWithFrontends += (asksAny(e.frontends) ? 1 : 0) - (asksAny(before) ? 1 : 0);
 
       if (e.skipped.length > 0) {
         const had = new Set(skippedBefore.map(skipKey));

@@ -4,7 +4,7 @@
 // filtered by node or zone hints or internalTrafficPolicy Local, falling
 // back to serving-and-terminating ones when none is left.
 import { HEADLESS_LABEL, type Endpoint, type EndpointSlice, type Node, type Service } from './k8s.js';
-import { backendKey, frontendKey, type Backend, type BackendKey, type FrontendKey, type Scope, type ServiceType } from '../lb/types.js';
+import { backendKey, frontendKey, Interner, type Backend, type BackendKey, type FrontendKey, type Scope, type ServiceType } from '../lb/types.js';
 import { DEFAULT_NODEPORT_RANGE, nodePortOutside, type PortRange, type SourceRange } from './north-south.js';
 import type { Frontend, ServiceRef } from './types.js';
 
@@ -196,14 +196,11 @@ interface FrontendOptions {
 }
 
 /**
- * Options without source ranges, shared by value. Bounded: past
- * MAX_SHARED_OPTIONS distinct ones (affinity timeouts and health check
- * ports vary; input built to grow the table) each frontend gets its own.
+ * Options without source ranges, shared by value (bounded: Interner).
  * Options with source ranges (LoadBalancer frontends that set them) are
  * each frontend's own.
  */
-const sharedOptions = new Map<string, FrontendOptions>();
-const MAX_SHARED_OPTIONS = 4096;
+const sharedOptions = new Interner<FrontendOptions>(4096);
 
 function frontendOptions(
   type: ServiceType,
@@ -215,13 +212,9 @@ function frontendOptions(
   maglev: boolean,
   healthCheckNodePort: number | undefined,
 ): FrontendOptions {
-  const o: FrontendOptions = Object.freeze({ type, affinityTimeout, localOnly, scope, externalLocal, sourceRanges, maglev, healthCheckNodePort });
-  if (sourceRanges.length > 0) return o;
-  const key = `${type}|${affinityTimeout}|${localOnly ? 1 : 0}|${scope ?? ''}|${externalLocal ? 1 : 0}|${maglev ? 1 : 0}|${healthCheckNodePort ?? ''}`;
-  const have = sharedOptions.get(key);
-  if (have) return have;
-  if (sharedOptions.size < MAX_SHARED_OPTIONS) sharedOptions.set(key, o);
-  return o;
+  const make = (): FrontendOptions => Object.freeze({ type, affinityTimeout, localOnly, scope, externalLocal, sourceRanges, maglev, healthCheckNodePort });
+  if (sourceRanges.length > 0) return make();
+  return sharedOptions.of(`${type}|${affinityTimeout}|${localOnly ? 1 : 0}|${scope ?? ''}|${externalLocal ? 1 : 0}|${maglev ? 1 : 0}|${healthCheckNodePort ?? ''}`, make);
 }
 
 /**
@@ -274,6 +267,7 @@ class ValidFrontend implements Frontend {
     return this.o.healthCheckNodePort;
   }
 }
+
 /** No terminating backends: one shared empty list, not one per frontend. */
 const NO_BACKENDS: readonly Backend[] = Object.freeze([]);
 type Chosen = ReturnType<typeof selectBackends>;
@@ -348,7 +342,7 @@ export function serviceFrontends(
   }));
   for (const ip of svc.clusterIPs) {
     for (const { p, service, np } of perPort) {
-      // Every frontend as one literal with every field: one hidden class for all.
+      // Every frontend made by one constructor: one hidden class for all.
       const make = (address: string, port: number, type: ServiceType, chosen: Chosen, scope: Scope | undefined, extLocal: boolean, sourceRanges: readonly SourceRange[]): Frontend =>
         new ValidFrontend(
           address,

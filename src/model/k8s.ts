@@ -3,7 +3,7 @@
 // normalized forms. Pure: no I/O. Field names follow the API, so objects
 // from @kubernetes/client-node and from manifests fit alike.
 import { parseIp, type ParsedIp } from '../lb/addr.js';
-import { packed, type Family, type Protocol } from '../lb/types.js';
+import { Interner, packed, type Family, type Protocol } from '../lb/types.js';
 import { ALL_PORTS, northSouth, type NorthSouth, type RawNorthSouth } from './north-south.js';
 import { parseProbeAnnotation, READINESS_PROBE_ANNOTATION, type ProbeSpec } from './probe.js';
 import { show, type Validated } from './validated.js';
@@ -203,9 +203,13 @@ interface ServiceExtras {
   readonly probeProblem: string | undefined;
 }
 
-/** The extras of a Service that sets none of them: one shared object. */
+/**
+ * The extras of a Service that sets none of them: one shared object. Its
+ * empty list is packed()'s, so a Service's extras are plain exactly when
+ * every field is identical to this object's.
+ */
 const PLAIN_EXTRAS: ServiceExtras = Object.freeze({
-  unsupportedPorts: Object.freeze([]),
+  unsupportedPorts: packed([]),
   internalTrafficPolicy: 'Cluster',
   affinityTimeout: undefined,
   proxyName: undefined,
@@ -215,20 +219,9 @@ const PLAIN_EXTRAS: ServiceExtras = Object.freeze({
   probe: undefined,
   probeProblem: undefined,
 });
+const EXTRAS_FIELDS = Object.keys(PLAIN_EXTRAS) as ReadonlyArray<keyof ServiceExtras>;
 
-function plainExtras(x: ServiceExtras): boolean {
-  return (
-    x.unsupportedPorts.length === 0 &&
-    x.internalTrafficPolicy === 'Cluster' &&
-    x.affinityTimeout === undefined &&
-    x.proxyName === undefined &&
-    !x.headlessLabel &&
-    x.northSouth === NO_NORTH_SOUTH &&
-    x.lbAlgorithm === 'maglev' &&
-    x.probe === undefined &&
-    x.probeProblem === undefined
-  );
-}
+const plainExtras = (x: ServiceExtras): boolean => EXTRAS_FIELDS.every((k) => x[k] === PLAIN_EXTRAS[k]);
 
 /**
  * A validated Service as kept: its name, type, cluster IPs and ports, and
@@ -341,19 +334,13 @@ export interface EndpointSlice {
  * ports (http/80/TCP, https/443/TCP, dns/53/UDP) over thousands of
  * objects, and each copy cost 48 bytes and a name string (about 96 bytes a
  * service with its slice, docs/benchmarks.md "Issue 18"). The table is
- * bounded: past MAX_SHARED_PORTS distinct ports (input built to grow it),
+ * bounded (Interner): past 4,096 distinct ports (input built to grow it),
  * ports are made per object again.
  */
-const sharedPorts = new Map<string, ServicePort>();
-const MAX_SHARED_PORTS = 4096;
+const sharedPorts = new Interner<ServicePort>(4096);
 
 function servicePort(name: string, port: number, protocol: Protocol): ServicePort {
-  const key = `${protocol}/${port}/${name}`;
-  const have = sharedPorts.get(key);
-  if (have) return have;
-  const p: ServicePort = Object.freeze({ name, port, protocol });
-  if (sharedPorts.size < MAX_SHARED_PORTS) sharedPorts.set(key, p);
-  return p;
+  return sharedPorts.of(`${protocol}/${port}/${name}`, () => Object.freeze({ name, port, protocol }));
 }
 
 const DNS_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
