@@ -135,11 +135,17 @@ t.test('lbctl status and service list read the running agent', async (t) => {
   for (const [name, text] of Object.entries(manifests(sb))) sb.writeManifest(name, text);
   await sb.startAgent(['--sync-period', String(MIN_SYNC_PERIOD_MS)]);
 
-  const brief = await lbctl(['status', '--brief', '--api-socket', sb.apiSocket]);
+  // The reads are independent: side by side, as a CLI start costs seconds
+  // in an emulated guest.
+  const [brief, full, { code, list }, text] = await Promise.all([
+    lbctl(['status', '--brief', '--api-socket', sb.apiSocket]),
+    lbctl(['status', '--api-socket', sb.apiSocket]),
+    serviceList(sb),
+    lbctl(['service', 'list', '--api-socket', sb.apiSocket]),
+  ]);
   t.equal(brief.stdout, 'OK\n', 'status --brief prints OK once synced');
   t.equal(brief.code, 0, 'and exits 0');
 
-  const full = await lbctl(['status', '--api-socket', sb.apiSocket]);
   t.equal(full.code, 0, 'status exits 0');
   for (const check of ['ping', 'eventloop', 'datapath', 'canary', 'source-synced', 'synced']) {
     t.match(full.stdout, new RegExp(`\\[\\+\\]${check} ok`), `status shows the ${check} check passing`);
@@ -148,7 +154,6 @@ t.test('lbctl status and service list read the running agent', async (t) => {
   t.match(full.stdout, /Readiness: +ok/, 'readiness ok');
   t.match(full.stdout, /Programmed: +2 services, 3 frontends, 9 backends/, 'and the counts');
 
-  const { code, list } = await serviceList(sb);
   t.equal(code, 0, 'service list exits 0 with no drift');
   t.same(list.map((f) => f.frontend), [`${WEB}:80/TCP`, `${ECHO}:53000/UDP`, `[${WEB6}]:80/TCP`].sort(), 'every frontend is listed');
   t.same(list.filter((f) => f.drift), [], 'none drifts');
@@ -157,15 +162,16 @@ t.test('lbctl status and service list read the running agent', async (t) => {
   t.same(web.realized, web.desired, 'realized equals desired');
   t.same(web.desired!.backends, sb.backends.map((b) => `${b.v4}:${HTTP_PORT}`), 'the three backends');
 
-  const text = await lbctl(['service', 'list', '--api-socket', sb.apiSocket]);
   t.match(text.stdout, /^FRONTEND +SERVICE +BACKENDS \(desired\) +REALIZED +STATUS/, 'the text form has its header');
   t.match(text.stdout, new RegExp(`${WEB.replace(/\./g, '\\.')}:80/TCP +default/web:http .*\\(same\\) +ok`), 'and a row per frontend');
 
   await sb.stopAgent();
-  const down = await lbctl(['status', '--brief', '--api-socket', sb.apiSocket]);
+  const [down, downList] = await Promise.all([
+    lbctl(['status', '--brief', '--api-socket', sb.apiSocket]),
+    lbctl(['service', 'list', '--api-socket', sb.apiSocket]),
+  ]);
   t.equal(down.code, 1, 'status exits 1 when the agent is down');
   t.match(down.stderr, /agent/, `and says why: ${down.stderr.trim()}`);
-  const downList = await lbctl(['service', 'list', '--api-socket', sb.apiSocket]);
   t.equal(downList.code, 1, 'so does service list');
 });
 
@@ -292,7 +298,7 @@ t.test('drift is repaired within a sync period even while changes keep coming', 
   // can take most of a period in the emulated guest).
   const fullSyncs = async (): Promise<number> => sample(await scrape(sb), 'lbctl_syncs_total', 'type="full",result="success"') ?? 0;
   const fullBefore = await fullSyncs();
-  await sb.waitUntil(async () => (await fullSyncs()) > fullBefore, 'a periodic resync');
+  await sb.waitUntil(async () => (await fullSyncs()) > fullBefore, 'a periodic resync', 2 * syncPeriod);
   await sb.bpftool(['map', 'delete', 'pinned', `${path.join(sb.bpfRoot, 'maps')}/lb4_services`, 'key', 'hex', ...hex(serviceKey(WEB, 80, 3, 'TCP'))]);
   t.equal((await serviceList(sb)).code, 1, 'the deleted slot is drift');
 
