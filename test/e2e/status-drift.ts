@@ -16,8 +16,9 @@ const STRAY = '10.96.0.99';
 // periodic resync repairs it: long enough for tampering (three bpftool runs)
 // and two CLI reads side by side, as measured on this machine (driftPeriod),
 // and never under 5 s * SLOW. A fixed period could not be right everywhere:
-// those steps took 12.5-13.6 s in one TCG guest and 22-37 s in another
-// (make test's CI, two guests side by side), against 20 s.
+// those steps took 12.5-13.6 s in the TCG guests of one machine and 22-37 s
+// in those of another (two guests side by side, as make test runs them;
+// stop 25's CI lost the race there too), against 20 s.
 const MIN_SYNC_PERIOD_MS = 5000 * SLOW;
 let measuredPeriod: number | undefined;
 
