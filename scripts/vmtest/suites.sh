@@ -2,7 +2,7 @@
 # Runs lbctl's kernel-facing suites against the running kernel, in a guest
 # (scripts/vmtest/init) or on the host. Writes to OUT:
 #   verifier.log   every object through the verifier (and which fallbacks ran)
-#   tap.log        node-tap: native, BPF_PROG_TEST_RUN, datapath and e2e suites
+#   tap.log        native, BPF_PROG_TEST_RUN, datapath and e2e suites (node-tap files, TAP)
 #   summary        "passed failed" counts, one line
 # Usage: suites.sh REPO OUT
 set -uo pipefail
@@ -37,8 +37,11 @@ suites=$(tr '\n' ' ' <"$out/suites" 2>/dev/null)
 grep -E '^(kernel|features|feature|fallbacks|udp-termination|verifier: (ok|fallback|FAIL))' "$out/verifier.log" >"$out/facts" 2>/dev/null
 echo "kernel: $(uname -r)" >>"$out/facts"
 tap_timeout=${LBCTL_VMTEST_TAP_TIMEOUT:-5400}
-LBCTL_KERNEL_FACTS=$out/facts TS_NODE_TRANSPILE_ONLY=1 timeout "$tap_timeout" \
-  node node_modules/.bin/tap -R tap --timeout 1200 $suites >"$out/tap.log" 2>&1
+# Each file runs as its own node, from its bundle (vmtest.sh made them), not
+# under tap's runner, whose coverage hook costs ~10 s a node start under TCG
+# (scripts/vmtest/tap-files.mjs).
+LBCTL_KERNEL_FACTS=$out/facts timeout "$tap_timeout" \
+  node scripts/vmtest/tap-files.mjs --timeout 1200 --bundles dist/vmtest-bundles $suites >"$out/tap.log" 2>&1
 tap_rc=$?
 summary=$(grep -E '^# \{ total: [0-9]+' "$out/tap.log" | tail -1)
 total=$(sed -n 's/.*total: \([0-9]*\).*/\1/p' <<<"$summary")

@@ -123,7 +123,8 @@ async function inNamespace(): Promise<void> {
 
 const parentNetns = process.env[PARENT_NETNS];
 if (parentNetns === undefined) {
-  const self = fileURLToPath(import.meta.url);
+  // The script node was started with (argv[1]): this file, or its vmtest bundle (scripts/vmtest/bundle-tests.mjs).
+  const self = process.argv[1]!;
   await t.spawn('unshare', ['--net', '--', process.execPath, ...process.execArgv, self], {
     env: { ...process.env, [PARENT_NETNS]: readlinkSync('/proc/self/ns/net') },
   }, 'Maglev tables at tc, in a network namespace of its own');

@@ -1220,7 +1220,8 @@ async function inNamespace(): Promise<void> {
 // Runs last: the constants above are initialized by then.
 const parentNetns = process.env[PARENT_NETNS];
 if (parentNetns === undefined) {
-  const self = fileURLToPath(import.meta.url);
+  // The script node was started with (argv[1]): this file, or its vmtest bundle (scripts/vmtest/bundle-tests.mjs).
+  const self = process.argv[1]!;
   await t.spawn('unshare', ['--net', '--', process.execPath, ...process.execArgv, self], {
     env: { ...process.env, [PARENT_NETNS]: readlinkSync('/proc/self/ns/net') },
   }, 'bpf/nodeport.c under BPF_PROG_TEST_RUN, in a network namespace of its own');

@@ -1,0 +1,117 @@
+#!/usr/bin/env node
+// Runs tap test files one after another, each as its own node process with
+// only the TypeScript loader, and writes one TAP stream in the shape tap's
+// runner gives (`# Subtest: FILE`, its output indented, `ok N - FILE #
+// time=...`, and a `# { total, pass }` summary over every assertion), for
+// the vmtest guest (scripts/vmtest/suites.sh).
+//
+// Why not tap's runner there: it starts each file, and through NODE_OPTIONS
+// every node a test starts in turn, with @tapjs/processinfo's import, a
+// loader thread that records processes for coverage (off in this project).
+// Under TCG that import costs about 10 s a node start (a CLI start took 13 s
+// with it, 3 s without), and the runner's own start and bookkeeping about
+// 40 s a file. The files are the same tap tests; on the host, make test
+// still runs them through tap's runner.
+//
+// Usage: node scripts/vmtest/tap-files.mjs [--timeout SECONDS] [--bundles DIR] PATH...
+//   PATH: a test file, or a directory whose .ts files (recursively) are run.
+//   DIR: where scripts/vmtest/bundle-tests.mjs wrote the files' bundles
+//   (test/e2e/x.ts runs as DIR/test/e2e/x.mjs); a file without one runs
+//   through the TypeScript loader.
+// Exits 1 when any file fails, ends by a signal or times out.
+import { spawn } from 'node:child_process';
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import path from 'node:path';
+
+const args = process.argv.slice(2);
+let timeoutS = 1200;
+let bundles;
+while (args[0]?.startsWith('--')) {
+  const [flag, value] = args.splice(0, 2);
+  if (flag === '--timeout') timeoutS = Number(value);
+  else if (flag === '--bundles') bundles = value;
+  if ((flag !== '--timeout' && flag !== '--bundles') || !(timeoutS > 0) || !value) {
+    console.error('tap-files: usage: tap-files.mjs [--timeout SECONDS] [--bundles DIR] PATH...');
+    process.exit(2);
+  }
+}
+
+function expand(p) {
+  if (!statSync(p).isDirectory()) return [p];
+  return readdirSync(p, { withFileTypes: true })
+    .sort((a, b) => a.name.localeCompare(b.name))
+    .flatMap((e) => (e.isDirectory() ? expand(path.join(p, e.name)) : e.name.endsWith('.ts') ? [path.join(p, e.name)] : []));
+}
+
+const files = [...new Set(args.flatMap(expand))];
+const out = (s) => process.stdout.write(s);
+
+/** Runs one file; resolves with its summary counts (from its own `# { total, pass }` line), how it ended and its time. */
+function runFile(file) {
+  const t0 = performance.now();
+  return new Promise((resolve) => {
+    // The file's bundle when there is one (scripts/vmtest/bundle-tests.mjs), else the file through the TypeScript loader.
+    const bundle = bundles && path.join(bundles, file.replace(/\.ts$/, '.mjs'));
+    const argv = bundle && existsSync(bundle) ? [bundle] : ['--import=@tapjs/typescript/import', file];
+    const child = spawn(process.execPath, ['--enable-source-maps', ...argv], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      // tap's root test times out after TAP_TIMEOUT seconds (30 when unset); the runner sets it from --timeout.
+      env: { ...process.env, TS_NODE_TRANSPILE_ONLY: '1', TAP_TIMEOUT: String(timeoutS) },
+    });
+    let summary;
+    let pending = '';
+    const line = (l, stream) => {
+      const m = /^# \{ total: (\d+), pass: (\d+)/.exec(l);
+      if (m && stream === 'stdout') summary = { total: Number(m[1]), pass: Number(m[2]) };
+      out(stream === 'stdout' ? `    ${l}\n` : `    # stderr: ${l}\n`);
+    };
+    const feed = (stream) => (d) => {
+      const text = (stream === 'stdout' ? pending : '') + d.toString();
+      const lines = text.split('\n');
+      const rest = lines.pop();
+      if (stream === 'stdout') pending = rest;
+      else if (rest) lines.push(rest);
+      for (const l of lines) line(l, stream);
+    };
+    child.stdout.on('data', feed('stdout'));
+    child.stderr.on('data', feed('stderr'));
+    // A file that outlives the root test's own timeout: SIGTERM by its pid, SIGKILL a minute later.
+    let timedOut = false;
+    const kill = setTimeout(() => {
+      timedOut = true;
+      child.kill('SIGTERM');
+      setTimeout(() => child.kill('SIGKILL'), 60_000).unref();
+    }, (timeoutS + 60) * 1000);
+    child.on('close', (code, signal) => {
+      clearTimeout(kill);
+      if (pending) line(pending, 'stdout');
+      resolve({ summary, code, signal, timedOut, ms: performance.now() - t0 });
+    });
+  });
+}
+
+const start = performance.now();
+let total = 0;
+let pass = 0;
+let failed = 0;
+out('TAP version 14\n');
+for (const [i, file] of files.entries()) {
+  out(`# Subtest: ${file}\n`);
+  const r = await runFile(file);
+  const ok = r.code === 0 && r.summary !== undefined && r.summary.pass === r.summary.total;
+  total += r.summary?.total ?? 0;
+  pass += r.summary?.pass ?? 0;
+  if (!ok) failed++;
+  // A file that failed with no failed assertion of its own (no summary, a
+  // signal, a non-zero exit after passing) counts as one failed assertion.
+  if (!ok && (r.summary === undefined || r.summary.pass === r.summary.total)) total++;
+  const why = ok ? ''
+    : r.timedOut ? ` # timed out after ${timeoutS} s`
+    : r.signal ? ` # killed by ${r.signal}`
+    : ` # exit ${r.code}${r.summary === undefined ? ', no summary' : ''}`;
+  out(`${ok ? 'ok' : 'not ok'} ${i + 1} - ${file}${why} # time=${r.ms.toFixed(3)}ms\n\n`);
+}
+out(`1..${files.length}\n`);
+out(`# { total: ${total}, pass: ${pass}${total > pass ? `, fail: ${total - pass}` : ''} }\n`);
+out(`# time=${(performance.now() - start).toFixed(3)}ms\n`);
+process.exit(failed ? 1 : 0);
