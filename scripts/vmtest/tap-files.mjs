@@ -44,6 +44,7 @@ function expand(p) {
 }
 
 const files = [...new Set(args.flatMap(expand))];
+const fileEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => k !== 'TAP' && !k.startsWith('TAP_')));
 const out = (s) => process.stdout.write(s);
 
 /** Runs one file; resolves with its summary counts (from its own `# { total, pass }` line), how it ended and its time. */
@@ -55,8 +56,11 @@ function runFile(file) {
     const argv = bundle && existsSync(bundle) ? [bundle] : ['--import=@tapjs/typescript/import', file];
     const child = spawn(process.execPath, ['--enable-source-maps', ...argv], {
       stdio: ['ignore', 'pipe', 'pipe'],
-      // tap's root test times out after TAP_TIMEOUT seconds (30 when unset); the runner sets it from --timeout.
-      env: { ...process.env, TS_NODE_TRANSPILE_ONLY: '1', TAP_TIMEOUT: String(timeoutS) },
+      // This is the runner: a TAP or TAP_* variable from around it (run from
+      // a tap test) would make the file report to a runner that is not there.
+      // tap's root test times out after TAP_TIMEOUT seconds (30 when unset);
+      // tap's runner sets it from --timeout, as this does.
+      env: { ...fileEnv, TS_NODE_TRANSPILE_ONLY: '1', TAP_TIMEOUT: String(timeoutS) },
     });
     let summary;
     let pending = '';
