@@ -360,6 +360,13 @@ def cmd_load(a):
     elapsed = time.monotonic() - t_start
     for _ in threads:
         work.put(None)
+    # Every issued attempt is made and counted. First the backlog drains
+    # (the caller's deadline bounds that): a join with a timeout while it
+    # drains could give up on a worker still busy with one of the last
+    # attempts, and print one attempt short. Then each worker holds at most
+    # one attempt, which its socket timeouts bound.
+    while not work.empty():
+        time.sleep(0.05)
     for th in threads:
         th.join(a.timeout * 3)
     progress()
