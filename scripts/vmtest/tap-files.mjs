@@ -1,17 +1,18 @@
 #!/usr/bin/env node
-// Runs tap test files one after another, each as its own node process with
-// only the TypeScript loader, and writes one TAP stream in the shape tap's
-// runner gives (`# Subtest: FILE`, its output indented, `ok N - FILE #
-// time=...`, and a `# { total, pass }` summary over every assertion), for
-// the vmtest guest (scripts/vmtest/suites.sh).
+// Runs tap test files one after another, each as its own node process (from
+// its bundle, or else through the TypeScript loader), and writes one TAP
+// stream in the shape tap's runner gives (`# Subtest: FILE`, its output
+// indented, `ok N - FILE # time=...`, and a `# { total, pass, fail }`
+// summary: total is passed plus failed assertions, skip and todo apart),
+// for the vmtest guest (scripts/vmtest/suites.sh).
 //
 // Why not tap's runner there: it starts each file, and through NODE_OPTIONS
 // every node a test starts in turn, with @tapjs/processinfo's import, a
 // loader thread that records processes for coverage (off in this project).
 // Under TCG that import costs about 10 s a node start (a CLI start took 13 s
-// with it, 3 s without), and the runner's own start and bookkeeping about
-// 40 s a file. The files are the same tap tests; on the host, make test
-// still runs them through tap's runner.
+// with it, 3 s without), and one trivial file took 40 s through the runner.
+// The files are the same tap tests; on the host, make test still runs them
+// through tap's runner.
 //
 // Usage: node scripts/vmtest/tap-files.mjs [--timeout SECONDS] [--bundles DIR] PATH...
 //   PATH: a test file, or a directory whose .ts files (recursively) are run.
@@ -65,8 +66,11 @@ function runFile(file) {
     let summary;
     let pending = '';
     const line = (l, stream) => {
-      const m = /^# \{ total: (\d+), pass: (\d+)/.exec(l);
-      if (m && stream === 'stdout') summary = { total: Number(m[1]), pass: Number(m[2]) };
+      // The root test's summary, e.g. `# { total: 3, pass: 1, todo: 1, skip: 1 }`.
+      if (stream === 'stdout' && l.startsWith('# { total: ')) {
+        const n = (k) => Number(new RegExp(`\\b${k}: (\\d+)`).exec(l)?.[1] ?? 0);
+        summary = { pass: n('pass'), fail: n('fail'), skip: n('skip'), todo: n('todo') };
+      }
       out(stream === 'stdout' ? `    ${l}\n` : `    # stderr: ${l}\n`);
     };
     const feed = (stream) => (d) => {
@@ -94,21 +98,21 @@ function runFile(file) {
   });
 }
 
+// The summary counts assertions that passed and failed; skipped and todo
+// ones are counted apart, as they neither pass nor fail.
 const start = performance.now();
-let total = 0;
-let pass = 0;
+const sum = { pass: 0, fail: 0, skip: 0, todo: 0 };
 let failed = 0;
 out('TAP version 14\n');
 for (const [i, file] of files.entries()) {
   out(`# Subtest: ${file}\n`);
   const r = await runFile(file);
-  const ok = r.code === 0 && r.summary !== undefined && r.summary.pass === r.summary.total;
-  total += r.summary?.total ?? 0;
-  pass += r.summary?.pass ?? 0;
+  const ok = r.code === 0 && r.summary !== undefined && r.summary.fail === 0;
+  for (const k of Object.keys(sum)) sum[k] += r.summary?.[k] ?? 0;
   if (!ok) failed++;
   // A file that failed with no failed assertion of its own (no summary, a
   // signal, a non-zero exit after passing) counts as one failed assertion.
-  if (!ok && (r.summary === undefined || r.summary.pass === r.summary.total)) total++;
+  if (!ok && !r.summary?.fail) sum.fail++;
   const why = ok ? ''
     : r.timedOut ? ` # timed out after ${timeoutS} s`
     : r.signal ? ` # killed by ${r.signal}`
@@ -116,6 +120,7 @@ for (const [i, file] of files.entries()) {
   out(`${ok ? 'ok' : 'not ok'} ${i + 1} - ${file}${why} # time=${r.ms.toFixed(3)}ms\n\n`);
 }
 out(`1..${files.length}\n`);
-out(`# { total: ${total}, pass: ${pass}${total > pass ? `, fail: ${total - pass}` : ''} }\n`);
+const extra = ['fail', 'skip', 'todo'].filter((k) => sum[k] > 0).map((k) => `, ${k}: ${sum[k]}`).join('');
+out(`# { total: ${sum.pass + sum.fail}, pass: ${sum.pass}${extra} }\n`);
 out(`# time=${(performance.now() - start).toFixed(3)}ms\n`);
 process.exit(failed ? 1 : 0);

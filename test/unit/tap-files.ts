@@ -24,7 +24,7 @@ function runner(cwd: string, args: string[]) {
 t.test('each file once, counted by its own summary; the runner fails when one file does', async (t) => {
   const dir = t.testdir({
     test: {
-      'pass.ts': "import t from 'tap';\nt.pass('one');\nt.pass('two');\n",
+      'pass.ts': "import t from 'tap';\nt.pass('one');\nt.pass('two');\nt.test('three', { skip: 'not here' }, async () => {});\n",
       'fail.ts': "import t from 'tap';\nt.pass('one');\nt.equal(1 as number, 2, 'two');\n",
       'exit.ts': "import t from 'tap';\nt.pass('one');\nt.teardown(() => process.exit(3));\n",
       'slow.ts': "import t from 'tap';\nt.test('waits', async () => { await new Promise((r) => setTimeout(r, 10_000)); });\n",
@@ -38,10 +38,11 @@ t.test('each file once, counted by its own summary; the runner fails when one fi
     'not ok 3 - test/exit.ts # exit 3, no summary',
     'not ok 4 - test/slow.ts # exit 1',
   ], 'one line a file, in order, with how a failed one ended');
-  // pass.ts 2 of 2; fail.ts 1 of 2; exit.ts ended before its summary: one
-  // failed assertion for it; slow.ts: tap's own timeout (TAP_TIMEOUT, from
-  // --timeout) failed its one subtest.
-  t.match(r.summary, /^# \{ total: 6, pass: 3, fail: 3 \}$/, 'the assertions of every file, and one for a file that ended without its summary');
+  // pass.ts 2 of 2 and a skip, which neither passes nor fails; fail.ts 1 of
+  // 2; exit.ts ended before its summary: one failed assertion for it;
+  // slow.ts: tap's own timeout (TAP_TIMEOUT, from --timeout) failed its one
+  // subtest.
+  t.match(r.summary, /^# \{ total: 6, pass: 3, fail: 3, skip: 1 \}$/, 'the assertions of every file, and one for a file that ended without its summary');
   t.match(r.stdout, /^# Subtest: test\/fail\.ts\n {4}TAP version 14\n/m, "a file's own TAP follows its Subtest line, indented");
   t.match(r.stdout, /^1\.\.4$/m, 'the plan counts files');
 });
