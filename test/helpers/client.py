@@ -364,8 +364,9 @@ def cmd_load(a):
     # (the caller's deadline bounds that): a join with a timeout while it
     # drains could give up on a worker still busy with one of the last
     # attempts, and print one attempt short. Then each worker holds at most
-    # one attempt, which its socket timeouts bound.
-    while not work.empty():
+    # one attempt, which its socket timeouts bound. If every worker died
+    # (an exception no attempt catches), nothing drains: stop waiting.
+    while not work.empty() and any(th.is_alive() for th in threads):
         time.sleep(0.05)
     for th in threads:
         th.join(a.timeout * 3)
