@@ -5,8 +5,8 @@
 // the maps, then the sync after it) with no drift and with some.
 //   node --expose-gc --import=@tapjs/typescript/import bench/profile/sync.ts --services 10000 [--json] [--cpu-prof]
 // (TS_NODE_TRANSPILE_ONLY=1 as the Makefile's bench targets set it.)
-// Prints each stage's wall and CPU time and, with --expose-gc, the V8 heap
-// each stage keeps after a full collection (where the agent's memory per
+// Prints each stage's wall and CPU time and, with --expose-gc, the memory
+// (V8 heap and ArrayBuffers) each stage keeps after a full collection (where the agent's memory per
 // service goes) and the process's peak RSS. --json prints one JSON object
 // instead (the bench's rows read it: see measure() below).
 import { rmSync, mkdirSync } from 'node:fs';
@@ -26,7 +26,7 @@ export interface StageTime {
   readonly cpuMs: number;
 }
 
-/** What measure() returns: times by stage, heap kept by stage (MiB; absent without --expose-gc), RSS. */
+/** What measure() returns: times by stage, memory kept by stage (V8 heap and ArrayBuffers, MiB; absent without --expose-gc), RSS. */
 export interface SyncProfile {
   readonly services: number;
   readonly times: Record<string, StageTime>;
@@ -80,10 +80,13 @@ export async function measure(n: number, log: (line: string) => void = () => {})
       if (!gc) return;
       gc();
       gc();
-      const used = process.memoryUsage().heapUsed;
+      // ArrayBuffers too: typed columns (the realized state's) and Buffers
+      // live outside V8's heap but are kept all the same.
+      const { heapUsed, arrayBuffers } = process.memoryUsage();
+      const used = heapUsed + arrayBuffers;
       if (label) {
         heapMiB[label] = round((used - heapBefore) / 2 ** 20);
-        log(`  heap kept by ${label}: ${heapMiB[label]!.toFixed(1)} MiB (${((used - heapBefore) / n).toFixed(0)} B per service)`);
+        log(`  kept by ${label} (heap and ArrayBuffers): ${heapMiB[label]!.toFixed(1)} MiB (${((used - heapBefore) / n).toFixed(0)} B per service)`);
       }
       heapBefore = used;
     };

@@ -32,7 +32,7 @@ import type { SourceRange } from '../model/north-south.js';
 import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import type { MasterEntry, PutBatch, PutKind, RevNatEntry } from '../datapath/lbmaps.js';
-import { heldSlots, isWildcard, type LbMapName, type RealizedFrontend, type RealizedState } from './realized.js';
+import { NO_ROW, type LbMapName, type RealizedState } from './realized.js';
 
 export type MapOp =
   | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
@@ -83,18 +83,6 @@ export const WILDCARD_MASTER: MasterEntry = {
 function sameBackend(a: Backend, b: Backend): boolean {
   return a.address === b.address && a.port === b.port && a.protocol === b.protocol && a.state === b.state && a.family === b.family;
 }
-
-function sameMaster(a: MasterEntry, b: MasterEntry): boolean {
-  return (
-    a.count === b.count &&
-    a.qcount === b.qcount &&
-    a.revNatId === b.revNatId &&
-    a.type === b.type &&
-    a.flags === b.flags &&
-    a.affinityTimeout === b.affinityTimeout
-  );
-}
-
 
 /**
  * The flags of a frontend's master entry. externalTrafficPolicy Local marks
@@ -342,43 +330,55 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const rangesWanted = new Set<string>();
   const maglevPuts: SingleOp[] = [];
   const lateNorthSouth: SingleOp[] = [];
+  const F = r.frontends;
   const keep = (fe: Frontend): void => {
     if (hasWildcard(fe.type)) wildcardsKept.add(fe.address);
-    const have = r.frontends.get(fe.key);
+    const row = F.row(fe.key);
     rangesWanted.add(fe.key);
-    if (have?.master) maglevWanted.add(maglevTableKey(have.master.revNatId, fe.family));
-    if (!have) return;
-    for (const [, id] of heldSlots(have)) planned.add(id);
-    if (have.master) heldRevNat[fe.family].add(have.master.revNatId);
+    if (row === NO_ROW) return;
+    for (let s = 1; s < F.slotEnd(row); s++) {
+      const id = F.slot(row, s);
+      if (id !== undefined) planned.add(id);
+    }
+    const revNatId = F.revNatId(row);
+    if (revNatId !== undefined) {
+      maglevWanted.add(maglevTableKey(revNatId, fe.family));
+      heldRevNat[fe.family].add(revNatId);
+    }
   };
 
-  const remove = (key: string, have: RealizedFrontend): void => {
-    if (have.master) removals.push({ kind: 'delete-master', key, fe: have });
-    for (const [s, old] of heldSlots(have)) {
-      removals.push({ kind: 'delete-slot', key, fe: have, slot: s });
+  const remove = (key: string, row: number): void => {
+    const fe = F.addr(row);
+    const revNatId = F.revNatId(row);
+    if (revNatId !== undefined) removals.push({ kind: 'delete-master', key, fe });
+    for (let s = 1; s < F.slotEnd(row); s++) {
+      const old = F.slot(row, s);
+      if (old === undefined) continue;
+      removals.push({ kind: 'delete-slot', key, fe, slot: s });
       bump(slotDelta, old, -1);
     }
-    if (have.master && hasWildcard(have.master.type)) bump(addrDelta, have.address, -1);
+    if (revNatId === undefined) return removeRanges(key, fe);
+    if (hasWildcard(F.masterType(row)!)) bump(addrDelta, fe.address, -1);
     // Its Maglev table and source ranges go after its master (no new flow reads them then).
-    if (have.master) {
-      const table = maglevTableKey(have.master.revNatId, have.family);
-      if (r.maglev.has(table)) removals.push({ kind: 'delete-maglev', key, fe: have, table });
-    }
-    const ranges = r.srcRanges.get(key);
-    if (ranges) removals.push({ kind: 'delete-srcranges', key, fe: have, revNatId: ranges.revNatId, remove: ranges.ranges });
+    const table = maglevTableKey(revNatId, fe.family);
+    if (r.maglev.has(table)) removals.push({ kind: 'delete-maglev', key, fe, table });
+    removeRanges(key, fe);
     // A full plan deletes every rev-NAT entry no desired frontend uses, below.
-    const id = have.master?.revNatId;
-    if (!full && id !== undefined && r.revNat[have.family].has(id)) revNatDeletes.push({ kind: 'delete-revnat', id, family: have.family });
+    if (!full && r.revNat[fe.family].has(revNatId)) revNatDeletes.push({ kind: 'delete-revnat', id: revNatId, family: fe.family });
+  };
+  const removeRanges = (key: string, fe: ServiceAddr): void => {
+    const ranges = r.srcRanges.get(key);
+    if (ranges) removals.push({ kind: 'delete-srcranges', key, fe, revNatId: ranges.revNatId, remove: ranges.ranges });
   };
 
   // Removals first: the room they free counts for the puts.
   if (scope.prune) {
     if (full) {
-      for (const [key, have] of r.frontends) if (!isWildcard(have) && !desired.has(key as FrontendKey)) remove(key, have);
+      for (const [key, row] of F.entries()) if (!F.isWildcard(row) && !desired.has(key as FrontendKey)) remove(key, row);
     } else {
       for (const key of scope.changed!) {
-        const have = desired.has(key) ? undefined : r.frontends.get(key);
-        if (have) remove(key, have);
+        const row = desired.has(key) ? NO_ROW : F.row(key);
+        if (row !== NO_ROW) remove(key, row);
       }
     }
   }
@@ -409,7 +409,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const update = (fe: Frontend): void => {
     if (hold?.has(fe.key)) return keep(fe);
     const revNatId = ids.revNatId(fe);
-    const have = r.frontends.get(fe.key);
+    const row = F.row(fe.key);
     const f = fe.family;
     // This frontend's writes go straight into the stage lists, and the new
     // keys they add are counted per map. If they do not all fit, the lists
@@ -442,7 +442,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
         plannedHere.push(id);
       }
       slot++;
-      const old = have?.slots[slot];
+      const old = row === NO_ROW ? undefined : F.slot(row, slot);
       if (old === id) return;
       slotPuts[f].slot(fe.key, fe, slot, id);
       if (old === undefined) needServices++;
@@ -459,13 +459,16 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       flags: masterFlags(fe, scope.northSouth === true),
       affinityTimeout: fe.affinityTimeout,
     };
-    if (!have?.master || !sameMaster(have.master, master)) {
+    const hadMaster = row !== NO_ROW && F.hasMaster(row);
+    if (!hadMaster || !F.sameMaster(row, master)) {
       masterPuts[f].master(fe.key, fe, master);
-      if (!have?.master) needServices++;
+      if (!hadMaster) needServices++;
     }
-    if (have) {
-      for (const [s, old] of heldSlots(have)) {
-        if (s <= slot) continue;
+    if (row !== NO_ROW && F.slotEnd(row) > slot + 1) {
+      const have = F.addr(row);
+      for (let s = slot + 1; s < F.slotEnd(row); s++) {
+        const old = F.slot(row, s);
+        if (old === undefined) continue;
         shrinks.push({ kind: 'delete-slot', key: fe.key, fe: have, slot: s });
         slotBumps?.push(old, -1);
       }
@@ -502,10 +505,11 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     if (wildcardNew) {
       const wild = wildcardOf(fe.address, f);
       const wkey = serviceAddrKey(wild);
-      const hw = r.frontends.get(wkey);
-      if (!hw?.master || !sameMaster(hw.master, WILDCARD_MASTER)) {
+      const hw = F.row(wkey);
+      const held = hw !== NO_ROW && F.hasMaster(hw);
+      if (!held || !F.sameMaster(hw, WILDCARD_MASTER)) {
         wildcardPuts[f].master(wkey, wild, WILDCARD_MASTER);
-        if (!hw?.master) needServices++;
+        if (!held) needServices++;
       }
     }
 
@@ -536,7 +540,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     if (fe.sourceRanges.length > 0) rangesWanted.add(fe.key);
     if (northSouth) append(maglevPuts, northSouth);
     if (late) append(lateNorthSouth, late);
-    const wasCounted = have?.master !== undefined && hasWildcard(have.master.type);
+    const wasType = row === NO_ROW ? undefined : F.masterType(row);
+    const wasCounted = wasType !== undefined && hasWildcard(wasType);
     if (wasCounted !== hasWildcard(fe.type)) bump(addrDelta, fe.address, wasCounted ? -1 : 1);
     if (wildcardNew) wildcardsSeen.add(fe.address);
   };
@@ -564,7 +569,8 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       for (const fe of desired.values()) {
         if (hold?.has(fe.key)) continue;
         used[fe.family].add(ids.revNatId(fe));
-        const id = r.frontends.get(fe.key)?.master?.revNatId;
+        const row = F.row(fe.key);
+        const id = row === NO_ROW ? undefined : F.revNatId(row);
         if (id !== undefined) named[fe.family].set(id, fe.key);
       }
       for (const family of [4, 6] as const) {
@@ -578,23 +584,26 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     }
     append(ops, revNatDeletes);
     const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && !wildcardsKept.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
-    const dropWildcard = (key: string, have: RealizedFrontend): void => {
-      if (have.master) ops.push({ kind: 'delete-master', key, fe: have });
-      for (const [s, old] of heldSlots(have)) {
-        ops.push({ kind: 'delete-slot', key, fe: have, slot: s });
+    const dropWildcard = (key: string, row: number): void => {
+      const fe = F.addr(row);
+      if (F.hasMaster(row)) ops.push({ kind: 'delete-master', key, fe });
+      for (let s = 1; s < F.slotEnd(row); s++) {
+        const old = F.slot(row, s);
+        if (old === undefined) continue;
+        ops.push({ kind: 'delete-slot', key, fe, slot: s });
         bump(slotDelta, old, -1);
       }
     };
     if (full) {
-      for (const [key, have] of r.frontends) if (isWildcard(have) && unused(have.address)) dropWildcard(key, have);
+      for (const [key, row] of F.entries()) if (F.isWildcard(row) && unused(F.address(row))) dropWildcard(key, row);
     } else {
       for (const [addr, d] of addrDelta!) {
         if (d >= 0 || !unused(addr)) continue;
         const family: Family = addr.includes(':') ? 6 : 4;
         const wild = wildcardOf(addr, family);
         const key = serviceAddrKey(wild);
-        const have = r.frontends.get(key);
-        if (have) dropWildcard(key, have);
+        const row = F.row(key);
+        if (row !== NO_ROW) dropWildcard(key, row);
       }
     }
     // Backends: a full plan looks at every one, a change sync at those it unlinked.

@@ -15,59 +15,15 @@ import { serviceAddrKey, type ServiceAddr } from '../lb/types.js';
 import type { LB_MAP_NAMES } from '../datapath/maps.js';
 import { EntryHash, MapDigest } from '../datapath/digest.js';
 import { IdMap } from './id-map.js';
+import { FrontendTable, NO_ROW } from './frontend-table.js';
+
+export { FrontendTable, NO_ROW, type RealizedFrontend } from './frontend-table.js';
 
 /** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
 export type LbMapName = (typeof LB_MAP_NAMES)[number];
 
-/**
- * One entry of lb{4,6}_services as held: its key's fields themselves (the
- * entry is the ServiceAddr: no copy of the key per entry), the digest's
- * hash of them, its master and its slots.
- */
-export interface RealizedFrontend extends ServiceAddr {
-  /** The digest's hash of the key's fields (EntryHash.serviceKey), both lanes: each entry's hash resumes from it. */
-  readonly k1: number;
-  readonly k2: number;
-  master: MasterEntry | undefined;
-  /**
-   * Backend id by slot number (index 0, the master, is never set; a slot
-   * missing from the maps is undefined). No trailing undefined: `length - 1`
-   * is the highest slot held. Grown to exactly its length while short (see
-   * putSlot).
-   */
-  slots: Array<number | undefined>;
-}
-
-/** A realized entry's key fields alone (a new object: it keeps nothing else of the entry alive). */
-export function addrOf(e: RealizedFrontend | undefined): ServiceAddr | undefined {
-  if (!e) return undefined;
-  return e.scope === 'internal'
-    ? { address: e.address, family: e.family, port: e.port, protocol: e.protocol, scope: e.scope }
-    : { address: e.address, family: e.family, port: e.port, protocol: e.protocol };
-}
-
-/** Frontends with fewer slots than this keep their slots array exactly as long as it is (putSlot). */
-const EXACT_SLOTS = 64;
-/**
- * The slots of an entry that holds none (every wildcard entry, and a
- * master without backends): one shared, frozen array, replaced by the
- * entry's own at its first slot (putSlot only writes below the length of
- * an array it made, and deleteSlot only where a slot is held).
- */
-const NO_SLOTS = Object.freeze([undefined]) as unknown as Array<number | undefined>;
-
-/** Slot numbers held, ascending. */
-export function* heldSlots(e: RealizedFrontend): Generator<[slot: number, backendId: number]> {
-  for (let s = 1; s < e.slots.length; s++) {
-    const id = e.slots[s];
-    if (id !== undefined) yield [s, id];
-  }
-}
-
 /** The entry hash every digest update reuses (one per process: no object per write, and none in the state itself). */
 const h = new EntryHash();
-
-export const isWildcard = (fe: ServiceAddr): boolean => fe.protocol === 'ANY';
 
 function bump<K>(m: { get(k: K): number | undefined; set(k: K, v: number): unknown; delete(k: K): unknown }, k: K, by: number): void {
   const n = (m.get(k) ?? 0) + by;
@@ -93,8 +49,8 @@ export class RealizedState implements ExpectedMaps {
   readonly maglev = new Map<number, string>();
   /** Source ranges by frontend key. */
   readonly srcRanges = new Map<string, RealizedRanges>();
-  /** Keyed by serviceAddrKey(): frontends and wildcard entries alike. */
-  readonly frontends = new Map<string, RealizedFrontend>();
+  /** Keyed by serviceAddrKey(): frontends and wildcard entries alike, a row each. */
+  readonly frontends = new FrontendTable();
   readonly backends = new IdMap<Backend>();
   /** Rev-NAT entries by family, then id (written through setRevNat/deleteRevNat, which keep the digest). */
   readonly revNat: Record<Family, ReadonlyMap<number, RevNatEntry>> = { 4: new IdMap(), 6: new IdMap() };
@@ -181,85 +137,71 @@ export class RealizedState implements ExpectedMaps {
   }
 
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
-    const e = this.entry(key, fe);
-    let slots = e.slots;
-    const old = slots[slot];
+    const f = this.frontends;
+    const row = this.row(key, fe);
+    const old = f.slot(row, slot);
     if (old === backendId) return;
     const d = this.digests[`lb${fe.family}_services`];
     if (old !== undefined) {
       bump(this.slotRefs, old, -1);
-      d.sub(h.resume(e.k1, e.k2).slot(slot, old));
+      d.sub(h.resume(f.k1(row), f.k2(row)).slot(slot, old));
     } else this.serviceEntries[fe.family]++;
-    if (slot < slots.length) slots[slot] = backendId;
-    else if (slot < EXACT_SLOTS) {
-      // A copy of exactly the new length: an array grown in place keeps
-      // room for 16 more (packed() in src/lb/types.ts), about 130 bytes
-      // per frontend with a few backends. Past EXACT_SLOTS it grows in
-      // place, so filling a big frontend stays linear.
-      const grown = slots.concat(new Array<undefined>(slot - slots.length), [backendId]);
-      e.slots = grown;
-      slots = grown;
-    } else {
-      if (slots === NO_SLOTS) e.slots = slots = [undefined];
-      while (slots.length < slot) slots.push(undefined);
-      slots[slot] = backendId;
-    }
+    f.setSlot(row, slot, backendId);
     bump(this.slotRefs, backendId, 1);
-    d.add(h.resume(e.k1, e.k2).slot(slot, backendId));
+    d.add(h.resume(f.k1(row), f.k2(row)).slot(slot, backendId));
   }
 
   deleteSlot(key: string, slot: number): void {
-    const e = this.frontends.get(key);
-    const old = e?.slots[slot];
-    if (!e || old === undefined) return;
-    e.slots[slot] = undefined;
-    this.serviceEntries[e.family]--;
-    this.digests[`lb${e.family}_services`].sub(h.resume(e.k1, e.k2).slot(slot, old));
-    while (e.slots.length > 1 && e.slots[e.slots.length - 1] === undefined) e.slots.pop();
+    const f = this.frontends;
+    const row = f.row(key);
+    if (row === NO_ROW) return;
+    const old = f.slot(row, slot);
+    if (old === undefined) return;
+    f.clearSlot(row, slot);
+    const family = f.family(row);
+    this.serviceEntries[family]--;
+    this.digests[`lb${family}_services`].sub(h.resume(f.k1(row), f.k2(row)).slot(slot, old));
     bump(this.slotRefs, old, -1);
-    this.dropIfEmpty(key, e);
+    this.dropIfEmpty(key, row);
   }
 
   putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
-    const e = this.entry(key, fe);
+    const f = this.frontends;
+    const row = this.row(key, fe);
     const d = this.digests[`lb${fe.family}_services`];
-    if (!e.master) this.serviceEntries[fe.family]++;
-    else d.sub(h.resume(e.k1, e.k2).master(e.master));
-    d.add(h.resume(e.k1, e.k2).master(master));
-    const was = e.master?.type === 'ClusterIP';
-    const is = master.type === 'ClusterIP';
-    if (was !== is) bump(this.addrRefs, fe.address, is ? 1 : -1);
-    e.master = master;
+    const was = f.masterType(row);
+    if (was === undefined) this.serviceEntries[fe.family]++;
+    else d.sub(h.resume(f.k1(row), f.k2(row)).master(f.master(row)!));
+    d.add(h.resume(f.k1(row), f.k2(row)).master(master));
+    const wasCluster = was === 'ClusterIP';
+    const isCluster = master.type === 'ClusterIP';
+    if (wasCluster !== isCluster) bump(this.addrRefs, fe.address, isCluster ? 1 : -1);
+    f.setMaster(row, master);
   }
 
   deleteMaster(key: string): void {
-    const e = this.frontends.get(key);
-    if (!e?.master) return;
-    this.serviceEntries[e.family]--;
-    this.digests[`lb${e.family}_services`].sub(h.resume(e.k1, e.k2).master(e.master));
-    if (e.master.type === 'ClusterIP') bump(this.addrRefs, e.address, -1);
-    e.master = undefined;
-    this.dropIfEmpty(key, e);
+    const f = this.frontends;
+    const row = f.row(key);
+    if (row === NO_ROW || !f.hasMaster(row)) return;
+    const family = f.family(row);
+    const master = f.master(row)!;
+    this.serviceEntries[family]--;
+    this.digests[`lb${family}_services`].sub(h.resume(f.k1(row), f.k2(row)).master(master));
+    if (master.type === 'ClusterIP') bump(this.addrRefs, f.address(row), -1);
+    f.clearMaster(row);
+    this.dropIfEmpty(key, row);
   }
 
-  private entry(key: string, fe: ServiceAddr): RealizedFrontend {
-    let e = this.frontends.get(key);
-    if (!e) {
-      // The key's fields, not the caller's object: the entry must not keep
-      // a larger one (a Frontend) alive. Every field in one literal, in one
-      // order: two hidden classes in all (with and without a scope).
-      h.serviceKey(fe);
-      e =
-        fe.scope === 'internal'
-          ? { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, scope: fe.scope, k1: h.h1, k2: h.h2, master: undefined, slots: NO_SLOTS }
-          : { address: fe.address, family: fe.family, port: fe.port, protocol: fe.protocol, k1: h.h1, k2: h.h2, master: undefined, slots: NO_SLOTS };
-      this.frontends.set(key, e);
-    }
-    return e;
+  /** The row of `key`, added (with the key's fields and their hash) when missing. */
+  private row(key: string, fe: ServiceAddr): number {
+    const row = this.frontends.row(key);
+    if (row !== NO_ROW) return row;
+    h.serviceKey(fe);
+    return this.frontends.add(key, fe, h.h1, h.h2);
   }
 
-  private dropIfEmpty(key: string, e: RealizedFrontend): void {
-    if (e.master || e.slots.length > 1) return;
-    this.frontends.delete(key);
+  private dropIfEmpty(key: string, row: number): void {
+    if (this.frontends.hasMaster(row) || this.frontends.slotEnd(row) > 1) return;
+    this.frontends.remove(key);
   }
 }

@@ -21,7 +21,7 @@ import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator } from './ids.js';
 import { opMapName, plan, PutRun, type MapOp, type PlanStep, type SingleOp } from './plan.js';
-import { addrOf, RealizedState, type LbMapName } from './realized.js';
+import { NO_ROW, RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
   /**
@@ -221,10 +221,12 @@ export class Reconciler {
     this.readNorthSouth(new Map());
     this.clean = false;
     let frontends = 0;
-    for (const [key, fe] of this.realizedState.frontends) {
-      if (fe.protocol === 'ANY' || !fe.master) continue;
+    const f = this.realizedState.frontends;
+    for (const [key, row] of f.entries()) {
+      const revNatId = f.revNatId(row);
+      if (f.isWildcard(row) || revNatId === undefined) continue;
       frontends++;
-      this.revNatIds[fe.family].adopt(key as FrontendKey, fe.master.revNatId);
+      this.revNatIds[f.family(row)].adopt(key as FrontendKey, revNatId);
     }
     for (const [id, b] of this.realizedState.backends) this.backendIds.adopt(backendIdKey(b), id);
     return { frontends, backends: this.realizedState.backends.size };
@@ -244,12 +246,19 @@ export class Reconciler {
     const r = this.realizedState;
     for (const table of ns.maps.maglevKeys()) r.maglev.set(table, known.get(table) ?? '');
     const byId = new Map<string, string>();
-    for (const [key, fe] of r.frontends) if (fe.master && fe.protocol !== 'ANY') byId.set(`${fe.family}/${fe.master.revNatId}`, key);
+    const f = r.frontends;
+    for (const [key, row] of f.entries()) {
+      const revNatId = f.revNatId(row);
+      if (revNatId !== undefined && !f.isWildcard(row)) byId.set(`${f.family(row)}/${revNatId}`, key);
+    }
     const groups = new Map<string, { fe: ServiceAddr; revNatId: number; ranges: SourceRange[] }>();
     for (const e of ns.maps.srcRanges()) {
       const key = byId.get(`${e.family}/${e.revNatId}`) ?? `src-range:${e.family}/${e.revNatId}`;
       let g = groups.get(key);
-      if (!g) groups.set(key, (g = { fe: addrOf(r.frontends.get(key)) ?? { address: '', family: e.family, port: 0, protocol: 'ANY' }, revNatId: e.revNatId, ranges: [] }));
+      if (!g) {
+        const row = f.row(key);
+        groups.set(key, (g = { fe: row === NO_ROW ? { address: '', family: e.family, port: 0, protocol: 'ANY' } : f.addr(row), revNatId: e.revNatId, ranges: [] }));
+      }
       g.ranges.push({ family: e.family, address: e.address, prefixLen: e.prefixLen });
     }
     for (const [key, g] of groups) r.srcRanges.set(key, { ...g, fingerprint: '' });
@@ -486,7 +495,7 @@ export class Reconciler {
         return (r.slotRefs.get(op.id) ?? 0) > 0 ? 'defer' : 'write';
       case 'delete-revnat':
         // Only once the live master that named it has moved to its new id.
-        return op.namedBy !== undefined && r.frontends.get(op.namedBy)?.master?.revNatId === op.id ? 'skip' : 'write';
+        return op.namedBy !== undefined && r.frontends.revNatId(r.frontends.row(op.namedBy)) === op.id ? 'skip' : 'write';
       default:
         return refused.frontends.has(op.key) ? 'skip' : 'write';
     }
@@ -702,7 +711,7 @@ export class Reconciler {
     for (const family of [4, 6] as const) {
       const alloc = this.revNatIds[family];
       for (const [key, id] of alloc.entries()) {
-        if (!desired.has(key) && !r.revNat[family].has(id) && !r.frontends.get(key)?.master) alloc.release(key);
+        if (!desired.has(key) && !r.revNat[family].has(id) && r.frontends.revNatId(r.frontends.row(key)) === undefined) alloc.release(key);
       }
     }
     for (const [key, id] of this.backendIds.entries()) {

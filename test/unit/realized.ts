@@ -3,7 +3,7 @@
 import t from 'tap';
 import type { MapsDump } from '../../src/datapath/lbmaps.js';
 import type { Backend } from '../../src/lb/types.js';
-import { RealizedState, heldSlots } from '../../src/reconcile/realized.js';
+import { NO_ROW, RealizedState } from '../../src/reconcile/realized.js';
 
 const fe = { address: '10.96.0.1', family: 4, port: 80, protocol: 'TCP' } as const;
 const fe6 = { address: 'fd00::1', family: 6, port: 80, protocol: 'TCP' } as const;
@@ -28,9 +28,11 @@ t.test('from a dump: frontends with their slots (gaps kept), reference counts an
     revNat: [{ id: 1, family: 4, address: fe.address, port: 80 }],
   };
   const r = RealizedState.from(dump);
-  const e = r.frontends.get('10.96.0.1:80/TCP')!;
-  t.same([...heldSlots(e)], [[1, 7], [3, 7]], 'slots 1 and 3, slot 2 missing');
-  t.equal(e.slots.length - 1, 3, 'length - 1 is the highest slot held');
+  const e = r.frontends.row('10.96.0.1:80/TCP');
+  t.same([...r.frontends.heldSlots(e)], [[1, 7], [3, 7]], 'slots 1 and 3, slot 2 missing');
+  t.equal(r.frontends.slotEnd(e), 4, 'the end is one past the highest slot held');
+  t.equal(r.frontends.slot(e, 2), undefined);
+  t.same(r.frontends.view('10.96.0.1:80/TCP')!.slots, [undefined, 7, undefined, 7], 'the same as a plain object');
   t.equal(r.slotRefs.get(7), 2, 'backend 7 is named by two slots');
   t.equal(r.slotRefs.get(8), 1);
   t.equal(r.addrRefs.get('10.96.0.1'), 1, 'one ClusterIP master at the address (the wildcard does not count)');
@@ -46,7 +48,7 @@ t.test('slots and masters: counts follow every change, and an entry with nothing
   const r = new RealizedState();
   const key = '10.96.0.1:80/TCP';
   r.putSlot(key, fe, 2, 5);
-  t.same(r.frontends.get(key)!.slots, [undefined, undefined, 5]);
+  t.same(r.frontends.view(key)!.slots, [undefined, undefined, 5]);
   r.putSlot(key, fe, 2, 5);
   t.equal(r.entries('lb4_services'), 1, 'rewriting the same slot adds nothing');
   r.putSlot(key, fe, 2, 6);
@@ -55,7 +57,7 @@ t.test('slots and masters: counts follow every change, and an entry with nothing
   r.putMaster(key, fe, { ...master, count: 1 });
   t.equal(r.entries('lb4_services'), 2, 'a master rewritten is still one entry');
   r.deleteSlot(key, 2);
-  t.same(r.frontends.get(key)!.slots, [undefined], 'trailing empty slots are trimmed');
+  t.same(r.frontends.view(key)!.slots, [undefined], 'trailing empty slots are trimmed');
   t.equal(r.slotRefs.has(6), false);
   t.ok(r.frontends.has(key), 'the master keeps the entry');
   r.deleteMaster(key);
@@ -67,34 +69,34 @@ t.test('slots and masters: counts follow every change, and an entry with nothing
   t.equal(r.entries('lb4_services'), 0, 'deleting what is not there changes nothing');
 });
 
-t.test('slots: filled in any order, past the length kept exact and beyond, each held once', async (t) => {
+t.test('slots: filled in any order, their block grown, trimmed and grown again, each held once', async (t) => {
   const r = new RealizedState();
   const key = '10.96.0.1:80/TCP';
   // Every third slot up to 150 first (gaps), then the rest, from the top down.
   const order = [...Array.from({ length: 50 }, (_, i) => 3 * (i + 1)), ...Array.from({ length: 150 }, (_, i) => 150 - i).filter((s) => s % 3 !== 0)];
   for (const slot of order) r.putSlot(key, fe, slot, 1000 + slot);
-  const held = [...heldSlots(r.frontends.get(key)!)];
+  const held = [...r.frontends.heldSlots(r.frontends.row(key))];
   t.equal(held.length, 150, 'every slot held');
   t.ok(held.every(([slot, id], i) => slot === i + 1 && id === 1000 + slot), 'in slot order, each with its backend');
   t.equal(r.entries('lb4_services'), 150);
   t.equal(r.slotRefs.size, 150);
   for (let slot = 150; slot > 2; slot--) r.deleteSlot(key, slot);
-  t.same(r.frontends.get(key)!.slots, [undefined, 1001, 1002], 'trimmed back to the slots left');
+  t.same(r.frontends.view(key)!.slots, [undefined, 1001, 1002], 'trimmed back to the slots left');
   r.putSlot(key, fe, 70, 7);
-  t.same([...heldSlots(r.frontends.get(key)!)], [[1, 1001], [2, 1002], [70, 7]], 'and grown again past the exact range');
-  // Entries with no slot share one array: a first slot, low or high, gets its own.
+  t.same([...r.frontends.heldSlots(r.frontends.row(key))], [[1, 1001], [2, 1002], [70, 7]], 'and grown again');
+  // Entries with no slot hold no block: a first slot, low or high, gets one.
   const other = '10.96.0.2:80/TCP';
   const fe2 = { ...fe, address: '10.96.0.2' };
   r.putMaster(other, fe2, master);
   const wkey = '10.96.0.1:0/ANY';
   r.putMaster(wkey, wild, master);
   r.putSlot(other, fe2, 100, 9);
-  t.same([...heldSlots(r.frontends.get(other)!)], [[100, 9]], 'a first slot past the exact range');
-  t.same(r.frontends.get(wkey)!.slots, [undefined], 'the other entries without slots are untouched');
+  t.same([...r.frontends.heldSlots(r.frontends.row(other))], [[100, 9]], 'a first slot past the exact range');
+  t.same(r.frontends.view(wkey)!.slots, [undefined], 'the other entries without slots are untouched');
   r.deleteSlot(other, 100);
   r.putSlot(other, fe2, 1, 9);
-  t.same(r.frontends.get(other)!.slots, [undefined, 9]);
-  t.same(r.frontends.get(wkey)!.slots, [undefined]);
+  t.same(r.frontends.view(other)!.slots, [undefined, 9]);
+  t.same(r.frontends.view(wkey)!.slots, [undefined]);
 });
 
 t.test('address references count ClusterIP masters only: other frontends have no wildcard', async (t) => {
@@ -118,10 +120,46 @@ t.test('an internal-scope entry keeps its scope: deletes and adoption find it by
   const twin = { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP', scope: 'internal' } as const;
   const r = RealizedState.from({ services: [{ fe: twin, slot: 0, master: { ...master, type: 'NodePort' } }], backends: [], revNat: [] });
   t.same([...r.frontends.keys()], ['0.0.0.0:30080/TCP/internal']);
-  t.equal(r.frontends.get('0.0.0.0:30080/TCP/internal')!.scope, 'internal');
+  t.equal(r.frontends.view('0.0.0.0:30080/TCP/internal')!.scope, 'internal');
   const plain = new RealizedState();
   plain.putSlot('10.96.0.1:80/TCP', { ...fe, scope: undefined }, 1, 3);
-  t.notOk('scope' in plain.frontends.get('10.96.0.1:80/TCP')!, 'an external entry carries no scope field');
+  t.notOk('scope' in plain.frontends.view('10.96.0.1:80/TCP')!, 'an external entry carries no scope field');
+});
+
+t.test('rows and slot blocks are reused; every uint32 backend id is held as itself', async (t) => {
+  const r = new RealizedState();
+  const f = r.frontends;
+  const ip = (i: number): string => `10.96.${i >> 8}.${i & 255}`;
+  const keyOf = (i: number): string => `${ip(i)}:80/TCP`;
+  const feOf = (i: number) => ({ ...fe, address: ip(i) });
+  for (let i = 0; i < 200; i++) {
+    r.putMaster(keyOf(i), feOf(i), { ...master, revNatId: i + 1 });
+    for (let s = 1; s <= 3; s++) r.putSlot(keyOf(i), feOf(i), s, 10 * i + s);
+  }
+  t.equal(f.size, 200);
+  const rows = new Set([...f.entries()].map(([, row]) => row));
+  t.equal(rows.size, 200, 'a row each');
+  for (let i = 0; i < 100; i++) {
+    for (let s = 3; s >= 1; s--) r.deleteSlot(keyOf(i), s);
+    r.deleteMaster(keyOf(i));
+  }
+  t.equal(f.size, 100);
+  t.equal(f.row(keyOf(0)), NO_ROW, 'a removed entry has no row');
+  for (let i = 200; i < 300; i++) {
+    r.putMaster(keyOf(i), feOf(i), { ...master, revNatId: i + 1 });
+    for (let s = 1; s <= 3; s++) r.putSlot(keyOf(i), feOf(i), s, 10 * i + s);
+  }
+  const after = new Set([...f.entries()].map(([, row]) => row));
+  t.equal(Math.max(...after), Math.max(...rows), 'the freed rows were taken again: no row beyond the first 200');
+  for (let i = 100; i < 300; i++) {
+    const row = f.row(keyOf(i));
+    t.same([f.address(row), f.revNatId(row), [...f.heldSlots(row)]], [ip(i), i + 1, [1, 2, 3].map((s) => [s, 10 * i + s])], `entry ${i} whole`);
+  }
+  r.putSlot(keyOf(150), feOf(150), 2, 0);
+  r.putSlot(keyOf(150), feOf(150), 9, 0xffffffff);
+  t.same(f.view(keyOf(150))!.slots, [undefined, 1501, 0, 1503, undefined, undefined, undefined, undefined, undefined, 0xffffffff], 'ids 0 and 2^32-1 held, the gaps missing');
+  t.equal(r.slotRefs.get(0), 1);
+  t.same(f.view(keyOf(151))!.slots, [undefined, 1511, 1512, 1513], 'a neighbour untouched by the growth');
 });
 
 t.test('backends: per-family counts, also when an id changes family', async (t) => {
