@@ -106,3 +106,69 @@ export class IdMap<V> implements ReadonlyMap<number, V> {
     for (const [k, v] of this.entries()) fn(v, k, this);
   }
 }
+
+/**
+ * An IdMap of number values in Float64Array pages: a number kept in an
+ * ordinary array beyond the small-integer range is a heap number of its own
+ * (16 bytes and a pointer); here it is 8 bytes in place. NaN is no value.
+ * Ids beyond MAX_PAGED go to an ordinary Map, as IdMap's do.
+ */
+export class NumberIdMap {
+  private readonly pages: Array<Float64Array | undefined> = [];
+  private readonly counts: number[] = [];
+  private readonly overflow = new Map<number, number>();
+  private n = 0;
+
+  get size(): number {
+    return this.n;
+  }
+
+  get(id: number): number | undefined {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) return this.overflow.get(id);
+    const v = this.pages[id >>> PAGE_BITS]?.[id & (PAGE - 1)];
+    return v === undefined || Number.isNaN(v) ? undefined : v;
+  }
+
+  has(id: number): boolean {
+    return this.get(id) !== undefined;
+  }
+
+  set(id: number, v: number): this {
+    if (Number.isNaN(v)) throw new RangeError('NumberIdMap: NaN is not a value');
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+      if (!this.overflow.has(id)) this.n++;
+      this.overflow.set(id, v);
+      return this;
+    }
+    const p = id >>> PAGE_BITS;
+    let page = this.pages[p];
+    if (!page) {
+      while (this.pages.length <= p) {
+        this.pages.push(undefined);
+        this.counts.push(0);
+      }
+      page = this.pages[p] = new Float64Array(PAGE).fill(Number.NaN);
+    }
+    const i = id & (PAGE - 1);
+    if (Number.isNaN(page[i]!)) {
+      this.n++;
+      this.counts[p]!++;
+    }
+    page[i] = v;
+    return this;
+  }
+
+  delete(id: number): boolean {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+      if (!this.overflow.delete(id)) return false;
+      this.n--;
+      return true;
+    }
+    if (!this.has(id)) return false;
+    const p = id >>> PAGE_BITS;
+    this.pages[p]![id & (PAGE - 1)] = Number.NaN;
+    this.n--;
+    if (--this.counts[p]! === 0) this.pages[p] = undefined;
+    return true;
+  }
+}

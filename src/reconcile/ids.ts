@@ -17,11 +17,95 @@
 // and would make every socket's rev-NAT entry that names it stale. Such ids
 // are never handed out again once released, so they die out.
 import { LbError } from '../errors.js';
-import { IdMap } from './id-map.js';
+import { IdMap, NumberIdMap } from './id-map.js';
+import { NumberKeyMap } from './number-map.js';
 
-export class IdAllocator<K> {
+/**
+ * An allocator's two directions, key → id and id → key. Iterating must not
+ * overlap a change (NumberKeys' table moves entries on delete).
+ */
+export interface KeyIds<K> {
+  readonly size: number;
+  idOf(key: K): number | undefined;
+  keyOf(id: number): K | undefined;
+  set(key: K, id: number): void;
+  delete(key: K, id: number): void;
+  entries(): IterableIterator<[K, number]>;
+}
+
+/** Any keys: a Map one way, an IdMap the other. */
+export class MapKeyIds<K> implements KeyIds<K> {
   private readonly byKey = new Map<K, number>();
   private readonly byId = new IdMap<K>();
+
+  get size(): number {
+    return this.byKey.size;
+  }
+
+  idOf(key: K): number | undefined {
+    return this.byKey.get(key);
+  }
+
+  keyOf(id: number): K | undefined {
+    return this.byId.get(id);
+  }
+
+  set(key: K, id: number): void {
+    this.byKey.set(key, id);
+    this.byId.set(id, key);
+  }
+
+  delete(key: K, id: number): void {
+    this.byKey.delete(key);
+    this.byId.delete(id);
+  }
+
+  entries(): IterableIterator<[K, number]> {
+    return this.byKey.entries();
+  }
+}
+
+/**
+ * Whole-number keys below 2^53 (the IPv4 backends' keys) in typed tables,
+ * with no heap number per key (src/reconcile/number-map.ts); any other key
+ * (the IPv6 backends' strings) as MapKeyIds.
+ */
+export class NumberKeyIds<K> implements KeyIds<number | K> {
+  private readonly byKey = new NumberKeyMap();
+  private readonly byId = new NumberIdMap();
+  private readonly others = new MapKeyIds<K>();
+
+  get size(): number {
+    return this.byKey.size + this.others.size;
+  }
+
+  idOf(key: number | K): number | undefined {
+    return typeof key === 'number' ? this.byKey.get(key) : this.others.idOf(key);
+  }
+
+  keyOf(id: number): number | K | undefined {
+    return this.byId.get(id) ?? this.others.keyOf(id);
+  }
+
+  set(key: number | K, id: number): void {
+    if (typeof key !== 'number') return this.others.set(key, id);
+    this.byKey.set(key, id);
+    this.byId.set(id, key);
+  }
+
+  delete(key: number | K, id: number): void {
+    if (typeof key !== 'number') return this.others.delete(key, id);
+    this.byKey.delete(key);
+    this.byId.delete(id);
+  }
+
+  *entries(): IterableIterator<[number | K, number]> {
+    yield* this.byKey.entries();
+    yield* this.others.entries();
+  }
+}
+
+export class IdAllocator<K> {
   /** Ids in use within min..max (adopted ones beyond it do not take room there). */
   private used = 0;
   private next: number;
@@ -30,21 +114,24 @@ export class IdAllocator<K> {
     readonly what: string,
     readonly min: number,
     readonly max: number,
+    /** How keys and ids are kept (NumberKeyIds for numeric keys). */
+    private readonly ids: KeyIds<K> = new MapKeyIds<K>(),
   ) {
     if (!Number.isInteger(min) || !Number.isInteger(max) || min < 0 || max < min) throw new RangeError(`${what} ids: bad range ${min}..${max}`);
     this.next = min;
   }
 
   get size(): number {
-    return this.byKey.size;
+    return this.ids.size;
   }
 
   get(key: K): number | undefined {
-    return this.byKey.get(key);
+    return this.ids.idOf(key);
   }
 
+  /** Every key and its id (the allocator must not change while this is iterated). */
   entries(): IterableIterator<[K, number]> {
-    return this.byKey.entries();
+    return this.ids.entries();
   }
 
   /**
@@ -52,9 +139,8 @@ export class IdAllocator<K> {
    * beyond max (see the header). False when either is already taken.
    */
   adopt(key: K, id: number): boolean {
-    if (!Number.isInteger(id) || id < this.min || this.byId.has(id) || this.byKey.has(key)) return false;
-    this.byKey.set(key, id);
-    this.byId.set(id, key);
+    if (!Number.isInteger(id) || id < this.min || this.ids.keyOf(id) !== undefined || this.ids.idOf(key) !== undefined) return false;
+    this.ids.set(key, id);
     if (this.inRange(id)) {
       this.used++;
       if (id >= this.next) this.next = id === this.max ? this.min : id + 1;
@@ -81,32 +167,29 @@ export class IdAllocator<K> {
 
   /** As acquire, but undefined when every id is in use. */
   tryAcquire(key: K): number | undefined {
-    const have = this.byKey.get(key);
+    const have = this.ids.idOf(key);
     if (have !== undefined) return have;
     if (this.used >= this.span) return undefined;
     let id = this.next;
-    while (this.byId.has(id)) id = id === this.max ? this.min : id + 1;
+    while (this.ids.keyOf(id) !== undefined) id = id === this.max ? this.min : id + 1;
     this.next = id === this.max ? this.min : id + 1;
-    this.byKey.set(key, id);
-    this.byId.set(id, key);
+    this.ids.set(key, id);
     this.used++;
     return id;
   }
 
   /** Frees `id`, whatever key holds it. */
   releaseId(id: number): void {
-    const key = this.byId.get(id);
+    const key = this.ids.keyOf(id);
     if (key === undefined) return;
-    this.byKey.delete(key);
-    this.byId.delete(id);
+    this.ids.delete(key, id);
     if (this.inRange(id)) this.used--;
   }
 
   release(key: K): void {
-    const id = this.byKey.get(key);
+    const id = this.ids.idOf(key);
     if (id === undefined) return;
-    this.byKey.delete(key);
-    this.byId.delete(id);
+    this.ids.delete(key, id);
     if (this.inRange(id)) this.used--;
   }
 

@@ -19,7 +19,7 @@ import { PartialWriteError, putOne } from '../datapath/lbmaps.js';
 import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family, type FrontendKey, type L3n4Addr, type ServiceAddr } from '../lb/types.js';
 import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
-import { IdAllocator } from './ids.js';
+import { IdAllocator, NumberKeyIds } from './ids.js';
 import { opMapName, plan, PutRun, type MapOp, type PlanStep, type SingleOp } from './plan.js';
 import { NO_ROW, RealizedState, type LbMapName } from './realized.js';
 
@@ -189,7 +189,7 @@ export class Reconciler {
       return n !== undefined && Number.isInteger(n) && n > 0 ? Math.min(n, 0xffffffff) : 0xffffffff;
     };
     const backends = this.maxEntries.lb4_backends !== undefined && this.maxEntries.lb6_backends !== undefined ? cap('lb4_backends') + cap('lb6_backends') : 0xffffffff;
-    this.backendIds = new IdAllocator<BackendIdKey>('backend', 1, Math.min(backends, 0xffffffff));
+    this.backendIds = new IdAllocator<BackendIdKey>('backend', 1, Math.min(backends, 0xffffffff), new NumberKeyIds<BackendKey>());
     this.revNatIds = {
       4: new IdAllocator<FrontendKey>('IPv4 rev-NAT', 1, cap('lb4_reverse_nat')),
       6: new IdAllocator<FrontendKey>('IPv6 rev-NAT', 1, cap('lb6_reverse_nat')),
@@ -710,12 +710,17 @@ export class Reconciler {
     const r = this.realizedState;
     for (const family of [4, 6] as const) {
       const alloc = this.revNatIds[family];
+      const unused: FrontendKey[] = [];
       for (const [key, id] of alloc.entries()) {
-        if (!desired.has(key) && !r.revNat[family].has(id) && r.frontends.revNatId(r.frontends.row(key)) === undefined) alloc.release(key);
+        if (!desired.has(key) && !r.revNat[family].has(id) && r.frontends.revNatId(r.frontends.row(key)) === undefined) unused.push(key);
       }
+      for (const key of unused) alloc.release(key);
     }
+    // Collected first: an allocator must not change while it is iterated.
+    const unused: BackendIdKey[] = [];
     for (const [key, id] of this.backendIds.entries()) {
-      if (!needed.has(id) && !r.backends.has(id)) this.backendIds.release(key);
+      if (!needed.has(id) && !r.backends.has(id)) unused.push(key);
     }
+    for (const key of unused) this.backendIds.release(key);
   }
 }
