@@ -4,7 +4,7 @@
 // of 3 endpoints each. Times come from the agent's own sync report and
 // from polling the pinned map until a change is in the kernel.
 import type { ChildProcess } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { appendFileSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { Worker } from 'node:worker_threads';
@@ -108,6 +108,7 @@ export class BenchAgent {
     readonly startedAt: number,
   ) {
     this.exited = new Promise((resolve) => proc.once('exit', (code) => resolve(code)));
+    this.trace(process.env.BENCH_AGENT_TRACE);
     // The agent logs (pino, JSON lines) to stderr.
     createInterface({ input: proc.stderr! }).on('line', (line) => {
       const seenAt = performance.now();
@@ -157,6 +158,27 @@ export class BenchAgent {
         });
     };
     ask();
+  }
+
+  /**
+   * BENCH_AGENT_TRACE=FILE (a diagnostic, not part of any result): the
+   * agent's stdout and stderr lines (with LBCTL_NODE_FLAGS=--trace-gc, V8's
+   * collections) and its VmRSS every 50 ms, each line stamped with the ms
+   * since the agent was spawned, appended to FILE.
+   */
+  private trace(file: string | undefined): void {
+    if (!file) return;
+    const stamp = (line: string): void => appendFileSync(file, `${(performance.now() - this.startedAt).toFixed(0)} ${line}\n`);
+    for (const s of [this.proc.stdout!, this.proc.stderr!]) createInterface({ input: s }).on('line', stamp);
+    const sample = setInterval(() => {
+      try {
+        stamp(/^VmRSS:.*$/m.exec(readFileSync(`/proc/${this.proc.pid}/status`, 'utf8'))?.[0] ?? '');
+      } catch {
+        clearInterval(sample);
+      }
+    }, 50);
+    sample.unref();
+    void this.exited.then(() => clearInterval(sample));
   }
 
   /** The agent's CPU time so far, every thread (V8's helpers included), in ms (/proc/PID/task/*\/schedstat). */

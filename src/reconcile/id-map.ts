@@ -172,3 +172,55 @@ export class NumberIdMap {
     return true;
   }
 }
+
+/**
+ * A set of ids as bits (ids below MAX_PAGED; others in an ordinary Set). A
+ * cold sync of 100,000 services marks 300,000 backend ids: a Set of them was
+ * about 9 MiB of garbage, the bits for the same ids 37 KiB.
+ */
+export class IdSet {
+  private bits = new Uint32Array(0);
+  private readonly overflow = new Set<number>();
+  private n = 0;
+
+  get size(): number {
+    return this.n;
+  }
+
+  has(id: number): boolean {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) return this.overflow.has(id);
+    return ((this.bits[id >>> 5] ?? 0) & (1 << (id & 31))) !== 0;
+  }
+
+  add(id: number): this {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+      if (!this.overflow.has(id)) this.n++;
+      this.overflow.add(id);
+      return this;
+    }
+    const w = id >>> 5;
+    if (w >= this.bits.length) {
+      const grown = new Uint32Array(Math.max(w + 1, this.bits.length * 2, 64));
+      grown.set(this.bits);
+      this.bits = grown;
+    }
+    const bit = 1 << (id & 31);
+    if ((this.bits[w]! & bit) === 0) {
+      this.bits[w]! |= bit;
+      this.n++;
+    }
+    return this;
+  }
+
+  delete(id: number): boolean {
+    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+      if (!this.overflow.delete(id)) return false;
+      this.n--;
+      return true;
+    }
+    if (!this.has(id)) return false;
+    this.bits[id >>> 5]! &= ~(1 << (id & 31));
+    this.n--;
+    return true;
+  }
+}

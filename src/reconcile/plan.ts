@@ -33,6 +33,7 @@ import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import type { MasterEntry, PutBatch, PutKind, RevNatEntry } from '../datapath/lbmaps.js';
 import { NO_ROW, type LbMapName, type RealizedState } from './realized.js';
+import { IdSet } from './id-map.js';
 
 export type MapOp =
   | { readonly kind: 'put-backend'; readonly id: number; readonly backend: Backend }
@@ -243,6 +244,8 @@ export interface PlanScope {
   readonly maxEntries?: Partial<Record<LbMapName, number>>;
   /** The tc datapath is loaded: north-south frontends get Maglev tables and source ranges. */
   readonly northSouth?: boolean;
+  /** Frontends per chunk of a full plan's puts (Plan.stream); default PLAN_CHUNK. */
+  readonly chunk?: number;
 }
 
 function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
@@ -257,19 +260,64 @@ export interface Refusal {
   readonly reason: string;
 }
 
+/**
+ * Desired frontends a full plan plans before it hands their writes over
+ * (Plan.stream): the caller applies them before the plan goes on, so a cold
+ * sync never holds more than this many frontends' writes at once.
+ */
+export const PLAN_CHUNK = 8192;
+
 export class Plan {
+  private cache: PlanStep[] | undefined;
+  private taken = false;
+  private n = 0;
+  private ms = 0;
+
   constructor(
-    /** The writes, in order. */
-    readonly steps: readonly PlanStep[],
-    /** By frontend key: frontends left out because their new entries do not fit (PlanScope.maxEntries). */
-    readonly refused: ReadonlyMap<string, Refusal>,
+    private readonly source: Iterator<PlanStep>,
+    private readonly refusedMap: Map<string, Refusal>,
   ) {}
+
+  /**
+   * The steps as they are planned, in order: a full plan hands over the
+   * writes of each PLAN_CHUNK frontends, then goes on once the caller asks
+   * for the next step (having applied this one). Once; refused and size are
+   * complete when it ends.
+   */
+  *stream(): Generator<PlanStep> {
+    if (this.taken) throw new Error('a plan is streamed once');
+    this.taken = true;
+    for (;;) {
+      const t0 = performance.now();
+      const next = this.source.next();
+      this.ms += performance.now() - t0;
+      if (next.done) return;
+      this.n += next.value.length;
+      yield next.value;
+    }
+  }
+
+  /** Every step, all planned before any is applied (tests and messages; the reconciler streams). */
+  get steps(): readonly PlanStep[] {
+    this.cache ??= [...this.stream()];
+    return this.cache;
+  }
+
+  /** By frontend key: frontends left out because their new entries do not fit (PlanScope.maxEntries). */
+  get refused(): ReadonlyMap<string, Refusal> {
+    if (!this.taken) void this.steps;
+    return this.refusedMap;
+  }
 
   /** How many writes. */
   get size(): number {
-    let n = 0;
-    for (const s of this.steps) n += s.length;
-    return n;
+    if (!this.taken) void this.steps;
+    return this.n;
+  }
+
+  /** Time spent planning so far, ms (streamed: between the writes). */
+  get planMs(): number {
+    return this.ms;
   }
 
   /** Every write as a MapOp, in order: an object each, for tests and messages (the reconciler writes the steps). */
@@ -299,16 +347,35 @@ export function opMapName(op: MapOp): LbMapName {
 }
 
 export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope): Plan {
+  const refused = new Map<string, Refusal>();
+  return new Plan(planSteps(r, desired, ids, scope, refused), refused);
+}
+
+function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, scope: PlanScope, refused: Map<string, Refusal>): Generator<PlanStep> {
   const full = scope.changed === undefined;
-  const backendPuts = runs('put-backend');
-  const revNatPuts = runs('put-revnat');
-  const slotPuts = runs('put-slot');
-  const masterPuts = runs('put-master');
-  const shrinks: SingleOp[] = [];
-  const wildcardPuts = runs('put-master');
+  // A frontend's puts, by stage; handed over (and started afresh) every PLAN_CHUNK frontends of a full plan.
+  let backendPuts = runs('put-backend');
+  let revNatPuts = runs('put-revnat');
+  let slotPuts = runs('put-slot');
+  let masterPuts = runs('put-master');
+  let shrinks: SingleOp[] = [];
+  let wildcardPuts = runs('put-master');
+  let maglevPuts: SingleOp[] = [];
+  /** The puts planned so far as steps, in the invariant's order; the stages start afresh. */
+  const putSteps = (): PlanStep[] => {
+    const out = [backendPuts[4], backendPuts[6], revNatPuts[4], revNatPuts[6], slotPuts[4], slotPuts[6], maglevPuts, masterPuts[4], masterPuts[6], shrinks, wildcardPuts[4], wildcardPuts[6]].filter((x) => x.length > 0);
+    backendPuts = runs('put-backend');
+    revNatPuts = runs('put-revnat');
+    slotPuts = runs('put-slot');
+    masterPuts = runs('put-master');
+    shrinks = [];
+    wildcardPuts = runs('put-master');
+    maglevPuts = [];
+    return out;
+  };
   const removals: SingleOp[] = [];
   const revNatDeletes: SingleOp[] = [];
-  const planned = new Set<number>();
+  const planned = new IdSet();
   const wildcardsSeen = new Set<string>();
   /**
    * Slots naming each backend, and ClusterIP masters at each address (what
@@ -324,11 +391,9 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
   const heldRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
   /** Addresses of held frontends: their wildcards stay (but are not written for them). */
   const wildcardsKept = new Set<string>();
-  const refused = new Map<string, Refusal>();
   /** Maglev tables and source ranges desired (or kept with a held frontend): a full plan deletes the others. */
   const maglevWanted = new Set<number>();
   const rangesWanted = new Set<string>();
-  const maglevPuts: SingleOp[] = [];
   const lateNorthSouth: SingleOp[] = [];
   const F = r.frontends;
   const keep = (fe: Frontend): void => {
@@ -546,36 +611,30 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     if (wildcardNew) wildcardsSeen.add(fe.address);
   };
 
-  if (full) {
-    for (const fe of desired.values()) update(fe);
-  } else {
-    for (const key of scope.changed!) {
-      const fe = desired.get(key);
-      if (fe) update(fe);
-    }
-  }
-
+  // The deletes, before any put: removals of what is no longer desired,
+  // with the rev-NAT entries they free, then rev-NAT entries no frontend
+  // names, wildcards of addresses left with no frontend, backends no slot
+  // names any more. A full plan knows what its frontends will use before it
+  // plans a put (one pass over them: the backends they name, the addresses
+  // their wildcards need, their rev-NAT ids), so it can then stream its puts;
+  // a change plan counts references after planning its few frontends.
   const ops: SingleOp[] = [];
   const lateRevNatDeletes: SingleOp[] = [];
-  if (scope.prune) {
-    // Removals, in reverse order of creation: frontends (master first, so no
-    // new selection, then slots), their rev-NAT entries, wildcards of
-    // addresses left with no frontend, backends no slot names any more.
+  const deletes = (backendUsed: (id: number) => boolean, wildcardUsed: (addr: string) => boolean, usedRevNat?: Record<Family, Set<number>>): void => {
+    if (!scope.prune) return;
     append(ops, removals);
-    if (full) {
-      const used: Record<Family, Set<number>> = { 4: heldRevNat[4], 6: heldRevNat[6] };
+    if (usedRevNat) {
       /** Rev-NAT ids that live masters name now, by the frontend naming them. */
       const named: Record<Family, Map<number, string>> = { 4: new Map(), 6: new Map() };
       for (const fe of desired.values()) {
         if (hold?.has(fe.key)) continue;
-        used[fe.family].add(ids.revNatId(fe));
         const row = F.row(fe.key);
         const id = row === NO_ROW ? undefined : F.revNatId(row);
         if (id !== undefined) named[fe.family].set(id, fe.key);
       }
       for (const family of [4, 6] as const) {
         for (const id of r.revNat[family].keys()) {
-          if (used[family].has(id)) continue;
+          if (usedRevNat[family].has(id)) continue;
           const namedBy = named[family].get(id);
           if (namedBy === undefined) revNatDeletes.push({ kind: 'delete-revnat', id, family });
           else lateRevNatDeletes.push({ kind: 'delete-revnat', id, family, namedBy });
@@ -583,7 +642,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       }
     }
     append(ops, revNatDeletes);
-    const unused = (addr: string): boolean => !wildcardsSeen.has(addr) && !wildcardsKept.has(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
+    const unused = (addr: string): boolean => !wildcardUsed(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
     const dropWildcard = (key: string, row: number): void => {
       const fe = F.addr(row);
       if (F.hasMaster(row)) ops.push({ kind: 'delete-master', key, fe });
@@ -609,7 +668,7 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
     // Backends: a full plan looks at every one, a change sync at those it unlinked.
     // (Unused once this plan's slot writes are done: the reconciler checks
     // at apply time that no slot still names one.)
-    const unlinked = (id: number): boolean => !planned.has(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
+    const unlinked = (id: number): boolean => !backendUsed(id) && (full || (r.slotRefs.get(id) ?? 0) + (slotDelta!.get(id) ?? 0) <= 0);
     if (full) {
       for (const [id, b] of r.backends) if (unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
     } else {
@@ -618,25 +677,55 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
         if (d < 0 && b && unlinked(id)) ops.push({ kind: 'delete-backend', id, family: b.family });
       }
     }
-  }
-  // The steps, in the order of the invariant above: removals, then
-  // backends, rev-NAT entries and slots, Maglev tables and source ranges,
-  // masters, shrinks, wildcards, and the deletes that wait for them.
-  const steps: PlanStep[] = [];
-  const step = (s: PlanStep): void => {
-    if (s.length > 0) steps.push(s);
   };
-  step(ops);
-  for (const r of [backendPuts, revNatPuts, slotPuts]) {
-    step(r[4]);
-    step(r[6]);
+
+  if (full) {
+    if (scope.prune) {
+      // What the desired frontends will use; held ones, what the maps hold for them (keep()).
+      const backends = new IdSet();
+      const addrs = new Set<string>();
+      const revNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+      for (const fe of desired.values()) {
+        if (hasWildcard(fe.type)) addrs.add(fe.address);
+        if (hold?.has(fe.key)) {
+          const row = F.row(fe.key);
+          if (row === NO_ROW) continue;
+          for (let s = 1; s < F.slotEnd(row); s++) {
+            const id = F.slot(row, s);
+            if (id !== undefined) backends.add(id);
+          }
+          const id = F.revNatId(row);
+          if (id !== undefined) revNat[fe.family].add(id);
+          continue;
+        }
+        for (const b of fe.backends) backends.add(ids.backendId(b));
+        for (const b of fe.terminating) backends.add(ids.backendId(b));
+        revNat[fe.family].add(ids.revNatId(fe));
+      }
+      deletes((id) => backends.has(id), (addr) => addrs.has(addr), revNat);
+    }
+    if (ops.length > 0) yield ops;
+    // The puts, a chunk of frontends at a time: what it plans next reads
+    // only its own frontend's entries and the backends and wildcards this
+    // plan marked planned, so the writes of the chunks before (applied
+    // meanwhile, when streamed) do not change it.
+    const chunk = Math.max(1, scope.chunk ?? PLAN_CHUNK);
+    let n = 0;
+    for (const fe of desired.values()) {
+      update(fe);
+      if (++n % chunk === 0) yield* putSteps();
+    }
+  } else {
+    for (const key of scope.changed!) {
+      const fe = desired.get(key);
+      if (fe) update(fe);
+    }
+    deletes((id) => planned.has(id), (addr) => wildcardsSeen.has(addr) || wildcardsKept.has(addr));
+    if (ops.length > 0) yield ops;
   }
-  step(maglevPuts);
-  step(masterPuts[4]);
-  step(masterPuts[6]);
-  step(shrinks);
-  step(wildcardPuts[4]);
-  step(wildcardPuts[6]);
+  // Then backends, rev-NAT entries and slots, Maglev tables and source
+  // ranges, masters, shrinks, wildcards, and the deletes that wait for them.
+  yield* putSteps();
   const late: SingleOp[] = [];
   append(late, lateRevNatDeletes);
   append(late, lateNorthSouth);
@@ -657,6 +746,5 @@ export function plan(r: RealizedState, desired: DesiredState, ids: IdAssignment,
       if (!rangesWanted.has(key) && !rangesRemoved.has(key)) late.push({ kind: 'delete-srcranges', key, fe: have.fe, revNatId: have.revNatId, remove: have.ranges });
     }
   }
-  step(late);
-  return new Plan(steps, refused);
+  if (late.length > 0) yield late;
 }

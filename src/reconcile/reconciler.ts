@@ -20,6 +20,7 @@ import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family,
 import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator, NumberKeyIds } from './ids.js';
+import { IdSet } from './id-map.js';
 import { opMapName, plan, PutRun, type MapOp, type PlanStep, type SingleOp } from './plan.js';
 import { NO_ROW, RealizedState, type LbMapName } from './realized.js';
 
@@ -351,8 +352,11 @@ export class Reconciler {
     const refused: Refusals = { frontends: new Map(), backends: new Map(), full: new Set() };
     // Frontends that could not get their ids: the plan leaves them as they are.
     const hold = new Set<string>();
-    // Ids by Backend object for this sync: one key string and one lookup per backend.
-    const backendIds = new Map<Backend, number>();
+    // The backend ids this sync acquired (releaseUnused keeps them), and the
+    // IPv6 ones by Backend object (one key string per backend, not one per
+    // lookup); an IPv4 backend's key is a number, looked up again for free.
+    const acquired = new IdSet();
+    const v6Ids = new Map<Backend, number>();
     const outOfIds = (fe: Frontend, map: LbMapName, alloc: IdAllocator<unknown>): void => {
       hold.add(fe.key);
       refused.frontends.set(fe.key, { frontend: fe.key, map, reason: `no free ${alloc.what} id: all ${alloc.span} are in use` });
@@ -364,7 +368,8 @@ export class Reconciler {
           outOfIds(fe, `lb${b.family}_backends`, this.backendIds);
           return false;
         }
-        backendIds.set(b, id);
+        acquired.add(id);
+        if (b.family === 6) v6Ids.set(b, id);
       }
       return true;
     };
@@ -387,13 +392,13 @@ export class Reconciler {
       this.realizedState,
       desired,
       {
-        backendId: (b) => backendIds.get(b)!,
+        backendId: (b) => (b.family === 4 ? this.backendIds.get(backendIdKey(b))! : v6Ids.get(b)!),
         revNatId: (fe) => this.revNatIds[fe.family].get(fe.key)!,
       },
       { prune: options.prune, ...(changed ? { changed } : {}), ...(hold.size > 0 ? { hold } : {}), maxEntries: this.maxEntries, northSouth },
     );
-    for (const [frontend, { map, reason }] of p.refused) refused.frontends.set(frontend, { frontend, map, reason });
-
+    // Planned and applied in turn (Plan.stream): a full plan hands over
+    // each chunk of frontends' writes, and plans the next once they are in.
     const t2 = performance.now();
     const byKind: Record<string, number> = {};
     let applied_ = 0;
@@ -406,11 +411,16 @@ export class Reconciler {
     const deferred: SingleOp[] = [];
     /** Deletes left undone because something still names what they would delete. */
     let heldBack = 0;
+    /** A change sync's deletes, whose ids it frees if it completes. */
+    const deletes: Array<readonly SingleOp[]> = [];
     let ok = false;
     try {
-      for (const step of p.steps) {
+      for (const step of p.stream()) {
         if (step instanceof PutRun) this.applyRun(step, refused, count, applied);
-        else this.applyOps(step, refused, deferred, count, applied);
+        else {
+          if (changed) deletes.push(step);
+          this.applyOps(step, refused, deferred, count, applied);
+        }
       }
       // Backend deletes whose slots were rewritten meanwhile; what a slot
       // still names (its frontend's put failed) stays for the next sync.
@@ -428,13 +438,15 @@ export class Reconciler {
       }
       ok = true;
     } finally {
+      // Frontends the plan left out for want of room (complete once the plan has run).
+      for (const [frontend, { map, reason }] of p.refused) refused.frontends.set(frontend, { frontend, map, reason });
       // A complete change sync frees exactly the ids of what it deleted.
       // Otherwise every id is looked at (the realized state says what the
       // maps still hold); a change sync that failed outright frees nothing:
       // the full sync after it does.
       const complete = ok && refused.frontends.size === 0 && refused.backends.size === 0 && heldBack === 0;
-      if (complete && changed) this.releaseDeleted(p.steps, changed, desired);
-      else if (!changed || ok) this.releaseUnused(desired, new Set(backendIds.values()));
+      if (complete && changed) this.releaseDeleted(deletes, changed, desired);
+      else if (!changed || ok) this.releaseUnused(desired, acquired);
       this.clean = complete && options.prune;
     }
     const ms = (x: number): number => Math.round(x * 1000) / 1000;
@@ -443,7 +455,7 @@ export class Reconciler {
       applied: applied_,
       byKind,
       removedBackends: this.removed.splice(0),
-      phasesMs: { ids: ms(t1 - t0), plan: ms(t2 - t1), apply: ms(performance.now() - t2) },
+      phasesMs: { ids: ms(t1 - t0), plan: ms(t2 - t1 + p.planMs), apply: ms(performance.now() - t2 - p.planMs) },
       notProgrammed: [...refused.frontends.values()],
     };
   }
@@ -619,9 +631,8 @@ export class Reconciler {
     }
   }
 
-  private releaseDeleted(steps: readonly PlanStep[], changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
+  private releaseDeleted(steps: ReadonlyArray<readonly SingleOp[]>, changed: ReadonlySet<FrontendKey>, desired: DesiredState): void {
     for (const step of steps) {
-      if (step instanceof PutRun) continue;
       for (const op of step) {
         if (op.kind === 'delete-backend') this.backendIds.releaseId(op.id);
         else if (op.kind === 'delete-revnat') this.revNatIds[op.family].releaseId(op.id);
@@ -706,7 +717,7 @@ export class Reconciler {
   }
 
   /** Frees ids that neither the desired state nor the maps use any more. */
-  private releaseUnused(desired: DesiredState, needed: ReadonlySet<number>): void {
+  private releaseUnused(desired: DesiredState, needed: IdSet): void {
     const r = this.realizedState;
     for (const family of [4, 6] as const) {
       const alloc = this.revNatIds[family];

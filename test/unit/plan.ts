@@ -189,3 +189,65 @@ t.test('north-south: a removed ClusterIP frontend takes its wildcard, though an 
   const np = realize(state(NP), ids(NS_BIDS, NS_RIDS));
   t.same(show(plan(np, state(), ids(NS_BIDS, NS_RIDS), { prune: true, changed: [NP.key] }).ops), ['delete-master 0.0.0.0:30080/TCP', 'delete-slot 0.0.0.0:30080/TCP#1', 'delete-revnat 2', 'delete-backend 1'], 'a NodePort goes without a wildcard to remove');
 });
+
+t.test('a full plan streams its puts a chunk of frontends at a time, after every delete, and ends where planning at once ends', async (t) => {
+  // Z and an orphan backend (9) are realized and no longer desired; five
+  // frontends are, A and E sharing backend 10.0.0.1 across chunks of two.
+  const fes = ['10.96.1.1', '10.96.1.2', '10.96.1.3', '10.96.1.4', '10.96.1.5'].map((ip, i) => frontend(ip, 80, i === 4 ? ['10.0.0.1', '10.0.1.5'] : [`10.0.${i === 0 ? 0 : 1}.${i === 0 ? 1 : i + 1}`, `10.0.2.${i + 1}`]));
+  const Z = frontend('10.96.9.9', 80, ['10.0.9.9']);
+  const bids: Record<string, number> = {};
+  let next = 1;
+  for (const fe of [...fes, Z]) for (const b of fe.backends) bids[b.address] ??= next++;
+  const rids = Object.fromEntries([...fes, Z].map((fe, i) => [fe.key, i + 1]));
+  const id = ids(bids, rids);
+
+  // Planned at once, applied after.
+  const eager = plan(realize(state(Z), id), state(...fes), id, { prune: true, chunk: 2 });
+  const m1 = new FakeLbMaps();
+  const before = realize(state(Z), id);
+  for (const op of plan(new RealizedState(), state(Z), id, { prune: true }).ops) apply(m1, op);
+  for (const op of eager.ops) apply(m1, op);
+
+  // Streamed: each step applied, to the maps and the realized state, before the next is planned.
+  const r = before;
+  const m2 = new FakeLbMaps();
+  for (const op of plan(new RealizedState(), state(Z), id, { prune: true }).ops) apply(m2, op);
+  const p = plan(r, state(...fes), id, { prune: true, chunk: 2 });
+  const streamed: MapOp[] = [];
+  for (const step of p.stream()) {
+    const ops = step instanceof Array ? step : Array.from({ length: step.length }, (_, i) => step.op(i));
+    for (const op of ops) {
+      apply(m2, op);
+      note(r, op);
+      streamed.push(op);
+    }
+  }
+  t.throws(() => [...p.stream()], /streamed once/, 'a plan streams once');
+  t.equal(p.size, streamed.length, 'size counts what was streamed');
+  t.same([...p.refused], []);
+  t.same(show(streamed).sort(), show(eager.ops).sort(), 'the same writes as planned at once');
+  t.same(m2.dump(), m1.dump(), 'and the same maps at the end');
+
+  const at = (line: string): number => show(streamed).indexOf(line);
+  const firstPut = show(streamed).findIndex((l) => l.startsWith('put-'));
+  t.ok(show(streamed).slice(0, firstPut).includes('delete-master 10.96.9.9:80/TCP') && at(`delete-backend ${bids['10.0.9.9']}`) < firstPut, 'the removal and the backend it leaves unused go before any put');
+  t.ok(at(`put-master ${fes[1]!.key}`) < at(`put-backend ${bids['10.0.1.3']}`), 'the first chunk (A, B) is written whole, masters included, before the second starts');
+  t.ok(at(`put-master ${fes[3]!.key}`) < at(`put-backend ${bids['10.0.1.5']}`), 'and the second before the third');
+  t.equal(show(streamed).filter((l) => l === `put-backend ${bids['10.0.0.1']}`).length, 1, 'a backend two chunks share is written once, by the first');
+  t.ok(at(`put-slot ${fes[4]!.key}#1=${bids['10.0.0.1']}`) > at(`put-backend ${bids['10.0.0.1']}`), 'and named by the later chunk after it');
+});
+
+/** The realized state's bookkeeping of one write, as the reconciler notes it. */
+function note(r: RealizedState, op: MapOp): void {
+  switch (op.kind) {
+    case 'put-backend': return r.setBackend(op.id, op.backend);
+    case 'delete-backend': return void r.deleteBackend(op.id);
+    case 'put-revnat': return r.setRevNat(op.id, op.family, op.entry);
+    case 'delete-revnat': return r.deleteRevNat(op.id, op.family);
+    case 'put-slot': return r.putSlot(op.key, op.fe, op.slot, op.backendId);
+    case 'delete-slot': return r.deleteSlot(op.key, op.slot);
+    case 'put-master': return r.putMaster(op.key, op.fe, op.master);
+    case 'delete-master': return r.deleteMaster(op.key);
+    default: return undefined;
+  }
+}
