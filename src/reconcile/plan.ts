@@ -32,7 +32,7 @@ import type { SourceRange } from '../model/north-south.js';
 import type { DesiredState, Frontend } from '../model/types.js';
 import { LbSvcFlags } from '../datapath/abi.gen.js';
 import type { MasterEntry, PutBatch, PutKind, RevNatEntry } from '../datapath/lbmaps.js';
-import { NO_ROW, type LbMapName, type RealizedState } from './realized.js';
+import { NO_ROW, WILDCARD_MASTER, type LbMapName, type RealizedState } from './realized.js';
 import { IdSet } from './id-map.js';
 
 export type MapOp =
@@ -72,14 +72,7 @@ export function wildcardOf(address: string, family: Family): ServiceAddr {
   return { address, family, port: 0, protocol: 'ANY' };
 }
 
-export const WILDCARD_MASTER: MasterEntry = {
-  count: 0,
-  qcount: 0,
-  revNatId: 0,
-  type: 'Wildcard',
-  flags: 0,
-  affinityTimeout: 0,
-};
+export { WILDCARD_MASTER } from './realized.js';
 
 function sameBackend(a: Backend, b: Backend): boolean {
   return a.address === b.address && a.port === b.port && a.protocol === b.protocol && a.state === b.state && a.family === b.family;
@@ -567,7 +560,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       }
     }
     const wildcardNew = hasWildcard(fe.type) && !wildcardsSeen.has(fe.address);
-    if (wildcardNew) {
+    if (wildcardNew && !r.hasPlainWildcard(fe.address)) {
       const wild = wildcardOf(fe.address, f);
       const wkey = serviceAddrKey(wild);
       const hw = F.row(wkey);
@@ -642,7 +635,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       }
     }
     append(ops, revNatDeletes);
-    const unused = (addr: string): boolean => !wildcardUsed(addr) && (full || (r.addrRefs.get(addr) ?? 0) + (addrDelta!.get(addr) ?? 0) <= 0);
+    const unused = (addr: string): boolean => !wildcardUsed(addr) && (full || r.clusterMasters(addr) + (addrDelta!.get(addr) ?? 0) <= 0);
     const dropWildcard = (key: string, row: number): void => {
       const fe = F.addr(row);
       if (F.hasMaster(row)) ops.push({ kind: 'delete-master', key, fe });
@@ -653,8 +646,13 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
         bump(slotDelta, old, -1);
       }
     };
+    const dropPlain = (addr: string): void => {
+      const wild = wildcardOf(addr, addr.includes(':') ? 6 : 4);
+      ops.push({ kind: 'delete-master', key: serviceAddrKey(wild), fe: wild });
+    };
     if (full) {
       for (const [key, row] of F.entries()) if (F.isWildcard(row) && unused(F.address(row))) dropWildcard(key, row);
+      for (const addr of r.plainWildcards()) if (unused(addr)) dropPlain(addr);
     } else {
       for (const [addr, d] of addrDelta!) {
         if (d >= 0 || !unused(addr)) continue;
@@ -663,6 +661,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
         const key = serviceAddrKey(wild);
         const row = F.row(key);
         if (row !== NO_ROW) dropWildcard(key, row);
+        else if (r.hasPlainWildcard(addr)) dropPlain(addr);
       }
     }
     // Backends: a full plan looks at every one, a change sync at those it unlinked.

@@ -22,6 +22,19 @@ export { FrontendTable, NO_ROW, type RealizedFrontend } from './frontend-table.j
 /** The maps the reconciler writes (lb4_services … lb6_reverse_nat). */
 export type LbMapName = (typeof LB_MAP_NAMES)[number];
 
+/** The master of every wildcard entry a plan writes. */
+export const WILDCARD_MASTER: MasterEntry = Object.freeze({
+  count: 0,
+  qcount: 0,
+  revNatId: 0,
+  type: 'Wildcard',
+  flags: 0,
+  affinityTimeout: 0,
+});
+
+const isPlainWildcard = (m: MasterEntry): boolean =>
+  m.type === 'Wildcard' && m.count === 0 && m.qcount === 0 && m.revNatId === 0 && m.flags === 0 && m.affinityTimeout === 0;
+
 /** The entry hash every digest update reuses (one per process: no object per write, and none in the state itself). */
 const h = new EntryHash();
 
@@ -49,7 +62,11 @@ export class RealizedState implements ExpectedMaps {
   readonly maglev = new Map<number, string>();
   /** Source ranges by frontend key. */
   readonly srcRanges = new Map<string, RealizedRanges>();
-  /** Keyed by serviceAddrKey(): frontends and wildcard entries alike, a row each. */
+  /**
+   * Keyed by serviceAddrKey(): frontends, a row each, and wildcard entries
+   * of any other shape than a plan writes (the usual ones are a bit of
+   * `addrs`, below).
+   */
   readonly frontends = new FrontendTable();
   readonly backends = new IdMap<Backend>();
   /** Rev-NAT entries by family, then id (written through setRevNat/deleteRevNat, which keep the digest). */
@@ -57,11 +74,13 @@ export class RealizedState implements ExpectedMaps {
   /** backend id → how many slots name it. */
   readonly slotRefs = new IdMap<number>();
   /**
-   * address → how many ClusterIP masters sit there: its wildcard entry is
-   * needed while one does (NodePort, LoadBalancer and ExternalIP frontends
-   * have none).
+   * By address: how many ClusterIP masters sit there, times two, plus one
+   * while the address's wildcard entry is held as a plan writes it
+   * (WILDCARD_MASTER, no slot). Every cluster IP has such an entry; as a bit
+   * here it costs no row, no key string and no second Map entry
+   * (docs/benchmarks.md, "Issue 18, fifth part").
    */
-  readonly addrRefs = new Map<string, number>();
+  private readonly addrs = new Map<string, number>();
   /** Entries of lb{4,6}_services (masters, slots and wildcards) and lb{4,6}_backends, by family. */
   readonly serviceEntries: Record<Family, number> = { 4: 0, 6: 0 };
   readonly backendEntries: Record<Family, number> = { 4: 0, 6: 0 };
@@ -74,6 +93,25 @@ export class RealizedState implements ExpectedMaps {
     lb6_reverse_nat: new MapDigest(),
   };
 
+
+  /**
+   * How many ClusterIP masters sit at `address`: its wildcard entry is
+   * needed while one does (NodePort, LoadBalancer and ExternalIP frontends
+   * have none).
+   */
+  clusterMasters(address: string): number {
+    return (this.addrs.get(address) ?? 0) >>> 1;
+  }
+
+  /** Whether `address`'s wildcard entry is held as a plan writes it (WILDCARD_MASTER, no slot; not a row of `frontends`). */
+  hasPlainWildcard(address: string): boolean {
+    return ((this.addrs.get(address) ?? 0) & 1) === 1;
+  }
+
+  /** The addresses whose wildcard entry hasPlainWildcard. */
+  *plainWildcards(): Generator<string> {
+    for (const [address, v] of this.addrs) if (v & 1) yield address;
+  }
 
   static from(dump: MapsDump): RealizedState {
     const r = new RealizedState();
@@ -138,6 +176,7 @@ export class RealizedState implements ExpectedMaps {
 
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
     const f = this.frontends;
+    if (fe.protocol === 'ANY') this.promote(key, fe);
     const row = this.row(key, fe);
     const old = f.slot(row, slot);
     if (old === backendId) return;
@@ -167,29 +206,56 @@ export class RealizedState implements ExpectedMaps {
 
   putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
     const f = this.frontends;
-    const row = this.row(key, fe);
     const d = this.digests[`lb${fe.family}_services`];
+    if (fe.protocol === 'ANY' && isPlainWildcard(master) && f.row(key) === NO_ROW) {
+      if (this.hasPlainWildcard(fe.address)) return;
+      bump(this.addrs, fe.address, 1);
+      this.serviceEntries[fe.family]++;
+      d.add(h.serviceKey(fe).master(master));
+      return;
+    }
+    if (fe.protocol === 'ANY') this.promote(key, fe);
+    const row = this.row(key, fe);
     const was = f.masterType(row);
     if (was === undefined) this.serviceEntries[fe.family]++;
     else d.sub(h.resume(f.k1(row), f.k2(row)).master(f.master(row)!));
     d.add(h.resume(f.k1(row), f.k2(row)).master(master));
     const wasCluster = was === 'ClusterIP';
     const isCluster = master.type === 'ClusterIP';
-    if (wasCluster !== isCluster) bump(this.addrRefs, fe.address, isCluster ? 1 : -1);
+    if (wasCluster !== isCluster) bump(this.addrs, fe.address, isCluster ? 2 : -2);
     f.setMaster(row, master);
   }
 
-  deleteMaster(key: string): void {
+  /** `fe`: the entry's key fields, which a plain wildcard entry (a bit, not a row) is found by. */
+  deleteMaster(key: string, fe?: ServiceAddr): void {
     const f = this.frontends;
     const row = f.row(key);
+    if (row === NO_ROW && fe?.protocol === 'ANY' && this.hasPlainWildcard(fe.address)) {
+      bump(this.addrs, fe.address, -1);
+      this.serviceEntries[fe.family]--;
+      this.digests[`lb${fe.family}_services`].sub(h.serviceKey(fe).master(WILDCARD_MASTER));
+      return;
+    }
     if (row === NO_ROW || !f.hasMaster(row)) return;
     const family = f.family(row);
     const master = f.master(row)!;
     this.serviceEntries[family]--;
     this.digests[`lb${family}_services`].sub(h.resume(f.k1(row), f.k2(row)).master(master));
-    if (master.type === 'ClusterIP') bump(this.addrRefs, f.address(row), -1);
+    if (master.type === 'ClusterIP') bump(this.addrs, f.address(row), -2);
     f.clearMaster(row);
     this.dropIfEmpty(key, row);
+  }
+
+  /**
+   * A plain wildcard entry at `fe`'s address becomes a row (a write that
+   * gives it another shape follows): the same entry, so the digest and the
+   * counts stay.
+   */
+  private promote(key: string, fe: ServiceAddr): void {
+    if (!this.hasPlainWildcard(fe.address) || this.frontends.row(key) !== NO_ROW) return;
+    bump(this.addrs, fe.address, -1);
+    this.row(key, fe);
+    this.frontends.setMaster(this.frontends.row(key), WILDCARD_MASTER);
   }
 
   /** The row of `key`, added (with the key's fields and their hash) when missing. */

@@ -699,7 +699,7 @@ export class Reconciler {
         r.deleteSlot(op.key, op.slot);
         break;
       case 'delete-master':
-        r.deleteMaster(op.key);
+        r.deleteMaster(op.key, op.fe);
         break;
       case 'put-maglev':
         r.maglev.set(op.table, op.fingerprint);

@@ -3,7 +3,7 @@
 import t from 'tap';
 import type { MapsDump } from '../../src/datapath/lbmaps.js';
 import type { Backend } from '../../src/lb/types.js';
-import { NO_ROW, RealizedState } from '../../src/reconcile/realized.js';
+import { NO_ROW, RealizedState, WILDCARD_MASTER } from '../../src/reconcile/realized.js';
 
 const fe = { address: '10.96.0.1', family: 4, port: 80, protocol: 'TCP' } as const;
 const fe6 = { address: 'fd00::1', family: 6, port: 80, protocol: 'TCP' } as const;
@@ -35,8 +35,10 @@ t.test('from a dump: frontends with their slots (gaps kept), reference counts an
   t.same(r.frontends.view('10.96.0.1:80/TCP')!.slots, [undefined, 7, undefined, 7], 'the same as a plain object');
   t.equal(r.slotRefs.get(7), 2, 'backend 7 is named by two slots');
   t.equal(r.slotRefs.get(8), 1);
-  t.equal(r.addrRefs.get('10.96.0.1'), 1, 'one ClusterIP master at the address (the wildcard does not count)');
-  t.equal(r.addrRefs.get('fd00::1'), undefined, 'slots without a master do not count: no type says the address needs a wildcard');
+  t.equal(r.clusterMasters('10.96.0.1'), 1, 'one ClusterIP master at the address (the wildcard does not count)');
+  t.equal(r.clusterMasters('fd00::1'), 0, 'slots without a master do not count: no type says the address needs a wildcard');
+  t.ok(r.hasPlainWildcard('10.96.0.1'), 'the wildcard entry, as a plan writes it: a bit, not a row');
+  t.equal(r.frontends.row('10.96.0.1:0/ANY'), NO_ROW);
   t.same(
     ['lb4_services', 'lb6_services', 'lb4_backends', 'lb6_backends', 'lb4_reverse_nat', 'lb6_reverse_nat'].map((m) => r.entries(m as never)),
     [4, 1, 1, 1, 1, 0],
@@ -62,7 +64,7 @@ t.test('slots and masters: counts follow every change, and an entry with nothing
   t.ok(r.frontends.has(key), 'the master keeps the entry');
   r.deleteMaster(key);
   t.notOk(r.frontends.has(key), 'nothing left: the entry goes');
-  t.equal(r.addrRefs.has('10.96.0.1'), false, 'and its address reference');
+  t.equal(r.clusterMasters('10.96.0.1'), 0, 'and its address reference');
   t.equal(r.entries('lb4_services'), 0);
   r.deleteMaster(key);
   r.deleteSlot(key, 1);
@@ -103,17 +105,17 @@ t.test('address references count ClusterIP masters only: other frontends have no
   const r = new RealizedState();
   const np = { address: '0.0.0.0', family: 4, port: 30080, protocol: 'TCP' } as const;
   r.putMaster('0.0.0.0:30080/TCP', np, { ...master, type: 'NodePort' });
-  t.equal(r.addrRefs.has('0.0.0.0'), false, 'a NodePort surrogate');
+  t.equal(r.clusterMasters('0.0.0.0'), 0, 'a NodePort surrogate');
   const ext = { address: '10.96.0.1', family: 4, port: 443, protocol: 'TCP' } as const;
   r.putMaster('10.96.0.1:443/TCP', ext, { ...master, type: 'ExternalIP' });
-  t.equal(r.addrRefs.has('10.96.0.1'), false, 'an external IP');
+  t.equal(r.clusterMasters('10.96.0.1'), 0, 'an external IP');
   r.putMaster('10.96.0.1:80/TCP', fe, master);
-  t.equal(r.addrRefs.get('10.96.0.1'), 1, 'a cluster IP at the same address');
+  t.equal(r.clusterMasters('10.96.0.1'), 1, 'a cluster IP at the same address');
   r.putMaster('10.96.0.1:80/TCP', fe, { ...master, type: 'LoadBalancer' });
-  t.equal(r.addrRefs.has('10.96.0.1'), false, 'the same key turned into another type drops its reference');
+  t.equal(r.clusterMasters('10.96.0.1'), 0, 'the same key turned into another type drops its reference');
   r.putMaster('10.96.0.1:80/TCP', fe, master);
   r.deleteMaster('10.96.0.1:80/TCP');
-  t.equal(r.addrRefs.has('10.96.0.1'), false, 'a deleted ClusterIP master drops it');
+  t.equal(r.clusterMasters('10.96.0.1'), 0, 'a deleted ClusterIP master drops it');
 });
 
 t.test('an internal-scope entry keeps its scope: deletes and adoption find it by its own key', async (t) => {
@@ -269,4 +271,39 @@ t.test('every field of an entry moves its map\'s digest, and only its own map\'s
   const rn = one((r) => r.setRevNat(1, 4, { address: '10.96.0.1', port: 80 }));
   t.not(one((r) => r.setRevNat(1, 4, { address: '10.96.0.1', port: 81 }))[4], rn[4], 'rev-NAT: its port');
   t.not(one((r) => r.setRevNat(2, 4, { address: '10.96.0.1', port: 80 }))[4], rn[4], 'rev-NAT: its id');
+});
+
+t.test('plain wildcard entries are a bit by address: counted, hashed, deleted, and a row again once written otherwise', async (t) => {
+  const wkey = '10.96.0.1:0/ANY';
+  const r = new RealizedState();
+  const rows = new RealizedState();
+  // The same entry as a row: a wildcard with a slot, then without it.
+  rows.putSlot(wkey, wild, 1, 5);
+  rows.putMaster(wkey, wild, WILDCARD_MASTER);
+  rows.deleteSlot(wkey, 1);
+  r.putMaster(wkey, wild, WILDCARD_MASTER);
+  t.ok(r.hasPlainWildcard('10.96.0.1'));
+  t.equal(r.frontends.row(wkey), NO_ROW, 'no row');
+  t.equal(r.entries('lb4_services'), 1, 'one entry');
+  t.same(r.digest('lb4_services'), rows.digest('lb4_services'), 'hashed as the same entry held as a row');
+  r.putMaster(wkey, wild, WILDCARD_MASTER);
+  t.equal(r.entries('lb4_services'), 1, 'written again: still one');
+  r.putMaster('10.96.0.1:80/TCP', fe, master);
+  t.same([r.clusterMasters('10.96.0.1'), r.hasPlainWildcard('10.96.0.1')], [1, true], 'a cluster IP beside it: both kept');
+  t.same([...r.plainWildcards()], ['10.96.0.1']);
+  r.deleteMaster(wkey);
+  t.ok(r.hasPlainWildcard('10.96.0.1'), 'a delete without the key fields cannot find the bit');
+  r.deleteMaster(wkey, wild);
+  t.same([r.hasPlainWildcard('10.96.0.1'), r.entries('lb4_services'), r.clusterMasters('10.96.0.1')], [false, 1, 1], 'deleted: the frontend stays');
+  // Another shape turns the bit into a row, the digest unchanged by the move.
+  r.putMaster(wkey, wild, WILDCARD_MASTER);
+  const before = { ...r.digest('lb4_services') };
+  r.putSlot(wkey, wild, 1, 9);
+  t.notOk(r.hasPlainWildcard('10.96.0.1'), 'a slot: a row now');
+  t.same(r.frontends.view(wkey), { ...wild, master: WILDCARD_MASTER, slots: [undefined, 9] });
+  r.deleteSlot(wkey, 1);
+  t.same({ ...r.digest('lb4_services') }, before, 'the slot gone: the digest is what the bit had');
+  t.equal(r.entries('lb4_services'), 2);
+  const d = RealizedState.from({ services: [{ fe: wild, slot: 0, master: WILDCARD_MASTER }], backends: [], revNat: [] });
+  t.ok(d.hasPlainWildcard('10.96.0.1'), 'read back from the maps: the bit');
 });
