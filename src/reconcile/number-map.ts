@@ -1,23 +1,23 @@
-// A Map from whole numbers (0 ≤ key < 2^53) to uint32 values, in typed
-// arrays: open addressing with linear probing, deletes by backward shift
+// A Map from whole numbers (0 ≤ key < 2^53) to uint32 values, in one typed
+// array: open addressing with linear probing, deletes by backward shift
 // (no tombstones). The backend id allocator keys every IPv4 backend by a
 // 49-bit number (address, port, protocol), and V8 keeps such a number in a
 // Map as a heap number of its own: 65 bytes an entry with the Map's (node
-// without pointer compression, measured). Here an entry is 12 bytes of
-// slot at a load of at most 3/4 (docs/benchmarks.md, "Issue 18, fifth
-// part").
+// without pointer compression, measured). Here a slot is three words (the
+// key's high and low halves, the value), side by side so a probe reads one
+// cache line, at a load of at most 3/4 (docs/benchmarks.md, "Issue 18,
+// fifth part"). An empty slot's high half is EMPTY, which no key has.
 //
 // Iteration order is the table's, not insertion order, and the table must
 // not change while it is iterated (a delete moves later entries back).
 
 const MIN_CAPACITY = 16;
 const TWO_32 = 2 ** 32;
+const EMPTY = 0xffffffff;
 
 export class NumberKeyMap {
-  private hi = new Uint32Array(MIN_CAPACITY);
-  private lo = new Uint32Array(MIN_CAPACITY);
-  private val = new Uint32Array(MIN_CAPACITY);
-  private used = new Uint8Array(MIN_CAPACITY);
+  /** Slot i: [3i] the key's high half (EMPTY: no entry), [3i + 1] its low half, [3i + 2] the value. */
+  private slots = new Uint32Array(3 * MIN_CAPACITY).fill(EMPTY);
   private mask = MIN_CAPACITY - 1;
   private n = 0;
 
@@ -27,7 +27,7 @@ export class NumberKeyMap {
 
   get(key: number): number | undefined {
     const i = this.find(key);
-    return i < 0 ? undefined : this.val[i];
+    return i < 0 ? undefined : this.slots[3 * i + 2];
   }
 
   has(key: number): boolean {
@@ -38,7 +38,7 @@ export class NumberKeyMap {
     if (!(Number.isSafeInteger(key) && key >= 0)) throw new RangeError(`NumberKeyMap: key ${key} is not a whole number in 0..2^53`);
     const i = this.find(key);
     if (i >= 0) {
-      this.val[i] = value;
+      this.slots[3 * i + 2] = value;
       return this;
     }
     if ((this.n + 1) * 4 > (this.mask + 1) * 3) this.resize((this.mask + 1) * 2);
@@ -52,20 +52,18 @@ export class NumberKeyMap {
     if (i < 0) return false;
     // Backward shift: move each later entry of the run into the hole when
     // its home slot does not lie cyclically in (hole, its slot].
-    const { hi, lo, val, used, mask } = this;
-    used[i] = 0;
+    const { slots, mask } = this;
+    slots[3 * i] = EMPTY;
     let j = i;
     for (;;) {
       j = (j + 1) & mask;
-      if (!used[j]) break;
-      const home = hash(hi[j]!, lo[j]!) & mask;
+      const hi = slots[3 * j]!;
+      if (hi === EMPTY) break;
+      const home = hash(hi, slots[3 * j + 1]!) & mask;
       const stays = i <= j ? i < home && home <= j : i < home || home <= j;
       if (stays) continue;
-      hi[i] = hi[j]!;
-      lo[i] = lo[j]!;
-      val[i] = val[j]!;
-      used[i] = 1;
-      used[j] = 0;
+      slots.copyWithin(3 * i, 3 * j, 3 * j + 3);
+      slots[3 * j] = EMPTY;
       i = j;
     }
     this.n--;
@@ -73,7 +71,11 @@ export class NumberKeyMap {
   }
 
   *entries(): Generator<[number, number]> {
-    for (let i = 0; i <= this.mask; i++) if (this.used[i]) yield [this.hi[i]! * TWO_32 + this.lo[i]!, this.val[i]!];
+    const { slots } = this;
+    for (let i = 0; i <= this.mask; i++) {
+      const hi = slots[3 * i]!;
+      if (hi !== EMPTY) yield [hi * TWO_32 + slots[3 * i + 1]!, slots[3 * i + 2]!];
+    }
   }
 
   /** The slot holding `key`, or -1. */
@@ -81,29 +83,28 @@ export class NumberKeyMap {
     if (!(Number.isSafeInteger(key) && key >= 0)) return -1;
     const h = Math.floor(key / TWO_32);
     const l = key >>> 0;
-    const { hi, lo, used, mask } = this;
-    for (let i = hash(h, l) & mask; used[i]; i = (i + 1) & mask) if (lo[i] === l && hi[i] === h) return i;
-    return -1;
+    const { slots, mask } = this;
+    for (let i = hash(h, l) & mask; ; i = (i + 1) & mask) {
+      const hi = slots[3 * i]!;
+      if (hi === EMPTY) return -1;
+      if (hi === h && slots[3 * i + 1] === l) return i;
+    }
   }
 
   private insert(h: number, l: number, value: number): void {
-    const { used, mask } = this;
+    const { slots, mask } = this;
     let i = hash(h, l) & mask;
-    while (used[i]) i = (i + 1) & mask;
-    this.hi[i] = h;
-    this.lo[i] = l;
-    this.val[i] = value;
-    used[i] = 1;
+    while (slots[3 * i] !== EMPTY) i = (i + 1) & mask;
+    slots[3 * i] = h;
+    slots[3 * i + 1] = l;
+    slots[3 * i + 2] = value;
   }
 
   private resize(capacity: number): void {
-    const { hi, lo, val, used } = this;
-    this.hi = new Uint32Array(capacity);
-    this.lo = new Uint32Array(capacity);
-    this.val = new Uint32Array(capacity);
-    this.used = new Uint8Array(capacity);
+    const old = this.slots;
+    this.slots = new Uint32Array(3 * capacity).fill(EMPTY);
     this.mask = capacity - 1;
-    for (let i = 0; i < used.length; i++) if (used[i]) this.insert(hi[i]!, lo[i]!, val[i]!);
+    for (let i = 0; i < old.length; i += 3) if (old[i] !== EMPTY) this.insert(old[i]!, old[i + 1]!, old[i + 2]!);
   }
 }
 

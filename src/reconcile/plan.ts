@@ -247,6 +247,37 @@ function bump<K>(m: Map<K, number> | undefined, k: K, by: number): void {
 
 const runs = (kind: PutKind): Record<Family, PutRun> => ({ 4: new PutRun(kind, 4), 6: new PutRun(kind, 6) });
 
+/** Ids listed once, then read back in the same order (a growing Uint32Array). */
+class IdList {
+  private ids = new Uint32Array(1024);
+  private n = 0;
+  private at = 0;
+
+  get length(): number {
+    return this.n;
+  }
+
+  /** Every id listed was read. */
+  get done(): boolean {
+    return this.at === this.n;
+  }
+
+  push(id: number): number {
+    if (this.n === this.ids.length) {
+      const grown = new Uint32Array(this.ids.length * 2);
+      grown.set(this.ids);
+      this.ids = grown;
+    }
+    this.ids[this.n++] = id;
+    return id;
+  }
+
+  next(): number {
+    if (this.at >= this.n) throw new Error(`plan: backend id ${this.at + 1} asked for, ${this.n} listed`);
+    return this.ids[this.at++]!;
+  }
+}
+
 /** A frontend the plan left as the maps hold it: its new entries do not fit in `map`. */
 export interface Refusal {
   readonly map: LbMapName;
@@ -462,6 +493,8 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
     if (free !== undefined) room.set(map, free - n);
   };
 
+  /** A full plan's backend ids in the order update() asks for them (its pass over the desired frontends lists them). */
+  let backendIds: IdList | undefined;
   /** Backend ids this frontend adds to `planned`: taken out again if it does not fit. */
   const plannedHere: number[] = [];
   const update = (fe: Frontend): void => {
@@ -489,7 +522,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
     // Slots: selectable backends, then terminating ones.
     let slot = 0;
     const put = (b: Backend): void => {
-      const id = ids.backendId(b);
+      const id = backendIds ? backendIds.next() : ids.backendId(b);
       if (!planned.has(id)) {
         const hb = r.backends.get(id);
         if (!hb || !sameBackend(hb, b)) {
@@ -679,14 +712,17 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
   };
 
   if (full) {
-    if (scope.prune) {
-      // What the desired frontends will use; held ones, what the maps hold for them (keep()).
-      const backends = new IdSet();
-      const addrs = new Set<string>();
-      const revNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
-      for (const fe of desired.values()) {
-        if (hasWildcard(fe.type)) addrs.add(fe.address);
-        if (hold?.has(fe.key)) {
+    // What the desired frontends will use; held ones, what the maps hold
+    // for them (keep()). The backend ids, in the order update() asks for
+    // them, are kept for it: one lookup per backend, not two.
+    const order = new IdList();
+    const backends = new IdSet();
+    const addrs = new Set<string>();
+    const revNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+    for (const fe of desired.values()) {
+      if (scope.prune && hasWildcard(fe.type)) addrs.add(fe.address);
+      if (hold?.has(fe.key)) {
+        if (scope.prune) {
           const row = F.row(fe.key);
           if (row === NO_ROW) continue;
           for (let s = 1; s < F.slotEnd(row); s++) {
@@ -695,14 +731,15 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
           }
           const id = F.revNatId(row);
           if (id !== undefined) revNat[fe.family].add(id);
-          continue;
         }
-        for (const b of fe.backends) backends.add(ids.backendId(b));
-        for (const b of fe.terminating) backends.add(ids.backendId(b));
-        revNat[fe.family].add(ids.revNatId(fe));
+        continue;
       }
-      deletes((id) => backends.has(id), (addr) => addrs.has(addr), revNat);
+      for (const b of fe.backends) backends.add(order.push(ids.backendId(b)));
+      for (const b of fe.terminating) backends.add(order.push(ids.backendId(b)));
+      revNat[fe.family].add(ids.revNatId(fe));
     }
+    if (scope.prune) deletes((id) => backends.has(id), (addr) => addrs.has(addr), revNat);
+    backendIds = order;
     if (ops.length > 0) yield ops;
     // The puts, a chunk of frontends at a time: what it plans next reads
     // only its own frontend's entries and the backends and wildcards this
@@ -714,6 +751,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       update(fe);
       if (++n % chunk === 0) yield* putSteps();
     }
+    if (!order.done) throw new Error(`plan: ${order.length} backend ids listed, not all asked for`);
   } else {
     for (const key of scope.changed!) {
       const fe = desired.get(key);
