@@ -411,8 +411,6 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
   const addrDelta = full ? undefined : new Map<string, number>();
 
   const hold = scope.hold;
-  /** Rev-NAT ids that held frontends' masters name: a full plan keeps them. */
-  const heldRevNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
   /** Addresses of held frontends: their wildcards stay (but are not written for them). */
   const wildcardsKept = new Set<string>();
   /** Maglev tables and source ranges desired (or kept with a held frontend): a full plan deletes the others. */
@@ -430,10 +428,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       if (id !== undefined) planned.add(id);
     }
     const revNatId = F.revNatId(row);
-    if (revNatId !== undefined) {
-      maglevWanted.add(maglevTableKey(revNatId, fe.family));
-      heldRevNat[fe.family].add(revNatId);
-    }
+    if (revNatId !== undefined) maglevWanted.add(maglevTableKey(revNatId, fe.family));
   };
 
   const remove = (key: string, row: number): void => {
@@ -495,6 +490,11 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
 
   /** A full plan's backend ids in the order update() asks for them (its pass over the desired frontends lists them). */
   let backendIds: IdList | undefined;
+  /** A full plan's: where in the desired frontends each cluster IP's last frontend is, and where the chunk being planned ends. */
+  let lastAt: Map<string, number> | undefined;
+  let chunkEnd = Number.POSITIVE_INFINITY;
+  /** Wildcards whose address has frontends in a chunk after the one that needs them first: written after the last chunk. */
+  const lastWildcardPuts = runs('put-master');
   /** Backend ids this frontend adds to `planned`: taken out again if it does not fit. */
   const plannedHere: number[] = [];
   const update = (fe: Frontend): void => {
@@ -506,7 +506,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
     // keys they add are counted per map. If they do not all fit, the lists
     // are cut back to where they were: a frontend is written whole or not
     // at all. (No list or map per frontend: a cold sync plans every one.)
-    const marks = { b4: backendPuts[4].length, b6: backendPuts[6].length, revNat: revNatPuts[f].length, slot: slotPuts[f].length, master: masterPuts[f].length, shrink: shrinks.length, wildcard: wildcardPuts[f].length };
+    const marks = { b4: backendPuts[4].length, b6: backendPuts[6].length, revNat: revNatPuts[f].length, slot: slotPuts[f].length, master: masterPuts[f].length, shrink: shrinks.length, wildcard: wildcardPuts[f].length, lastWildcard: lastWildcardPuts[f].length };
     let needServices = 0;
     let needRevNat = 0;
     const needBackends = { 4: 0, 6: 0 };
@@ -599,7 +599,11 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       const hw = F.row(wkey);
       const held = hw !== NO_ROW && F.hasMaster(hw);
       if (!held || !F.sameMaster(hw, WILDCARD_MASTER)) {
-        wildcardPuts[f].master(wkey, wild, WILDCARD_MASTER);
+        // After every frontend at the address: a wildcard refuses the
+        // address's other ports, so one whose frontends reach into a later
+        // chunk waits for the last chunk.
+        const later = (lastAt?.get(fe.address) ?? 0) >= chunkEnd;
+        (later ? lastWildcardPuts : wildcardPuts)[f].master(wkey, wild, WILDCARD_MASTER);
         if (!held) needServices++;
       }
     }
@@ -619,6 +623,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       masterPuts[f].truncate(marks.master);
       shrinks.length = marks.shrink;
       wildcardPuts[f].truncate(marks.wildcard);
+      lastWildcardPuts[f].truncate(marks.lastWildcard);
       for (const id of plannedHere) planned.delete(id);
       return keep(fe);
     }
@@ -717,10 +722,12 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
     // them, are kept for it: one lookup per backend, not two.
     const order = new IdList();
     const backends = new IdSet();
-    const addrs = new Set<string>();
+    const last = new Map<string, number>();
     const revNat: Record<Family, Set<number>> = { 4: new Set(), 6: new Set() };
+    let at = 0;
     for (const fe of desired.values()) {
-      if (scope.prune && hasWildcard(fe.type)) addrs.add(fe.address);
+      if (hasWildcard(fe.type)) last.set(fe.address, at);
+      at++;
       if (hold?.has(fe.key)) {
         if (scope.prune) {
           const row = F.row(fe.key);
@@ -738,7 +745,8 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
       for (const b of fe.terminating) backends.add(order.push(ids.backendId(b)));
       revNat[fe.family].add(ids.revNatId(fe));
     }
-    if (scope.prune) deletes((id) => backends.has(id), (addr) => addrs.has(addr), revNat);
+    if (scope.prune) deletes((id) => backends.has(id), (addr) => last.has(addr), revNat);
+    lastAt = last;
     backendIds = order;
     if (ops.length > 0) yield ops;
     // The puts, a chunk of frontends at a time: what it plans next reads
@@ -747,9 +755,13 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
     // meanwhile, when streamed) do not change it.
     const chunk = Math.max(1, scope.chunk ?? PLAN_CHUNK);
     let n = 0;
+    chunkEnd = chunk;
     for (const fe of desired.values()) {
       update(fe);
-      if (++n % chunk === 0) yield* putSteps();
+      if (++n % chunk === 0) {
+        yield* putSteps();
+        chunkEnd += chunk;
+      }
     }
     if (!order.done) throw new Error(`plan: ${order.length} backend ids listed, not all asked for`);
   } else {
@@ -763,6 +775,7 @@ function* planSteps(r: RealizedState, desired: DesiredState, ids: IdAssignment, 
   // Then backends, rev-NAT entries and slots, Maglev tables and source
   // ranges, masters, shrinks, wildcards, and the deletes that wait for them.
   yield* putSteps();
+  for (const run of [lastWildcardPuts[4], lastWildcardPuts[6]]) if (run.length > 0) yield run;
   const late: SingleOp[] = [];
   append(late, lateRevNatDeletes);
   append(late, lateNorthSouth);

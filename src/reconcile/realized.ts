@@ -32,6 +32,13 @@ export const WILDCARD_MASTER: MasterEntry = Object.freeze({
   affinityTimeout: 0,
 });
 
+/**
+ * The key of an address's wildcard entry, the one a plan writes (port 0,
+ * the external scope): only it may be held as the plain bit. Other keys
+ * with protocol ANY (read back from maps written otherwise) are rows.
+ */
+const isWildcardKey = (fe: ServiceAddr): boolean => fe.protocol === 'ANY' && fe.port === 0 && fe.scope !== 'internal';
+
 const isPlainWildcard = (m: MasterEntry): boolean =>
   m.type === 'Wildcard' && m.count === 0 && m.qcount === 0 && m.revNatId === 0 && m.flags === 0 && m.affinityTimeout === 0;
 
@@ -176,7 +183,7 @@ export class RealizedState implements ExpectedMaps {
 
   putSlot(key: string, fe: ServiceAddr, slot: number, backendId: number): void {
     const f = this.frontends;
-    if (fe.protocol === 'ANY') this.promote(key, fe);
+    if (isWildcardKey(fe)) this.promote(key, fe);
     const row = this.row(key, fe);
     const old = f.slot(row, slot);
     if (old === backendId) return;
@@ -207,14 +214,14 @@ export class RealizedState implements ExpectedMaps {
   putMaster(key: string, fe: ServiceAddr, master: MasterEntry): void {
     const f = this.frontends;
     const d = this.digests[`lb${fe.family}_services`];
-    if (fe.protocol === 'ANY' && isPlainWildcard(master) && f.row(key) === NO_ROW) {
+    if (isWildcardKey(fe) && isPlainWildcard(master) && f.row(key) === NO_ROW) {
       if (this.hasPlainWildcard(fe.address)) return;
       bump(this.addrs, fe.address, 1);
       this.serviceEntries[fe.family]++;
       d.add(h.serviceKey(fe).master(master));
       return;
     }
-    if (fe.protocol === 'ANY') this.promote(key, fe);
+    if (isWildcardKey(fe)) this.promote(key, fe);
     const row = this.row(key, fe);
     const was = f.masterType(row);
     if (was === undefined) this.serviceEntries[fe.family]++;
@@ -230,7 +237,7 @@ export class RealizedState implements ExpectedMaps {
   deleteMaster(key: string, fe?: ServiceAddr): void {
     const f = this.frontends;
     const row = f.row(key);
-    if (row === NO_ROW && fe?.protocol === 'ANY' && this.hasPlainWildcard(fe.address)) {
+    if (row === NO_ROW && fe !== undefined && isWildcardKey(fe) && this.hasPlainWildcard(fe.address)) {
       bump(this.addrs, fe.address, -1);
       this.serviceEntries[fe.family]--;
       this.digests[`lb${fe.family}_services`].sub(h.serviceKey(fe).master(WILDCARD_MASTER));

@@ -50,7 +50,8 @@ export interface SyncResult {
   readonly phasesMs: { readonly ids: number; readonly plan: number; readonly apply: number };
   /**
    * Frontends (and wildcard entries) this sync could not program for want of
-   * room, one each, in plan order. Empty when everything desired is in the
+   * room, one each: those out of ids, those a write found no room for, then
+   * those the plan found no room for. Empty when everything desired is in the
    * maps. They stay as the maps held them (absent, or their previous version).
    */
   readonly notProgrammed: readonly NotProgrammed[];

@@ -251,3 +251,18 @@ function note(r: RealizedState, op: MapOp): void {
     default: return undefined;
   }
 }
+
+t.test('a full plan in chunks: a wildcard waits for every frontend at its address, also one in a later chunk', async (t) => {
+  const X80 = frontend('10.96.2.1', 80, ['10.0.3.1']);
+  const Y80 = frontend('10.96.2.2', 80, ['10.0.3.2']);
+  const X443 = frontend('10.96.2.1', 443, ['10.0.3.3']);
+  const id = ids({ '10.0.3.1': 1, '10.0.3.2': 2, '10.0.3.3': 3 }, { [X80.key]: 1, [Y80.key]: 2, [X443.key]: 3 });
+  const p = plan(new RealizedState(), state(X80, Y80, X443), id, { prune: true, chunk: 1 });
+  const streamed: string[] = [];
+  for (const step of p.stream()) for (const op of step instanceof Array ? step : Array.from({ length: step.length }, (_, i) => step.op(i))) streamed.push(...show([op]));
+  const at = (line: string): number => streamed.indexOf(line);
+  t.ok(at('put-master 10.96.2.1:0/ANY') > at(`put-master ${X443.key}`), 'X\'s wildcard after X:443\'s master, two chunks later');
+  t.ok(at('put-master 10.96.2.2:0/ANY') < at('put-backend 3'), 'Y\'s, whose only frontend is in its chunk, with that chunk');
+  t.equal(streamed.filter((l) => l.endsWith(':0/ANY')).length, 2, 'each written once');
+  t.same(streamed.slice().sort(), show(plan(new RealizedState(), state(X80, Y80, X443), id, { prune: true }).ops).sort(), 'the same writes as one chunk');
+});

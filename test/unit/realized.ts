@@ -307,3 +307,24 @@ t.test('plain wildcard entries are a bit by address: counted, hashed, deleted, a
   const d = RealizedState.from({ services: [{ fe: wild, slot: 0, master: WILDCARD_MASTER }], backends: [], revNat: [] });
   t.ok(d.hasPlainWildcard('10.96.0.1'), 'read back from the maps: the bit');
 });
+
+t.test('only an address\'s own wildcard key is the plain bit: other protocol-ANY keys read back from the maps are rows', async (t) => {
+  const plain = { fe: wild, slot: 0, master: WILDCARD_MASTER };
+  const internal = { fe: { ...wild, scope: 'internal' as const }, slot: 0, master: WILDCARD_MASTER };
+  const port80 = { fe: { ...wild, port: 80 }, slot: 0, master: WILDCARD_MASTER };
+  const a = RealizedState.from({ services: [plain, internal, port80], backends: [], revNat: [] });
+  const b = RealizedState.from({ services: [port80, internal, plain], backends: [], revNat: [] });
+  t.equal(a.entries('lb4_services'), 3, 'three entries, counted');
+  t.same(a.digest('lb4_services'), b.digest('lb4_services'), 'hashed alike in either order');
+  t.ok(a.hasPlainWildcard('10.96.0.1'), 'the address\'s own wildcard: the bit');
+  t.not(a.frontends.row('10.96.0.1:0/ANY/internal'), NO_ROW, 'the internal-scope one: a row');
+  t.not(a.frontends.row('10.96.0.1:80/ANY'), NO_ROW, 'one on a port: a row');
+  a.putSlot('10.96.0.1:80/ANY', port80.fe, 1, 5);
+  t.ok(a.hasPlainWildcard('10.96.0.1'), 'a slot written to another ANY key leaves the bit alone');
+  a.deleteSlot('10.96.0.1:80/ANY', 1);
+  a.deleteMaster('10.96.0.1:0/ANY/internal', internal.fe);
+  a.deleteMaster('10.96.0.1:80/ANY', port80.fe);
+  t.same([a.entries('lb4_services'), a.hasPlainWildcard('10.96.0.1')], [1, true], 'each deleted by its own key; the bit stays');
+  a.deleteMaster('10.96.0.1:0/ANY', wild);
+  t.same([a.entries('lb4_services'), { ...a.digest('lb4_services') }], [0, { ...new RealizedState().digest('lb4_services') }], 'and the last: nothing left, the digest back to empty');
+});
