@@ -16,20 +16,42 @@ const PAGE = 1 << PAGE_BITS;
 /** Ids at or above this go to the overflow Map (2^24: 16,384 pages at most). */
 const MAX_PAGED = 1 << 24;
 
-export class IdMap<V> implements ReadonlyMap<number, V> {
-  private readonly pages: Array<Array<V | undefined> | undefined> = [];
+/** A page's slots: an Array or a typed array. */
+interface Page<S> {
+  [i: number]: S;
+}
+
+const paged = (id: number): boolean => id >= 0 && id < MAX_PAGED && Number.isInteger(id);
+
+/**
+ * What IdMap and NumberIdMap share: pages by id, a count of the ids set in
+ * each, and the overflow Map. A page kind says how a page is made and what
+ * an empty slot is.
+ */
+abstract class PagedIdMap<V, S> implements ReadonlyMap<number, V> {
+  private readonly pages: Array<Page<S> | undefined> = [];
   /** Ids set in each page (a page with none is dropped). */
   private readonly counts: number[] = [];
   private readonly overflow = new Map<number, V>();
   private n = 0;
+
+  /** A page of PAGE empty slots. */
+  protected abstract newPage(): Page<S>;
+  /** A slot's value, undefined when it is empty. */
+  protected abstract read(slot: S): V | undefined;
+  /** `v` as a slot (throws for a value the page cannot hold). */
+  protected abstract slotOf(v: V): S;
+  /** The empty slot. */
+  protected abstract readonly empty: S;
 
   get size(): number {
     return this.n;
   }
 
   get(id: number): V | undefined {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) return this.overflow.get(id);
-    return this.pages[id >>> PAGE_BITS]?.[id & (PAGE - 1)];
+    if (!paged(id)) return this.overflow.get(id);
+    const page = this.pages[id >>> PAGE_BITS];
+    return page === undefined ? undefined : this.read(page[id & (PAGE - 1)]!);
   }
 
   has(id: number): boolean {
@@ -38,7 +60,8 @@ export class IdMap<V> implements ReadonlyMap<number, V> {
 
   /** `v` must not be undefined (an absent id reads as undefined). */
   set(id: number, v: V): this {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+    const slot = this.slotOf(v);
+    if (!paged(id)) {
       if (!this.overflow.has(id)) this.n++;
       this.overflow.set(id, v);
       return this;
@@ -50,19 +73,19 @@ export class IdMap<V> implements ReadonlyMap<number, V> {
         this.pages.push(undefined);
         this.counts.push(0);
       }
-      page = this.pages[p] = new Array<V | undefined>(PAGE).fill(undefined);
+      page = this.pages[p] = this.newPage();
     }
     const i = id & (PAGE - 1);
-    if (page[i] === undefined) {
+    if (this.read(page[i]!) === undefined) {
       this.n++;
       this.counts[p]!++;
     }
-    page[i] = v;
+    page[i] = slot;
     return this;
   }
 
   delete(id: number): boolean {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+    if (!paged(id)) {
       if (!this.overflow.delete(id)) return false;
       this.n--;
       return true;
@@ -70,8 +93,8 @@ export class IdMap<V> implements ReadonlyMap<number, V> {
     const p = id >>> PAGE_BITS;
     const page = this.pages[p];
     const i = id & (PAGE - 1);
-    if (!page || page[i] === undefined) return false;
-    page[i] = undefined;
+    if (!page || this.read(page[i]!) === undefined) return false;
+    page[i] = this.empty;
     this.n--;
     if (--this.counts[p]! === 0) this.pages[p] = undefined;
     return true;
@@ -83,7 +106,7 @@ export class IdMap<V> implements ReadonlyMap<number, V> {
       const page = this.pages[p];
       if (!page) continue;
       for (let i = 0; i < PAGE; i++) {
-        const v = page[i];
+        const v = this.read(page[i]!);
         if (v !== undefined) yield [(p << PAGE_BITS) | i, v];
       }
     }
@@ -107,69 +130,43 @@ export class IdMap<V> implements ReadonlyMap<number, V> {
   }
 }
 
+/** Any values, in Array pages (an empty slot is undefined). */
+export class IdMap<V> extends PagedIdMap<V, V | undefined> {
+  protected readonly empty = undefined;
+
+  protected newPage(): Page<V | undefined> {
+    return new Array<V | undefined>(PAGE).fill(undefined);
+  }
+
+  protected read(slot: V | undefined): V | undefined {
+    return slot;
+  }
+
+  protected slotOf(v: V): V | undefined {
+    return v;
+  }
+}
+
 /**
- * An IdMap of number values in Float64Array pages: a number kept in an
- * ordinary array beyond the small-integer range is a heap number of its own
- * (16 bytes and a pointer); here it is 8 bytes in place. NaN is no value.
- * Ids beyond MAX_PAGED go to an ordinary Map, as IdMap's do.
+ * Number values in Float64Array pages: a number kept in an ordinary array
+ * beyond the small-integer range is a heap number of its own (16 bytes and
+ * a pointer); here it is 8 bytes in place. NaN is the empty slot, so it is
+ * no value.
  */
-export class NumberIdMap {
-  private readonly pages: Array<Float64Array | undefined> = [];
-  private readonly counts: number[] = [];
-  private readonly overflow = new Map<number, number>();
-  private n = 0;
+export class NumberIdMap extends PagedIdMap<number, number> {
+  protected readonly empty = Number.NaN;
 
-  get size(): number {
-    return this.n;
+  protected newPage(): Page<number> {
+    return new Float64Array(PAGE).fill(Number.NaN);
   }
 
-  get(id: number): number | undefined {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) return this.overflow.get(id);
-    const v = this.pages[id >>> PAGE_BITS]?.[id & (PAGE - 1)];
-    return v === undefined || Number.isNaN(v) ? undefined : v;
+  protected read(slot: number): number | undefined {
+    return Number.isNaN(slot) ? undefined : slot;
   }
 
-  has(id: number): boolean {
-    return this.get(id) !== undefined;
-  }
-
-  set(id: number, v: number): this {
+  protected slotOf(v: number): number {
     if (Number.isNaN(v)) throw new RangeError('NumberIdMap: NaN is not a value');
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
-      if (!this.overflow.has(id)) this.n++;
-      this.overflow.set(id, v);
-      return this;
-    }
-    const p = id >>> PAGE_BITS;
-    let page = this.pages[p];
-    if (!page) {
-      while (this.pages.length <= p) {
-        this.pages.push(undefined);
-        this.counts.push(0);
-      }
-      page = this.pages[p] = new Float64Array(PAGE).fill(Number.NaN);
-    }
-    const i = id & (PAGE - 1);
-    if (Number.isNaN(page[i]!)) {
-      this.n++;
-      this.counts[p]!++;
-    }
-    page[i] = v;
-    return this;
-  }
-
-  delete(id: number): boolean {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
-      if (!this.overflow.delete(id)) return false;
-      this.n--;
-      return true;
-    }
-    if (!this.has(id)) return false;
-    const p = id >>> PAGE_BITS;
-    this.pages[p]![id & (PAGE - 1)] = Number.NaN;
-    this.n--;
-    if (--this.counts[p]! === 0) this.pages[p] = undefined;
-    return true;
+    return v;
   }
 }
 
@@ -188,12 +185,12 @@ export class IdSet {
   }
 
   has(id: number): boolean {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) return this.overflow.has(id);
+    if (!paged(id)) return this.overflow.has(id);
     return ((this.bits[id >>> 5] ?? 0) & (1 << (id & 31))) !== 0;
   }
 
   add(id: number): this {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+    if (!paged(id)) {
       if (!this.overflow.has(id)) this.n++;
       this.overflow.add(id);
       return this;
@@ -213,7 +210,7 @@ export class IdSet {
   }
 
   delete(id: number): boolean {
-    if (!(id >= 0 && id < MAX_PAGED && Number.isInteger(id))) {
+    if (!paged(id)) {
       if (!this.overflow.delete(id)) return false;
       this.n--;
       return true;
