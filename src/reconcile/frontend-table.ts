@@ -138,7 +138,7 @@ export class FrontendTable {
 
   /** The key's fields, as a new object (it keeps nothing of the table alive). */
   addr(row: number): ServiceAddr {
-    const a = { address: this.addresses[row]!, family: this.family(row), port: this.port_[row]!, protocol: this.protocol(row) };
+    const a = { address: this.addresses[row]!, family: this.family(row), port: this.port(row), protocol: this.protocol(row) };
     return this.internal[row] ? { ...a, scope: 'internal' } : a;
   }
 
