@@ -44,6 +44,8 @@ export interface Point {
   eventToMapMs?: number[] | undefined;
   /** lbctl: the same EndpointSlice changes through bench/event-floor.ts (the baseline: a bare watcher writing the map). */
   floorEventToMapMs?: number[] | undefined;
+  /** lbctl: the same cold start through bench/cold-floor.ts (the baseline: a bare lister writing the entries), first list request → its last write, and its own split (ms). */
+  floorCold?: { fromListMs: number; listMs: number; encodeMs: number; kernelMs: number; entries: number } | undefined;
   memory?: { rssMiB: number; hwmMiB: number; heapUsedMiB?: number | undefined; heapTotalMiB?: number | undefined; externalMiB?: number | undefined } | undefined;
   memoryIdle?: { rssMiB: number } | undefined;
 }
@@ -250,10 +252,17 @@ function scaleTargets(
   const notRun = (what: string, target: string, n: number): void => {
     rows.push([what, target, `N=${n.toLocaleString('en')} not run`, undefined]);
   };
+  // The cold floor of the same N (bench/cold-floor.ts): its time, lbctl's as a multiple of it, and the floor's own split.
+  const coldVsFloor = (n: number, x: number): string => {
+    const f = med(n, (p) => p.floorCold?.fromListMs);
+    if (Number.isNaN(f)) return '';
+    const part = (k: 'listMs' | 'encodeMs' | 'kernelMs'): string => ms(med(n, (p) => p.floorCold?.[k]));
+    return `; the floor, a bare lister writing the same entries on the same CPU: ${ms(f)}, lbctl ${(x / f).toFixed(1)}× it; the floor's lists ${part('listMs')}, encoding ${part('encodeMs')}, kernel ${part('kernelMs')}`;
+  };
   // 10,000
   if (has(10_000)) {
     const fromList = med(10_000, (p) => p.coldFromListMs);
-    row('cold sync at 10,000 (first list request → every frontend in the kernel)', '≤ 0.2 s', fromList, 200, (x) => `${ms(x)} (the sync itself: ${ms(med(10_000, (p) => p.coldMs))})`);
+    row('cold sync at 10,000 (first list request → every frontend in the kernel)', '≤ 0.2 s', fromList, 200, (x) => `${ms(x)} (the sync itself: ${ms(med(10_000, (p) => p.coldMs))}${coldVsFloor(10_000, x)})`);
     row('start → ready at 10,000 (/readyz 200)', '≤ 1.0 s', med(10_000, (p) => p.startToReadyMs), 1000, ms);
     row('peak RSS at 10,000 (VmHWM, after the events)', '≤ 150 MiB', med(10_000, (p) => p.memory?.hwmMiB), 150, mib);
     row('CPU of one periodic full resync at 10,000 (every thread, over its period)', '≤ 50 ms', median(lb(10_000).flatMap((p) => p.resyncCpuMs ?? [])), 50, (x) => `${ms(x)} (the resync's own duration: ${ms(median(lb(10_000).flatMap((p) => p.resyncMs ?? [])))})`);
@@ -266,7 +275,7 @@ function scaleTargets(
   }
   // 100,000
   if (has(100_000)) {
-    row('cold sync at 100,000 (first list request → every frontend in the kernel)', '≤ 1.5 s', med(100_000, (p) => p.coldFromListMs), 1500, (x) => `${ms(x)} (the sync itself: ${ms(med(100_000, (p) => p.coldMs))})`);
+    row('cold sync at 100,000 (first list request → every frontend in the kernel)', '≤ 1.5 s', med(100_000, (p) => p.coldFromListMs), 1500, (x) => `${ms(x)} (the sync itself: ${ms(med(100_000, (p) => p.coldMs))}${coldVsFloor(100_000, x)})`);
     row('start → synced at 100,000', '≤ 3 s', med(100_000, (p) => p.startToSyncedMs), 3000, ms);
     row('peak RSS during the 100,000 cold sync (VmHWM right after it)', '≤ 400 MiB', med(100_000, (p) => p.coldHwmMiB), 400, mib);
     row('steady RSS at 100,000 (idle 15 s)', '≤ 300 MiB', med(100_000, (p) => p.memoryIdle?.rssMiB), 300, mib);

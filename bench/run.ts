@@ -14,9 +14,10 @@
 // from an EndpointSlice change in the API server to the kernel map, and the
 // agent's memory. Results: results.json, results.md, and plots (SVG, PNG).
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { createInterface } from 'node:readline';
 import { Command } from 'commander';
 import { iptablesRestoreAdd, iptablesRestoreFull, nftablesAdd, nftablesFull, type BenchService } from './kube-proxy.js';
 import { BenchAgent, MasterProbe, deleteServices, masterKey, putServices, sliceName, sliceObject, startCluster } from './lbctl.js';
@@ -384,6 +385,50 @@ async function eventFloor(ctx: { run: BenchRun; w: World; services: BenchService
   }
 }
 
+/** What bench/cold-floor.ts measured: first list request → its last map write (the same clocks as lbctl's row), and its own split. */
+interface ColdFloor {
+  fromListMs: number;
+  listMs: number;
+  encodeMs: number;
+  kernelMs: number;
+  entries: number;
+}
+
+/**
+ * The same cold start through bench/cold-floor.ts instead of the agent, on
+ * the agent's CPU, against the same API server: the least a Node.js agent
+ * needs on this machine to list the objects and write their entries, the
+ * baseline of lbctl's "first list request → every frontend in the kernel".
+ */
+async function coldFloor(ctx: { run: BenchRun; w: World; n: number; api: FakeApiServer }): Promise<ColdFloor> {
+  const pin = `${ctx.w.bpfRoot}-cold-floor`;
+  const mark = ctx.api.requests.length;
+  const args = ['-c', String(AGENT_CPU), process.execPath, '--import=@tapjs/typescript/import', path.join(ROOT, 'bench/cold-floor.ts'), ctx.api.url, AGENT_TOKEN, pin, String(ctx.n)];
+  const floor = ctx.run.spawn('taskset', args);
+  try {
+    let err = '';
+    floor.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    const done = await new Promise<{ seenAt: number; line: string }>((resolve, reject) => {
+      const deadline = setTimeout(() => reject(new Error(`bench/cold-floor.ts did not finish within 600 s: ${err.trim()}`)), 600_000);
+      createInterface({ input: floor.stdout! }).on('line', (line) => {
+        if (!line.startsWith('done ')) return;
+        clearTimeout(deadline);
+        resolve({ seenAt: performance.now(), line });
+      });
+      floor.once('exit', (code) => {
+        clearTimeout(deadline);
+        reject(new Error(`bench/cold-floor.ts exited (${code}) before it was done: ${err.trim()}`));
+      });
+    });
+    const firstList = ctx.api.requests.slice(mark).find((r) => r.verb === 'list');
+    if (!firstList) throw new Error('bench/cold-floor.ts: the API server saw no list');
+    return { fromListMs: done.seenAt - firstList.at, ...(JSON.parse(done.line.slice(5)) as Omit<ColdFloor, 'fromListMs'>) };
+  } finally {
+    if (floor.exitCode === null) floor.kill('SIGKILL');
+    rmSync(pin, { recursive: true, force: true });
+  }
+}
+
 /** An agent that died under the memory limit is named as such: the limit is a target of its own. */
 function oomKilled(memory: MemoryCgroup | undefined, n: number, err: unknown): Error {
   if (!memory || memory.oomKills() === 0) return err as Error;
@@ -528,6 +573,7 @@ async function main(): Promise<void> {
                 // The resyncs get an agent of their own (a short sync period); this point's agent is done.
                 if (mode === 'lbctl') await p.agent!.stop();
                 const floorEvents = mode === 'lbctl' ? await eventFloor({ run, w, services, n, api, plan }) : undefined;
+                const floorCold = mode === 'lbctl' ? await coldFloor({ run, w, n, api }) : undefined;
                 const resync = mode === 'lbctl' && n <= plan.resyncMax ? await resyncCost(run, api, n, memory) : undefined;
                 results.points.push({
                   mode,
@@ -548,6 +594,7 @@ async function main(): Promise<void> {
                   addAgainEventToMapMs: p.addAgainEventToMapMs,
                   eventToMapMs: p.eventToMapMs,
                   ...(floorEvents ? { floorEventToMapMs: floorEvents } : {}),
+                  ...(floorCold ? { floorCold } : {}),
                   memory: p.memory,
                   memoryIdle: p.memoryIdle,
                 });
