@@ -27,6 +27,7 @@ import { makeServices } from './services.js';
 import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, type World } from './world.js';
 import { parseAllDocuments } from 'yaml';
 import { AGENT_TOKEN, type FakeApiServer } from '../test/helpers/fake-apiserver.js';
+import { mapsDir } from '../src/datapath/loader.js';
 
 export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
 export type Mode = (typeof MODES)[number];
@@ -450,10 +451,16 @@ const RESYNC_PERIOD_MS = 3000;
  * resync's own duration, and the agent's CPU time (every thread) over the
  * period that holds it, idle work included, so an upper bound.
  */
-async function resyncCost(run: BenchRun, api: FakeApiServer, n: number, memory: MemoryCgroup | undefined): Promise<{ resyncMs: number[]; resyncCpuMs: number[] }> {
+async function resyncCost(
+  run: BenchRun,
+  api: FakeApiServer,
+  n: number,
+  memory: MemoryCgroup | undefined,
+): Promise<{ resyncMs: number[]; resyncCpuMs: number[]; floorResyncCpuMs: number[] }> {
   const w = run.world();
   try {
     const agent = BenchAgent.start(run, w, api, n, AGENT_CPU, { syncPeriodMs: RESYNC_PERIOD_MS, logLevel: 'debug', ...(memory ? { memory } : {}) });
+    let timed: { resyncMs: number[]; resyncCpuMs: number[] };
     try {
       await agent.waitForSync(0);
       const periodic = async (from: number): Promise<number> => {
@@ -471,10 +478,19 @@ async function resyncCost(run: BenchRun, api: FakeApiServer, n: number, memory: 
         resyncCpuMs.push(now - cpu);
         cpu = now;
       }
-      return { resyncMs, resyncCpuMs };
+      timed = { resyncMs, resyncCpuMs };
     } finally {
       await agent.stop();
     }
+    // The floor: the same maps (still pinned) read by a bare process on the agent's CPU.
+    const out = execFileSync(
+      'taskset',
+      ['-c', String(AGENT_CPU), process.execPath, '--import=@tapjs/typescript/import', path.join(ROOT, 'bench/resync-floor.ts'), mapsDir(w.bpfRoot), String(RESYNCS + 2)],
+      { encoding: 'utf8', timeout: 120_000 },
+    );
+    const done = out.split('\n').find((l) => l.startsWith('done '));
+    if (!done) throw new Error(`bench/resync-floor.ts printed no result: ${out.trim()}`);
+    return { ...timed, floorResyncCpuMs: (JSON.parse(done.slice(5)) as { cpuMs: number[] }).cpuMs };
   } finally {
     w.close();
   }
