@@ -20,14 +20,20 @@
 // under the repository (test/DIR/FILE.ts), so every bundle sits at
 // dist/vmtest-bundles/test/DIR/, four levels under it.
 //
-// Usage: node scripts/vmtest/bundle-tests.mjs   (prints how many it wrote)
+// Usage: node scripts/vmtest/bundle-tests.mjs [--out DIR]   (prints how many it wrote)
+// DIR: a directory under the repository's dist/, dist/vmtest-bundles by default
+// (test/unit/bundle-tests.ts writes elsewhere, so as not to replace the
+// guests' bundles).
 import { build } from 'esbuild';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const OUT = 'dist/vmtest-bundles';
+const at = process.argv.indexOf('--out');
+const OUT = at > 0 ? path.relative(root, path.resolve(process.argv[at + 1] ?? '')) : 'dist/vmtest-bundles';
+// It is removed and written afresh: only ever a directory under dist/.
+if (!OUT.startsWith(`dist${path.sep}`)) throw new Error(`bundle-tests: --out must name a directory under ${root}/dist`);
 const DIRS = ['test/native', 'test/bpf', 'test/e2e'];
 // From a bundle's directory (OUT/test/DIR) back to the repository's root.
 const UP = path.relative(path.join(root, OUT, 'test/x'), root);
