@@ -13,13 +13,14 @@
 // what was written, no bound on memory: what is left is the transport, the
 // parse, the join and the kernel's inserts.
 //   node --import=@tapjs/typescript/import bench/cold-floor.ts URL TOKEN PIN N
-// Loads the maps (sized as the bench sizes the agent's for N services) under
+// Loads the maps (sized as the agent's for N services: agentSizes) under
 // PIN, prints "ready", lists and writes at once, prints
 // "done {listMs, encodeMs, kernelMs, entries}" and exits; PIN is removed.
 import http from 'node:http';
 import { rmSync } from 'node:fs';
 import { BpfObject } from '../src/native/bpf.js';
-import { DEFAULT_OBJECT } from '../src/datapath/loader.js';
+import { DEFAULT_OBJECT, DEFAULT_SIZES, mapMaxEntries } from '../src/datapath/loader.js';
+import { agentSizes } from './lbctl.js';
 import { lb4_backend, lb4_key, lb4_reverse_nat, lb_service, LbScope, LbSvcType } from '../src/datapath/abi.gen.js';
 import { SERVICE_LABEL_SELECTOR, SLICE_LABEL_SELECTOR } from '../src/sources/kubernetes.js';
 
@@ -60,10 +61,7 @@ function list<T>(path: string, selector: string): Promise<T[]> {
   });
 }
 
-const obj = BpfObject.open(DEFAULT_OBJECT, {
-  pinRoot: pin,
-  maxEntries: { lb4_services: 2 * 2 * n + 4 * n + 64, lb4_backends: 4 * n + 64, lb4_reverse_nat: 2 * n + 64 },
-});
+const obj = BpfObject.open(DEFAULT_OBJECT, { pinRoot: pin, maxEntries: mapMaxEntries({ ...DEFAULT_SIZES, ...agentSizes(n) }) });
 try {
   await obj.load();
   const services = obj.map('lb4_services');

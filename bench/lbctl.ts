@@ -58,6 +58,12 @@ export function sliceObject(s: BenchService): K8sObject {
   };
 }
 
+/** The map sizes the bench gives the agent for N services (--max-services, --max-backends); bench/cold-floor.ts's maps are the same. */
+export const agentSizes = (n: number): { services: number; backends: number } => ({
+  services: Math.max(1024, Math.ceil(n * 1.25)),
+  backends: Math.max(4096, Math.ceil(n * 3.75)),
+});
+
 /** The local API server holding the benchmark's services. */
 export async function startCluster(): Promise<FakeApiServer> {
   const api = new FakeApiServer();
@@ -215,8 +221,8 @@ export class BenchAgent {
       '--health-mesh-port', '0', // nor on a fixed port of it
       '--sync-period', String(opts.syncPeriodMs ?? 3_600_000),
       ...(opts.logLevel ? ['--log-level', opts.logLevel] : []),
-      '--max-services', String(Math.max(1024, Math.ceil(n * 1.25))),
-      '--max-backends', String(Math.max(4096, Math.ceil(n * 3.75))),
+      '--max-services', String(agentSizes(n).services),
+      '--max-backends', String(agentSizes(n).backends),
     ];
     // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it
     // stops. It is still bin/lbctl, with its node and malloc settings; node

@@ -21,19 +21,26 @@
 // dist/vmtest-bundles/test/DIR/, four levels under it.
 //
 // Usage: node scripts/vmtest/bundle-tests.mjs [--out DIR]   (prints how many it wrote)
-// DIR: a directory under the repository's dist/, dist/vmtest-bundles by default
-// (test/unit/bundle-tests.ts writes elsewhere, so as not to replace the
-// guests' bundles).
+// DIR: dist/vmtest-bundles (the default) or another dist/vmtest-bundles*
+// (test/unit/bundle-tests.ts writes to one of its own, so as not to
+// replace the guests' bundles).
 import { build } from 'esbuild';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const at = process.argv.indexOf('--out');
-const OUT = at > 0 ? path.relative(root, path.resolve(process.argv[at + 1] ?? '')) : 'dist/vmtest-bundles';
-// It is removed and written afresh: only ever a directory under dist/.
-if (!OUT.startsWith(`dist${path.sep}`)) throw new Error(`bundle-tests: --out must name a directory under ${root}/dist`);
+// --out DIR or --out=DIR. DIR is removed and written afresh, so it may only
+// be a directory of dist/ named vmtest-bundles*: never dist/ itself, nor
+// the build's own dist/cli or dist/bundle.
+const args = process.argv.slice(2);
+const at = args.findIndex((a) => a === '--out' || a.startsWith('--out='));
+const outArg = at < 0 ? undefined : args[at] === '--out' ? args[at + 1] : args[at].slice('--out='.length);
+if (at >= 0 && !outArg) throw new Error('bundle-tests: --out needs a directory');
+const OUT = outArg === undefined ? 'dist/vmtest-bundles' : path.relative(root, path.resolve(outArg));
+if (path.dirname(OUT) !== 'dist' || !path.basename(OUT).startsWith('vmtest-bundles')) {
+  throw new Error(`bundle-tests: --out must name a directory ${root}/dist/vmtest-bundles*, not ${outArg}`);
+}
 const DIRS = ['test/native', 'test/bpf', 'test/e2e'];
 // From a bundle's directory (OUT/test/DIR) back to the repository's root.
 const UP = path.relative(path.join(root, OUT, 'test/x'), root);

@@ -95,7 +95,8 @@ export function cgroup2Root(mounts = readFileSync('/proc/mounts', 'utf8')): stri
 }
 
 
-function maxEntries(sizes: MapSizes): Record<string, number> {
+/** Each map's max_entries for `sizes` (what the agent creates its maps with). */
+export function mapMaxEntries(sizes: MapSizes): Record<string, number> {
   for (const [k, v] of Object.entries(sizes)) {
     if (!Number.isInteger(v) || v < 1 || v > 1 << 26) throw new ConfigError(`map size ${k}=${v} is not an integer in 1..${1 << 26}`);
   }
@@ -221,7 +222,7 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   mkdirSync(mapsDir(opts.bpfRoot), { recursive: true });
   mkdirSync(linksDir(opts.bpfRoot), { recursive: true });
 
-  const wanted = maxEntries(sizes);
+  const wanted = mapMaxEntries(sizes);
   // A map size changed (a flag), or its layout (an upgrade): load into fresh
   // maps beside the pinned ones (sharing every map that stays as it is), copy
   // (and convert) the changed maps' entries, switch the links, then move the
