@@ -23,6 +23,7 @@ import { DEFAULT_OBJECT, DEFAULT_SIZES, mapMaxEntries } from '../src/datapath/lo
 import { agentSizes } from './lbctl.js';
 import { lb4_backend, lb4_key, lb4_reverse_nat, lb_service, LbScope, LbSvcType } from '../src/datapath/abi.gen.js';
 import { SERVICE_LABEL_SELECTOR, SLICE_LABEL_SELECTOR } from '../src/sources/kubernetes.js';
+import { ipv4ToUint } from '../src/lb/addr.js';
 
 const [url, token, pin, count] = process.argv.slice(2) as [string, string, string, string];
 const n = Number(count);
@@ -35,11 +36,6 @@ interface Slice {
   ports?: Port[];
   endpoints?: Array<{ addresses: string[] }>;
 }
-
-const ipv4 = (s: string): number => {
-  const [a, b, c, d] = s.split('.').map(Number) as [number, number, number, number];
-  return ((a << 24) | (b << 16) | (c << 8) | d) >>> 0;
-};
 
 /** GET `path` with lbctl's first-list query; the whole answer's items. */
 function list<T>(path: string, selector: string): Promise<T[]> {
@@ -106,7 +102,7 @@ try {
   for (const svc of svcs) {
     const ip = svc.spec.clusterIP;
     if (!ip || ip === 'None' || ip.includes(':')) continue;
-    const address = ipv4(ip);
+    const address = ipv4ToUint(ip);
     const own = byService.get(`${svc.metadata.namespace}/${svc.metadata.name}`) ?? [];
     for (const p of svc.spec.ports ?? []) {
       const proto = PROTO[p.protocol ?? 'TCP'] ?? 6;
@@ -122,7 +118,7 @@ try {
             beKeys = grow(beKeys, (nb + 1) * 4);
             beVals = grow(beVals, (nb + 1) * lb4_backend.size);
             beKeys.writeUInt32LE(id, nb * 4);
-            lb4_backend.encode({ address: ipv4(e.addresses[0]!), port: sp.port, proto, state: 0 }, beVals, nb * lb4_backend.size);
+            lb4_backend.encode({ address: ipv4ToUint(e.addresses[0]!), port: sp.port, proto, state: 0 }, beVals, nb * lb4_backend.size);
             nb++;
           }
           ids.push(id);
