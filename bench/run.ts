@@ -13,7 +13,7 @@
 // server), one service is added on top (timed), and for lbctl the latency
 // from an EndpointSlice change in the API server to the kernel map, and the
 // agent's memory. Results: results.json, results.md, and plots (SVG, PNG).
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -352,6 +352,29 @@ async function events(p: Programmed, ctx: { w: World; services: BenchService[]; 
 }
 
 /**
+ * The first stdout line of a floor process that starts with `prefix`, and
+ * when this process read it. Rejects when the process ends first (on
+ * 'close': a line may still be in the pipe at 'exit') or after `timeoutMs`,
+ * with what it wrote to stderr.
+ */
+function untilLine(proc: ChildProcess, prefix: string, what: string, timeoutMs: number): Promise<{ line: string; seenAt: number }> {
+  let err = '';
+  proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  return new Promise((resolve, reject) => {
+    const deadline = setTimeout(() => reject(new Error(`${what} printed no "${prefix.trim()}" within ${timeoutMs / 1000} s: ${err.trim()}`)), timeoutMs);
+    createInterface({ input: proc.stdout! }).on('line', (line) => {
+      if (!line.startsWith(prefix)) return;
+      clearTimeout(deadline);
+      resolve({ line, seenAt: performance.now() });
+    });
+    proc.once('close', (code) => {
+      clearTimeout(deadline);
+      reject(new Error(`${what} exited (${code}) before it printed "${prefix.trim()}": ${err.trim()}`));
+    });
+  });
+}
+
+/**
  * The same EndpointSlice changes through bench/event-floor.ts instead of
  * the agent (stopped by now; its maps stay pinned), on the agent's CPU: the
  * least a Node.js watcher needs on this machine, the baseline of lbctl's
@@ -366,20 +389,7 @@ async function eventFloor(ctx: { run: BenchRun; w: World; services: BenchService
   ];
   const floor = ctx.run.spawn('taskset', args);
   try {
-    let err = '';
-    floor.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-    await new Promise<void>((resolve, reject) => {
-      const deadline = setTimeout(() => reject(new Error(`bench/event-floor.ts was not watching within 60 s: ${err.trim()}`)), 60_000);
-      floor.stdout!.on('data', (d: Buffer) => {
-        if (!d.toString().includes('watching')) return;
-        clearTimeout(deadline);
-        resolve();
-      });
-      floor.once('exit', (code) => {
-        clearTimeout(deadline);
-        reject(new Error(`bench/event-floor.ts exited (${code}) before watching: ${err.trim()}`));
-      });
-    });
+    await untilLine(floor, 'watching', 'bench/event-floor.ts', 60_000);
     return await timedSliceChanges(ctx);
   } finally {
     if (floor.exitCode === null) floor.kill('SIGKILL');
@@ -407,21 +417,7 @@ async function coldFloor(ctx: { run: BenchRun; w: World; n: number; api: FakeApi
   const args = ['-c', String(AGENT_CPU), process.execPath, '--import=@tapjs/typescript/import', path.join(ROOT, 'bench/cold-floor.ts'), ctx.api.url, AGENT_TOKEN, pin, String(ctx.n)];
   const floor = ctx.run.spawn('taskset', args);
   try {
-    let err = '';
-    floor.stderr!.on('data', (d: Buffer) => (err += d.toString()));
-    const done = await new Promise<{ seenAt: number; line: string }>((resolve, reject) => {
-      const deadline = setTimeout(() => reject(new Error(`bench/cold-floor.ts did not finish within 600 s: ${err.trim()}`)), 600_000);
-      createInterface({ input: floor.stdout! }).on('line', (line) => {
-        if (!line.startsWith('done ')) return;
-        clearTimeout(deadline);
-        resolve({ seenAt: performance.now(), line });
-      });
-      // 'close', not 'exit': the done line may still be in the pipe when the process exits.
-      floor.once('close', (code) => {
-        clearTimeout(deadline);
-        reject(new Error(`bench/cold-floor.ts exited (${code}) before it was done: ${err.trim()}`));
-      });
-    });
+    const done = await untilLine(floor, 'done ', 'bench/cold-floor.ts', 600_000);
     const firstList = ctx.api.requests.slice(mark).find((r) => r.verb === 'list');
     if (!firstList) throw new Error('bench/cold-floor.ts: the API server saw no list');
     return { fromListMs: done.seenAt - firstList.at, ...(JSON.parse(done.line.slice(5)) as Omit<ColdFloor, 'fromListMs'>) };
