@@ -145,15 +145,34 @@ for (const obj of objs) {
 }
 
 const R = { 1: 'UInt8', 2: 'UInt16', 4: 'UInt32', 8: 'BigUInt64' };
+/**
+ * A field read as byte arithmetic on the buffer (its bounds checked once per
+ * struct by decode, not per field as Buffer's read methods do).
+ */
 function readExpr(f) {
   if (f.kind === 'bytes') return `Buffer.from(b.subarray(o + ${f.offset}, o + ${f.offset + f.size}))`;
-  const end = f.size === 1 ? '' : f.bigEndian ? 'BE' : 'LE';
-  return `b.read${R[f.size]}${end}(o + ${f.offset})`;
+  if (f.size === 8) return `b.readBigUInt64LE(o + ${f.offset})`;
+  const at = (i) => `b[o + ${f.offset + i}]!`;
+  // The byte that holds bits 8i..8i+7 of the value.
+  const byte = (i) => at(f.bigEndian ? f.size - 1 - i : i);
+  if (f.size === 1) return at(0);
+  if (f.size === 2) return `(${byte(0)} | (${byte(1)} << 8))`;
+  return `((${byte(0)} | (${byte(1)} << 8) | (${byte(2)} << 16) | (${byte(3)} << 24)) >>> 0)`;
 }
-function writeStmt(f, v) {
+/**
+ * A field written as byte stores, after a range check of its value (as
+ * Buffer's write methods check; NaN is refused too). The struct's bounds are
+ * checked once by encode.
+ */
+function writeStmt(f, v, structName) {
   if (f.kind === 'bytes') return `putBytes(b, o + ${f.offset}, ${f.size}, ${v}, '${f.name}');`;
-  const end = f.size === 1 ? '' : f.bigEndian ? 'BE' : 'LE';
-  return `b.write${R[f.size]}${end}(${v}, o + ${f.offset});`;
+  if (f.size === 8) return `b.writeBigUInt64LE(${v}, o + ${f.offset});`;
+  const max = 2 ** (8 * f.size) - 1;
+  const at = (i) => `b[o + ${f.offset + i}]`;
+  const byte = (i) => at(f.bigEndian ? f.size - 1 - i : i);
+  const out = [`{ const x = ${v}; if (!(x >= 0 && x <= ${max})) throw outOfRange('${structName}.${f.name}', x, ${max});`];
+  for (let i = 0; i < f.size; i++) out.push(`${byte(i)} = ${i === 0 ? 'x' : `x >>> ${8 * i}`};`);
+  return `${out.join(' ')} }`;
 }
 /** Byte ranges [from, to) of struct s that none of `fields` covers. */
 function uncovered(s, fields) {
@@ -175,11 +194,7 @@ function uncovered(s, fields) {
 function zeroStmt(from, to) {
   if (to - from > 8) return `b.fill(0, o + ${from}, o + ${to});`;
   const out = [];
-  for (let i = from; i < to; ) {
-    const n = to - i >= 4 ? 4 : to - i >= 2 ? 2 : 1;
-    out.push(`b.write${{ 4: 'UInt32LE', 2: 'UInt16LE', 1: 'UInt8' }[n]}(0, o + ${i});`);
-    i += n;
-  }
+  for (let i = from; i < to; i++) out.push(`b[o + ${i}] = 0;`);
   return out.join(' ');
 }
 const tsType = (f) => (f.kind === 'bytes' ? 'Buffer' : f.size === 8 ? 'bigint' : 'number');
@@ -200,23 +215,36 @@ emit('  encode(v: T, b?: Buffer, o?: number): Buffer;');
 emit('  decode(b: Buffer, o?: number): T;');
 emit('}');
 emit('');
+emit('function outOfRange(field: string, v: number, max: number): RangeError {');
+emit('  return new RangeError(`${field}: ${v} is out of range [0, ${max}]`);');
+emit('}');
+emit('');
 emit('function putBytes(b: Buffer, o: number, size: number, v: Buffer, field: string): void {');
 emit('  if (v.length !== size) throw new RangeError(`${field}: expected ${size} bytes, got ${v.length}`);');
 emit('  v.copy(b, o);');
 emit('}');
 emit('');
-for (const [bits, size, read, write] of [
-  ['u8', 1, 'readUInt8', 'writeUInt8'],
-  ['u16', 2, 'readUInt16LE', 'writeUInt16LE'],
-  ['u32', 4, 'readUInt32LE', 'writeUInt32LE'],
-  ['be16', 2, 'readUInt16BE', 'writeUInt16BE'],
-  ['be32', 4, 'readUInt32BE', 'writeUInt32BE'],
+for (const [bits, size, bigEndian] of [
+  ['u8', 1, false],
+  ['u16', 2, false],
+  ['u32', 4, false],
+  ['be16', 2, true],
+  ['be32', 4, true],
 ]) {
+  const f = { kind: 'scalar', name: 'value', offset: 0, size, bigEndian };
+  const bounds = `if (!(o >= 0 && o + ${size} <= b.length)) throw new RangeError(\`${bits}: ${size} bytes at offset \${o} of \${b.length}\`);`;
   emit(`export const ${bits}: Codec<number> = {`);
   emit(`  name: '${bits}',`);
   emit(`  size: ${size},`);
-  emit(`  encode(v, b = Buffer.alloc(${size}), o = 0) { b.${write}(v, o); return b; },`);
-  emit(`  decode(b, o = 0) { return b.${read}(o); },`);
+  emit(`  encode(v, b = Buffer.alloc(${size}), o = 0) {`);
+  emit(`    ${bounds}`);
+  emit(`    ${writeStmt(f, 'v', bits)}`);
+  emit('    return b;');
+  emit('  },');
+  emit('  decode(b, o = 0) {');
+  emit(`    ${bounds}`);
+  emit(`    return ${readExpr(f)};`);
+  emit('  },');
   emit('};');
   emit('');
 }
@@ -243,11 +271,13 @@ for (const s of [...structs.values()].sort((a, b) => a.name.localeCompare(b.name
   // Every field's bytes are written; only the bytes no field covers (pad
   // fields, holes, tail padding) are zeroed, so a reused buffer holds no stale
   // bytes. Cheaper than a fill over the whole struct, on every map write.
+  emit(`    if (!(o >= 0 && o + ${s.size} <= b.length)) throw new RangeError(\`${s.name}: ${s.size} bytes at offset \${o} of \${b.length}\`);`);
   for (const [from, to] of uncovered(s, fields)) emit(`    ${zeroStmt(from, to)}`);
-  for (const f of fields) emit(`    ${writeStmt(f, `v.${camel(f.name)}`)}`);
+  for (const f of fields) emit(`    ${writeStmt(f, `v.${camel(f.name)}`, s.name)}`);
   emit('    return b;');
   emit('  },');
   emit('  decode(b, o = 0) {');
+  emit(`    if (!(o >= 0 && o + ${s.size} <= b.length)) throw new RangeError(\`${s.name}: ${s.size} bytes at offset \${o} of \${b.length}\`);`);
   emit('    return {');
   for (const f of fields) emit(`      ${camel(f.name)}: ${readExpr(f)},`);
   emit('    };');

@@ -11,6 +11,10 @@ export interface Codec<T> {
   decode(b: Buffer, o?: number): T;
 }
 
+function outOfRange(field: string, v: number, max: number): RangeError {
+  return new RangeError(`${field}: ${v} is out of range [0, ${max}]`);
+}
+
 function putBytes(b: Buffer, o: number, size: number, v: Buffer, field: string): void {
   if (v.length !== size) throw new RangeError(`${field}: expected ${size} bytes, got ${v.length}`);
   v.copy(b, o);
@@ -19,36 +23,71 @@ function putBytes(b: Buffer, o: number, size: number, v: Buffer, field: string):
 export const u8: Codec<number> = {
   name: 'u8',
   size: 1,
-  encode(v, b = Buffer.alloc(1), o = 0) { b.writeUInt8(v, o); return b; },
-  decode(b, o = 0) { return b.readUInt8(o); },
+  encode(v, b = Buffer.alloc(1), o = 0) {
+    if (!(o >= 0 && o + 1 <= b.length)) throw new RangeError(`u8: 1 bytes at offset ${o} of ${b.length}`);
+    { const x = v; if (!(x >= 0 && x <= 255)) throw outOfRange('u8.value', x, 255); b[o + 0] = x; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 1 <= b.length)) throw new RangeError(`u8: 1 bytes at offset ${o} of ${b.length}`);
+    return b[o + 0]!;
+  },
 };
 
 export const u16: Codec<number> = {
   name: 'u16',
   size: 2,
-  encode(v, b = Buffer.alloc(2), o = 0) { b.writeUInt16LE(v, o); return b; },
-  decode(b, o = 0) { return b.readUInt16LE(o); },
+  encode(v, b = Buffer.alloc(2), o = 0) {
+    if (!(o >= 0 && o + 2 <= b.length)) throw new RangeError(`u16: 2 bytes at offset ${o} of ${b.length}`);
+    { const x = v; if (!(x >= 0 && x <= 65535)) throw outOfRange('u16.value', x, 65535); b[o + 0] = x; b[o + 1] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 2 <= b.length)) throw new RangeError(`u16: 2 bytes at offset ${o} of ${b.length}`);
+    return (b[o + 0]! | (b[o + 1]! << 8));
+  },
 };
 
 export const u32: Codec<number> = {
   name: 'u32',
   size: 4,
-  encode(v, b = Buffer.alloc(4), o = 0) { b.writeUInt32LE(v, o); return b; },
-  decode(b, o = 0) { return b.readUInt32LE(o); },
+  encode(v, b = Buffer.alloc(4), o = 0) {
+    if (!(o >= 0 && o + 4 <= b.length)) throw new RangeError(`u32: 4 bytes at offset ${o} of ${b.length}`);
+    { const x = v; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('u32.value', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 4 <= b.length)) throw new RangeError(`u32: 4 bytes at offset ${o} of ${b.length}`);
+    return ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0);
+  },
 };
 
 export const be16: Codec<number> = {
   name: 'be16',
   size: 2,
-  encode(v, b = Buffer.alloc(2), o = 0) { b.writeUInt16BE(v, o); return b; },
-  decode(b, o = 0) { return b.readUInt16BE(o); },
+  encode(v, b = Buffer.alloc(2), o = 0) {
+    if (!(o >= 0 && o + 2 <= b.length)) throw new RangeError(`be16: 2 bytes at offset ${o} of ${b.length}`);
+    { const x = v; if (!(x >= 0 && x <= 65535)) throw outOfRange('be16.value', x, 65535); b[o + 1] = x; b[o + 0] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 2 <= b.length)) throw new RangeError(`be16: 2 bytes at offset ${o} of ${b.length}`);
+    return (b[o + 1]! | (b[o + 0]! << 8));
+  },
 };
 
 export const be32: Codec<number> = {
   name: 'be32',
   size: 4,
-  encode(v, b = Buffer.alloc(4), o = 0) { b.writeUInt32BE(v, o); return b; },
-  decode(b, o = 0) { return b.readUInt32BE(o); },
+  encode(v, b = Buffer.alloc(4), o = 0) {
+    if (!(o >= 0 && o + 4 <= b.length)) throw new RangeError(`be32: 4 bytes at offset ${o} of ${b.length}`);
+    { const x = v; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('be32.value', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 4 <= b.length)) throw new RangeError(`be32: 4 bytes at offset ${o} of ${b.length}`);
+    return ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0);
+  },
 };
 
 export const u64: Codec<bigint> = {
@@ -69,17 +108,19 @@ export const lb_affinity_key: Codec<LbAffinityKey> = {
   name: 'lb_affinity_key',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.writeUInt16LE(0, o + 13); b.writeUInt8(0, o + 15);
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb_affinity_key: 16 bytes at offset ${o} of ${b.length}`);
+    b[o + 13] = 0; b[o + 14] = 0; b[o + 15] = 0;
     b.writeBigUInt64LE(v.netnsCookie, o + 0);
-    b.writeUInt32LE(v.revNatIndex, o + 8);
-    b.writeUInt8(v.family, o + 12);
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_affinity_key.rev_nat_index', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    { const x = v.family; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_affinity_key.family', x, 255); b[o + 12] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb_affinity_key: 16 bytes at offset ${o} of ${b.length}`);
     return {
       netnsCookie: b.readBigUInt64LE(o + 0),
-      revNatIndex: b.readUInt32LE(o + 8),
-      family: b.readUInt8(o + 12),
+      revNatIndex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      family: b[o + 12]!,
     };
   },
 };
@@ -95,17 +136,19 @@ export const lb_affinity_val: Codec<LbAffinityVal> = {
   name: 'lb_affinity_val',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.writeUInt16LE(0, o + 14);
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb_affinity_val: 16 bytes at offset ${o} of ${b.length}`);
+    b[o + 14] = 0; b[o + 15] = 0;
     b.writeBigUInt64LE(v.lastUsed, o + 0);
-    b.writeUInt32LE(v.backendId, o + 8);
-    b.writeUInt16LE(v.slot, o + 12);
+    { const x = v.backendId; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_affinity_val.backend_id', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    { const x = v.slot; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_affinity_val.slot', x, 65535); b[o + 12] = x; b[o + 13] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb_affinity_val: 16 bytes at offset ${o} of ${b.length}`);
     return {
       lastUsed: b.readBigUInt64LE(o + 0),
-      backendId: b.readUInt32LE(o + 8),
-      slot: b.readUInt16LE(o + 12),
+      backendId: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      slot: (b[o + 12]! | (b[o + 13]! << 8)),
     };
   },
 };
@@ -121,16 +164,18 @@ export const lb_device: Codec<LbDevice> = {
   name: 'lb_device',
   size: 24,
   encode(v, b = Buffer.alloc(24), o = 0) {
-    b.writeUInt32BE(v.addr4, o + 0);
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb_device: 24 bytes at offset ${o} of ${b.length}`);
+    { const x = v.addr4; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_device.addr4', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
     putBytes(b, o + 4, 16, v.addr6, 'addr6');
-    b.writeUInt32LE(v.mtu, o + 20);
+    { const x = v.mtu; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_device.mtu', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb_device: 24 bytes at offset ${o} of ${b.length}`);
     return {
-      addr4: b.readUInt32BE(o + 0),
+      addr4: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
       addr6: Buffer.from(b.subarray(o + 4, o + 20)),
-      mtu: b.readUInt32LE(o + 20),
+      mtu: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
     };
   },
 };
@@ -145,11 +190,13 @@ export const lb_icmp_bucket: Codec<LbIcmpBucket> = {
   name: 'lb_icmp_bucket',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb_icmp_bucket: 16 bytes at offset ${o} of ${b.length}`);
     b.writeBigUInt64LE(v.stamp, o + 0);
     b.writeBigUInt64LE(v.tokens, o + 8);
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb_icmp_bucket: 16 bytes at offset ${o} of ${b.length}`);
     return {
       stamp: b.readBigUInt64LE(o + 0),
       tokens: b.readBigUInt64LE(o + 8),
@@ -167,14 +214,16 @@ export const lb_node_addr: Codec<LbNodeAddr> = {
   name: 'lb_node_addr',
   size: 8,
   encode(v, b = Buffer.alloc(8), o = 0) {
-    b.writeUInt32LE(v.ifindex, o + 0);
-    b.writeUInt32LE(v.flags, o + 4);
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`lb_node_addr: 8 bytes at offset ${o} of ${b.length}`);
+    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_node_addr.ifindex', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    { const x = v.flags; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_node_addr.flags', x, 4294967295); b[o + 4] = x; b[o + 5] = x >>> 8; b[o + 6] = x >>> 16; b[o + 7] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`lb_node_addr: 8 bytes at offset ${o} of ${b.length}`);
     return {
-      ifindex: b.readUInt32LE(o + 0),
-      flags: b.readUInt32LE(o + 4),
+      ifindex: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
+      flags: ((b[o + 4]! | (b[o + 5]! << 8) | (b[o + 6]! << 16) | (b[o + 7]! << 24)) >>> 0),
     };
   },
 };
@@ -189,15 +238,17 @@ export const lb_node_addr_key: Codec<LbNodeAddrKey> = {
   name: 'lb_node_addr_key',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
-    b.writeUInt16LE(0, o + 17); b.writeUInt8(0, o + 19);
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb_node_addr_key: 20 bytes at offset ${o} of ${b.length}`);
+    b[o + 17] = 0; b[o + 18] = 0; b[o + 19] = 0;
     putBytes(b, o + 0, 16, v.address, 'address');
-    b.writeUInt8(v.family, o + 16);
+    { const x = v.family; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_node_addr_key.family', x, 255); b[o + 16] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb_node_addr_key: 20 bytes at offset ${o} of ${b.length}`);
     return {
       address: Buffer.from(b.subarray(o + 0, o + 16)),
-      family: b.readUInt8(o + 16),
+      family: b[o + 16]!,
     };
   },
 };
@@ -219,29 +270,31 @@ export const lb_np_config: Codec<LbNpConfig> = {
   name: 'lb_np_config',
   size: 32,
   encode(v, b = Buffer.alloc(32), o = 0) {
-    b.writeUInt32LE(0, o + 28);
-    b.writeUInt16LE(v.nodeportMin, o + 0);
-    b.writeUInt16LE(v.nodeportMax, o + 2);
-    b.writeUInt16LE(v.snatMin, o + 4);
-    b.writeUInt16LE(v.snatMax, o + 6);
-    b.writeUInt32LE(v.flags, o + 8);
-    b.writeUInt32LE(v.snatRetries, o + 12);
-    b.writeUInt32LE(v.maglevM, o + 16);
-    b.writeUInt32LE(v.maglevSeed4, o + 20);
-    b.writeUInt32LE(v.maglevSeed6, o + 24);
+    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb_np_config: 32 bytes at offset ${o} of ${b.length}`);
+    b[o + 28] = 0; b[o + 29] = 0; b[o + 30] = 0; b[o + 31] = 0;
+    { const x = v.nodeportMin; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.nodeport_min', x, 65535); b[o + 0] = x; b[o + 1] = x >>> 8; }
+    { const x = v.nodeportMax; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.nodeport_max', x, 65535); b[o + 2] = x; b[o + 3] = x >>> 8; }
+    { const x = v.snatMin; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.snat_min', x, 65535); b[o + 4] = x; b[o + 5] = x >>> 8; }
+    { const x = v.snatMax; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.snat_max', x, 65535); b[o + 6] = x; b[o + 7] = x >>> 8; }
+    { const x = v.flags; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.flags', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    { const x = v.snatRetries; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.snat_retries', x, 4294967295); b[o + 12] = x; b[o + 13] = x >>> 8; b[o + 14] = x >>> 16; b[o + 15] = x >>> 24; }
+    { const x = v.maglevM; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.maglev_m', x, 4294967295); b[o + 16] = x; b[o + 17] = x >>> 8; b[o + 18] = x >>> 16; b[o + 19] = x >>> 24; }
+    { const x = v.maglevSeed4; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.maglev_seed4', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
+    { const x = v.maglevSeed6; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.maglev_seed6', x, 4294967295); b[o + 24] = x; b[o + 25] = x >>> 8; b[o + 26] = x >>> 16; b[o + 27] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb_np_config: 32 bytes at offset ${o} of ${b.length}`);
     return {
-      nodeportMin: b.readUInt16LE(o + 0),
-      nodeportMax: b.readUInt16LE(o + 2),
-      snatMin: b.readUInt16LE(o + 4),
-      snatMax: b.readUInt16LE(o + 6),
-      flags: b.readUInt32LE(o + 8),
-      snatRetries: b.readUInt32LE(o + 12),
-      maglevM: b.readUInt32LE(o + 16),
-      maglevSeed4: b.readUInt32LE(o + 20),
-      maglevSeed6: b.readUInt32LE(o + 24),
+      nodeportMin: (b[o + 0]! | (b[o + 1]! << 8)),
+      nodeportMax: (b[o + 2]! | (b[o + 3]! << 8)),
+      snatMin: (b[o + 4]! | (b[o + 5]! << 8)),
+      snatMax: (b[o + 6]! | (b[o + 7]! << 8)),
+      flags: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      snatRetries: ((b[o + 12]! | (b[o + 13]! << 8) | (b[o + 14]! << 16) | (b[o + 15]! << 24)) >>> 0),
+      maglevM: ((b[o + 16]! | (b[o + 17]! << 8) | (b[o + 18]! << 16) | (b[o + 19]! << 24)) >>> 0),
+      maglevSeed4: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
+      maglevSeed6: ((b[o + 24]! | (b[o + 25]! << 8) | (b[o + 26]! << 16) | (b[o + 27]! << 24)) >>> 0),
     };
   },
 };
@@ -261,25 +314,27 @@ export const lb_service: Codec<LbService> = {
   name: 'lb_service',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
-    b.writeUInt16LE(0, o + 18);
-    b.writeUInt32LE(v.backendId, o + 0);
-    b.writeUInt32LE(v.revNatIndex, o + 4);
-    b.writeUInt32LE(v.affinityTimeout, o + 8);
-    b.writeUInt16LE(v.count, o + 12);
-    b.writeUInt16LE(v.qcount, o + 14);
-    b.writeUInt8(v.type, o + 16);
-    b.writeUInt8(v.flags, o + 17);
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb_service: 20 bytes at offset ${o} of ${b.length}`);
+    b[o + 18] = 0; b[o + 19] = 0;
+    { const x = v.backendId; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_service.backend_id', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_service.rev_nat_index', x, 4294967295); b[o + 4] = x; b[o + 5] = x >>> 8; b[o + 6] = x >>> 16; b[o + 7] = x >>> 24; }
+    { const x = v.affinityTimeout; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_service.affinity_timeout', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    { const x = v.count; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_service.count', x, 65535); b[o + 12] = x; b[o + 13] = x >>> 8; }
+    { const x = v.qcount; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_service.qcount', x, 65535); b[o + 14] = x; b[o + 15] = x >>> 8; }
+    { const x = v.type; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_service.type', x, 255); b[o + 16] = x; }
+    { const x = v.flags; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_service.flags', x, 255); b[o + 17] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb_service: 20 bytes at offset ${o} of ${b.length}`);
     return {
-      backendId: b.readUInt32LE(o + 0),
-      revNatIndex: b.readUInt32LE(o + 4),
-      affinityTimeout: b.readUInt32LE(o + 8),
-      count: b.readUInt16LE(o + 12),
-      qcount: b.readUInt16LE(o + 14),
-      type: b.readUInt8(o + 16),
-      flags: b.readUInt8(o + 17),
+      backendId: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
+      revNatIndex: ((b[o + 4]! | (b[o + 5]! << 8) | (b[o + 6]! << 16) | (b[o + 7]! << 24)) >>> 0),
+      affinityTimeout: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      count: (b[o + 12]! | (b[o + 13]! << 8)),
+      qcount: (b[o + 14]! | (b[o + 15]! << 8)),
+      type: b[o + 16]!,
+      flags: b[o + 17]!,
     };
   },
 };
@@ -296,18 +351,20 @@ export const lb4_backend: Codec<Lb4Backend> = {
   name: 'lb4_backend',
   size: 8,
   encode(v, b = Buffer.alloc(8), o = 0) {
-    b.writeUInt32BE(v.address, o + 0);
-    b.writeUInt16BE(v.port, o + 4);
-    b.writeUInt8(v.proto, o + 6);
-    b.writeUInt8(v.state, o + 7);
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`lb4_backend: 8 bytes at offset ${o} of ${b.length}`);
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_backend.address', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_backend.port', x, 65535); b[o + 5] = x; b[o + 4] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_backend.proto', x, 255); b[o + 6] = x; }
+    { const x = v.state; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_backend.state', x, 255); b[o + 7] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`lb4_backend: 8 bytes at offset ${o} of ${b.length}`);
     return {
-      address: b.readUInt32BE(o + 0),
-      port: b.readUInt16BE(o + 4),
-      proto: b.readUInt8(o + 6),
-      state: b.readUInt8(o + 7),
+      address: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
+      port: (b[o + 5]! | (b[o + 4]! << 8)),
+      proto: b[o + 6]!,
+      state: b[o + 7]!,
     };
   },
 };
@@ -328,27 +385,29 @@ export const lb4_ct_entry: Codec<Lb4CtEntry> = {
   name: 'lb4_ct_entry',
   size: 32,
   encode(v, b = Buffer.alloc(32), o = 0) {
-    b.writeUInt16LE(0, o + 30);
+    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb4_ct_entry: 32 bytes at offset ${o} of ${b.length}`);
+    b[o + 30] = 0; b[o + 31] = 0;
     b.writeBigUInt64LE(v.expires, o + 0);
-    b.writeUInt32BE(v.addr1, o + 8);
-    b.writeUInt32BE(v.addr2, o + 12);
-    b.writeUInt16BE(v.port1, o + 16);
-    b.writeUInt16BE(v.port2, o + 18);
-    b.writeUInt32LE(v.revNatIndex, o + 20);
-    b.writeUInt32LE(v.backendId, o + 24);
-    b.writeUInt16LE(v.flags, o + 28);
+    { const x = v.addr1; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_ct_entry.addr1', x, 4294967295); b[o + 11] = x; b[o + 10] = x >>> 8; b[o + 9] = x >>> 16; b[o + 8] = x >>> 24; }
+    { const x = v.addr2; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_ct_entry.addr2', x, 4294967295); b[o + 15] = x; b[o + 14] = x >>> 8; b[o + 13] = x >>> 16; b[o + 12] = x >>> 24; }
+    { const x = v.port1; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_ct_entry.port1', x, 65535); b[o + 17] = x; b[o + 16] = x >>> 8; }
+    { const x = v.port2; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_ct_entry.port2', x, 65535); b[o + 19] = x; b[o + 18] = x >>> 8; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_ct_entry.rev_nat_index', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
+    { const x = v.backendId; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_ct_entry.backend_id', x, 4294967295); b[o + 24] = x; b[o + 25] = x >>> 8; b[o + 26] = x >>> 16; b[o + 27] = x >>> 24; }
+    { const x = v.flags; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_ct_entry.flags', x, 65535); b[o + 28] = x; b[o + 29] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb4_ct_entry: 32 bytes at offset ${o} of ${b.length}`);
     return {
       expires: b.readBigUInt64LE(o + 0),
-      addr1: b.readUInt32BE(o + 8),
-      addr2: b.readUInt32BE(o + 12),
-      port1: b.readUInt16BE(o + 16),
-      port2: b.readUInt16BE(o + 18),
-      revNatIndex: b.readUInt32LE(o + 20),
-      backendId: b.readUInt32LE(o + 24),
-      flags: b.readUInt16LE(o + 28),
+      addr1: ((b[o + 11]! | (b[o + 10]! << 8) | (b[o + 9]! << 16) | (b[o + 8]! << 24)) >>> 0),
+      addr2: ((b[o + 15]! | (b[o + 14]! << 8) | (b[o + 13]! << 16) | (b[o + 12]! << 24)) >>> 0),
+      port1: (b[o + 17]! | (b[o + 16]! << 8)),
+      port2: (b[o + 19]! | (b[o + 18]! << 8)),
+      revNatIndex: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
+      backendId: ((b[o + 24]! | (b[o + 25]! << 8) | (b[o + 26]! << 16) | (b[o + 27]! << 24)) >>> 0),
+      flags: (b[o + 28]! | (b[o + 29]! << 8)),
     };
   },
 };
@@ -367,23 +426,25 @@ export const lb4_ct_key: Codec<Lb4CtKey> = {
   name: 'lb4_ct_key',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.writeUInt16LE(0, o + 14);
-    b.writeUInt32BE(v.saddr, o + 0);
-    b.writeUInt32BE(v.daddr, o + 4);
-    b.writeUInt16BE(v.sport, o + 8);
-    b.writeUInt16BE(v.dport, o + 10);
-    b.writeUInt8(v.proto, o + 12);
-    b.writeUInt8(v.dir, o + 13);
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb4_ct_key: 16 bytes at offset ${o} of ${b.length}`);
+    b[o + 14] = 0; b[o + 15] = 0;
+    { const x = v.saddr; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_ct_key.saddr', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    { const x = v.daddr; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_ct_key.daddr', x, 4294967295); b[o + 7] = x; b[o + 6] = x >>> 8; b[o + 5] = x >>> 16; b[o + 4] = x >>> 24; }
+    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_ct_key.sport', x, 65535); b[o + 9] = x; b[o + 8] = x >>> 8; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_ct_key.dport', x, 65535); b[o + 11] = x; b[o + 10] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_ct_key.proto', x, 255); b[o + 12] = x; }
+    { const x = v.dir; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_ct_key.dir', x, 255); b[o + 13] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb4_ct_key: 16 bytes at offset ${o} of ${b.length}`);
     return {
-      saddr: b.readUInt32BE(o + 0),
-      daddr: b.readUInt32BE(o + 4),
-      sport: b.readUInt16BE(o + 8),
-      dport: b.readUInt16BE(o + 10),
-      proto: b.readUInt8(o + 12),
-      dir: b.readUInt8(o + 13),
+      saddr: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
+      daddr: ((b[o + 7]! | (b[o + 6]! << 8) | (b[o + 5]! << 16) | (b[o + 4]! << 24)) >>> 0),
+      sport: (b[o + 9]! | (b[o + 8]! << 8)),
+      dport: (b[o + 11]! | (b[o + 10]! << 8)),
+      proto: b[o + 12]!,
+      dir: b[o + 13]!,
     };
   },
 };
@@ -400,19 +461,21 @@ export const lb4_frag_key: Codec<Lb4FragKey> = {
   name: 'lb4_frag_key',
   size: 12,
   encode(v, b = Buffer.alloc(12), o = 0) {
-    b.writeUInt8(0, o + 11);
-    b.writeUInt32BE(v.saddr, o + 0);
-    b.writeUInt32BE(v.daddr, o + 4);
-    b.writeUInt16BE(v.id, o + 8);
-    b.writeUInt8(v.proto, o + 10);
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_frag_key: 12 bytes at offset ${o} of ${b.length}`);
+    b[o + 11] = 0;
+    { const x = v.saddr; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_frag_key.saddr', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    { const x = v.daddr; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_frag_key.daddr', x, 4294967295); b[o + 7] = x; b[o + 6] = x >>> 8; b[o + 5] = x >>> 16; b[o + 4] = x >>> 24; }
+    { const x = v.id; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_frag_key.id', x, 65535); b[o + 9] = x; b[o + 8] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_frag_key.proto', x, 255); b[o + 10] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_frag_key: 12 bytes at offset ${o} of ${b.length}`);
     return {
-      saddr: b.readUInt32BE(o + 0),
-      daddr: b.readUInt32BE(o + 4),
-      id: b.readUInt16BE(o + 8),
-      proto: b.readUInt8(o + 10),
+      saddr: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
+      daddr: ((b[o + 7]! | (b[o + 6]! << 8) | (b[o + 5]! << 16) | (b[o + 4]! << 24)) >>> 0),
+      id: (b[o + 9]! | (b[o + 8]! << 8)),
+      proto: b[o + 10]!,
     };
   },
 };
@@ -427,14 +490,16 @@ export const lb4_frag_ports: Codec<Lb4FragPorts> = {
   name: 'lb4_frag_ports',
   size: 4,
   encode(v, b = Buffer.alloc(4), o = 0) {
-    b.writeUInt16BE(v.sport, o + 0);
-    b.writeUInt16BE(v.dport, o + 2);
+    if (!(o >= 0 && o + 4 <= b.length)) throw new RangeError(`lb4_frag_ports: 4 bytes at offset ${o} of ${b.length}`);
+    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_frag_ports.sport', x, 65535); b[o + 1] = x; b[o + 0] = x >>> 8; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_frag_ports.dport', x, 65535); b[o + 3] = x; b[o + 2] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 4 <= b.length)) throw new RangeError(`lb4_frag_ports: 4 bytes at offset ${o} of ${b.length}`);
     return {
-      sport: b.readUInt16BE(o + 0),
-      dport: b.readUInt16BE(o + 2),
+      sport: (b[o + 1]! | (b[o + 0]! << 8)),
+      dport: (b[o + 3]! | (b[o + 2]! << 8)),
     };
   },
 };
@@ -452,21 +517,23 @@ export const lb4_key: Codec<Lb4Key> = {
   name: 'lb4_key',
   size: 12,
   encode(v, b = Buffer.alloc(12), o = 0) {
-    b.writeUInt16LE(0, o + 10);
-    b.writeUInt32BE(v.address, o + 0);
-    b.writeUInt16BE(v.dport, o + 4);
-    b.writeUInt16LE(v.backendSlot, o + 6);
-    b.writeUInt8(v.proto, o + 8);
-    b.writeUInt8(v.scope, o + 9);
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_key: 12 bytes at offset ${o} of ${b.length}`);
+    b[o + 10] = 0; b[o + 11] = 0;
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_key.address', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_key.dport', x, 65535); b[o + 5] = x; b[o + 4] = x >>> 8; }
+    { const x = v.backendSlot; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_key.backend_slot', x, 65535); b[o + 6] = x; b[o + 7] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_key.proto', x, 255); b[o + 8] = x; }
+    { const x = v.scope; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_key.scope', x, 255); b[o + 9] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_key: 12 bytes at offset ${o} of ${b.length}`);
     return {
-      address: b.readUInt32BE(o + 0),
-      dport: b.readUInt16BE(o + 4),
-      backendSlot: b.readUInt16LE(o + 6),
-      proto: b.readUInt8(o + 8),
-      scope: b.readUInt8(o + 9),
+      address: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
+      dport: (b[o + 5]! | (b[o + 4]! << 8)),
+      backendSlot: (b[o + 6]! | (b[o + 7]! << 8)),
+      proto: b[o + 8]!,
+      scope: b[o + 9]!,
     };
   },
 };
@@ -481,15 +548,17 @@ export const lb4_reverse_nat: Codec<Lb4ReverseNat> = {
   name: 'lb4_reverse_nat',
   size: 8,
   encode(v, b = Buffer.alloc(8), o = 0) {
-    b.writeUInt16LE(0, o + 6);
-    b.writeUInt32BE(v.address, o + 0);
-    b.writeUInt16BE(v.port, o + 4);
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`lb4_reverse_nat: 8 bytes at offset ${o} of ${b.length}`);
+    b[o + 6] = 0; b[o + 7] = 0;
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_reverse_nat.address', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_reverse_nat.port', x, 65535); b[o + 5] = x; b[o + 4] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`lb4_reverse_nat: 8 bytes at offset ${o} of ${b.length}`);
     return {
-      address: b.readUInt32BE(o + 0),
-      port: b.readUInt16BE(o + 4),
+      address: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
+      port: (b[o + 5]! | (b[o + 4]! << 8)),
     };
   },
 };
@@ -505,17 +574,19 @@ export const lb4_sock_key: Codec<Lb4SockKey> = {
   name: 'lb4_sock_key',
   size: 16,
   encode(v, b = Buffer.alloc(16), o = 0) {
-    b.writeUInt16LE(0, o + 14);
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb4_sock_key: 16 bytes at offset ${o} of ${b.length}`);
+    b[o + 14] = 0; b[o + 15] = 0;
     b.writeBigUInt64LE(v.cookie, o + 0);
-    b.writeUInt32BE(v.address, o + 8);
-    b.writeUInt16BE(v.port, o + 12);
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_sock_key.address', x, 4294967295); b[o + 11] = x; b[o + 10] = x >>> 8; b[o + 9] = x >>> 16; b[o + 8] = x >>> 24; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_sock_key.port', x, 65535); b[o + 13] = x; b[o + 12] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 16 <= b.length)) throw new RangeError(`lb4_sock_key: 16 bytes at offset ${o} of ${b.length}`);
     return {
       cookie: b.readBigUInt64LE(o + 0),
-      address: b.readUInt32BE(o + 8),
-      port: b.readUInt16BE(o + 12),
+      address: ((b[o + 11]! | (b[o + 10]! << 8) | (b[o + 9]! << 16) | (b[o + 8]! << 24)) >>> 0),
+      port: (b[o + 13]! | (b[o + 12]! << 8)),
     };
   },
 };
@@ -531,17 +602,19 @@ export const lb4_sock_revnat: Codec<Lb4SockRevnat> = {
   name: 'lb4_sock_revnat',
   size: 12,
   encode(v, b = Buffer.alloc(12), o = 0) {
-    b.writeUInt16LE(0, o + 6);
-    b.writeUInt32BE(v.address, o + 0);
-    b.writeUInt16BE(v.port, o + 4);
-    b.writeUInt32LE(v.revNatIndex, o + 8);
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_sock_revnat: 12 bytes at offset ${o} of ${b.length}`);
+    b[o + 6] = 0; b[o + 7] = 0;
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_sock_revnat.address', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_sock_revnat.port', x, 65535); b[o + 5] = x; b[o + 4] = x >>> 8; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_sock_revnat.rev_nat_index', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_sock_revnat: 12 bytes at offset ${o} of ${b.length}`);
     return {
-      address: b.readUInt32BE(o + 0),
-      port: b.readUInt16BE(o + 4),
-      revNatIndex: b.readUInt32LE(o + 8),
+      address: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
+      port: (b[o + 5]! | (b[o + 4]! << 8)),
+      revNatIndex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
     };
   },
 };
@@ -557,16 +630,18 @@ export const lb4_src_range_key: Codec<Lb4SrcRangeKey> = {
   name: 'lb4_src_range_key',
   size: 12,
   encode(v, b = Buffer.alloc(12), o = 0) {
-    b.writeUInt32LE(v.prefixlen, o + 0);
-    b.writeUInt32LE(v.revNatIndex, o + 4);
-    b.writeUInt32BE(v.address, o + 8);
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_src_range_key: 12 bytes at offset ${o} of ${b.length}`);
+    { const x = v.prefixlen; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_src_range_key.prefixlen', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_src_range_key.rev_nat_index', x, 4294967295); b[o + 4] = x; b[o + 5] = x >>> 8; b[o + 6] = x >>> 16; b[o + 7] = x >>> 24; }
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_src_range_key.address', x, 4294967295); b[o + 11] = x; b[o + 10] = x >>> 8; b[o + 9] = x >>> 16; b[o + 8] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb4_src_range_key: 12 bytes at offset ${o} of ${b.length}`);
     return {
-      prefixlen: b.readUInt32LE(o + 0),
-      revNatIndex: b.readUInt32LE(o + 4),
-      address: b.readUInt32BE(o + 8),
+      prefixlen: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
+      revNatIndex: ((b[o + 4]! | (b[o + 5]! << 8) | (b[o + 6]! << 16) | (b[o + 7]! << 24)) >>> 0),
+      address: ((b[o + 11]! | (b[o + 10]! << 8) | (b[o + 9]! << 16) | (b[o + 8]! << 24)) >>> 0),
     };
   },
 };
@@ -583,18 +658,20 @@ export const lb6_backend: Codec<Lb6Backend> = {
   name: 'lb6_backend',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb6_backend: 20 bytes at offset ${o} of ${b.length}`);
     putBytes(b, o + 0, 16, v.address, 'address');
-    b.writeUInt16BE(v.port, o + 16);
-    b.writeUInt8(v.proto, o + 18);
-    b.writeUInt8(v.state, o + 19);
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_backend.port', x, 65535); b[o + 17] = x; b[o + 16] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_backend.proto', x, 255); b[o + 18] = x; }
+    { const x = v.state; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_backend.state', x, 255); b[o + 19] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb6_backend: 20 bytes at offset ${o} of ${b.length}`);
     return {
       address: Buffer.from(b.subarray(o + 0, o + 16)),
-      port: b.readUInt16BE(o + 16),
-      proto: b.readUInt8(o + 18),
-      state: b.readUInt8(o + 19),
+      port: (b[o + 17]! | (b[o + 16]! << 8)),
+      proto: b[o + 18]!,
+      state: b[o + 19]!,
     };
   },
 };
@@ -615,27 +692,29 @@ export const lb6_ct_entry: Codec<Lb6CtEntry> = {
   name: 'lb6_ct_entry',
   size: 56,
   encode(v, b = Buffer.alloc(56), o = 0) {
-    b.writeUInt16LE(0, o + 54);
+    if (!(o >= 0 && o + 56 <= b.length)) throw new RangeError(`lb6_ct_entry: 56 bytes at offset ${o} of ${b.length}`);
+    b[o + 54] = 0; b[o + 55] = 0;
     b.writeBigUInt64LE(v.expires, o + 0);
     putBytes(b, o + 8, 16, v.addr1, 'addr1');
     putBytes(b, o + 24, 16, v.addr2, 'addr2');
-    b.writeUInt16BE(v.port1, o + 40);
-    b.writeUInt16BE(v.port2, o + 42);
-    b.writeUInt32LE(v.revNatIndex, o + 44);
-    b.writeUInt32LE(v.backendId, o + 48);
-    b.writeUInt16LE(v.flags, o + 52);
+    { const x = v.port1; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_ct_entry.port1', x, 65535); b[o + 41] = x; b[o + 40] = x >>> 8; }
+    { const x = v.port2; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_ct_entry.port2', x, 65535); b[o + 43] = x; b[o + 42] = x >>> 8; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_ct_entry.rev_nat_index', x, 4294967295); b[o + 44] = x; b[o + 45] = x >>> 8; b[o + 46] = x >>> 16; b[o + 47] = x >>> 24; }
+    { const x = v.backendId; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_ct_entry.backend_id', x, 4294967295); b[o + 48] = x; b[o + 49] = x >>> 8; b[o + 50] = x >>> 16; b[o + 51] = x >>> 24; }
+    { const x = v.flags; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_ct_entry.flags', x, 65535); b[o + 52] = x; b[o + 53] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 56 <= b.length)) throw new RangeError(`lb6_ct_entry: 56 bytes at offset ${o} of ${b.length}`);
     return {
       expires: b.readBigUInt64LE(o + 0),
       addr1: Buffer.from(b.subarray(o + 8, o + 24)),
       addr2: Buffer.from(b.subarray(o + 24, o + 40)),
-      port1: b.readUInt16BE(o + 40),
-      port2: b.readUInt16BE(o + 42),
-      revNatIndex: b.readUInt32LE(o + 44),
-      backendId: b.readUInt32LE(o + 48),
-      flags: b.readUInt16LE(o + 52),
+      port1: (b[o + 41]! | (b[o + 40]! << 8)),
+      port2: (b[o + 43]! | (b[o + 42]! << 8)),
+      revNatIndex: ((b[o + 44]! | (b[o + 45]! << 8) | (b[o + 46]! << 16) | (b[o + 47]! << 24)) >>> 0),
+      backendId: ((b[o + 48]! | (b[o + 49]! << 8) | (b[o + 50]! << 16) | (b[o + 51]! << 24)) >>> 0),
+      flags: (b[o + 52]! | (b[o + 53]! << 8)),
     };
   },
 };
@@ -654,23 +733,25 @@ export const lb6_ct_key: Codec<Lb6CtKey> = {
   name: 'lb6_ct_key',
   size: 40,
   encode(v, b = Buffer.alloc(40), o = 0) {
-    b.writeUInt16LE(0, o + 38);
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb6_ct_key: 40 bytes at offset ${o} of ${b.length}`);
+    b[o + 38] = 0; b[o + 39] = 0;
     putBytes(b, o + 0, 16, v.saddr, 'saddr');
     putBytes(b, o + 16, 16, v.daddr, 'daddr');
-    b.writeUInt16BE(v.sport, o + 32);
-    b.writeUInt16BE(v.dport, o + 34);
-    b.writeUInt8(v.proto, o + 36);
-    b.writeUInt8(v.dir, o + 37);
+    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_ct_key.sport', x, 65535); b[o + 33] = x; b[o + 32] = x >>> 8; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_ct_key.dport', x, 65535); b[o + 35] = x; b[o + 34] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_ct_key.proto', x, 255); b[o + 36] = x; }
+    { const x = v.dir; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_ct_key.dir', x, 255); b[o + 37] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb6_ct_key: 40 bytes at offset ${o} of ${b.length}`);
     return {
       saddr: Buffer.from(b.subarray(o + 0, o + 16)),
       daddr: Buffer.from(b.subarray(o + 16, o + 32)),
-      sport: b.readUInt16BE(o + 32),
-      dport: b.readUInt16BE(o + 34),
-      proto: b.readUInt8(o + 36),
-      dir: b.readUInt8(o + 37),
+      sport: (b[o + 33]! | (b[o + 32]! << 8)),
+      dport: (b[o + 35]! | (b[o + 34]! << 8)),
+      proto: b[o + 36]!,
+      dir: b[o + 37]!,
     };
   },
 };
@@ -688,21 +769,23 @@ export const lb6_key: Codec<Lb6Key> = {
   name: 'lb6_key',
   size: 24,
   encode(v, b = Buffer.alloc(24), o = 0) {
-    b.writeUInt16LE(0, o + 22);
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb6_key: 24 bytes at offset ${o} of ${b.length}`);
+    b[o + 22] = 0; b[o + 23] = 0;
     putBytes(b, o + 0, 16, v.address, 'address');
-    b.writeUInt16BE(v.dport, o + 16);
-    b.writeUInt16LE(v.backendSlot, o + 18);
-    b.writeUInt8(v.proto, o + 20);
-    b.writeUInt8(v.scope, o + 21);
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_key.dport', x, 65535); b[o + 17] = x; b[o + 16] = x >>> 8; }
+    { const x = v.backendSlot; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_key.backend_slot', x, 65535); b[o + 18] = x; b[o + 19] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_key.proto', x, 255); b[o + 20] = x; }
+    { const x = v.scope; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_key.scope', x, 255); b[o + 21] = x; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb6_key: 24 bytes at offset ${o} of ${b.length}`);
     return {
       address: Buffer.from(b.subarray(o + 0, o + 16)),
-      dport: b.readUInt16BE(o + 16),
-      backendSlot: b.readUInt16LE(o + 18),
-      proto: b.readUInt8(o + 20),
-      scope: b.readUInt8(o + 21),
+      dport: (b[o + 17]! | (b[o + 16]! << 8)),
+      backendSlot: (b[o + 18]! | (b[o + 19]! << 8)),
+      proto: b[o + 20]!,
+      scope: b[o + 21]!,
     };
   },
 };
@@ -717,15 +800,17 @@ export const lb6_reverse_nat: Codec<Lb6ReverseNat> = {
   name: 'lb6_reverse_nat',
   size: 20,
   encode(v, b = Buffer.alloc(20), o = 0) {
-    b.writeUInt16LE(0, o + 18);
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb6_reverse_nat: 20 bytes at offset ${o} of ${b.length}`);
+    b[o + 18] = 0; b[o + 19] = 0;
     putBytes(b, o + 0, 16, v.address, 'address');
-    b.writeUInt16BE(v.port, o + 16);
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_reverse_nat.port', x, 65535); b[o + 17] = x; b[o + 16] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 20 <= b.length)) throw new RangeError(`lb6_reverse_nat: 20 bytes at offset ${o} of ${b.length}`);
     return {
       address: Buffer.from(b.subarray(o + 0, o + 16)),
-      port: b.readUInt16BE(o + 16),
+      port: (b[o + 17]! | (b[o + 16]! << 8)),
     };
   },
 };
@@ -741,17 +826,19 @@ export const lb6_sock_key: Codec<Lb6SockKey> = {
   name: 'lb6_sock_key',
   size: 32,
   encode(v, b = Buffer.alloc(32), o = 0) {
-    b.writeUInt32LE(0, o + 26); b.writeUInt16LE(0, o + 30);
+    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb6_sock_key: 32 bytes at offset ${o} of ${b.length}`);
+    b[o + 26] = 0; b[o + 27] = 0; b[o + 28] = 0; b[o + 29] = 0; b[o + 30] = 0; b[o + 31] = 0;
     b.writeBigUInt64LE(v.cookie, o + 0);
     putBytes(b, o + 8, 16, v.address, 'address');
-    b.writeUInt16BE(v.port, o + 24);
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_sock_key.port', x, 65535); b[o + 25] = x; b[o + 24] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb6_sock_key: 32 bytes at offset ${o} of ${b.length}`);
     return {
       cookie: b.readBigUInt64LE(o + 0),
       address: Buffer.from(b.subarray(o + 8, o + 24)),
-      port: b.readUInt16BE(o + 24),
+      port: (b[o + 25]! | (b[o + 24]! << 8)),
     };
   },
 };
@@ -767,17 +854,19 @@ export const lb6_sock_revnat: Codec<Lb6SockRevnat> = {
   name: 'lb6_sock_revnat',
   size: 24,
   encode(v, b = Buffer.alloc(24), o = 0) {
-    b.writeUInt16LE(0, o + 18);
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb6_sock_revnat: 24 bytes at offset ${o} of ${b.length}`);
+    b[o + 18] = 0; b[o + 19] = 0;
     putBytes(b, o + 0, 16, v.address, 'address');
-    b.writeUInt16BE(v.port, o + 16);
-    b.writeUInt32LE(v.revNatIndex, o + 20);
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_sock_revnat.port', x, 65535); b[o + 17] = x; b[o + 16] = x >>> 8; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_sock_revnat.rev_nat_index', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb6_sock_revnat: 24 bytes at offset ${o} of ${b.length}`);
     return {
       address: Buffer.from(b.subarray(o + 0, o + 16)),
-      port: b.readUInt16BE(o + 16),
-      revNatIndex: b.readUInt32LE(o + 20),
+      port: (b[o + 17]! | (b[o + 16]! << 8)),
+      revNatIndex: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
     };
   },
 };
@@ -793,15 +882,17 @@ export const lb6_src_range_key: Codec<Lb6SrcRangeKey> = {
   name: 'lb6_src_range_key',
   size: 24,
   encode(v, b = Buffer.alloc(24), o = 0) {
-    b.writeUInt32LE(v.prefixlen, o + 0);
-    b.writeUInt32LE(v.revNatIndex, o + 4);
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb6_src_range_key: 24 bytes at offset ${o} of ${b.length}`);
+    { const x = v.prefixlen; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_src_range_key.prefixlen', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_src_range_key.rev_nat_index', x, 4294967295); b[o + 4] = x; b[o + 5] = x >>> 8; b[o + 6] = x >>> 16; b[o + 7] = x >>> 24; }
     putBytes(b, o + 8, 16, v.address, 'address');
     return b;
   },
   decode(b, o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb6_src_range_key: 24 bytes at offset ${o} of ${b.length}`);
     return {
-      prefixlen: b.readUInt32LE(o + 0),
-      revNatIndex: b.readUInt32LE(o + 4),
+      prefixlen: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
+      revNatIndex: ((b[o + 4]! | (b[o + 5]! << 8) | (b[o + 6]! << 16) | (b[o + 7]! << 24)) >>> 0),
       address: Buffer.from(b.subarray(o + 8, o + 24)),
     };
   },

@@ -83,3 +83,46 @@ t.test('the ABI enums, at the numbers pinned maps already carry', async (t) => {
   t.same(abi.LbScope, { LB_SCOPE_EXT: 0, LB_SCOPE_INT: 1 }, 'the external scope is the old padding byte: 0');
   t.same(abi.LbBackendState, { LB_BACKEND_ACTIVE: 0, LB_BACKEND_TERMINATING: 1, LB_BACKEND_QUARANTINED: 2 }, 'quarantined is new: an older lbctl reads it as terminating');
 });
+
+t.test('the scalar codecs read and write the bytes Buffer does, and refuse what Buffer refuses', async (t) => {
+  const cases = [
+    [abi.u8, 'UInt8', 0xff],
+    [abi.u16, 'UInt16LE', 0xffff],
+    [abi.u32, 'UInt32LE', 0xffffffff],
+    [abi.be16, 'UInt16BE', 0xffff],
+    [abi.be32, 'UInt32BE', 0xffffffff],
+  ] as const;
+  for (const [c, method, max] of cases) {
+    for (const v of [0, 1, 0x80, (0x1234 & max) >>> 0, (0xdeadbeef & max) >>> 0, max]) {
+      const want = Buffer.alloc(c.size + 2);
+      (want[`write${method}`] as (v: number, o: number) => number).call(want, v, 1);
+      t.same([...c.encode(v, Buffer.alloc(c.size + 2), 1)], [...want], `${c.name}: ${v} encodes as Buffer.write${method}`);
+      t.equal(c.decode(want, 1), (want[`read${method}`] as (o: number) => number).call(want, 1), `${c.name}: ${v} decodes as Buffer.read${method}`);
+    }
+    for (const bad of [-1, max + 1, NaN]) t.throws(() => c.encode(bad), new RegExp(`${c.name}.*out of range`), `${c.name}: ${bad} refused`);
+    t.throws(() => c.decode(Buffer.alloc(c.size), 1), new RegExp(`${c.name}: ${c.size} bytes at offset 1`), `${c.name}: a read past the end is refused`);
+    t.throws(() => c.encode(0, Buffer.alloc(c.size), 1), RangeError, `${c.name}: a write past the end is refused`);
+  }
+});
+
+t.test('struct codecs check a value against its field and the struct against its buffer, naming them', async (t) => {
+  const ok = { address: 0x0a60000a, dport: 53, backendSlot: 2, proto: 17, scope: 0 };
+  t.throws(() => lb4_key.encode({ ...ok, dport: 70_000 }), /lb4_key\.dport: 70000 is out of range \[0, 65535\]/);
+  t.throws(() => lb4_key.encode({ ...ok, address: -1 }), /lb4_key\.address: -1 is out of range/);
+  t.throws(() => lb_service.encode({ backendId: NaN, count: 1, qcount: 0, revNatIndex: 1, type: 1, flags: 0, affinityTimeout: 0 }), /lb_service\.backend_id: NaN/);
+  t.throws(() => lb4_key.encode(ok, Buffer.alloc(12), 4), /lb4_key: 12 bytes at offset 4 of 12/);
+  t.throws(() => lb4_key.decode(Buffer.alloc(11)), /lb4_key: 12 bytes at offset 0 of 11/);
+  t.throws(() => lb4_key.decode(Buffer.alloc(24), -1), /lb4_key: 12 bytes at offset -1/);
+  // Every struct codec: random bytes decoded and encoded again give the same bytes in every field.
+  const codecs = (Object.values(abi) as unknown[]).filter((c): c is abi.Codec<unknown> => typeof c === 'object' && c !== null && 'encode' in c && 'size' in c && !/^(u|be)\d+$/.test((c as unknown as { name: string }).name));
+  for (const c of codecs) {
+    const raw = Buffer.alloc(c.size + 3);
+    for (let i = 0; i < raw.length; i++) raw[i] = (i * 73 + 41) & 0xff;
+    const back = c.encode(c.decode(raw, 3), Buffer.alloc(c.size + 3), 3);
+    // Padding comes back zero; every byte of a field comes back as it was.
+    const zeroed = c.encode(c.decode(Buffer.alloc(c.size)));
+    for (let i = 0; i < c.size; i++) if (zeroed[i] === 0 && back[3 + i] !== 0) t.equal(back[3 + i], raw[3 + i], `${c.name}: byte ${i}`);
+    t.ok(c.decode(back, 3) !== undefined);
+    t.same(c.decode(back, 3), c.decode(raw, 3), `${c.name}: a field's bytes survive decode and encode at an offset`);
+  }
+});
