@@ -337,6 +337,13 @@ export interface ServerFeatures {
   readonly consistentListFromCache: boolean;
   /** ListFromCacheSnapshot: continue tokens and exact versions from the cache's snapshots. Alpha 1.33 (off), beta on 1.34. */
   readonly listFromCacheSnapshot: boolean;
+  /**
+   * StreamingCollectionEncodingToJSON (KEP-5116): a list's JSON is encoded
+   * and sent item by item, so its first items reach the client while the
+   * server still encodes the rest. Beta on 1.33, GA 1.34. Before, the whole
+   * list was encoded into one buffer and then written.
+   */
+  readonly streamingListEncoding: boolean;
   /** Validation before 1.27, which has no sendInitialEvents: resourceVersionMatch is refused on any watch. */
   readonly before127?: boolean;
   /**
@@ -352,13 +359,16 @@ export type ServerVersion = '1.26' | '1.30' | '1.31' | '1.32' | '1.33' | '1.34';
 
 /** Each release's defaults; '1.34' stands for 1.34 and later (1.35 and 1.36 change none of these). */
 export const SERVER_FEATURES: Readonly<Record<ServerVersion, ServerFeatures>> = {
-  '1.26': { watchList: false, consistentListFromCache: false, listFromCacheSnapshot: false, before127: true },
-  '1.30': { watchList: false, consistentListFromCache: false, listFromCacheSnapshot: false },
-  '1.31': { watchList: false, consistentListFromCache: true, listFromCacheSnapshot: false },
-  '1.32': { watchList: true, consistentListFromCache: true, listFromCacheSnapshot: false },
-  '1.33': { watchList: false, consistentListFromCache: true, listFromCacheSnapshot: false },
-  '1.34': { watchList: true, consistentListFromCache: true, listFromCacheSnapshot: true },
+  '1.26': { watchList: false, consistentListFromCache: false, listFromCacheSnapshot: false, streamingListEncoding: false, before127: true },
+  '1.30': { watchList: false, consistentListFromCache: false, listFromCacheSnapshot: false, streamingListEncoding: false },
+  '1.31': { watchList: false, consistentListFromCache: true, listFromCacheSnapshot: false, streamingListEncoding: false },
+  '1.32': { watchList: true, consistentListFromCache: true, listFromCacheSnapshot: false, streamingListEncoding: false },
+  '1.33': { watchList: false, consistentListFromCache: true, listFromCacheSnapshot: false, streamingListEncoding: true },
+  '1.34': { watchList: true, consistentListFromCache: true, listFromCacheSnapshot: true, streamingListEncoding: true },
 };
+
+/** How much of a streamed list is written at once (a Go server writes as its response buffer fills). */
+const STREAM_WRITE_BYTES = 64 * 1024;
 
 export interface FakeApiServerOptions {
   /** HTTPS with a certificate for 127.0.0.1 from a CA made for this server (caFile); default plain HTTP. */
@@ -968,14 +978,45 @@ export class FakeApiServer {
       last = key;
     }
     (record as { status?: number }).status = 200;
+    const list = {
+      kind: resource.listKind,
+      apiVersion: resource.apiVersion,
+      metadata: { resourceVersion: String(listRv), ...(next ? { continue: next } : {}) },
+      items: after ? items : [...(this.rawListItems.get(resource.kind) ?? []), ...items],
+    };
+    if (!this.features.streamingListEncoding) {
+      // Encoded whole, then written: nothing reaches the client before the last item is encoded.
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(list));
+      return;
+    }
+    void this.streamList(res, list);
+  }
+
+  /**
+   * A list as a server with streaming encoding sends it (KEP-5116;
+   * apimachinery's streamEncodeCollections): the list's own members, then
+   * each item encoded on its own and written as the buffer fills, chunked,
+   * with the socket's backpressure honoured. The bytes are those of
+   * JSON.stringify of the whole list. An item that fails to encode ends the
+   * answer where it is, as a Go server's failed write does: the client gets
+   * a truncated body, not a Status.
+   */
+  private async streamList(res: ServerResponse, list: { kind: string; apiVersion: string; metadata: object; items: readonly unknown[] }): Promise<void> {
     res.writeHead(200, { 'content-type': 'application/json' });
-    res.end(
-      JSON.stringify({
-        kind: resource.listKind,
-        apiVersion: resource.apiVersion,
-        metadata: { resourceVersion: String(listRv), ...(next ? { continue: next } : {}) },
-        items: after ? items : [...(this.rawListItems.get(resource.kind) ?? []), ...items],
-      }),
-    );
+    try {
+      let buf = `{"kind":${JSON.stringify(list.kind)},"apiVersion":${JSON.stringify(list.apiVersion)},"metadata":${JSON.stringify(list.metadata)},"items":[`;
+      for (let i = 0; i < list.items.length; i++) {
+        buf += (i > 0 ? ',' : '') + (JSON.stringify(list.items[i]) ?? 'null');
+        if (buf.length < STREAM_WRITE_BYTES) continue;
+        const more = res.write(buf);
+        buf = '';
+        if (!more && !res.destroyed) await new Promise<void>((resolve) => res.once('drain', resolve).once('close', resolve));
+        if (res.destroyed) return;
+      }
+      res.end(`${buf}]}`);
+    } catch (err) {
+      res.destroy(err as Error);
+    }
   }
 }

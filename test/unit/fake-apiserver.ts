@@ -171,3 +171,50 @@ t.test('etcd without progress notifications: consistent lists from etcd, watch-l
   const r = await get(api, 'watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1');
   t.match(firstEvent(r.body), { type: 'ERROR', object: { code: 500, reason: 'InternalError', message: /required storage feature RequestWatchProgress is disabled/ } });
 });
+
+t.test('streaming list encoding (1.33+): the bytes a whole encoding gives (before 1.33), sent as items are encoded', async (t) => {
+  const n = 2_000; // about 300 KB: several writes
+  const arrivals = async (version: ServerVersion): Promise<{ text: string; chunks: number; firstAtBytes: number; length: string | null }> => {
+    const api = await server(version, n);
+    try {
+      const res = await fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token' } });
+      const parts: Buffer[] = [];
+      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) parts.push(Buffer.from(chunk));
+      return { text: Buffer.concat(parts).toString(), chunks: parts.length, firstAtBytes: parts[0]!.length, length: res.headers.get('content-length') };
+    } finally {
+      await api.stop();
+    }
+  };
+  const streamed = await arrivals('1.34');
+  const whole = await arrivals('1.32');
+  t.equal(streamed.text, whole.text, 'byte for byte the list a whole encoding gives');
+  const list = JSON.parse(streamed.text) as { kind: string; items: Array<{ metadata: { name: string } }>; metadata: { resourceVersion: string } };
+  t.equal(list.kind, 'ServiceList');
+  t.equal(list.items.length, n);
+  t.equal(list.items[n - 1]!.metadata.name, `svc-${String(n - 1).padStart(4, '0')}`);
+  t.equal(streamed.length, null, 'streamed: chunked, no content-length');
+  t.ok(streamed.chunks > 1 && streamed.firstAtBytes < streamed.text.length / 2, `streamed: ${streamed.chunks} chunks, the first ${streamed.firstAtBytes} of ${streamed.text.length} bytes`);
+});
+
+t.test('streaming list encoding: what is encoded is sent before the next item is encoded', async (t) => {
+  // The first item fills a write; the second cannot be encoded. A server that
+  // encodes the whole list first sends none of it; one that streams has sent
+  // the first item when it fails on the second, and the body ends there.
+  const api = await server('1.34', 0);
+  t.teardown(() => api.stop());
+  const big = 'x'.repeat(100_000);
+  api.rawListItems.set('Service', [big, { toJSON: () => { throw new Error('unencodable'); } }]);
+  const res = await fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token' } });
+  t.equal(res.status, 200);
+  const parts: Buffer[] = [];
+  let ended: unknown;
+  try {
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) parts.push(Buffer.from(chunk));
+  } catch (err) {
+    ended = err;
+  }
+  const text = Buffer.concat(parts).toString();
+  t.ok(ended, 'the body ends in an error: truncated');
+  t.match(text, /^\{"kind":"ServiceList","apiVersion":"v1","metadata":\{"resourceVersion":"\d+"\},"items":\["x+"$/, 'the list up to the first item, sent');
+  t.equal(text.length - text.indexOf('"x'), big.length + 2, 'all of the first item');
+});
