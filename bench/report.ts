@@ -50,6 +50,8 @@ export interface Point {
   floorCold?: { fromListMs: number; listMs: number; encodeMs: number; kernelMs: number; entries: number } | undefined;
   memory?: { rssMiB: number; hwmMiB: number; heapUsedMiB?: number | undefined; heapTotalMiB?: number | undefined; externalMiB?: number | undefined } | undefined;
   memoryIdle?: { rssMiB: number } | undefined;
+  /** lbctl: the agent's CPU (every thread) in each second while nothing changes, after it settled, ms. */
+  idleCpuMsPerS?: number[] | undefined;
 }
 
 export interface Results {
@@ -312,6 +314,15 @@ function scaleTargets(
   ];
   for (const [what, target, measured, ok] of rows) out.push(`| ${what} | ${target} | ${measured} | ${ok === undefined ? 'not measured' : ok ? 'met' : '**missed**'} |`);
   out.push('');
+  // Not a target of the issue, but what every node pays while nothing happens.
+  const idle = sizes
+    .filter(has)
+    .map((n) => [n, lb(n).flatMap((p) => p.idleCpuMsPerS ?? [])] as const)
+    .filter(([, xs]) => xs.length > 0);
+  if (idle.length) {
+    const each = ([n, xs]: readonly [number, number[]]): string => `${median(xs).toFixed(2)} ms a second at ${n.toLocaleString('en')} (the busiest second ${Math.max(...xs).toFixed(1)} ms)`;
+    out.push(`The agent's CPU while nothing changes (every thread; the median of one-second samples over 10 s, after 5 s to settle; no target): ${idle.map(each).join(', ')}.`, '');
+  }
   return out;
 }
 

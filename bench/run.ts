@@ -172,6 +172,8 @@ interface Programmed {
   memory?: Awaited<ReturnType<BenchAgent['memory']>>;
   /** The same, after the agent sat idle for IDLE_MS (V8 shrinks an idle heap on its own). */
   memoryIdle?: Awaited<ReturnType<BenchAgent['memory']>>;
+  /** lbctl: CPU (every thread) in each second of the idle time after IDLE_SETTLE_MS, ms. */
+  idleCpuMsPerS?: number[];
   /** lbctl: the same add repeated in a warm agent (deleted, then added again), sync ms and event → map ms each. */
   addAgainMs?: number[];
   addAgainEventToMapMs?: number[];
@@ -292,6 +294,8 @@ async function addOne(mode: Mode, p: Programmed, ctx: { w: World; services: Benc
 const ADD_AGAIN = 5;
 /** How long the agent sits idle before its memory is sampled a second time (not in --quick). */
 const IDLE_MS = 15_000;
+/** Of which the first part is left out of the idle CPU figure (the collections that follow activity). */
+const IDLE_SETTLE_MS = 5_000;
 
 /**
  * lbctl: the added service deleted and added again ADD_AGAIN times, in an
@@ -585,7 +589,16 @@ async function main(): Promise<void> {
                   await addAgain(p, { w, services, n, api });
                   p.memory = await p.agent!.memory();
                   if (!plan.quick) {
-                    await new Promise((r) => setTimeout(r, IDLE_MS));
+                    await new Promise((r) => setTimeout(r, IDLE_SETTLE_MS));
+                    // One sample a second: the collections V8 runs on its own
+                    // after activity (up to some 100 ms each) land in one or
+                    // two of them, and the median is what the idle agent pays.
+                    p.idleCpuMsPerS = [];
+                    for (let at = IDLE_SETTLE_MS; at < IDLE_MS; at += 1000) {
+                      const cpu = p.agent!.cpuMs();
+                      await new Promise((r) => setTimeout(r, 1000));
+                      p.idleCpuMsPerS.push(p.agent!.cpuMs() - cpu);
+                    }
                     p.memoryIdle = await p.agent!.memory();
                   }
                   deleteServices(api, [services[n]!]);
@@ -624,6 +637,7 @@ async function main(): Promise<void> {
                   ...(floorCold ? { floorCold } : {}),
                   memory: p.memory,
                   memoryIdle: p.memoryIdle,
+                  idleCpuMsPerS: p.idleCpuMsPerS,
                 });
                 const c = conn.last ?? conn.pod!;
                 process.stderr.write(
