@@ -144,7 +144,6 @@ for (const obj of objs) {
   }
 }
 
-const R = { 1: 'UInt8', 2: 'UInt16', 4: 'UInt32', 8: 'BigUInt64' };
 /**
  * A field read as byte arithmetic on the buffer (its bounds checked once per
  * struct by decode, not per field as Buffer's read methods do).
