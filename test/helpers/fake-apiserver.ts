@@ -49,6 +49,9 @@
 //     (a version older than the compaction is 410 Expired); from the cache's
 //     snapshots with ListFromCacheSnapshot (1.34+);
 //   - watch: the cache; older than its window (compact(), restart()) 410;
+//   - a list from 1.33 on (StreamingCollectionEncodingToJSON, KEP-5116) is
+//     sent item by item as each is encoded, with the socket's backpressure;
+//     before, it is encoded whole, then sent;
 //   - watch with sendInitialEvents=true (a "watch-list", KEP-3157), with
 //     WatchList on (1.32, 1.34+): the current objects as ADDED events, then
 //     a BOOKMARK annotated k8s.io/initial-events-end, then the watch; with
@@ -369,6 +372,19 @@ export const SERVER_FEATURES: Readonly<Record<ServerVersion, ServerFeatures>> = 
 
 /** How much of a streamed list is written at once (a Go server writes as its response buffer fills). */
 const STREAM_WRITE_BYTES = 64 * 1024;
+
+/** Until `res` can take more, or is closed (each wait leaves no listener behind). */
+function drained(res: ServerResponse): Promise<void> {
+  return new Promise((resolve) => {
+    const done = (): void => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve();
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
+}
 
 export interface FakeApiServerOptions {
   /** HTTPS with a certificate for 127.0.0.1 from a CA made for this server (caFile); default plain HTTP. */
@@ -1011,7 +1027,7 @@ export class FakeApiServer {
         if (buf.length < STREAM_WRITE_BYTES) continue;
         const more = res.write(buf);
         buf = '';
-        if (!more && !res.destroyed) await new Promise<void>((resolve) => res.once('drain', resolve).once('close', resolve));
+        if (!more && !res.destroyed) await drained(res);
         if (res.destroyed) return;
       }
       res.end(`${buf}]}`);
