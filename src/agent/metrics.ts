@@ -18,7 +18,7 @@ const SYNC_BUCKETS = exponentialBuckets(0.001, 2, 15);
 const PROGRAMMING_BUCKETS = [0, ...linearBuckets(0.25, 0.25, 2), ...linearBuckets(1, 1, 59), ...linearBuckets(60, 5, 12), ...linearBuckets(120, 30, 7)];
 
 /** How often the event loop delay histogram (nodejs_eventloop_lag_*) takes a sample, ms. */
-export const EVENT_LOOP_SAMPLE_MS = 100;
+const EVENT_LOOP_SAMPLE_MS = 100;
 
 export interface AgentMetricsOptions {
   /** Read at scrape time for lbctl_datapath_events_total. */
