@@ -146,7 +146,9 @@ export class AgentMetrics {
     // an idle agent 100 times a second cost it 7-8 ms of CPU a second
     // (measured at 10,000 services, docs/benchmarks.md), on every node, for a
     // metric. A stall at least as long as the period always shows up in the
-    // histogram; a shorter one when a sample falls in it.
+    // histogram (short by up to one period: the sample that waited on it may
+    // have fallen due after it began); a shorter one only when a sample
+    // falls due inside it.
     if (opts.defaultMetrics ?? true) collectDefaultMetrics({ register: this.registry, eventLoopMonitoringPrecision: EVENT_LOOP_SAMPLE_MS });
   }
 
