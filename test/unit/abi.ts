@@ -113,16 +113,17 @@ t.test('struct codecs check a value against its field and the struct against its
   t.throws(() => lb4_key.encode(ok, Buffer.alloc(12), 4), /lb4_key: 12 bytes at offset 4 of 12/);
   t.throws(() => lb4_key.decode(Buffer.alloc(11)), /lb4_key: 12 bytes at offset 0 of 11/);
   t.throws(() => lb4_key.decode(Buffer.alloc(24), -1), /lb4_key: 12 bytes at offset -1/);
-  // Every struct codec: random bytes decoded and encoded again give the same bytes in every field.
+  // Every struct codec: patterned bytes decoded and encoded again, at an
+  // offset, give every field's bytes back as they were and zero padding.
+  // Which bytes are padding: those an all-ones struct does not bring back.
   const codecs = (Object.values(abi) as unknown[]).filter((c): c is abi.Codec<unknown> => typeof c === 'object' && c !== null && 'encode' in c && 'size' in c && !/^(u|be)\d+$/.test((c as unknown as { name: string }).name));
   for (const c of codecs) {
     const raw = Buffer.alloc(c.size + 3);
     for (let i = 0; i < raw.length; i++) raw[i] = (i * 73 + 41) & 0xff;
-    const back = c.encode(c.decode(raw, 3), Buffer.alloc(c.size + 3), 3);
-    // Padding comes back zero; every byte of a field comes back as it was.
-    const zeroed = c.encode(c.decode(Buffer.alloc(c.size)));
-    for (let i = 0; i < c.size; i++) if (zeroed[i] === 0 && back[3 + i] !== 0) t.equal(back[3 + i], raw[3 + i], `${c.name}: byte ${i}`);
-    t.ok(c.decode(back, 3) !== undefined);
+    const back = c.encode(c.decode(raw, 3), Buffer.alloc(c.size + 3, 0xee), 3);
+    const fieldBytes = c.encode(c.decode(Buffer.alloc(c.size, 0xff)));
+    const want = [...raw.subarray(3)].map((b, i) => (fieldBytes[i] === 0xff ? b : 0));
+    t.same([...back.subarray(3)], want, `${c.name}: every field's bytes as they were, padding zero`);
     t.same(c.decode(back, 3), c.decode(raw, 3), `${c.name}: a field's bytes survive decode and encode at an offset`);
   }
 });
