@@ -226,8 +226,9 @@ export class BenchAgent {
     ];
     // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it
     // stops, sampled every BENCH_PROFILE_INTERVAL_US (default 50 µs; the
-    // profiler's own cost grows as the interval shrinks). It is still bin/lbctl, with its node and malloc settings; node
-    // refuses --cpu-prof in NODE_OPTIONS, so it goes in LBCTL_NODE_FLAGS.
+    // profiler's own cost grows as the interval shrinks). It is still
+    // bin/lbctl, with its node and malloc settings; node refuses --cpu-prof
+    // in NODE_OPTIONS, so it goes in LBCTL_NODE_FLAGS.
     const prof = process.env.BENCH_PROFILE_DIR;
     const entry = prof ? ['env', `LBCTL_NODE_FLAGS=--cpu-prof --cpu-prof-interval=${process.env.BENCH_PROFILE_INTERVAL_US ?? 50} --cpu-prof-dir=${prof}`, LBCTL] : [LBCTL];
     const cmd = ['taskset', '-c', String(cpu), ...entry, ...args];
