@@ -52,6 +52,12 @@
 //   - a list from 1.33 on (StreamingCollectionEncodingToJSON, KEP-5116) is
 //     sent item by item as each is encoded, with the socket's backpressure;
 //     before, it is encoded whole, then sent;
+//   - a list whose answer passes 128 KiB is gzip-compressed (level 1) for a
+//     client that accepts gzip (APIResponseCompression, beta and on since
+//     1.16; writers.go's deferredResponseWriter: defaultGzipThresholdBytes,
+//     defaultGzipContentEncodingLevel); a streamed list is held until it
+//     passes the threshold or ends, then sent compressed or not. Watches are
+//     not compressed;
 //   - watch with sendInitialEvents=true (a "watch-list", KEP-3157), with
 //     WatchList on (1.32, 1.34+): the current objects as ADDED events, then
 //     a BOOKMARK annotated k8s.io/initial-events-end, then the watch; with
@@ -62,6 +68,8 @@
 // objects.
 import { execFileSync } from 'node:child_process';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { Writable } from 'node:stream';
+import { constants as zlibConstants, createGzip, gzipSync } from 'node:zlib';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -347,6 +355,12 @@ export interface ServerFeatures {
    * list was encoded into one buffer and then written.
    */
   readonly streamingListEncoding: boolean;
+  /**
+   * APIResponseCompression: a list answer over 128 KiB is gzip-compressed
+   * at level 1 for a client that sends `Accept-Encoding: gzip`. Beta and on
+   * since 1.16 (default true); watches are never compressed.
+   */
+  readonly responseCompression?: boolean;
   /** Validation before 1.27, which has no sendInitialEvents: resourceVersionMatch is refused on any watch. */
   readonly before127?: boolean;
   /**
@@ -371,18 +385,34 @@ export const SERVER_FEATURES: Readonly<Record<ServerVersion, ServerFeatures>> = 
 };
 
 /** How much of a streamed list is written at once (a Go server writes as its response buffer fills). */
-const STREAM_WRITE_BYTES = 64 * 1024;
+export const STREAM_WRITE_BYTES = 64 * 1024;
 
-/** Until `res` can take more, or is closed (each wait leaves no listener behind). */
-function drained(res: ServerResponse): Promise<void> {
+/** Until `out` (the response, or the compressor writing to it) can take more, or `res` is closed (each wait leaves no listener behind). */
+function drained(out: Writable, res: ServerResponse): Promise<void> {
   return new Promise((resolve) => {
     const done = (): void => {
-      res.off('drain', done);
+      out.off('drain', done);
       res.off('close', done);
       resolve();
     };
-    res.on('drain', done);
+    out.on('drain', done);
     res.on('close', done);
+  });
+}
+
+const GZIP_HEADERS = { 'content-type': 'application/json', 'content-encoding': 'gzip', vary: 'Accept-Encoding' } as const;
+
+/** A kube-apiserver compresses an answer whose first write (or, streamed, whose start) passes this (writers.go defaultGzipThresholdBytes). */
+export const GZIP_THRESHOLD_BYTES = 128 * 1024;
+
+/** Whether an Accept-Encoding header admits gzip (a `q=0` refuses it). */
+function acceptsGzip(header: string | undefined): boolean {
+  if (!header) return false;
+  return header.split(',').some((part) => {
+    const [coding, ...params] = part.trim().toLowerCase().split(';');
+    if (coding !== 'gzip') return false;
+    const q = params.map((x) => x.trim()).find((x) => x.startsWith('q='));
+    return q === undefined || Number(q.slice(2)) > 0;
   });
 }
 
@@ -420,6 +450,12 @@ export interface RequestRecord {
   readonly status?: number;
   /** The code of the ERROR event a watch was answered with (410 Expired, 504 Too large resource version). */
   readonly watchError?: number;
+  /** The request's Accept-Encoding header, as sent. */
+  readonly acceptEncoding?: string;
+  /** 'gzip': the answer was sent compressed (a list over GZIP_THRESHOLD_BYTES to a client that accepts gzip). */
+  readonly contentEncoding?: 'gzip';
+  /** The answer's body as sent (compressed or not), bytes: lists only. */
+  readonly bytesSent?: number;
 }
 
 export class FakeApiServer {
@@ -748,6 +784,7 @@ export class FakeApiServer {
 
   private handle(req: IncomingMessage, res: ServerResponse): void {
     const record: { -readonly [K in keyof RequestRecord]: RequestRecord[K] } = { method: req.method ?? 'GET', url: req.url ?? '', at: performance.now() };
+    if (req.headers['accept-encoding'] !== undefined) record.acceptEncoding = req.headers['accept-encoding'];
     this.requests.push(record);
     const status = (code: number, reason: string, message: string, details?: Record<string, unknown>): void => {
       record.status = code;
@@ -799,7 +836,8 @@ export class FakeApiServer {
     const fields = fieldMatcher(url.searchParams.get('fieldSelector'));
     const matches = (o: Obj): boolean => labels(o.metadata.labels) && fields(o);
     if (WATCH(url.searchParams)) return this.watch(res, record, url.searchParams, resource, namespace, matches);
-    return this.list(res, record, status, url.searchParams, resource, namespace, matches);
+    const gzip = this.features.responseCompression !== false && acceptsGzip(req.headers['accept-encoding']);
+    return this.list(res, record, status, url.searchParams, resource, namespace, matches, gzip);
   }
 
   /**
@@ -928,12 +966,13 @@ export class FakeApiServer {
 
   private list(
     res: ServerResponse,
-    record: { kind?: RequestKind },
+    record: { kind?: RequestKind; contentEncoding?: 'gzip'; bytesSent?: number },
     status: (code: number, reason: string, message: string, details?: Record<string, unknown>) => void,
     q: URLSearchParams,
     resource: Resource,
     namespace: string | undefined,
     matches: (o: Obj) => boolean,
+    gzip: boolean,
   ): void {
     // Paging as the API server does it: `limit` items in the store's key
     // order, and an opaque continue token naming the list's resourceVersion
@@ -1002,11 +1041,16 @@ export class FakeApiServer {
     };
     if (!this.features.streamingListEncoding) {
       // Encoded whole, then written: nothing reaches the client before the last item is encoded.
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify(list));
+      const body = Buffer.from(JSON.stringify(list));
+      const compress = gzip && body.length > GZIP_THRESHOLD_BYTES;
+      const sent = compress ? gzipSync(body, { level: 1 }) : body;
+      if (compress) record.contentEncoding = 'gzip';
+      record.bytesSent = sent.length;
+      res.writeHead(200, compress ? GZIP_HEADERS : { 'content-type': 'application/json' });
+      res.end(sent);
       return;
     }
-    void this.streamList(res, list);
+    void this.streamList(res, record, list, gzip);
   }
 
   /**
@@ -1016,21 +1060,66 @@ export class FakeApiServer {
    * with the socket's backpressure honoured. The bytes are those of
    * JSON.stringify of the whole list. An item that fails to encode ends the
    * answer where it is, as a Go server's failed write does: the client gets
-   * a truncated body, not a Status.
+   * a truncated body, not a Status. With `gzip` (the client accepts it), the
+   * start is held until it passes GZIP_THRESHOLD_BYTES, and from there the
+   * answer goes through a level-1 gzip stream (writers.go's
+   * deferredResponseWriter); a list that ends below it is sent plain.
    */
-  private async streamList(res: ServerResponse, list: { kind: string; apiVersion: string; metadata: object; items: readonly unknown[] }): Promise<void> {
-    res.writeHead(200, { 'content-type': 'application/json' });
+  private async streamList(
+    res: ServerResponse,
+    record: { contentEncoding?: 'gzip'; bytesSent?: number },
+    list: { kind: string; apiVersion: string; metadata: object; items: readonly unknown[] },
+    gzip: boolean,
+  ): Promise<void> {
+    let sent = 0;
+    const count = (chunk: Buffer | string): void => {
+      sent += Buffer.byteLength(chunk);
+    };
+    let out: Writable | undefined;
+    let held = '';
+    /** Headers and the body's writer, once the answer is known to be compressed or not. */
+    const commit = (compress: boolean): Writable => {
+      if (!compress) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return res;
+      }
+      record.contentEncoding = 'gzip';
+      res.writeHead(200, GZIP_HEADERS);
+      const z = createGzip({ level: 1, flush: zlibConstants.Z_NO_FLUSH });
+      z.on('data', count);
+      z.pipe(res);
+      res.on('close', () => z.destroy());
+      return z;
+    };
+    /** Writes `text`; false when the writer asks to wait. */
+    const write = (text: string): boolean => {
+      if (!out) {
+        held += text;
+        if (!gzip || held.length <= GZIP_THRESHOLD_BYTES) return true;
+        out = commit(true);
+        text = held;
+        held = '';
+      }
+      if (out === res) count(text);
+      return out.write(text);
+    };
     try {
+      if (!gzip) out = commit(false);
       let buf = `{"kind":${JSON.stringify(list.kind)},"apiVersion":${JSON.stringify(list.apiVersion)},"metadata":${JSON.stringify(list.metadata)},"items":[`;
       for (let i = 0; i < list.items.length; i++) {
         buf += (i > 0 ? ',' : '') + (JSON.stringify(list.items[i]) ?? 'null');
         if (buf.length < STREAM_WRITE_BYTES) continue;
-        const more = res.write(buf);
+        const more = write(buf);
         buf = '';
-        if (!more && !res.destroyed) await drained(res);
+        if (!more && !res.destroyed) await drained(out!, res);
         if (res.destroyed) return;
       }
-      res.end(`${buf}]}`);
+      res.once('finish', () => (record.bytesSent = sent));
+      // Ended below the threshold: sent as it is.
+      out ??= commit(false);
+      const tail = `${held}${buf}]}`;
+      if (out === res) count(tail);
+      out.end(tail);
     } catch (err) {
       res.destroy(err as Error);
     }

@@ -4,9 +4,10 @@
 // release's feature gates (k8s.io/apiserver pkg/storage/cacher). The tests
 // of the Kubernetes source count on it, so the table is checked here, one
 // request at a time: this is also the table docs/kubernetes.md reasons from.
-import { ServerResponse } from 'node:http';
+import { get as httpGet, ServerResponse } from 'node:http';
+import { gunzipSync } from 'node:zlib';
 import t from 'tap';
-import { FakeApiServer, type RequestKind, type ServerVersion } from '../helpers/fake-apiserver.js';
+import { FakeApiServer, GZIP_THRESHOLD_BYTES, STREAM_WRITE_BYTES as STREAM_CHUNK, type RequestKind, type ServerVersion } from '../helpers/fake-apiserver.js';
 
 const VERSIONS: readonly ServerVersion[] = ['1.26', '1.30', '1.31', '1.32', '1.33', '1.34'];
 const PATH = '/api/v1/services';
@@ -185,7 +186,8 @@ t.test('streaming list encoding (1.33+): the bytes a whole encoding gives (befor
       return write.apply(this, args);
     } as typeof write;
     try {
-      const res = await fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token' } });
+      // Uncompressed (fetch asks for gzip unless told): the writes counted are the list's own.
+      const res = await fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token', 'accept-encoding': 'identity' } });
       const parts: Buffer[] = [];
       for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) parts.push(Buffer.from(chunk));
       return { text: Buffer.concat(parts).toString(), writes };
@@ -213,7 +215,8 @@ t.test('streaming list encoding: what is encoded is sent before the next item is
   t.teardown(() => api.stop());
   const big = 'x'.repeat(100_000);
   api.rawListItems.set('Service', [big, { toJSON: () => { throw new Error('unencodable'); } }]);
-  const res = await fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token' } });
+  // Uncompressed: a compressing server holds the start until it passes 128 KiB.
+  const res = await fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token', 'accept-encoding': 'identity' } });
   t.equal(res.status, 200);
   const parts: Buffer[] = [];
   let ended: unknown;
@@ -226,4 +229,76 @@ t.test('streaming list encoding: what is encoded is sent before the next item is
   t.ok(ended, 'the body ends in an error: truncated');
   t.match(text, /^\{"kind":"ServiceList","apiVersion":"v1","metadata":\{"resourceVersion":"\d+"\},"items":\["x+"$/, 'the list up to the first item, sent');
   t.equal(text.length - text.indexOf('"x'), big.length + 2, 'all of the first item');
+});
+
+/** GET with exactly these headers; the raw body (not inflated) and the answer's content-encoding. */
+function raw(api: FakeApiServer, query: string, headers: Record<string, string>): Promise<{ status: number; encoding: string | undefined; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    httpGet(`${api.url}${PATH}?${query}`, { headers: { authorization: 'Bearer fake-token', ...headers } }, (res) => {
+      const parts: Buffer[] = [];
+      res.on('data', (d: Buffer) => parts.push(d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, encoding: res.headers['content-encoding'], body: Buffer.concat(parts) }));
+      res.on('error', reject);
+    }).on('error', reject);
+  });
+}
+
+t.test('response compression: a list over 128 KiB is gzip for a client that accepts it, whole or streamed; small lists, watches and other clients get it plain', async (t) => {
+  const big = 2_000; // about 300 KB
+  for (const version of ['1.32', '1.34'] as const) {
+    const api = await server(version, big);
+    try {
+      const plain = await raw(api, 'resourceVersion=0', {});
+      t.equal(plain.encoding, undefined, `${version}: no Accept-Encoding: plain`);
+      t.equal(api.requests.at(-1)!.contentEncoding, undefined);
+      t.equal(api.requests.at(-1)!.bytesSent, plain.body.length, 'the bytes sent, counted');
+      t.ok(plain.body.length > GZIP_THRESHOLD_BYTES, `the list is ${plain.body.length} bytes`);
+      const zipped = await raw(api, 'resourceVersion=0', { 'accept-encoding': 'gzip, deflate' });
+      t.equal(zipped.encoding, 'gzip', `${version}: Accept-Encoding gzip: compressed`);
+      t.equal(api.requests.at(-1)!.contentEncoding, 'gzip', 'and recorded so');
+      t.equal(api.requests.at(-1)!.bytesSent, zipped.body.length, 'the compressed bytes sent, counted');
+      t.ok(zipped.body.length < plain.body.length / 4, `smaller: ${zipped.body.length} bytes`);
+      t.equal(gunzipSync(zipped.body).toString(), plain.body.toString(), 'inflates to exactly the plain answer');
+      const refused = await raw(api, 'resourceVersion=0', { 'accept-encoding': 'gzip;q=0, identity' });
+      t.equal(refused.encoding, undefined, 'gzip;q=0: plain');
+      const watch = await raw(api, 'watch=true&timeoutSeconds=1&resourceVersion=0', { 'accept-encoding': 'gzip' });
+      t.equal(watch.encoding, undefined, 'a watch is never compressed');
+      t.ok(watch.body.length > GZIP_THRESHOLD_BYTES, `even one of ${watch.body.length} bytes`);
+    } finally {
+      await api.stop();
+    }
+    const small = await server(version, 10);
+    try {
+      const r = await raw(small, 'resourceVersion=0', { 'accept-encoding': 'gzip' });
+      t.equal(r.encoding, undefined, `${version}: a list under 128 KiB stays plain`);
+      t.equal((JSON.parse(r.body.toString()) as { items: unknown[] }).items.length, 10);
+    } finally {
+      await small.stop();
+    }
+    const off = new FakeApiServer({ version, features: { responseCompression: false } });
+    await off.start();
+    try {
+      for (let i = 0; i < big; i++) off.put(service(i) as never);
+      t.equal((await raw(off, 'resourceVersion=0', { 'accept-encoding': 'gzip' })).encoding, undefined, `${version}: APIResponseCompression off: plain`);
+    } finally {
+      await off.stop();
+    }
+  }
+});
+
+t.test('response compression of a streamed list: the start is held until it passes the threshold, so an item that fails before then sends nothing', async (t) => {
+  const api = await server('1.34', 0);
+  t.teardown(() => api.stop());
+  const failing = { toJSON: () => { throw new Error('unencodable'); } };
+  api.rawListItems.set('Service', ['x'.repeat(STREAM_CHUNK), failing]);
+  const ask = (encoding: string) =>
+    fetch(`${api.url}${PATH}?resourceVersion=0`, { headers: { authorization: 'Bearer fake-token', 'accept-encoding': encoding } }).then(
+      async (r) => ({ status: r.status, body: await r.text().catch(() => '(truncated)') }),
+      (err: unknown) => ({ status: 0, body: String(err) }),
+    );
+  const held = await ask('gzip');
+  t.equal(held.status, 0, 'accepting gzip: no answer at all (the server held the start)');
+  t.notMatch(held.body, /xxxx/);
+  const sent = await ask('identity');
+  t.equal(sent.status, 200, 'not accepting it: the first write was sent as it filled');
 });
