@@ -88,6 +88,7 @@ export function buildProgram(): Command {
     .option('--node-name <name>', 'this node, for internalTrafficPolicy Local and topology hints (default: $NODE_NAME or the hostname)')
     .option('--node-sync-timeout <duration>', "Kubernetes: how long the first sync waits for this node's Node once Services and EndpointSlices are listed, then goes on without its zone (0: no wait)", duration, DEFAULT_NODE_SYNC_TIMEOUT_MS)
     .option('--watch-list <off|auto|on>', "Kubernetes: stream the initial state with a watch-list (sendInitialEvents) instead of listing it: auto where the API server supports it, falling back to lists; on: only (a refusal is retried as an error)", watchListMode, 'off')
+    .option('--disable-compression', "Kubernetes: ask the API server for uncompressed answers (client-go's DisableCompression; a kubeconfig's disable-compression: true does the same). Default: gzip, as client-go asks, which a server applies to lists over 128 KiB: less traffic, more CPU on both ends")
     .option('--cgroup <path>', 'cgroup v2 path to attach to (default: the cgroup v2 root, from /proc/mounts)')
     .option('--bpf-root <path>', 'bpffs directory for pinned maps and links', DEFAULT_BPF_ROOT)
     .option('--bpf-object <path>', 'the datapath object to load (default: the one built with lbctl); for upgrades and tests')

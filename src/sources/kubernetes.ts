@@ -72,6 +72,8 @@
 // agent's memory.
 import { KubeConfig } from '@kubernetes/client-node';
 import fetch, { type Response } from 'node-fetch';
+import { readFileSync } from 'node:fs';
+import { parse as parseYaml } from 'yaml';
 import { DEFAULT_NODE_SYNC_TIMEOUT_MS } from '../defaults.js';
 import { ConfigError } from '../errors.js';
 import {
@@ -129,6 +131,14 @@ export interface KubernetesSourceOptions {
   readonly random?: () => number;
   /** Default 'off'. */
   readonly watchList?: WatchListMode;
+  /**
+   * Ask for answers uncompressed (client-go's DisableCompression, kubectl's
+   * --disable-compression); a kubeconfig whose current cluster sets
+   * `disable-compression: true` asks the same. Otherwise lists are asked for
+   * gzip, as client-go asks, and a server compresses those over 128 KiB
+   * (docs/kubernetes.md, "Compression").
+   */
+  readonly disableCompression?: boolean;
   /** `auto`: the server refused a watch-list, so this source lists from now on (called once, with the server's answer). */
   readonly onWatchListRefused?: (kind: string, reason: string) => void;
   /**
@@ -245,6 +255,8 @@ function unreachable(err: unknown): boolean {
 /** What the reflectors of one source share: the watch-list mode and news that the server answers. */
 interface SourceShared {
   watchList: WatchListMode;
+  /** Ask for gzip (Accept-Encoding), and inflate what comes compressed. */
+  readonly compress: boolean;
   /** A reflector found the server refusing watch-lists. */
   watchListRefused(kind: Kind, reason: string): void;
   /** A reflector's request was answered with success: the others' outage backoff is over. */
@@ -450,7 +462,7 @@ class Reflector<T> {
     for (;;) {
       let page: ListMeta;
       try {
-        page = await listPage(this.kc, this.path, query, this.listAbort.signal, () => this.answered(), (o) => {
+        page = await listPage(this.kc, this.shared.compress, this.path, query, this.listAbort.signal, () => this.answered(), (o) => {
           if (this.stopped) return;
           seen.add(objectId((o as RawObject | null)?.metadata));
           this.upsert(o as RawObject);
@@ -544,7 +556,7 @@ class Reflector<T> {
     // The objects of the initial events, until their end: the list's `seen`.
     const list = initial ? new Set<string>() : undefined;
     try {
-      const res = await apiGet(this.kc, this.path, params, abort.signal);
+      const res = await apiGet(this.kc, this.shared.compress, this.path, params, abort.signal);
       if (res.status !== 200) {
         const err = await httpError(res, what);
         // Validation's answer: the fields of a watch-list are not allowed (WatchList off, or older than 1.27).
@@ -705,8 +717,12 @@ function statusCauses(details: unknown): string[] {
 
 type Query = Record<string, string | number | undefined>;
 
-/** GET `path` with `query`, authenticated as client-node's Watch does (the KubeConfig's TLS, tokens, proxies). */
-async function apiGet(kc: KubeConfig, path: string, query: Query, signal: AbortSignal, maxBytes = 0): Promise<Response> {
+/**
+ * GET `path` with `query`, authenticated as client-node's Watch does (the
+ * KubeConfig's TLS, tokens, proxies). With `compress`, node-fetch asks for
+ * gzip and inflates the answer as it is read; without, it asks for none.
+ */
+async function apiGet(kc: KubeConfig, compress: boolean, path: string, query: Query, signal: AbortSignal, maxBytes = 0): Promise<Response> {
   const server = kc.getCurrentCluster()?.server;
   if (!server) throw new Error('no current cluster in the kubeconfig');
   const url = new URL(server + path);
@@ -716,6 +732,7 @@ async function apiGet(kc: KubeConfig, path: string, query: Query, signal: AbortS
   init.signal = signal as NonNullable<typeof init.signal>;
   // node-fetch's cap on a body read with text() or json(): past it, they fail.
   (init as { size?: number }).size = maxBytes;
+  (init as { compress?: boolean }).compress = compress;
   return fetch(url, init);
 }
 
@@ -771,12 +788,12 @@ async function readLines(body: AsyncIterable<Buffer>, maxBytes: number, onLine: 
  * items handed to `onItem` as they arrive; `onAnswer` once the server has
  * answered 200.
  */
-async function listPage(kc: KubeConfig, path: string, query: Query, stop: AbortSignal, onAnswer: () => void, onItem: (item: unknown) => void): Promise<ListMeta> {
+async function listPage(kc: KubeConfig, compress: boolean, path: string, query: Query, stop: AbortSignal, onAnswer: () => void, onItem: (item: unknown) => void): Promise<ListMeta> {
   const stalled = new AbortController();
   const timer = setTimeout(() => stalled.abort(), LIST_TIMEOUT_MS);
   let answered = false;
   try {
-    const res = await apiGet(kc, path, query, AbortSignal.any([stop, stalled.signal]));
+    const res = await apiGet(kc, compress, path, query, AbortSignal.any([stop, stalled.signal]));
     if (res.status !== 200) throw await httpError(res, `list ${path}`);
     answered = true;
     onAnswer();
@@ -862,6 +879,30 @@ export function loadKubeConfig(opts: { kubeconfig?: string; master?: string }): 
   return kc;
 }
 
+/**
+ * Whether the kubeconfig at `path` sets `disable-compression: true` on the
+ * cluster `kc` uses (client-go reads it into DisableCompression;
+ * client-node's KubeConfig drops the field, so it is read here). No file
+ * (in-cluster config): false.
+ */
+export function kubeconfigDisablesCompression(path: string | undefined, kc: KubeConfig): boolean {
+  if (!path) return false;
+  const name = kc.getCurrentCluster()?.name;
+  let doc: unknown;
+  try {
+    doc = parseYaml(readFileSync(path, 'utf8'));
+  } catch (err) {
+    throw new ConfigError(`cannot load kubeconfig ${path}: ${(err as Error).message}`);
+  }
+  const clusters = (doc as { clusters?: unknown } | null)?.clusters;
+  if (!Array.isArray(clusters)) return false;
+  const entry = clusters.find((c) => (c as { name?: unknown } | null)?.name === name) as { cluster?: Record<string, unknown> } | undefined;
+  const value = entry?.cluster?.['disable-compression'];
+  if (value === undefined || value === null) return false;
+  if (typeof value !== 'boolean') throw new ConfigError(`kubeconfig ${path}: cluster ${JSON.stringify(name)}: disable-compression must be true or false, not ${JSON.stringify(value)}`);
+  return value;
+}
+
 export class KubernetesSource implements Source {
   readonly name: string;
   private readonly kc: KubeConfig;
@@ -887,6 +928,7 @@ export class KubernetesSource implements Source {
     this.name = `kubernetes:${this.kc.getCurrentCluster()!.server}`;
     const shared: SourceShared = {
       watchList: opts.watchList ?? 'off',
+      compress: !(opts.disableCompression || kubeconfigDisablesCompression(opts.kubeconfig, this.kc)),
       watchListRefused: (kind, reason) => {
         if (shared.watchList !== 'auto') return;
         shared.watchList = 'off';
@@ -897,6 +939,11 @@ export class KubernetesSource implements Source {
       },
     };
     this.shared = shared;
+  }
+
+  /** Whether this source asks for compressed answers (not when told not to, by option or kubeconfig). */
+  get compression(): boolean {
+    return this.shared.compress;
   }
 
   /** Whether this source streams its lists: the mode it was given, until a refusal ends `auto`. */

@@ -1,7 +1,9 @@
 // The Kubernetes source against the fake API server (the real list/watch
 // wire protocol over loopback HTTP; no privileges needed): what gates the
 // first sync, and what happens when this node's Node cannot be listed.
+import { readFileSync, writeFileSync } from 'node:fs';
 import t, { type Test } from 'tap';
+import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import type { Node } from '../../src/model/k8s.js';
 import { KubernetesSource, type KubernetesSourceOptions } from '../../src/sources/kubernetes.js';
 import type { SourceEvent } from '../../src/sources/source.js';
@@ -424,4 +426,60 @@ t.test("a server that is up and too busy (429) for one kind: that kind backs off
   t.teardown(() => clearInterval(churn));
   await until('the Service retry to reach the cap', () => retries.includes(80), 10_000);
   t.same(retries.slice(0, 6), [2.5, 5, 10, 20, 40, 80].map(Math.round), 'doubling, never cut back to the first step by the answers to the others');
+});
+
+t.test('lists are asked for gzip, as client-go asks, and a list the server compresses is read whole; --disable-compression, or a kubeconfig that says so, asks for none', async (t) => {
+  const N = 1_500; // about 350 KB of Services: past the server's 128 KiB threshold
+  const fill = (api: FakeApiServer): void => {
+    for (let i = 0; i < N; i++) {
+      const ip = `10.96.${i >> 8}.${i & 255}`;
+      api.put({ ...service, metadata: { name: `web-${i}`, namespace: 'default' }, spec: { ...service.spec, clusterIP: ip, clusterIPs: [ip] } } as never);
+    }
+    api.put(node as never);
+  };
+  const serviceLists = (api: FakeApiServer) => api.requests.filter((r) => r.url.startsWith(SERVICES) && !/[?&]watch=/.test(r.url));
+  for (const version of ['1.32', '1.34'] as const) {
+    const { api, run, events } = await setup(t, {}, { version });
+    fill(api);
+    const src = await run();
+    await until('synced', () => src.status().synced);
+    t.equal(src.compression, true, `${version}: compression asked for by default`);
+    t.equal(events.filter((e) => e.kind === 'Service').length, N, `${version}: every Service of the compressed list arrived`);
+    const [list] = serviceLists(api);
+    t.match(list?.acceptEncoding, /\bgzip\b/, `${version}: the list asked for gzip`);
+    t.equal(list?.contentEncoding, 'gzip', `${version}: and came compressed`);
+    await src.stop();
+  }
+  {
+    const { api, run, events } = await setup(t, { disableCompression: true });
+    fill(api);
+    const src = await run();
+    await until('synced', () => src.status().synced);
+    t.equal(src.compression, false, 'disableCompression: compression not asked for');
+    t.equal(events.filter((e) => e.kind === 'Service').length, N, 'disableCompression: every Service arrived');
+    const [list] = serviceLists(api);
+    t.notMatch(list?.acceptEncoding ?? '', /gzip/, 'disableCompression: the list did not ask for gzip');
+    t.equal(list?.contentEncoding, undefined, 'disableCompression: and came plain');
+    await src.stop();
+  }
+  // The kubeconfig's cluster says disable-compression: true (client-go's field, which client-node drops).
+  const { api } = await setup(t);
+  const doc = parseYaml(readFileSync(api.kubeconfig, 'utf8')) as { clusters: Array<{ cluster: Record<string, unknown> }> };
+  doc.clusters[0]!.cluster['disable-compression'] = true;
+  const quiet = `${api.kubeconfig}-quiet`;
+  writeFileSync(quiet, stringifyYaml(doc));
+  const viaFile = await setup(t, { kubeconfig: quiet });
+  // That kubeconfig names the first server: fill it, and count there.
+  fill(api);
+  const src = await viaFile.run();
+  await until('synced', () => src.status().synced);
+  t.equal(src.compression, false, 'kubeconfig disable-compression: true: compression not asked for');
+  const [list] = serviceLists(api);
+  t.notMatch(list?.acceptEncoding ?? '', /gzip/, 'kubeconfig: the list did not ask for gzip');
+  t.equal(list?.contentEncoding, undefined, 'kubeconfig: and came plain');
+  t.equal(viaFile.events.filter((e) => e.kind === 'Service').length, N);
+  await src.stop();
+  doc.clusters[0]!.cluster['disable-compression'] = 'yes';
+  writeFileSync(quiet, stringifyYaml(doc));
+  t.throws(() => new KubernetesSource({ kubeconfig: quiet, nodeName: NODE }), /kubeconfig .*-quiet: cluster "fake": disable-compression must be true or false, not "yes"/, 'a value that is not a boolean refuses the start, naming it');
 });

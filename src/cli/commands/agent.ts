@@ -37,6 +37,8 @@ export interface AgentCommandOptions {
   nodeSyncTimeout?: number;
   /** Kubernetes source: lists, or watch-lists where the server supports them (auto), or only watch-lists (on). */
   watchList?: 'off' | 'auto' | 'on';
+  /** Kubernetes source: ask for answers uncompressed. */
+  disableCompression?: boolean;
   cgroup?: string;
   bpfRoot: string;
   /** A datapath object other than the built one (an upgrade, a test). */
@@ -130,6 +132,7 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
     allNodes: (opts.healthMeshPort ?? 0) !== 0,
     ...(opts.nodeSyncTimeout !== undefined ? { nodeSyncTimeoutMs: opts.nodeSyncTimeout } : {}),
     ...(opts.watchList !== undefined ? { watchList: opts.watchList } : {}),
+    ...(opts.disableCompression ? { disableCompression: true } : {}),
     onProblem,
     onWatchError: (kind, err, retryInMs) => log.warn({ kind, err: (err as Error)?.message ?? String(err), retryInMs }, 'list or watch failed; retrying after backoff'),
     onWatchListRefused: (kind, reason) =>
