@@ -223,6 +223,8 @@ export class BenchAgent {
       ...(opts.logLevel ? ['--log-level', opts.logLevel] : []),
       '--max-services', String(agentSizes(n).services),
       '--max-backends', String(agentSizes(n).backends),
+      // BENCH_AGENT_ARGS="--disable-compression ...": more flags for the agent (a diagnostic, not part of any result).
+      ...(process.env.BENCH_AGENT_ARGS?.split(' ').filter(Boolean) ?? []),
     ];
     // BENCH_PROFILE_DIR=DIR: the agent writes a V8 CPU profile there when it
     // stops, sampled every BENCH_PROFILE_INTERVAL_US (default 50 µs; the
