@@ -72,8 +72,8 @@
 // agent's memory.
 import { KubeConfig } from '@kubernetes/client-node';
 import fetch, { type Response } from 'node-fetch';
+import yaml from 'js-yaml';
 import { readFileSync } from 'node:fs';
-import { parse as parseYaml } from 'yaml';
 import { DEFAULT_NODE_SYNC_TIMEOUT_MS } from '../defaults.js';
 import { ConfigError } from '../errors.js';
 import {
@@ -890,7 +890,7 @@ export function kubeconfigDisablesCompression(path: string | undefined, kc: Kube
   const name = kc.getCurrentCluster()?.name;
   let doc: unknown;
   try {
-    doc = parseYaml(readFileSync(path, 'utf8'));
+    doc = yaml.load(readFileSync(path, 'utf8'));
   } catch (err) {
     throw new ConfigError(`cannot load kubeconfig ${path}: ${(err as Error).message}`);
   }
