@@ -288,6 +288,8 @@ export class World {
     removeBpfRoot(this.bpfRoot);
     removeNetns(this.client);
     removeNetns(this.backend);
+    // The agent's local API socket (bench/lbctl.ts names it after the client): left behind by an agent that was killed.
+    rmSync(path.join('/tmp', `${this.client}.sock`), { force: true });
     this.run.dropWorld(this);
   }
 }

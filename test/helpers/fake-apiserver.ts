@@ -416,6 +416,15 @@ function acceptsGzip(header: string | undefined): boolean {
   });
 }
 
+/** The directories of servers not stopped yet: removed when the process exits (a run interrupted, a test that failed before stop()). */
+const liveDirs = new Set<string>();
+let exitHooked = false;
+function removeAtExit(dir: string): void {
+  if (!exitHooked) process.on('exit', () => liveDirs.forEach((d) => rmSync(d, { recursive: true, force: true })));
+  exitHooked = true;
+  liveDirs.add(dir);
+}
+
 export interface FakeApiServerOptions {
   /** HTTPS with a certificate for 127.0.0.1 from a CA made for this server (caFile); default plain HTTP. */
   readonly tls?: boolean;
@@ -545,6 +554,7 @@ export class FakeApiServer {
 
   async start(): Promise<void> {
     this.dir = mkdtempSync(path.join(tmpdir(), 'lbctl-fake-apiserver-'));
+    removeAtExit(this.dir);
     const handler = (req: IncomingMessage, res: ServerResponse): void => this.handle(req, res);
     if (this.opts.tls) {
       const { ca, cert, key } = makeCertificates(this.dir);
@@ -585,6 +595,7 @@ export class FakeApiServer {
     for (const s of this.sockets) s.destroy();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
     rmSync(this.dir, { recursive: true, force: true });
+    liveDirs.delete(this.dir);
   }
 
   /** Creates or updates every object of a YAML manifest (several documents allowed). */
