@@ -69,7 +69,7 @@
 import { execFileSync } from 'node:child_process';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Writable } from 'node:stream';
-import { constants as zlibConstants, createGzip, gzipSync } from 'node:zlib';
+import { createGzip, gzipSync } from 'node:zlib';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -1096,7 +1096,7 @@ export class FakeApiServer {
       }
       record.contentEncoding = 'gzip';
       res.writeHead(200, GZIP_HEADERS);
-      const z = createGzip({ level: 1, flush: zlibConstants.Z_NO_FLUSH });
+      const z = createGzip({ level: 1 });
       z.on('data', count);
       z.pipe(res);
       res.on('close', () => z.destroy());
