@@ -483,3 +483,20 @@ t.test('lists are asked for gzip, as client-go asks, and a list the server compr
   writeFileSync(quiet, stringifyYaml(doc));
   t.throws(() => new KubernetesSource({ kubeconfig: quiet, nodeName: NODE }), /kubeconfig .*-quiet: cluster "fake": disable-compression must be true or false, not "yes"/, 'a value that is not a boolean refuses the start, naming it');
 });
+
+t.test('a compressed list cut short mid-body (the server failed after committing to gzip) is a failed list, retried with backoff; once it is whole, the source syncs', async (t) => {
+  const errors: string[] = [];
+  const { api, run, events } = await setup(t, { onWatchError: (kind, err) => errors.push(`${kind}: ${(err as Error).message}`) });
+  api.put(node as never);
+  api.put(service as never);
+  // Past the 128 KiB threshold (so the answer is already gzip), then an item the server cannot encode: it drops the connection there.
+  const filler = { metadata: { name: 'x'.repeat(200), namespace: 'default' }, padding: 'y'.repeat(150_000) };
+  api.rawListItems.set('Service', [filler, { toJSON: () => { throw new Error('unencodable'); } }]);
+  const src = await run();
+  await until('the cut list reported', () => errors.some((e) => e.startsWith('Service')));
+  t.equal(src.status().synced, false, 'not synced on half a list');
+  t.equal(api.requests.find((r) => r.url.startsWith(SERVICES))?.contentEncoding, 'gzip', 'the answer was compressed when it was cut');
+  api.rawListItems.delete('Service');
+  await until('synced once the list is whole', () => src.status().synced);
+  t.ok(events.some((e) => e.kind === 'Service'), 'and the Service arrived');
+});
