@@ -281,21 +281,46 @@ const READY = 1;
 const SERVING = 2;
 const TERMINATING = 4;
 
+/** An endpoint's hints (rare: topology-aware routing). */
+interface EndpointHints {
+  readonly zoneHints: readonly string[] | undefined;
+  readonly nodeHints: readonly string[] | undefined;
+}
+
 /**
- * A validated endpoint as kept: the three conditions in one small integer
- * and the hints (rare: topology-aware routing) in an object of their own,
- * read through getters on the prototype, so an endpoint is 5 fields
- * instead of 8 (64 bytes instead of 88, and most clusters keep several per
- * service). Every one is made by this constructor: one hidden class.
+ * What an endpoint has beyond its address and node name: its conditions
+ * (READY, SERVING, TERMINATING), its zone and hints. An endpoint with
+ * neither zone nor hints keeps the conditions as a small integer; one with
+ * a zone keeps one of these objects, shared by every endpoint with the same
+ * zone and conditions (a cluster has a few zones), and one with hints an
+ * object of its own.
+ */
+interface EndpointRest {
+  readonly conditions: number;
+  readonly zone: string | undefined;
+  readonly hints: EndpointHints | undefined;
+}
+
+/** Slots per endpoint in a ValidEndpointSlice's packed array: address, node name, conditions or EndpointRest. */
+const EP_SLOTS = 3;
+type EndpointSlot = string | undefined | number | EndpointRest;
+
+/**
+ * One endpoint of a ValidEndpointSlice, made when the slice's endpoints are
+ * read (the model reads them while it computes the frontends, then lets
+ * them go): the kept form is the slice's packed array. Every one is made
+ * by this constructor: one hidden class.
  */
 class ValidEndpoint implements Endpoint {
   constructor(
     readonly address: string,
-    private readonly conditions: number,
     readonly nodeName: string | undefined,
-    readonly zone: string | undefined,
-    private readonly hints: { readonly zoneHints: readonly string[] | undefined; readonly nodeHints: readonly string[] | undefined } | undefined,
+    private readonly rest: number | EndpointRest,
   ) {}
+
+  private get conditions(): number {
+    return typeof this.rest === 'number' ? this.rest : this.rest.conditions;
+  }
 
   get ready(): boolean {
     return (this.conditions & READY) !== 0;
@@ -309,12 +334,45 @@ class ValidEndpoint implements Endpoint {
     return (this.conditions & TERMINATING) !== 0;
   }
 
+  get zone(): string | undefined {
+    return typeof this.rest === 'number' ? undefined : this.rest.zone;
+  }
+
   get zoneHints(): readonly string[] | undefined {
-    return this.hints?.zoneHints;
+    return typeof this.rest === 'number' ? undefined : this.rest.hints?.zoneHints;
   }
 
   get nodeHints(): readonly string[] | undefined {
-    return this.hints?.nodeHints;
+    return typeof this.rest === 'number' ? undefined : this.rest.hints?.nodeHints;
+  }
+}
+
+/**
+ * A validated EndpointSlice as kept: its endpoints in one flat array of
+ * EP_SLOTS slots each, instead of an array of endpoint objects (an object
+ * and a slot per endpoint: 72 bytes, where three slots are 24). Nearly
+ * every Service has a slice, and most slices several endpoints: at 100,000
+ * services of 3 endpoints this keeps about 14 MiB less (docs/benchmarks.md,
+ * "Issue 18, sixth part"). `endpoints` makes the objects when read. Every
+ * one is made by this constructor: one hidden class.
+ */
+class ValidEndpointSlice implements EndpointSlice {
+  constructor(
+    readonly namespace: string,
+    readonly name: string,
+    readonly serviceName: string,
+    readonly family: Family,
+    readonly ports: readonly ServicePort[],
+    private readonly eps: readonly EndpointSlot[],
+  ) {}
+
+  get endpoints(): readonly Endpoint[] {
+    const eps = this.eps;
+    const out = new Array<Endpoint>(eps.length / EP_SLOTS);
+    for (let i = 0, j = 0; j < eps.length; i++, j += EP_SLOTS) {
+      out[i] = new ValidEndpoint(eps[j] as string, eps[j + 1] as string | undefined, eps[j + 2] as number | EndpointRest);
+    }
+    return out;
   }
 }
 
@@ -338,6 +396,22 @@ export interface EndpointSlice {
  * ports are made per object again.
  */
 const sharedPorts = new Interner<ServicePort>(4096);
+
+/**
+ * Node names and zones, one string each, shared by every endpoint that
+ * names them. V8 shares a parsed string only when it is short (about 10
+ * characters): a cloud node's name (ip-10-0-1-23.ec2.internal) is parsed
+ * into a string of its own for every endpoint. Bounded as sharedPorts is:
+ * past 16,384 distinct names, or for a name longer than a DNS subdomain
+ * (253 characters: no node's name is), each endpoint keeps its own, so
+ * input built to grow the table holds at most 4 MiB in it.
+ */
+const sharedNames = new Interner<string>(16384);
+const MAX_SHARED_NAME = 253;
+const sharedName = (s: string): string => (s.length > MAX_SHARED_NAME ? s : sharedNames.of(s, () => s));
+
+/** The endpoints' zone-and-conditions objects (EndpointRest without hints), shared; bounded as sharedNames. */
+const sharedRests = new Interner<EndpointRest>(16384);
 
 function servicePort(name: string, port: number, protocol: Protocol): ServicePort {
   return sharedPorts.of(`${protocol}/${port}/${name}`, () => Object.freeze({ name, port, protocol }));
@@ -532,7 +606,7 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
   if (rawEndpoints.length > MAX_SLICE_ENDPOINTS) {
     return fail(`${id}: ${rawEndpoints.length} endpoints, more than the API's ${MAX_SLICE_ENDPOINTS}`);
   }
-  const endpoints: Endpoint[] = [];
+  const eps: EndpointSlot[] = [];
   for (const [i, e] of rawEndpoints.entries()) {
     if (!isObject(e)) return fail(`${id}: endpoints[${i}] is not an object`);
     if (!Array.isArray(e.addresses) || e.addresses.length === 0 || e.addresses.length > 100) {
@@ -554,17 +628,15 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     const hints = isObject(e.hints) ? e.hints : undefined;
     const zoneHints = hintNames(hints?.forZones);
     const nodeHints = hintNames(hints?.forNodes);
-    endpoints.push(
-      new ValidEndpoint(
-        address,
-        (ready ? READY : 0) | (serving ? SERVING : 0) | (terminating ? TERMINATING : 0),
-        typeof e.nodeName === 'string' ? e.nodeName : undefined,
-        typeof e.zone === 'string' ? e.zone : undefined,
-        zoneHints || nodeHints ? { zoneHints, nodeHints } : undefined,
-      ),
-    );
+    const conditions = (ready ? READY : 0) | (serving ? SERVING : 0) | (terminating ? TERMINATING : 0);
+    const zone = typeof e.zone === 'string' ? sharedName(e.zone) : undefined;
+    let rest: number | EndpointRest = conditions;
+    if (zoneHints || nodeHints) rest = { conditions, zone, hints: { zoneHints, nodeHints } };
+    else if (zone !== undefined && zone.length <= MAX_SHARED_NAME) rest = sharedRests.of(`${conditions}/${zone}`, () => Object.freeze({ conditions, zone, hints: undefined }));
+    else if (zone !== undefined) rest = { conditions, zone, hints: undefined };
+    eps.push(address, typeof e.nodeName === 'string' ? sharedName(e.nodeName) : undefined, rest);
   }
-  const value: EndpointSlice = { namespace: meta.value.namespace, name: meta.value.name, serviceName, family, ports: packed(ports), endpoints: packed(endpoints) };
+  const value: EndpointSlice = new ValidEndpointSlice(meta.value.namespace, meta.value.name, serviceName, family, packed(ports), packed(eps));
   return { ok: true, value };
 }
 

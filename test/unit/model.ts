@@ -101,6 +101,46 @@ t.test('validation names what is wrong', async (t) => {
   t.notOk(fqdn.ok);
 });
 
+t.test('a validated EndpointSlice reads back every endpoint as it was given (packed as kept, made when read)', async (t) => {
+  const longZone = 'z'.repeat(300); // longer than any name the validation shares
+  const raw = {
+    apiVersion: 'discovery.k8s.io/v1',
+    kind: 'EndpointSlice',
+    metadata: { name: 'web-a', namespace: 'shop', labels: { 'kubernetes.io/service-name': 'web' } },
+    addressType: 'IPv4',
+    ports: [{ name: 'http', port: 8080, protocol: 'TCP' }],
+    endpoints: [
+      { addresses: ['10.0.0.1'] },
+      { addresses: ['10.0.0.2', '10.0.0.9'], nodeName: 'ip-10-0-1-23.ec2.internal', zone: 'us-east-1a', conditions: { ready: false, serving: true, terminating: true } },
+      { addresses: ['10.0.0.3'], nodeName: 'ip-10-0-1-23.ec2.internal', zone: 'us-east-1a', conditions: { ready: false, serving: true, terminating: true } },
+      { addresses: ['10.0.0.4'], zone: 'us-east-1b', conditions: { ready: true, serving: false } },
+      { addresses: ['10.0.0.5'], nodeName: 'n5', zone: 'us-east-1a', hints: { forZones: [{ name: 'us-east-1a' }], forNodes: [{ name: 'n5' }] } },
+      { addresses: ['10.0.0.6'], zone: longZone, conditions: { ready: false, serving: false } },
+      { addresses: ['10.0.0.7'], zone: 'us-east-1a' },
+    ],
+  };
+  const read = (e: EndpointSlice): unknown[] =>
+    e.endpoints.map((ep) => ({ address: ep.address, ready: ep.ready, serving: ep.serving, terminating: ep.terminating, nodeName: ep.nodeName, zone: ep.zone, zoneHints: ep.zoneHints, nodeHints: ep.nodeHints }));
+  const want = [
+    { address: '10.0.0.1', ready: true, serving: true, terminating: false, nodeName: undefined, zone: undefined, zoneHints: undefined, nodeHints: undefined },
+    { address: '10.0.0.2', ready: false, serving: true, terminating: true, nodeName: 'ip-10-0-1-23.ec2.internal', zone: 'us-east-1a', zoneHints: undefined, nodeHints: undefined },
+    { address: '10.0.0.3', ready: false, serving: true, terminating: true, nodeName: 'ip-10-0-1-23.ec2.internal', zone: 'us-east-1a', zoneHints: undefined, nodeHints: undefined },
+    { address: '10.0.0.4', ready: true, serving: false, terminating: false, nodeName: undefined, zone: 'us-east-1b', zoneHints: undefined, nodeHints: undefined },
+    { address: '10.0.0.5', ready: true, serving: true, terminating: false, nodeName: 'n5', zone: 'us-east-1a', zoneHints: ['us-east-1a'], nodeHints: ['n5'] },
+    { address: '10.0.0.6', ready: false, serving: false, terminating: false, nodeName: undefined, zone: longZone, zoneHints: undefined, nodeHints: undefined },
+    { address: '10.0.0.7', ready: true, serving: true, terminating: false, nodeName: undefined, zone: 'us-east-1a', zoneHints: undefined, nodeHints: undefined },
+  ];
+  const e = eps(raw);
+  t.same(read(e), want);
+  t.same(read(e), want, 'and the same when read again');
+  t.same([e.namespace, e.name, e.serviceName, e.family, e.ports], ['shop', 'web-a', 'web', 4, [{ name: 'http', port: 8080, protocol: 'TCP' }]]);
+  // A second slice with the same zones and conditions (their shared form) reads back its own endpoints.
+  const other = eps({ ...raw, metadata: { ...raw.metadata, name: 'web-b' }, endpoints: raw.endpoints.slice(1, 2).map((ep) => ({ ...ep, addresses: ['10.0.1.2'] })) });
+  t.same(read(other), [{ ...want[1], address: '10.0.1.2' }]);
+  t.same(read(e), want, 'the first slice is unchanged by the second');
+  t.same(eps({ ...raw, endpoints: [] }).endpoints, [], 'no endpoints');
+});
+
 t.test('SCTP ports are dropped with a note; the rest is served', async (t) => {
   const s = svc(service('m', ['10.96.0.9'], [{ name: 'a', port: 80 }, { name: 'b', port: 9, protocol: 'SCTP' }]));
   t.same(s.unsupportedPorts, ['9/SCTP']);
