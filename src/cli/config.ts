@@ -87,7 +87,10 @@ function settingValue(option: Option, key: string, raw: unknown, file: string): 
   }
 }
 
-const UNIT_MS: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, μs: 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
+// The two micro signs Go accepts (U+00B5 and U+03BC), escaped: one character
+// above U+00FF anywhere in the agent's bundle makes V8 keep its whole source
+// as two bytes a character (Makefile, BUNDLE).
+const UNIT_MS: Record<string, number> = { ns: 1e-6, us: 1e-3, '\u00b5s': 1e-3, '\u03bcs': 1e-3, ms: 1, s: 1000, m: 60_000, h: 3_600_000 };
 
 /**
  * A duration in milliseconds: Go's time.ParseDuration form, which
@@ -100,10 +103,10 @@ const UNIT_MS: Record<string, number> = { ns: 1e-6, us: 1e-3, µs: 1e-3, μs: 1e
 export function parseDuration(text: string): number {
   const s = text.trim();
   if (/^\d+$/.test(s)) return Number(s);
-  const m = /^((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+$/.exec(s);
+  const m = /^((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+$/.exec(s);
   if (!m) throw new InvalidArgumentError('expected a duration such as 500ms, 30s, 1m30s or 1h (or milliseconds)');
   let ms = 0;
-  for (const part of s.matchAll(/(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)/g)) ms += Number(part[1]) * UNIT_MS[part[2]!]!;
+  for (const part of s.matchAll(/(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)/g)) ms += Number(part[1]) * UNIT_MS[part[2]!]!;
   const whole = Math.round(ms);
   if (!Number.isSafeInteger(whole) || whole > 2 ** 31 - 1) throw new InvalidArgumentError('longer than 24 days, the longest timer Node keeps');
   return whole;

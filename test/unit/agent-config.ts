@@ -36,7 +36,7 @@ async function optionsOf(args: string[]): Promise<AgentCommandOptions> {
 t.test('durations: Go\'s form, as kube-proxy takes them, and bare milliseconds', async (t) => {
   const cases: Array<[string, number]> = [
     ['1s', 1000], ['500ms', 500], ['30s', 30_000], ['1m30s', 90_000], ['1.5h', 5_400_000], ['2h45m', 9_900_000],
-    ['250000us', 250], ['0', 0], ['0s', 0], ['1500', 1500], ['.5s', 500], [' 10s ', 10_000],
+    ['250000us', 250], ['250000\u00b5s', 250], ['250000\u03bcs', 250], ['1ms500\u00b5s', 2], ['0', 0], ['0s', 0], ['1500', 1500], ['.5s', 500], [' 10s ', 10_000],
   ];
   for (const [text, ms] of cases) t.equal(parseDuration(text), ms, `${JSON.stringify(text)} is ${ms} ms`);
   for (const bad of ['', 's', '1', '1 s', '1sec', '1d', '-1s', '1s2', 'ten seconds', '1e3s', '1h-5m', '999999h']) {
