@@ -402,16 +402,21 @@ const sharedPorts = new Interner<ServicePort>(4096);
  * names them. V8 shares a parsed string only when it is short (about 10
  * characters): a cloud node's name (ip-10-0-1-23.ec2.internal) is parsed
  * into a string of its own for every endpoint. Bounded as sharedPorts is:
- * past 16,384 distinct names, or for a name longer than a DNS subdomain
- * (253 characters: no node's name is), each endpoint keeps its own, so
- * input built to grow the table holds at most 4 MiB in it.
+ * past 8,192 distinct names (Kubernetes supports clusters of 5,000 nodes),
+ * or for a name longer than a DNS subdomain (253 characters: no node's name
+ * is), each endpoint keeps its own. Input built to grow the table holds
+ * at most about 4.5 MiB in it (8,192 strings of 253 two-byte characters).
  */
-const sharedNames = new Interner<string>(16384);
+const sharedNames = new Interner<string>(8192);
 const MAX_SHARED_NAME = 253;
 const sharedName = (s: string): string => (s.length > MAX_SHARED_NAME ? s : sharedNames.of(s, () => s));
 
-/** The endpoints' zone-and-conditions objects (EndpointRest without hints), shared; bounded as sharedNames. */
-const sharedRests = new Interner<EndpointRest>(16384);
+/**
+ * The endpoints' zone-and-conditions objects (EndpointRest without hints),
+ * shared: a cluster has a few zones and endpoints a few combinations of
+ * conditions. Bounded at 1,024 (about 0.6 MiB at most, as sharedNames).
+ */
+const sharedRests = new Interner<EndpointRest>(1024);
 
 function servicePort(name: string, port: number, protocol: Protocol): ServicePort {
   return sharedPorts.of(`${protocol}/${port}/${name}`, () => Object.freeze({ name, port, protocol }));

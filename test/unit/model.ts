@@ -139,6 +139,16 @@ t.test('a validated EndpointSlice reads back every endpoint as it was given (pac
   t.same(read(other), [{ ...want[1], address: '10.0.1.2' }]);
   t.same(read(e), want, 'the first slice is unchanged by the second');
   t.same(eps({ ...raw, endpoints: [] }).endpoints, [], 'no endpoints');
+
+  // Past the shared names' bound (input built to grow it), each endpoint keeps its own name and zone.
+  const many = Array.from({ length: 9000 }, (_, i) =>
+    eps({ ...raw, metadata: { ...raw.metadata, name: `n-${i}` }, endpoints: [{ addresses: ['10.0.2.1'], nodeName: `node-${i}.example`, zone: `zone-${i}` }] }),
+  );
+  t.same(
+    [0, 8191, 8192, 8999].map((i) => [many[i]!.endpoints[0]!.nodeName, many[i]!.endpoints[0]!.zone]),
+    [0, 8191, 8192, 8999].map((i) => [`node-${i}.example`, `zone-${i}`]),
+    'every name reads back, inside the bound and past it',
+  );
 });
 
 t.test('SCTP ports are dropped with a note; the rest is served', async (t) => {
