@@ -399,9 +399,10 @@ const sharedPorts = new Interner<ServicePort>(4096);
 
 /**
  * Node names and zones, one string each, shared by every endpoint that
- * names them. V8 shares a parsed string only when it is short (about 10
- * characters): a cloud node's name (ip-10-0-1-23.ec2.internal) is parsed
- * into a string of its own for every endpoint. Bounded as sharedPorts is:
+ * names them. V8 shares a parsed string across parses only when it has 10
+ * characters or fewer (node 20, measured): a cloud node's name
+ * (ip-10-0-1-23.ec2.internal) is parsed into a string of its own for every
+ * endpoint. Bounded as sharedPorts is:
  * past 8,192 distinct names (Kubernetes supports clusters of 5,000 nodes),
  * or for a name longer than a DNS subdomain (253 characters: no node's name
  * is), each endpoint keeps its own. Input built to grow the table holds
