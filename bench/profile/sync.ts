@@ -97,7 +97,7 @@ export async function measure(n: number, log: (line: string) => void = () => {})
     };
     // Each object as the agent gets it: parsed from its own JSON text, as
     // the Kubernetes source parses a list item by item (V8 shares a parsed
-    // string across parses only when it is short).
+    // string across parses only when it has 10 characters or fewer).
     const wire = makeServices(n + 1).map((s) => [JSON.stringify(serviceObject(s)), JSON.stringify(sliceObject(s))] as const);
     const raw = wire.map(([svc, slice]) => [JSON.parse(svc) as unknown, JSON.parse(slice) as unknown] as const);
     wire.length = 0;

@@ -242,12 +242,14 @@ export class DesiredModel {
       const slices = slicesOf(e).sort(byName).slice(0, MAX_SLICES_PER_SERVICE);
       const seen = new Set<string>();
       for (const slice of slices) {
+        // Read once: a validated slice makes its endpoint objects when read.
+        const endpoints = slice.endpoints;
         const port = resolvePort(spec.handler.port, slice.ports);
         if (port === undefined) {
-          if (slice.endpoints.length > 0) unresolved.push({ service: id, detail: `readiness probe port ${JSON.stringify(spec.handler.port)} names no port of EndpointSlice ${slice.namespace}/${slice.name}: its ${slice.endpoints.length} endpoints are not probed` });
+          if (endpoints.length > 0) unresolved.push({ service: id, detail: `readiness probe port ${JSON.stringify(spec.handler.port)} names no port of EndpointSlice ${slice.namespace}/${slice.name}: its ${endpoints.length} endpoints are not probed` });
           continue;
         }
-        for (const ep of slice.endpoints) {
+        for (const ep of endpoints) {
           const k = `${ep.address}|${port}`;
           if (seen.has(k)) continue;
           seen.add(k);
