@@ -11,7 +11,7 @@
 // instead (the bench's rows read it: see measure() below).
 import { rmSync, mkdirSync } from 'node:fs';
 import { BpfObject } from '../../src/native/bpf.js';
-import { DEFAULT_OBJECT } from '../../src/datapath/loader.js';
+import { DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../../src/datapath/maps.js';
 import { u32 } from '../../src/datapath/abi.gen.js';
 import { validateEndpointSlice, validateService, type EndpointSlice, type Service } from '../../src/model/k8s.js';
@@ -42,10 +42,15 @@ const round = (x: number): number => Math.round(x * 100) / 100;
 
 /**
  * Runs the profile at `n` services on maps created for it (pinned under a
- * fresh directory of /sys/fs/bpf, removed after). Needs CAP_BPF.
+ * fresh directory of /sys/fs/bpf, removed after; bpffs is mounted there
+ * when it is not). Needs CAP_BPF.
  */
 export async function measure(n: number, log: (line: string) => void = () => {}): Promise<SyncProfile> {
   const pin = `/sys/fs/bpf/lbctl-bench-${process.pid}-profile`;
+  // First: on the unmounted /sys/fs/bpf of sysfs, node 20's recursive
+  // mkdirSync spins for ever (mkdir of the child: ENOENT, of the parent:
+  // EEXIST), where it should throw.
+  ensureBpffs(pin);
   mkdirSync(pin, { recursive: true });
   const obj = BpfObject.open(DEFAULT_OBJECT, {
     pinRoot: pin,
