@@ -18,8 +18,8 @@ import { makeServices } from './services.js';
 
 type Obj = ReturnType<typeof serviceObject>;
 
-/** `o` as a real server would hold it: what the API server and its writers add. */
-function representative(o: Obj, i: number): Obj {
+/** `o` as a real server would hold it: what the API server and its writers add (bench/profile/protobuf.ts uses it too). */
+export function representative(o: Obj, i: number): Obj {
   const m = o.metadata as { name: string; namespace: string };
   const isService = o.kind === 'Service';
   const spec = o.spec as { ports?: unknown; selector?: unknown } | undefined;
@@ -71,7 +71,8 @@ async function through(input: Buffer, z: Transform): Promise<{ cpuMs: number; by
 
 const mib = (b: number): string => (b / 2 ** 20).toFixed(1);
 
-for (const n of process.argv.slice(2).map(Number)) {
+// Run as a script only: bench/profile/protobuf.ts imports representative().
+for (const n of import.meta.url === `file://${process.argv[1]}` ? process.argv.slice(2).map(Number) : []) {
   const services = makeServices(n).slice(0, n);
   for (const shape of ['bench', 'representative'] as const) {
     const objects = [...services.map(serviceObject), ...services.map(sliceObject)];

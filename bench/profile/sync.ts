@@ -3,12 +3,16 @@
 // into freshly created (unattached) maps; then add one service on top,
 // change one service's endpoints, and run one periodic full resync (re-read
 // the maps, then the sync after it) with no drift and with some.
-//   node --expose-gc --import=@tapjs/typescript/import bench/profile/sync.ts --services 10000 [--json] [--cpu-prof]
-// (TS_NODE_TRANSPILE_ONLY=1 as the Makefile's bench targets set it.)
+//   node --expose-gc --import=@tapjs/typescript/import bench/profile/sync.ts --services 10000 [--json] [--passes N]
+// (TS_NODE_TRANSPILE_ONLY=1 as the Makefile's bench targets set it; node's
+// --cpu-prof before the script for a CPU profile.)
 // Prints each stage's wall and CPU time and, with --expose-gc, the memory
 // (V8 heap and ArrayBuffers) each stage keeps after a full collection (where the agent's memory per
 // service goes) and the process's peak RSS. --json prints one JSON object
-// instead (the bench's rows read it: see measure() below).
+// instead (one a pass). --passes N runs it all N times in one process, each
+// on fresh maps: the first pass runs code V8 has not optimized yet, as the
+// agent's one cold sync does, and the later ones show what the same work
+// costs once it has ("Issue 18, seventh part" in docs/benchmarks.md).
 import { rmSync, mkdirSync } from 'node:fs';
 import { BpfObject } from '../../src/native/bpf.js';
 import { DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
@@ -171,6 +175,12 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   const at = args.indexOf('--services');
   const n = Number(at >= 0 ? args[at + 1] : (args.find((a) => /^\d+$/.test(a)) ?? 10_000));
   const json = args.includes('--json');
-  const profile = await measure(n, json ? undefined : (line) => process.stdout.write(`${line}\n`));
-  if (json) process.stdout.write(`${JSON.stringify(profile)}\n`);
+  const p = args.indexOf('--passes');
+  const passes = p >= 0 ? Number(args[p + 1]) : 1;
+  if (!Number.isInteger(passes) || passes < 1) throw new Error(`--passes ${args[p + 1]}: a whole number of passes, 1 or more`);
+  for (let k = 1; k <= passes; k++) {
+    const prefix = passes > 1 ? `pass ${k}: ` : '';
+    const profile = await measure(n, json ? undefined : (line) => process.stdout.write(`${prefix}${line}\n`));
+    if (json) process.stdout.write(`${JSON.stringify(profile)}\n`);
+  }
 }
