@@ -16,6 +16,7 @@
 import protobuf from 'protobufjs';
 import { representative } from '../compression.js';
 import { serviceObject, sliceObject } from '../lbctl.js';
+import { median } from '../report.js';
 import { makeServices } from '../services.js';
 
 const spec = `
@@ -72,7 +73,6 @@ const cpuMs = (): number => {
   const c = process.cpuUsage();
   return (c.user + c.system) / 1000;
 };
-const median = (a: readonly number[]): number => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 const mib = (b: number): string => (b / 2 ** 20).toFixed(1);
 
 for (const n of process.argv.slice(2).map(Number)) {
