@@ -141,6 +141,7 @@ t.test('a validated EndpointSlice reads back every endpoint as it was given (pac
   t.same(eps({ ...raw, endpoints: [] }).endpoints, [], 'no endpoints');
 
   // Past the shared names' bound (input built to grow it), each endpoint keeps its own name and zone.
+  // This fills the process's tables (module state, as in the agent): the identity checks above run first.
   const many = Array.from({ length: 9000 }, (_, i) =>
     eps({ ...raw, metadata: { ...raw.metadata, name: `n-${i}` }, endpoints: [{ addresses: ['10.0.2.1'], nodeName: `node-${i}.example`, zone: `zone-${i}` }] }),
   );
