@@ -46,12 +46,13 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* CT lifetimes, seconds (Cilium's defaults). */
-#define CT_LIFETIME_TCP_SYN	60
-#define CT_LIFETIME_TCP		21600
-#define CT_LIFETIME_CLOSE	10
-#define CT_LIFETIME_NONTCP	60
-
+/* CT lifetimes, seconds. */
+#define CT_LIFETIME_TCP_SYN	60	/* a TCP flow until the client's ACK of the backend's answer */
+#define CT_LIFETIME_CLOSE	10	/* TCP closed: a FIN each way, or a reset */
+/* Defaults of those the agent may set (lb_np_config; 0 there: these). */
+#define CT_LIFETIME_TCP		21600	/* established (--conntrack-tcp-timeout-established) */
+#define CT_LIFETIME_CLOSE_WAIT	3600	/* half closed: one side's FIN (--conntrack-tcp-timeout-close-wait) */
+#define CT_LIFETIME_NONTCP	60	/* UDP (--conntrack-udp-timeout) */
 
 /* Upper bound of --snat-port-range retries the verifier sees. */
 #define NP_SNAT_TRIES_MAX	32
@@ -66,7 +67,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NP_DO_TOOBIG	0x10000	/* | the MTU (low 16 bits): fragmentation needed / packet too big; above every verdict */
 #define NP_MTU_MASK	0xffff
 
-/* np6_parse(): the first fragment of a datagram (its ports are in the flow). */
+/* np4_parse()/np6_parse(): the first fragment of a datagram (its ports are in the flow). */
 #define NP_PARSE_FRAG	1
 /* np4_parse()/np6_parse(): an ICMP or ICMPv6 packet, left to the ICMP handlers. */
 #define NP_PARSE_ICMP	2
@@ -77,31 +78,78 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define TCP_F_ACK	0x10
 
 /*
- * A SNAT port whose TCP flow the backend closed first stays taken this long
- * past its entry's expiry: the backend keeps the old tuple in TIME_WAIT for
- * 60 s, and a new client's SYN on it (other timestamps) is refused by PAWS
- * about half the time. When the client closed first, or either side reset,
- * the backend holds nothing and the port is free when the entry expires
- * (10 s after the close); a port never used, or whose entry the LRU
- * dropped, is free at once.
+ * A SNAT port whose TCP flow the backend closed first is best left alone
+ * this long past its entry's expiry: the backend keeps the old tuple in
+ * TIME_WAIT for 60 s, and a new client's SYN on it is accepted only when
+ * its timestamp (or sequence number) is newer than the old connection's;
+ * otherwise the backend answers with an ACK of the old connection, the
+ * client resets it and retries a second later. When the client closed
+ * first, or either side reset, the backend holds nothing.
  */
 #define NP_SNAT_TIME_WAIT	60
 
-static __always_inline bool np_snat_port_busy(__u64 expires, __u16 flags, __u8 proto, __u64 now)
+/*
+ * What a SNAT port's lb*_nat entry leaves a new flow, best last: a live flow
+ * holds it (NP_NAT_BUSY); its TCP flow is closed but the backend may still
+ * hold the tuple in TIME_WAIT (NP_NAT_TW); its TCP flow is closed and the
+ * backend holds nothing (NP_NAT_CLOSED); expired, and past the TIME_WAIT
+ * hold (NP_NAT_FREE). See np4_snat_reserve() for the order they are taken in.
+ */
+enum { NP_NAT_BUSY, NP_NAT_TW, NP_NAT_CLOSED, NP_NAT_FREE };
+
+static __always_inline int np_nat_rank(__u64 expires, __u16 flags, __u8 proto, __u64 now)
 {
-	if (proto == IPPROTO_TCP && (flags & LB_CT_F_TIME_WAIT))
-		expires += NP_SNAT_TIME_WAIT;
-	return expires > now;
+	bool tw = proto == IPPROTO_TCP && (flags & LB_CT_F_TIME_WAIT);
+
+	if ((tw ? expires + NP_SNAT_TIME_WAIT : expires) <= now)
+		return NP_NAT_FREE;
+	if (proto != IPPROTO_TCP || !(flags & LB_CT_F_CLOSING))
+		return NP_NAT_BUSY;
+	return tw ? NP_NAT_TW : NP_NAT_CLOSED;
 }
 
-/* A reply's flags: the backend's FIN before any close is its active close (TIME_WAIT on its side). */
-static __always_inline __u16 np_reply_flags(const struct np_l4 *l4, __u16 have)
-{
-	__u16 set = LB_CT_F_SEEN_REPLY;
+/*
+ * The best closed flow's port a SNAT reservation met so far (np4/np6
+ * _snat_reserve()), kept in a per-CPU scratch value rather than in the
+ * program's registers: a comparison against a register makes the verifier
+ * follow every try's outcome apart, and a loop of them multiplies its work
+ * (a tenfold growth, measured); values in a map are not state to it. The
+ * program's scratch space, not the agent's: declared here, unpinned.
+ */
+struct np_snat_best {
+	__u32 rank;		/* NP_NAT_*: NP_NAT_BUSY while none was met */
+	__be16 port;
+	__u8 pad[2];
+};
 
-	if (l4->proto == IPPROTO_TCP && (l4->tcp_flags & (TCP_F_FIN | TCP_F_RST)) == TCP_F_FIN && !(have & LB_CT_F_CLOSING))
-		set |= LB_CT_F_TIME_WAIT;
-	return set;
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct np_snat_best);
+	__uint(max_entries, 1);
+} lb_snat_best SEC(".maps");
+
+/* This CPU's scratch value, reset for a new reservation. */
+static __always_inline struct np_snat_best *np_snat_best(void)
+{
+	__u32 zero = 0;
+	struct np_snat_best *b = bpf_map_lookup_elem(&lb_snat_best, &zero);
+
+	if (b)
+		b->rank = NP_NAT_BUSY;
+	return b;
+}
+
+/* True when a port of `rank` is free to take now; else remembers it if it is the best closed one yet. */
+static __always_inline bool np_snat_consider(struct np_snat_best *best, int rank, __be16 port)
+{
+	if (rank == NP_NAT_FREE)
+		return true;
+	if ((__u32)rank > best->rank) {
+		best->rank = rank;
+		best->port = port;
+	}
+	return false;
 }
 
 static __always_inline const struct lb_np_config *np_config(void)
@@ -118,24 +166,87 @@ static __always_inline bool np_in_range(__be16 port, __u16 lo, __u16 hi)
 	return lo && p >= lo && p <= hi;
 }
 
-static __always_inline bool np_tcp_closing(const struct np_l4 *l4)
-{
-	return l4->proto == IPPROTO_TCP && (l4->tcp_flags & (TCP_F_FIN | TCP_F_RST));
-}
-
 /* A SYN without ACK: a client opening a connection (maybe reusing a tuple). */
 static __always_inline bool np_tcp_syn(const struct np_l4 *l4)
 {
 	return l4->proto == IPPROTO_TCP && (l4->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
 }
 
-static __always_inline __u64 np_lifetime(const struct np_l4 *l4, __u16 flags)
+/* A client's SYN on a tuple whose flow was closed or half closed: a new flow, not that one. */
+static __always_inline bool np_ct_reopened(const struct np_l4 *l4, __u16 flags)
 {
+	return (flags & (LB_CT_F_CLOSING | LB_CT_F_FIN_ORIG | LB_CT_F_FIN_REPLY)) && np_tcp_syn(l4);
+}
+
+/*
+ * A flow's flags after a packet of it (`reply`: from the backend): a reset
+ * closes it, a FIN half closes it, FINs both ways close it; the backend's
+ * FIN before the client's makes the backend the active closer, which
+ * holds the tuple in TIME_WAIT. Both entries of a flow carry the same.
+ */
+static __always_inline __u16 np_ct_flags(const struct np_l4 *l4, __u16 flags, bool reply)
+{
+	__u8 t = l4->tcp_flags;
+
 	if (l4->proto != IPPROTO_TCP)
-		return CT_LIFETIME_NONTCP;
-	if ((flags & LB_CT_F_CLOSING) || np_tcp_closing(l4))
+		return flags;
+	if (t & TCP_F_RST)
+		return flags | LB_CT_F_CLOSING;
+	if (!(t & TCP_F_FIN))
+		return flags;
+	if (reply) {
+		if (!(flags & (LB_CT_F_FIN_ORIG | LB_CT_F_CLOSING)))
+			flags |= LB_CT_F_TIME_WAIT;
+		flags |= LB_CT_F_FIN_REPLY;
+	} else {
+		flags |= LB_CT_F_FIN_ORIG;
+	}
+	if ((flags & (LB_CT_F_FIN_ORIG | LB_CT_F_FIN_REPLY)) == (LB_CT_F_FIN_ORIG | LB_CT_F_FIN_REPLY))
+		flags |= LB_CT_F_CLOSING;
+	return flags;
+}
+
+/* The flags an entry takes from its flow's other entry. */
+#define NP_CT_F_SHARED	(LB_CT_F_CLOSING | LB_CT_F_SEEN_REPLY | LB_CT_F_TIME_WAIT | LB_CT_F_FIN_ORIG | LB_CT_F_FIN_REPLY)
+
+static __always_inline __u64 np_lifetime(const struct lb_np_config *cfg, __u8 proto, __u16 flags)
+{
+	if (proto != IPPROTO_TCP)
+		return cfg->ct_udp ? cfg->ct_udp : CT_LIFETIME_NONTCP;
+	if (flags & LB_CT_F_CLOSING)
 		return CT_LIFETIME_CLOSE;
-	return (flags & LB_CT_F_SEEN_REPLY) ? CT_LIFETIME_TCP : CT_LIFETIME_TCP_SYN;
+	if (flags & (LB_CT_F_FIN_ORIG | LB_CT_F_FIN_REPLY))
+		return cfg->ct_tcp_close_wait ? cfg->ct_tcp_close_wait : CT_LIFETIME_CLOSE_WAIT;
+	if (flags & LB_CT_F_SEEN_REPLY)
+		return cfg->ct_tcp_established ? cfg->ct_tcp_established : CT_LIFETIME_TCP;
+	return CT_LIFETIME_TCP_SYN;
+}
+
+/*
+ * Sets an entry's flags and moves its expiry on (the clock is in seconds:
+ * at most one write a second). True when either changed, so the flow's
+ * other entry is brought along as rarely.
+ */
+static __always_inline bool np_ct_set(const struct lb_np_config *cfg, __u64 *expires, __u16 *flags, __u8 proto, __u16 f, __u64 now)
+{
+	__u64 e = now + np_lifetime(cfg, proto, f);
+	bool changed = false;
+
+	if (f != *flags) {
+		*flags = f;
+		changed = true;
+	}
+	if (e != *expires) {
+		*expires = e;
+		changed = true;
+	}
+	return changed;
+}
+
+/* A flow's other entry after this one changed: the state they share, the same lifetime. */
+static __always_inline void np_ct_pair(const struct lb_np_config *cfg, __u64 *expires, __u16 *flags, __u8 proto, __u16 from, __u64 now)
+{
+	np_ct_set(cfg, expires, flags, proto, *flags | (from & NP_CT_F_SHARED), now);
 }
 
 /*
@@ -163,18 +274,6 @@ static __always_inline int np_mtu_check(const struct bpf_fib_lookup *fib, int rc
 		return 0;
 	lb_count(LB_MTR_NP_FRAG_NEEDED);
 	return NP_DO_TOOBIG | mtu;
-}
-
-/* Moves an entry's expiry on (at most one write a second) and notes a close. */
-static __always_inline void np_ct_touch(__u64 *expires, __u16 *flags, const struct np_l4 *l4, __u64 now, __u16 set)
-{
-	__u16 f = *flags | set | (np_tcp_closing(l4) ? LB_CT_F_CLOSING : 0);
-	__u64 e = now + np_lifetime(l4, f);
-
-	if (f != *flags)
-		*flags = f;
-	if (e != *expires)
-		*expires = e;
 }
 
 /* ------------------------------------------------------------------ IPv4 */
@@ -269,8 +368,7 @@ static __always_inline bool np4_is_node_addr(__be32 addr)
 }
 
 /* The frontend a client's packet asks for: its own entry, else the NodePort surrogate on a node address. */
-static __always_inline struct lb_service *np4_lookup(const struct np4_flow *f, struct lb4_key *key,
-						     const struct lb_np_config *cfg, bool *node_addr)
+static __always_inline struct lb_service *np4_lookup(const struct np4_flow *f, struct lb4_key *key, const struct lb_np_config *cfg)
 {
 	struct lb_service *svc;
 
@@ -286,8 +384,7 @@ static __always_inline struct lb_service *np4_lookup(const struct np4_flow *f, s
 			return NULL;
 		return svc;
 	}
-	*node_addr = np4_is_node_addr(f->daddr);
-	if (!*node_addr || !np_in_range(f->dport, cfg->nodeport_min, cfg->nodeport_max))
+	if (!np_in_range(f->dport, cfg->nodeport_min, cfg->nodeport_max) || !np4_is_node_addr(f->daddr))
 		return NULL;
 	key->address = 0;
 	return lb4_lookup_service(key);
@@ -317,21 +414,29 @@ static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup 
 }
 
 /*
- * Reserves a SNAT port for a new flow to a remote backend: the port the
- * flow's tuple hashes to, then random ones, each taken by inserting the
- * reply entry with BPF_NOEXIST (an expired entry's port is taken over).
+ * Reserves a SNAT port for a new flow to a remote backend by inserting its
+ * lb4_nat entry with BPF_NOEXIST: first the client's own source port when
+ * it is inside --snat-port-range (else the port the flow's tuple hashes
+ * to), then random ones. Every (backend, SNAT address, port, protocol)
+ * tuple is a reservation of its own, so a port serves any number of
+ * backends. A free port (never used, or expired: np_nat_rank()) is taken
+ * at once; when no try finds one, the best closed flow's met on the way
+ * (np_nat_snat_best()) is taken over: closed flows never starve new ones.
  */
 static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, const struct np4_flow *f,
 					    const struct lb4_backend *be, __be32 snat_addr,
-					    struct lb4_ct_entry *reply, __u64 now, __be16 *port_out)
+					    const struct lb4_ct_entry *nat, __u64 now, __be16 *port_out)
 {
 	struct lb4_ct_key rk = { .saddr = be->address, .daddr = snat_addr, .sport = be->port,
 				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	__u32 span = (__u32)cfg->snat_max - cfg->snat_min + 1;
-	__u32 pick = np_mix(f->saddr, f->daddr, ((__u32)f->sport << 16) | f->dport);
+	__u16 sport = bpf_ntohs(f->sport);
+	__u32 pick = sport >= cfg->snat_min && sport <= cfg->snat_max ? sport - cfg->snat_min
+								       : np_mix(f->saddr, f->daddr, ((__u32)f->sport << 16) | f->dport);
+	struct np_snat_best *best = np_snat_best();
 	__u32 i;
 
-	if (!cfg->snat_min || cfg->snat_max < cfg->snat_min)
+	if (!best || !cfg->snat_min || cfg->snat_max < cfg->snat_min)
 		return -1;
 	for (i = 0; i < NP_SNAT_TRIES_MAX; i++) {
 		struct lb4_ct_entry *old;
@@ -341,18 +446,26 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
 		if (i > 0)
 			pick = bpf_get_prandom_u32();
 		rk.dport = bpf_htons(cfg->snat_min + pick % span);
-		old = bpf_map_lookup_elem(&lb4_ct, &rk);
+		old = bpf_map_lookup_elem(&lb4_nat, &rk);
 		if (old) {
-			if (np_snat_port_busy(old->expires, old->flags, f->l4.proto, now))
+			if (!np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
 				continue;
-			bpf_map_delete_elem(&lb4_ct, &rk);
+			bpf_map_delete_elem(&lb4_nat, &rk);
 		}
-		if (bpf_map_update_elem(&lb4_ct, &rk, reply, BPF_NOEXIST) == 0) {
+		if (bpf_map_update_elem(&lb4_nat, &rk, nat, BPF_NOEXIST) == 0) {
 			*port_out = rk.dport;
 			return 0;
 		}
 	}
-	return -1;
+	if (best->rank == NP_NAT_BUSY)
+		return -1;
+	rk.dport = best->port;
+	bpf_map_delete_elem(&lb4_nat, &rk);
+	if (bpf_map_update_elem(&lb4_nat, &rk, nat, BPF_NOEXIST) < 0)
+		return -1;
+	lb_count(LB_MTR_NP_SNAT_REUSE);
+	*port_out = rk.dport;
+	return 0;
 }
 
 /* Rewrites the packet's destination to the backend and, with SNAT, its source to ours. */
@@ -370,14 +483,17 @@ static __always_inline int np4_xlate_fwd(struct __sk_buff *skb, const struct np4
 }
 
 /*
- * A backend for a new flow: from the frontend's Maglev table when it has one
- * (the slot the flow's hash names: every node picks the same backend for a
- * flow, and a backend change moves few flows), else at random. Session
- * affinity keeps the socket layer's per-client choice instead.
+ * A backend for a new flow: under session affinity the one this client
+ * (its address) stuck to; else from the frontend's Maglev table when it
+ * has one (the slot the flow's hash names: every node picks the same
+ * backend for a flow, and a backend change moves few flows); else at
+ * random.
  */
 static __always_inline struct lb4_backend *np4_select(struct lb4_key *key, const struct lb_service *svc, const struct np4_flow *f,
 						      const struct lb_np_config *cfg, __u32 *backend_id)
 {
+	struct lb_np_affinity_key akey = { .address = { f->saddr }, .rev_nat_index = svc->rev_nat_index, .family = 4 };
+
 	if ((svc->flags & LB_SVC_F_MAGLEV) && !lb_svc_has_affinity(svc) && cfg->maglev_m) {
 		__u32 outer = svc->rev_nat_index;
 		void *table = bpf_map_lookup_elem(&lb_maglev, &outer);
@@ -394,8 +510,7 @@ static __always_inline struct lb4_backend *np4_select(struct lb4_key *key, const
 			}
 		}
 	}
-	/* The client is its address here; affinity entries are per network namespace at the socket layer. */
-	return lb4_select_backend(key, svc, ((__u64)f->saddr << 8) | 0xff, backend_id);
+	return lb4_select_backend_in(key, svc, &lb_np_affinity, &akey, backend_id);
 }
 
 /*
@@ -420,7 +535,7 @@ static __always_inline bool np4_endpoints_elsewhere(struct lb4_key *key, const s
 	return !twin || (twin->flags & LB_SVC_F_LOCAL_INTERNAL) || twin->count || twin->qcount;
 }
 
-/* A new flow: source ranges, a backend, local or remote, the CT entries. */
+/* A new flow: source ranges, a backend, local or remote, the CT (and SNAT) entries. */
 static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_flow *f, struct lb4_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
 					struct lb4_ct_key *ok, struct lb4_ct_entry *orig, __u64 now)
@@ -472,7 +587,7 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 			return TC_ACT_SHOT;
 		}
 		reply.flags = LB_CT_F_SNAT;
-		reply.expires = now + np_lifetime(&f->l4, 0);
+		reply.expires = now + np_lifetime(cfg, f->l4.proto, 0);
 		if (np4_snat_reserve(cfg, f, be, dev->addr4, &reply, now, &orig->port2) < 0) {
 			lb_count(LB_MTR_NP_SNAT_EXHAUSTED);
 			return TC_ACT_SHOT;
@@ -485,14 +600,15 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 					 .dport = f->sport, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 
 		reply.flags = LB_CT_F_LOCAL;
-		reply.expires = now + np_lifetime(&f->l4, 0);
+		reply.expires = now + np_lifetime(cfg, f->l4.proto, 0);
 		if (bpf_map_update_elem(&lb4_ct, &rk, &reply, BPF_ANY) < 0) {
 			lb_count(LB_MTR_NP_CT_FULL);
 			return TC_ACT_SHOT;
 		}
 		orig->flags = LB_CT_F_LOCAL;
 	}
-	orig->expires = now + np_lifetime(&f->l4, orig->flags);
+	orig->flags = np_ct_flags(&f->l4, orig->flags, false);
+	orig->expires = now + np_lifetime(cfg, f->l4.proto, orig->flags);
 	if (bpf_map_update_elem(&lb4_ct, ok, orig, BPF_ANY) < 0) {
 		lb_count(LB_MTR_NP_CT_FULL);
 		return TC_ACT_SHOT;
@@ -501,22 +617,67 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 	return 0;
 }
 
-/* The reply entry of an ORIG entry, to keep it alive as long as the flow. */
-static __always_inline void np4_touch_reply(const struct np4_flow *f, const struct lb4_ct_entry *orig, __u64 now)
+/* A local flow's reply entry (egress: backend -> client), brought along with its ORIG entry. */
+static __always_inline void np4_pair_local(const struct lb_np_config *cfg, const struct np4_flow *f,
+					   const struct lb4_ct_entry *orig, __u64 now)
 {
-	struct lb4_ct_key rk = { .saddr = orig->addr1, .sport = orig->port1, .proto = f->l4.proto, .dir = LB_CT_REPLY };
-	struct lb4_ct_entry *r;
+	struct lb4_ct_key rk = { .saddr = orig->addr1, .daddr = f->saddr, .sport = orig->port1, .dport = f->sport,
+				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	struct lb4_ct_entry *r = bpf_map_lookup_elem(&lb4_ct, &rk);
 
-	if (orig->flags & LB_CT_F_SNAT) {
-		rk.daddr = orig->addr2;
-		rk.dport = orig->port2;
-	} else {
-		rk.daddr = f->saddr;
-		rk.dport = f->sport;
-	}
-	r = bpf_map_lookup_elem(&lb4_ct, &rk);
 	if (r)
-		np_ct_touch(&r->expires, &r->flags, &f->l4, now, 0);
+		np_ct_pair(cfg, &r->expires, &r->flags, f->l4.proto, orig->flags, now);
+}
+
+/* Outcomes of np4_nat_own() beside 0 (the entry is the flow's). */
+#define NP_NAT_LOST	1	/* neither there nor writable: dropped (np_nat_full) */
+#define NP_NAT_TAKEN	2	/* another flow holds the port now: this flow ends */
+
+/*
+ * A SNATed flow's lb4_nat entry, checked at every packet the client sends:
+ * still its own (the client and frontend it translates back to are this
+ * flow's), its state and expiry brought along. One the LRU dropped is
+ * written again from the ORIG entry (np_nat_repair). One that names
+ * another client means the port was taken (its entry was lost, or the flow
+ * had closed and its port went to a new one): this flow's packets must no
+ * longer leave with that tuple, or the backend would take them for the
+ * other flow's and its replies would reach the wrong client.
+ */
+static __always_inline int np4_nat_own(const struct lb_np_config *cfg, const struct np4_flow *f,
+				       const struct lb4_ct_entry *orig, bool changed, __u64 now)
+{
+	struct lb4_ct_key rk = { .saddr = orig->addr1, .daddr = orig->addr2, .sport = orig->port1, .dport = orig->port2,
+				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	struct lb4_ct_entry *r = bpf_map_lookup_elem(&lb4_nat, &rk);
+
+	if (!r) {
+		struct lb4_ct_entry nat = {
+			.expires = orig->expires, .addr1 = f->daddr, .addr2 = f->saddr, .port1 = f->dport, .port2 = f->sport,
+			.rev_nat_index = orig->rev_nat_index, .backend_id = orig->backend_id, .flags = orig->flags,
+		};
+
+		if (bpf_map_update_elem(&lb4_nat, &rk, &nat, BPF_NOEXIST) == 0) {
+			lb_count(LB_MTR_NP_NAT_REPAIR);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&lb4_nat, &rk);
+		if (!r)
+			return NP_NAT_LOST;
+	}
+	if (r->addr2 != f->saddr || r->port2 != f->sport || r->addr1 != f->daddr || r->port1 != f->dport)
+		return NP_NAT_TAKEN;
+	if (changed)
+		np_ct_pair(cfg, &r->expires, &r->flags, f->l4.proto, orig->flags, now);
+	return 0;
+}
+
+/* An established flow's backend is gone when its id no longer names its address (removed, or the id reused). */
+static __always_inline bool np4_backend_gone(const struct lb4_ct_entry *ct)
+{
+	__u32 id = ct->backend_id;
+	struct lb4_backend *be = bpf_map_lookup_elem(&lb4_backends, &id);
+
+	return !be || be->address != ct->addr1 || be->port != ct->port1;
 }
 
 /*
@@ -536,7 +697,12 @@ static __always_inline int np4_too_big(const struct np4_flow *f, int mtu)
 	return f->df ? mtu : TC_ACT_SHOT;
 }
 
-/* A client's packet to a frontend: DNAT (and SNAT), then up the stack or out to the backend's node. */
+/*
+ * A client's packet to a frontend: the flow's ORIG entry, or a new flow (no
+ * entry, a dead one, a closed tuple opened again, a backend that left every
+ * service: kube-proxy flushes such UDP flows, Cilium picks again); DNAT (and
+ * SNAT), then up the stack or out to the backend's node.
+ */
 static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, struct lb4_key *key,
 				   const struct lb_service *svc, const struct lb_np_config *cfg)
 {
@@ -547,10 +713,34 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	struct bpf_fib_lookup fib;
 	__u64 now = np_now();
 	int rc = 0, mtu;
+	bool changed;
 
 	ct = bpf_map_lookup_elem(&lb4_ct, &ok);
-	if (ct && (ct->expires <= now || ((ct->flags & LB_CT_F_CLOSING) && np_tcp_syn(&f->l4))))
-		ct = NULL; /* dead, or a closed tuple opened again: a new flow */
+	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags)))
+		ct = NULL;
+	if (ct && np4_backend_gone(ct)) {
+		lb_count(LB_MTR_NP_REBALANCE);
+		ct = NULL;
+	}
+	if (ct) {
+		__u16 fl = np_ct_flags(&f->l4, ct->flags, false) | (np_tcp_syn(&f->l4) ? 0 : LB_CT_F_SEEN_REPLY);
+
+		changed = np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, fl, now);
+		if (ct->flags & LB_CT_F_SNAT) {
+			rc = np4_nat_own(cfg, f, ct, changed, now);
+			if (rc == NP_NAT_LOST) {
+				lb_count(LB_MTR_NP_NAT_FULL);
+				return TC_ACT_SHOT;
+			}
+			if (rc == NP_NAT_TAKEN) {
+				lb_count(LB_MTR_NP_NAT_STOLEN);
+				bpf_map_delete_elem(&lb4_ct, &ok);
+				ct = NULL;
+			}
+		} else if (changed) {
+			np4_pair_local(cfg, f, ct, now);
+		}
+	}
 	if (!ct) {
 		if (!f->l4.has_ports) {
 			lb_count(LB_MTR_NP_FRAG);
@@ -560,12 +750,6 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 		if (rc)
 			return rc;
 		ct = &fresh;
-	} else {
-		__u64 before = ct->expires;
-
-		np_ct_touch(&ct->expires, &ct->flags, &f->l4, now, np_tcp_syn(&f->l4) ? 0 : LB_CT_F_SEEN_REPLY);
-		if (ct->expires != before)
-			np4_touch_reply(f, ct, now);
 	}
 	np4_frag_record(f);
 	if (ct->flags & LB_CT_F_SNAT) {
@@ -612,27 +796,49 @@ static __always_inline int np4_xlate_rev(struct __sk_buff *skb, const struct np4
 	return 0;
 }
 
-static __always_inline struct lb4_ct_entry *np4_reply_entry(const struct np4_flow *f, __u16 want)
+/* A reply as it arrives, in `map` (lb4_nat after SNAT, lb4_ct for a local backend's), if alive. */
+static __always_inline struct lb4_ct_entry *np4_reply_entry(void *map, const struct np4_flow *f, __u64 now)
 {
 	struct lb4_ct_key rk = { .saddr = f->saddr, .daddr = f->daddr, .sport = f->sport, .dport = f->dport,
 				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
-	struct lb4_ct_entry *ct = bpf_map_lookup_elem(&lb4_ct, &rk);
+	struct lb4_ct_entry *ct = bpf_map_lookup_elem(map, &rk);
 
-	if (!ct || !(ct->flags & want) || ct->expires <= np_now())
+	if (!ct || ct->expires <= now)
 		return NULL;
 	return ct;
 }
 
-/* A remote backend's reply to a SNAT port: back to the client, from the frontend. */
-static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *f)
+/*
+ * A reply entry after a reply: its state, and the flow's ORIG entry
+ * (client -> frontend) brought along when that changed (a FIN, a reset,
+ * the expiry's once-a-second move).
+ */
+static __always_inline void np4_reply_seen(const struct lb_np_config *cfg, const struct np4_flow *f,
+					   struct lb4_ct_entry *ct, __u64 now)
 {
-	struct lb4_ct_entry *ct = np4_reply_entry(f, LB_CT_F_SNAT);
+	__u16 fl = np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY;
+	struct lb4_ct_key ok = { .saddr = ct->addr2, .daddr = ct->addr1, .sport = ct->port2, .dport = ct->port1,
+				 .proto = f->l4.proto, .dir = LB_CT_ORIG };
+	struct lb4_ct_entry *o;
+
+	if (!np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, fl, now))
+		return;
+	o = bpf_map_lookup_elem(&lb4_ct, &ok);
+	if (o)
+		np_ct_pair(cfg, &o->expires, &o->flags, f->l4.proto, ct->flags, now);
+}
+
+/* A remote backend's reply to a SNAT port: back to the client, from the frontend. */
+static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *f, const struct lb_np_config *cfg)
+{
+	__u64 now = np_now();
+	struct lb4_ct_entry *ct = np4_reply_entry(&lb4_nat, f, now);
 	struct bpf_fib_lookup fib;
 	int rc, mtu;
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
-	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), np_reply_flags(&f->l4, ct->flags));
+	np4_reply_seen(cfg, f, ct, now);
 	np4_frag_record(f);
 	if (f->ttl <= 1) {
 		lb_count(LB_MTR_NP_TTL);
@@ -663,13 +869,19 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 	return np_fib_redirect(skb, &fib, rc);
 }
 
+/*
+ * Ingress. A packet to a port of --snat-port-range can only be a reply to
+ * a SNATed flow (the range and the NodePort range never overlap, and a
+ * frontend's own entry is looked up first): its lb4_nat entry decides,
+ * whatever address it was sent to, so replies to any address we SNAT to
+ * come back, --nodeport-addresses or not.
+ */
 static __always_inline int np4_ingress(struct __sk_buff *skb)
 {
 	const struct lb_np_config *cfg = np_config();
 	struct lb4_key key = {};
 	struct lb_service *svc;
 	struct np4_flow f;
-	bool node_addr = false;
 	int rc;
 
 	if (!cfg)
@@ -679,30 +891,35 @@ static __always_inline int np4_ingress(struct __sk_buff *skb)
 		return NP_DO_ICMP;
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
-	svc = np4_lookup(&f, &key, cfg, &node_addr);
+	svc = np4_lookup(&f, &key, cfg);
 	if (svc)
 		return np4_fwd(skb, &f, &key, svc, cfg);
-	if (node_addr && np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
-		return np4_rev_snat(skb, &f);
+	if (np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
+		return np4_rev_snat(skb, &f, cfg);
 	return TC_ACT_UNSPEC;
 }
 
 /* A local backend's reply on its way out: from the frontend again. */
 static __always_inline int np4_egress(struct __sk_buff *skb)
 {
+	const struct lb_np_config *cfg = np_config();
 	struct lb4_ct_entry *ct;
 	struct np4_flow f;
+	__u64 now;
 	int rc;
 
+	if (!cfg)
+		return TC_ACT_UNSPEC;
 	rc = np4_parse(skb, &f);
 	if (rc == NP_PARSE_ICMP)
 		return NP_DO_ICMP;
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
-	ct = np4_reply_entry(&f, LB_CT_F_LOCAL);
-	if (!ct)
+	now = np_now();
+	ct = np4_reply_entry(&lb4_ct, &f, now);
+	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
 		return TC_ACT_UNSPEC;
-	np_ct_touch(&ct->expires, &ct->flags, &f.l4, np_now(), LB_CT_F_SEEN_REPLY);
+	np4_reply_seen(cfg, &f, ct, now);
 	np4_frag_record(&f);
 	if (np4_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct iphdr, saddr), f.saddr, ct->addr1) < 0 ||
 	    np_rewrite_port(skb, &f.l4, offsetof(struct tcphdr, source), f.sport, ct->port1) < 0) {
@@ -722,32 +939,36 @@ struct np6_flow {
 	__be16 dport;
 	__u16 tot_len;
 	__u8 hop_limit;
+	bool frag_first;	/* a fragment header, offset 0, M set: later fragments follow it */
+	__be32 id;		/* the fragment header's identification */
 	struct np_l4 l4;
 };
 
 /*
- * 0: a TCP or UDP packet whose addresses and ports are in `f`, after at most
- * NP_IPV6_EXT_MAX extension headers; NP_PARSE_FRAG: the same of a first
- * fragment (offset 0: the transport header is in it); NP_PARSE_ICMP: an
- * ICMPv6 packet right after the IPv6 header (nothing in `f`); <0: not ours
- * to look at, a later fragment among them (it has no ports).
+ * 0: a TCP or UDP packet (a first or later fragment among them) whose
+ * addresses and ports are in `f`, after at most NP_IPV6_EXT_MAX extension
+ * headers (a later fragment's ports are those its first recorded);
+ * NP_PARSE_ICMP: an ICMPv6 packet right after the IPv6 header (nothing in
+ * `f`); <0: not ours to look at.
  */
 static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 {
 	struct ipv6hdr ip;
 	__u32 off = NP_L3_OFF + sizeof(struct ipv6hdr);
+	bool later = false;
 	__u32 ports;
-	int ret = 0;
 	__u8 nh;
 	int i;
 
 	if (bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0 || ip.version != 6)
 		return -1;
+	f->frag_first = false;
+	f->id = 0;
 	nh = ip.nexthdr;
 #pragma unroll
 	for (i = 0; i < NP_IPV6_EXT_MAX; i++) {
-		/* next header, length (or reserved), and a fragment header's offset and flags */
-		__u8 ext[4];
+		/* next header, length (or reserved), and a fragment header's offset, flags and id */
+		__u8 ext[8];
 
 		if (nh != NEXTHDR_HOP && nh != NEXTHDR_ROUTING && nh != NEXTHDR_DEST && nh != NEXTHDR_AUTH &&
 		    nh != NEXTHDR_FRAGMENT)
@@ -755,14 +976,20 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 		if (bpf_skb_load_bytes(skb, off, ext, sizeof(ext)) < 0)
 			return -1;
 		if (nh == NEXTHDR_FRAGMENT) {
-			if ((((__u16)ext[2] << 8) | ext[3]) & IP6_OFFSET)
-				return -1;
-			ret = NP_PARSE_FRAG;
+			__u16 fo = ((__u16)ext[2] << 8) | ext[3];
+
+			__builtin_memcpy(&f->id, ext + 4, sizeof(f->id));
+			if (fo & IP6_OFFSET)
+				later = true;
+			else if (fo & 1)
+				f->frag_first = true; /* M set; without it an atomic fragment (RFC 6946): a whole packet */
 			off += 8;
 		} else {
 			off += nh == NEXTHDR_AUTH ? (ext[1] + 2) * 4 : (ext[1] + 1) * 8;
 		}
 		nh = ext[0];
+		if (later)
+			break;
 	}
 	if (nh == IPPROTO_ICMPV6 && off == NP_L3_OFF + sizeof(struct ipv6hdr))
 		return NP_PARSE_ICMP;
@@ -775,16 +1002,43 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	f->l4.proto = nh;
 	f->l4.l4_off = off;
 	f->l4.csum_off = np_l4_csum_off(nh, off);
-	f->l4.has_ports = true;
 	f->l4.tcp_flags = 0;
 	f->l4.udp_zero_csum = false;
+	if (later) {
+		struct lb6_frag_key fk = { .id = f->id, .proto = nh };
+		struct lb4_frag_ports *fp;
+
+		ip6_copy(fk.saddr, f->saddr);
+		ip6_copy(fk.daddr, f->daddr);
+		fp = bpf_map_lookup_elem(&lb6_frag, &fk);
+		if (!fp)
+			return -1;
+		f->sport = fp->sport;
+		f->dport = fp->dport;
+		f->l4.has_ports = false;
+		f->l4.csum_off = 0;
+		return 0;
+	}
+	f->l4.has_ports = true;
 	if (bpf_skb_load_bytes(skb, off, &ports, sizeof(ports)) < 0)
 		return -1;
 	f->sport = (__be16)ports;
 	f->dport = (__be16)(ports >> 16);
 	if (nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, &f->l4.tcp_flags, 1) < 0)
 		return -1;
-	return ret;
+	return 0;
+}
+
+static __always_inline void np6_frag_record(const struct np6_flow *f)
+{
+	struct lb6_frag_key fk = { .id = f->id, .proto = f->l4.proto };
+	struct lb4_frag_ports fp = { .sport = f->sport, .dport = f->dport };
+
+	if (!f->frag_first)
+		return;
+	ip6_copy(fk.saddr, f->saddr);
+	ip6_copy(fk.daddr, f->daddr);
+	bpf_map_update_elem(&lb6_frag, &fk, &fp, BPF_ANY);
 }
 
 static __always_inline bool np6_is_node_addr(const __be32 *addr)
@@ -795,8 +1049,7 @@ static __always_inline bool np6_is_node_addr(const __be32 *addr)
 	return bpf_map_lookup_elem(&lb_node_addrs, &k) != NULL;
 }
 
-static __always_inline struct lb_service *np6_lookup(const struct np6_flow *f, struct lb6_key *key,
-						     const struct lb_np_config *cfg, bool *node_addr)
+static __always_inline struct lb_service *np6_lookup(const struct np6_flow *f, struct lb6_key *key, const struct lb_np_config *cfg)
 {
 	struct lb_service *svc;
 
@@ -812,8 +1065,7 @@ static __always_inline struct lb_service *np6_lookup(const struct np6_flow *f, s
 			return NULL;
 		return svc;
 	}
-	*node_addr = np6_is_node_addr(f->daddr);
-	if (!*node_addr || !np_in_range(f->dport, cfg->nodeport_min, cfg->nodeport_max))
+	if (!np_in_range(f->dport, cfg->nodeport_min, cfg->nodeport_max) || !np6_is_node_addr(f->daddr))
 		return NULL;
 	__builtin_memset(key->address, 0, sizeof(key->address));
 	return lb6_lookup_service(key);
@@ -848,16 +1100,21 @@ static __always_inline bool ip6_is_zero(const __be32 *a)
 	return !(a[0] | a[1] | a[2] | a[3]);
 }
 
+/* As np4_snat_reserve(). */
 static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, const struct np6_flow *f,
 					    const struct lb6_backend *be, const __be32 *snat_addr,
-					    struct lb6_ct_entry *reply, __u64 now, __be16 *port_out)
+					    const struct lb6_ct_entry *nat, __u64 now, __be16 *port_out)
 {
 	struct lb6_ct_key rk = { .sport = be->port, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	__u32 span = (__u32)cfg->snat_max - cfg->snat_min + 1;
-	__u32 pick = np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport);
+	__u16 sport = bpf_ntohs(f->sport);
+	__u32 pick = sport >= cfg->snat_min && sport <= cfg->snat_max
+			     ? sport - cfg->snat_min
+			     : np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport);
+	struct np_snat_best *best = np_snat_best();
 	__u32 i;
 
-	if (!cfg->snat_min || cfg->snat_max < cfg->snat_min)
+	if (!best || !cfg->snat_min || cfg->snat_max < cfg->snat_min)
 		return -1;
 	ip6_copy(rk.saddr, be->address);
 	ip6_copy(rk.daddr, snat_addr);
@@ -869,18 +1126,26 @@ static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, cons
 		if (i > 0)
 			pick = bpf_get_prandom_u32();
 		rk.dport = bpf_htons(cfg->snat_min + pick % span);
-		old = bpf_map_lookup_elem(&lb6_ct, &rk);
+		old = bpf_map_lookup_elem(&lb6_nat, &rk);
 		if (old) {
-			if (np_snat_port_busy(old->expires, old->flags, f->l4.proto, now))
+			if (!np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
 				continue;
-			bpf_map_delete_elem(&lb6_ct, &rk);
+			bpf_map_delete_elem(&lb6_nat, &rk);
 		}
-		if (bpf_map_update_elem(&lb6_ct, &rk, reply, BPF_NOEXIST) == 0) {
+		if (bpf_map_update_elem(&lb6_nat, &rk, nat, BPF_NOEXIST) == 0) {
 			*port_out = rk.dport;
 			return 0;
 		}
 	}
-	return -1;
+	if (best->rank == NP_NAT_BUSY)
+		return -1;
+	rk.dport = best->port;
+	bpf_map_delete_elem(&lb6_nat, &rk);
+	if (bpf_map_update_elem(&lb6_nat, &rk, nat, BPF_NOEXIST) < 0)
+		return -1;
+	lb_count(LB_MTR_NP_SNAT_REUSE);
+	*port_out = rk.dport;
+	return 0;
 }
 
 static __always_inline int np6_xlate_fwd(struct __sk_buff *skb, const struct np6_flow *f, const struct lb6_ct_entry *ct)
@@ -901,9 +1166,12 @@ static __always_inline __u32 np6_addr_hash(const __be32 *a)
 	return bpf_ntohl(a[0]) ^ bpf_ntohl(a[1]) ^ bpf_ntohl(a[2]) ^ bpf_ntohl(a[3]);
 }
 
+/* As np4_select(): affinity keys on the client's whole address. */
 static __always_inline struct lb6_backend *np6_select(struct lb6_key *key, const struct lb_service *svc, const struct np6_flow *f,
 						      const struct lb_np_config *cfg, __u32 *backend_id)
 {
+	struct lb_np_affinity_key akey = { .rev_nat_index = svc->rev_nat_index, .family = 6 };
+
 	if ((svc->flags & LB_SVC_F_MAGLEV) && !lb_svc_has_affinity(svc) && cfg->maglev_m) {
 		__u32 outer = svc->rev_nat_index | LB_MAGLEV_V6;
 		void *table = bpf_map_lookup_elem(&lb_maglev, &outer);
@@ -920,7 +1188,8 @@ static __always_inline struct lb6_backend *np6_select(struct lb6_key *key, const
 			}
 		}
 	}
-	return lb6_select_backend(key, svc, ((__u64)f->saddr[3] << 8) | 0xfe, backend_id);
+	ip6_copy(akey.address, f->saddr);
+	return lb6_select_backend_in(key, svc, &lb_np_affinity, &akey, backend_id);
 }
 
 static __always_inline bool np6_endpoints_elsewhere(struct lb6_key *key, const struct lb_service *svc)
@@ -987,7 +1256,7 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 			return TC_ACT_SHOT;
 		}
 		reply.flags = LB_CT_F_SNAT;
-		reply.expires = now + np_lifetime(&f->l4, 0);
+		reply.expires = now + np_lifetime(cfg, f->l4.proto, 0);
 		if (np6_snat_reserve(cfg, f, be, dev->addr6, &reply, now, &orig->port2) < 0) {
 			lb_count(LB_MTR_NP_SNAT_EXHAUSTED);
 			return TC_ACT_SHOT;
@@ -1000,14 +1269,15 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 		ip6_copy(rk.saddr, be->address);
 		ip6_copy(rk.daddr, f->saddr);
 		reply.flags = LB_CT_F_LOCAL;
-		reply.expires = now + np_lifetime(&f->l4, 0);
+		reply.expires = now + np_lifetime(cfg, f->l4.proto, 0);
 		if (bpf_map_update_elem(&lb6_ct, &rk, &reply, BPF_ANY) < 0) {
 			lb_count(LB_MTR_NP_CT_FULL);
 			return TC_ACT_SHOT;
 		}
 		orig->flags = LB_CT_F_LOCAL;
 	}
-	orig->expires = now + np_lifetime(&f->l4, orig->flags);
+	orig->flags = np_ct_flags(&f->l4, orig->flags, false);
+	orig->expires = now + np_lifetime(cfg, f->l4.proto, orig->flags);
 	if (bpf_map_update_elem(&lb6_ct, ok, orig, BPF_ANY) < 0) {
 		lb_count(LB_MTR_NP_CT_FULL);
 		return TC_ACT_SHOT;
@@ -1016,24 +1286,61 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 	return 0;
 }
 
-static __always_inline void np6_touch_reply(const struct np6_flow *f, const struct lb6_ct_entry *orig, __u64 now)
+static __always_inline void np6_pair_local(const struct lb_np_config *cfg, const struct np6_flow *f,
+					   const struct lb6_ct_entry *orig, __u64 now)
 {
-	struct lb6_ct_key rk = { .sport = orig->port1, .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	struct lb6_ct_key rk = { .sport = orig->port1, .dport = f->sport, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	struct lb6_ct_entry *r;
 
 	ip6_copy(rk.saddr, orig->addr1);
-	if (orig->flags & LB_CT_F_SNAT) {
-		ip6_copy(rk.daddr, orig->addr2);
-		rk.dport = orig->port2;
-	} else {
-		ip6_copy(rk.daddr, f->saddr);
-		rk.dport = f->sport;
-	}
+	ip6_copy(rk.daddr, f->saddr);
 	r = bpf_map_lookup_elem(&lb6_ct, &rk);
 	if (r)
-		np_ct_touch(&r->expires, &r->flags, &f->l4, now, 0);
+		np_ct_pair(cfg, &r->expires, &r->flags, f->l4.proto, orig->flags, now);
 }
 
+/* As np4_nat_own(). */
+static __always_inline int np6_nat_own(const struct lb_np_config *cfg, const struct np6_flow *f,
+				       const struct lb6_ct_entry *orig, bool changed, __u64 now)
+{
+	struct lb6_ct_key rk = { .sport = orig->port1, .dport = orig->port2, .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	struct lb6_ct_entry *r;
+
+	ip6_copy(rk.saddr, orig->addr1);
+	ip6_copy(rk.daddr, orig->addr2);
+	r = bpf_map_lookup_elem(&lb6_nat, &rk);
+	if (!r) {
+		struct lb6_ct_entry nat = {
+			.expires = orig->expires, .port1 = f->dport, .port2 = f->sport,
+			.rev_nat_index = orig->rev_nat_index, .backend_id = orig->backend_id, .flags = orig->flags,
+		};
+
+		ip6_copy(nat.addr1, f->daddr);
+		ip6_copy(nat.addr2, f->saddr);
+		if (bpf_map_update_elem(&lb6_nat, &rk, &nat, BPF_NOEXIST) == 0) {
+			lb_count(LB_MTR_NP_NAT_REPAIR);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&lb6_nat, &rk);
+		if (!r)
+			return NP_NAT_LOST;
+	}
+	if (!np6_addr_eq(r->addr2, f->saddr) || r->port2 != f->sport || !np6_addr_eq(r->addr1, f->daddr) || r->port1 != f->dport)
+		return NP_NAT_TAKEN;
+	if (changed)
+		np_ct_pair(cfg, &r->expires, &r->flags, f->l4.proto, orig->flags, now);
+	return 0;
+}
+
+static __always_inline bool np6_backend_gone(const struct lb6_ct_entry *ct)
+{
+	__u32 id = ct->backend_id;
+	struct lb6_backend *be = bpf_map_lookup_elem(&lb6_backends, &id);
+
+	return !be || !np6_addr_eq(be->address, ct->addr1) || be->port != ct->port1;
+}
+
+/* As np4_fwd(); IPv6 routers never fragment: too big is a packet too big to the sender. */
 static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, struct lb6_key *key,
 				   const struct lb_service *svc, const struct lb_np_config *cfg)
 {
@@ -1043,30 +1350,52 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	struct bpf_fib_lookup fib;
 	__u64 now = np_now();
 	int rc = 0, mtu;
+	bool changed;
 
 	ip6_copy(ok.saddr, f->saddr);
 	ip6_copy(ok.daddr, f->daddr);
 	ct = bpf_map_lookup_elem(&lb6_ct, &ok);
-	if (ct && (ct->expires <= now || ((ct->flags & LB_CT_F_CLOSING) && np_tcp_syn(&f->l4))))
+	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags)))
 		ct = NULL;
+	if (ct && np6_backend_gone(ct)) {
+		lb_count(LB_MTR_NP_REBALANCE);
+		ct = NULL;
+	}
+	if (ct) {
+		__u16 fl = np_ct_flags(&f->l4, ct->flags, false) | (np_tcp_syn(&f->l4) ? 0 : LB_CT_F_SEEN_REPLY);
+
+		changed = np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, fl, now);
+		if (ct->flags & LB_CT_F_SNAT) {
+			rc = np6_nat_own(cfg, f, ct, changed, now);
+			if (rc == NP_NAT_LOST) {
+				lb_count(LB_MTR_NP_NAT_FULL);
+				return TC_ACT_SHOT;
+			}
+			if (rc == NP_NAT_TAKEN) {
+				lb_count(LB_MTR_NP_NAT_STOLEN);
+				bpf_map_delete_elem(&lb6_ct, &ok);
+				ct = NULL;
+			}
+		} else if (changed) {
+			np6_pair_local(cfg, f, ct, now);
+		}
+	}
 	if (!ct) {
+		if (!f->l4.has_ports) {
+			lb_count(LB_MTR_NP_FRAG);
+			return TC_ACT_SHOT;
+		}
 		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now);
 		if (rc)
 			return rc;
 		ct = &fresh;
-	} else {
-		__u64 before = ct->expires;
-
-		np_ct_touch(&ct->expires, &ct->flags, &f->l4, now, np_tcp_syn(&f->l4) ? 0 : LB_CT_F_SEEN_REPLY);
-		if (ct->expires != before)
-			np6_touch_reply(f, ct, now);
 	}
+	np6_frag_record(f);
 	if (ct->flags & LB_CT_F_SNAT) {
 		if (f->hop_limit <= 1) {
 			lb_count(LB_MTR_NP_TTL);
 			return TC_ACT_SHOT;
 		}
-		/* IPv6 routers never fragment: too big is a packet too big to the sender */
 		rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
@@ -1090,28 +1419,46 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	return np_fib_redirect(skb, &fib, rc);
 }
 
-static __always_inline struct lb6_ct_entry *np6_reply_entry(const struct np6_flow *f, __u16 want)
+static __always_inline struct lb6_ct_entry *np6_reply_entry(void *map, const struct np6_flow *f, __u64 now)
 {
 	struct lb6_ct_key rk = { .sport = f->sport, .dport = f->dport, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	struct lb6_ct_entry *ct;
 
 	ip6_copy(rk.saddr, f->saddr);
 	ip6_copy(rk.daddr, f->daddr);
-	ct = bpf_map_lookup_elem(&lb6_ct, &rk);
-	if (!ct || !(ct->flags & want) || ct->expires <= np_now())
+	ct = bpf_map_lookup_elem(map, &rk);
+	if (!ct || ct->expires <= now)
 		return NULL;
 	return ct;
 }
 
-static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *f)
+static __always_inline void np6_reply_seen(const struct lb_np_config *cfg, const struct np6_flow *f,
+					   struct lb6_ct_entry *ct, __u64 now)
 {
-	struct lb6_ct_entry *ct = np6_reply_entry(f, LB_CT_F_SNAT);
+	__u16 fl = np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY;
+	struct lb6_ct_key ok = { .sport = ct->port2, .dport = ct->port1, .proto = f->l4.proto, .dir = LB_CT_ORIG };
+	struct lb6_ct_entry *o;
+
+	if (!np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, fl, now))
+		return;
+	ip6_copy(ok.saddr, ct->addr2);
+	ip6_copy(ok.daddr, ct->addr1);
+	o = bpf_map_lookup_elem(&lb6_ct, &ok);
+	if (o)
+		np_ct_pair(cfg, &o->expires, &o->flags, f->l4.proto, ct->flags, now);
+}
+
+static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *f, const struct lb_np_config *cfg)
+{
+	__u64 now = np_now();
+	struct lb6_ct_entry *ct = np6_reply_entry(&lb6_nat, f, now);
 	struct bpf_fib_lookup fib;
 	int rc, mtu;
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
-	np_ct_touch(&ct->expires, &ct->flags, &f->l4, np_now(), np_reply_flags(&f->l4, ct->flags));
+	np6_reply_seen(cfg, f, ct, now);
+	np6_frag_record(f);
 	if (f->hop_limit <= 1) {
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
@@ -1143,13 +1490,13 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 	return np_fib_redirect(skb, &fib, rc);
 }
 
+/* As np4_ingress(). */
 static __always_inline int np6_ingress(struct __sk_buff *skb)
 {
 	const struct lb_np_config *cfg = np_config();
 	struct lb6_key key = {};
 	struct lb_service *svc;
 	struct np6_flow f;
-	bool node_addr = false;
 	int rc;
 
 	if (!cfg)
@@ -1159,41 +1506,35 @@ static __always_inline int np6_ingress(struct __sk_buff *skb)
 		return NP_DO_ICMP;
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
-	svc = np6_lookup(&f, &key, cfg, &node_addr);
-	if (rc == NP_PARSE_FRAG) {
-		/*
-		 * IPv6 fragments are not translated (no lb6_frag): the first
-		 * fragment of a datagram to a frontend is a counted drop, so the
-		 * datagram never reassembles; the later ones (no ports to tell)
-		 * and fragments of anything else pass untouched.
-		 */
-		if (!svc)
-			return TC_ACT_UNSPEC;
-		lb_count(LB_MTR_NP_FRAG);
-		return TC_ACT_SHOT;
-	}
+	svc = np6_lookup(&f, &key, cfg);
 	if (svc)
 		return np6_fwd(skb, &f, &key, svc, cfg);
-	if (node_addr && np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
-		return np6_rev_snat(skb, &f);
+	if (np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
+		return np6_rev_snat(skb, &f, cfg);
 	return TC_ACT_UNSPEC;
 }
 
 static __always_inline int np6_egress(struct __sk_buff *skb)
 {
+	const struct lb_np_config *cfg = np_config();
 	struct lb6_ct_entry *ct;
 	struct np6_flow f;
+	__u64 now;
 	int rc;
 
+	if (!cfg)
+		return TC_ACT_UNSPEC;
 	rc = np6_parse(skb, &f);
 	if (rc == NP_PARSE_ICMP)
 		return NP_DO_ICMP;
-	if (rc)
-		return TC_ACT_UNSPEC; /* not ours, or a fragment: not translated */
-	ct = np6_reply_entry(&f, LB_CT_F_LOCAL);
-	if (!ct)
+	if (rc < 0)
 		return TC_ACT_UNSPEC;
-	np_ct_touch(&ct->expires, &ct->flags, &f.l4, np_now(), LB_CT_F_SEEN_REPLY);
+	now = np_now();
+	ct = np6_reply_entry(&lb6_ct, &f, now);
+	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
+		return TC_ACT_UNSPEC;
+	np6_reply_seen(cfg, &f, ct, now);
+	np6_frag_record(&f);
 	if (np6_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f.saddr, ct->addr1) < 0 ||
 	    np_rewrite_port(skb, &f.l4, offsetof(struct tcphdr, source), f.sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
@@ -1638,8 +1979,8 @@ static __noinline int np_icmp_ingress4(struct __sk_buff *skb)
 	if (ct && ct->expires > now)
 		return np4_icmp_to_backend(skb, &ic, ct);
 	k.dir = LB_CT_REPLY;
-	ct = bpf_map_lookup_elem(&lb4_ct, &k);
-	if (ct && (ct->flags & LB_CT_F_SNAT) && ct->expires > now)
+	ct = bpf_map_lookup_elem(&lb4_nat, &k);
+	if (ct && ct->expires > now)
 		return np4_icmp_to_client(skb, &ic, ct);
 	return TC_ACT_UNSPEC;
 }
@@ -1839,8 +2180,8 @@ static __noinline int np_icmp_ingress6(struct __sk_buff *skb)
 	if (ct && ct->expires > now)
 		return np6_icmp_to_backend(skb, &ic, ct);
 	k.dir = LB_CT_REPLY;
-	ct = bpf_map_lookup_elem(&lb6_ct, &k);
-	if (ct && (ct->flags & LB_CT_F_SNAT) && ct->expires > now)
+	ct = bpf_map_lookup_elem(&lb6_nat, &k);
+	if (ct && ct->expires > now)
 		return np6_icmp_to_client(skb, &ic, ct);
 	return TC_ACT_UNSPEC;
 }

@@ -8,10 +8,14 @@
 // socket is then made there, as sock_diag.cc does.
 //
 //   rtnlLinks() -> [{ index, name, flags, mtu, type, kind, slaveKind, master, operstate, address }]
-//   rtnlAddrs() -> [{ index, family, address, prefixLen, scope, flags }]
+//   rtnlAddrs() -> [{ index, family, address, prefixLen, scope, flags }], in
+//     the kernel's order (IPv4: primaries before their secondaries)
+//   rtnlRoutes() -> [{ family, table, type, scope, dst, dstLen, oif, gateway,
+//     prefsrc, priority }]: one per next hop ('' where a route has none)
 //   rtnlWatch(callback) -> { close() }: callback(messages) after each burst
-//     of link or address events (messages: how many; -1 after an overrun,
-//     when events were lost). The caller lists again: events only say when.
+//     of link, address or route events (messages: how many; -1 after an
+//     overrun, when events were lost). The caller lists again: events only
+//     say when.
 //
 // Dumps are synchronous: the kernel answers from memory at once (no I/O to
 // wait on), with a receive timeout so a reply that never comes cannot hold
@@ -64,7 +68,7 @@ int openRoute(int nsFd, UniqueFd* out, unsigned groups, bool nonblock) {
   return 0;
 }
 
-// One dump request (RTM_GETLINK or RTM_GETADDR); each message of the reply
+// One dump request (RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE); each message of the reply
 // goes to onMessage. 0 or a positive errno.
 int dump(int nsFd, uint16_t type, const std::function<void(const struct nlmsghdr*)>& onMessage) {
   UniqueFd fd;
@@ -229,7 +233,68 @@ Napi::Value RtnlAddrs(const Napi::CallbackInfo& info) {
   return out;
 }
 
-// A subscription to link and address events, drained on the main loop.
+std::string addrString(int family, const struct rtattr* a) {
+  size_t want = family == AF_INET ? 4 : 16;
+  char text[INET6_ADDRSTRLEN];
+  if (RTA_PAYLOAD(a) < want || !inet_ntop(family, RTA_DATA(a), text, sizeof text)) return "";
+  return text;
+}
+
+Napi::Value RtnlRoutes(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Array out = Napi::Array::New(env);
+  uint32_t i = 0;
+  int e = dump(optNetns(info, 0), RTM_GETROUTE, [&](const struct nlmsghdr* h) {
+    if (h->nlmsg_type != RTM_NEWROUTE || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct rtmsg))) return;
+    const auto* rtm = static_cast<const struct rtmsg*>(NLMSG_DATA(h));
+    if (rtm->rtm_family != AF_INET && rtm->rtm_family != AF_INET6) return;
+    uint32_t table = rtm->rtm_table, oif = 0, priority = 0;
+    std::string dst, gateway, prefsrc;
+    const struct rtattr* multipath = nullptr;
+    int len = static_cast<int>(RTM_PAYLOAD(h));
+    for (auto* a = RTM_RTA(rtm); RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+      switch (a->rta_type) {
+        case RTA_TABLE: table = attrU32(a); break;
+        case RTA_DST: dst = addrString(rtm->rtm_family, a); break;
+        case RTA_OIF: oif = attrU32(a); break;
+        case RTA_GATEWAY: gateway = addrString(rtm->rtm_family, a); break;
+        case RTA_PREFSRC: prefsrc = addrString(rtm->rtm_family, a); break;
+        case RTA_PRIORITY: priority = attrU32(a); break;
+        case RTA_MULTIPATH: multipath = a; break;
+      }
+    }
+    auto emit = [&](uint32_t hopOif, const std::string& hopGateway) {
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("family", rtm->rtm_family == AF_INET ? 4 : 6);
+      o.Set("table", table);
+      o.Set("type", rtm->rtm_type);
+      o.Set("scope", rtm->rtm_scope);
+      o.Set("dst", dst);
+      o.Set("dstLen", rtm->rtm_dst_len);
+      o.Set("oif", hopOif);
+      o.Set("gateway", hopGateway);
+      o.Set("prefsrc", prefsrc);
+      o.Set("priority", priority);
+      out.Set(i++, o);
+    };
+    if (!multipath) {
+      emit(oif, gateway);
+      return;
+    }
+    int left = static_cast<int>(RTA_PAYLOAD(multipath));
+    for (auto* nh = static_cast<const struct rtnexthop*>(RTA_DATA(multipath)); RTNH_OK(nh, left); left -= NLMSG_ALIGN(nh->rtnh_len), nh = RTNH_NEXT(nh)) {
+      std::string hopGateway;
+      int alen = static_cast<int>(nh->rtnh_len) - static_cast<int>(sizeof(struct rtnexthop));
+      for (auto* a = RTNH_DATA(nh); RTA_OK(a, alen); a = RTA_NEXT(a, alen))
+        if (a->rta_type == RTA_GATEWAY) hopGateway = addrString(rtm->rtm_family, a);
+      emit(static_cast<uint32_t>(nh->rtnh_ifindex), hopGateway);
+    }
+  });
+  if (e != 0) throwBpfError(env, "rtnetlink RTM_GETROUTE dump", e);
+  return out;
+}
+
+// A subscription to link, address and route events, drained on the main loop.
 struct Watch {
   uv_poll_t poll;
   UniqueFd fd;
@@ -268,7 +333,7 @@ Napi::Value RtnlWatch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 1 || !info[0].IsFunction()) throwArgError(env, "rtnlWatch(callback): callback must be a function");
   auto* w = new Watch();
-  if (int e = openRoute(optNetns(info, 1), &w->fd, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR, true)) {
+  if (int e = openRoute(optNetns(info, 1), &w->fd, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE, true)) {
     delete w;
     throwBpfError(env, "rtnetlink subscribe", e);
   }
@@ -301,6 +366,7 @@ Napi::Value RtnlWatch(const Napi::CallbackInfo& info) {
 void InitRtnl(Napi::Env env, Napi::Object exports) {
   exports.Set("rtnlLinks", Napi::Function::New(env, RtnlLinks, "rtnlLinks"));
   exports.Set("rtnlAddrs", Napi::Function::New(env, RtnlAddrs, "rtnlAddrs"));
+  exports.Set("rtnlRoutes", Napi::Function::New(env, RtnlRoutes, "rtnlRoutes"));
   exports.Set("rtnlWatch", Napi::Function::New(env, RtnlWatch, "rtnlWatch"));
 }
 

@@ -104,7 +104,12 @@ enum lb_metric {
 	LB_MTR_NP_TTL = 23,		/* TTL/hop limit would expire on a packet forwarded here: dropped */
 	LB_MTR_BIND_REFUSED = 24,	/* a socket's bind to a service's nodePort refused (EADDRINUSE) */
 	LB_MTR_NP_FRAG_NEEDED = 25,	/* bigger than the redirect's egress MTU: dropped, answered by frag-needed/packet too big */
-	LB_MTR_MAX = 26,		/* append only: a value is never renumbered */
+	LB_MTR_NP_REBALANCE = 26,	/* an established flow's backend left every service: it got a new one */
+	LB_MTR_NP_SNAT_REUSE = 27,	/* a new flow took the SNAT port of a closed one (no free port among the tries) */
+	LB_MTR_NP_NAT_REPAIR = 28,	/* a flow's SNAT entry was gone (evicted) and was written again from its CT entry */
+	LB_MTR_NP_NAT_STOLEN = 29,	/* a flow's SNAT port went to another flow: the old flow ends (its packets dropped) */
+	LB_MTR_NP_NAT_FULL = 30,	/* a SNAT entry could not be written: dropped */
+	LB_MTR_MAX = 31,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -262,17 +267,25 @@ struct lb_affinity_val {
 };
 
 /*
- * Connection tracking of the tc datapath (bpf/nodeport.c), one LRU map per
- * family holding both directions of a flow:
- *   LB_CT_ORIG  keyed as the client's packet arrives (client -> frontend);
- *               addr1/port1 = the backend it goes to, addr2/port2 = the
- *               source it is SNATed to (zero: no SNAT, a local backend).
- *   LB_CT_REPLY keyed as the reply arrives (backend -> SNAT address, or
- *               backend -> client for a local backend, seen at egress);
- *               addr1/port1 = the frontend to answer from, addr2/port2 = the
- *               client to answer to.
- * A REPLY entry of a SNATed flow is also the SNAT port's reservation: it is
- * inserted with BPF_NOEXIST, so two flows never share a port.
+ * Connection tracking of the tc datapath (bpf/nodeport.c). Two maps per
+ * family, both LRU, sized apart (--ct-max, --nat-max):
+ *   lb*_ct   the flows:
+ *     LB_CT_ORIG  keyed as the client's packet arrives (client -> frontend);
+ *                 addr1/port1 = the backend it goes to, addr2/port2 = the
+ *                 source it is SNATed to (zero: no SNAT, a local backend).
+ *     LB_CT_REPLY keyed as a local backend's reply leaves (backend -> client,
+ *                 at egress); addr1/port1 = the frontend to answer from,
+ *                 addr2/port2 = the client.
+ *   lb*_nat  the SNAT translations, one per SNATed flow, keyed as the
+ *            remote backend's reply arrives (backend -> SNAT address and
+ *            port, dir LB_CT_REPLY): addr1/port1 = the frontend, addr2/port2
+ *            = the client. An entry is also the port's reservation: it is
+ *            inserted with BPF_NOEXIST, so two live flows never share a
+ *            (backend, SNAT address, port) tuple.
+ * Apart, an eviction in one map cannot hand a live flow's port to another:
+ * every packet of a SNATed flow checks that its lb*_nat entry is still its
+ * own (rebuilt from the lb*_ct entry when the LRU dropped it; the flow ends
+ * if another flow holds the port now).
  */
 enum lb_ct_dir {
 	LB_CT_ORIG = 0,
@@ -281,10 +294,12 @@ enum lb_ct_dir {
 
 enum lb_ct_flags {
 	LB_CT_F_SNAT = (1 << 0),	/* the flow is SNATed (a remote backend) */
-	LB_CT_F_CLOSING = (1 << 1),	/* a FIN or RST was seen: short lifetime */
+	LB_CT_F_CLOSING = (1 << 1),	/* TCP closed: a FIN each way, or a reset (short lifetime; its SNAT port may be taken over) */
 	LB_CT_F_SEEN_REPLY = (1 << 2),	/* a reply went back: established */
 	LB_CT_F_LOCAL = (1 << 3),	/* the backend is on this node: replies pass its egress */
-	LB_CT_F_TIME_WAIT = (1 << 4),	/* REPLY, TCP: the backend closed first, so it holds the tuple in TIME_WAIT */
+	LB_CT_F_TIME_WAIT = (1 << 4),	/* TCP: the backend closed first, so it holds the tuple in TIME_WAIT */
+	LB_CT_F_FIN_ORIG = (1 << 5),	/* TCP: the client sent a FIN (half closed until the backend's) */
+	LB_CT_F_FIN_REPLY = (1 << 6),	/* TCP: the backend sent a FIN */
 };
 
 struct lb4_ct_key {
@@ -307,14 +322,15 @@ struct lb6_ct_key {
 	__u8 pad[2];
 };
 
+/* The value of lb4_ct and lb4_nat entries (see above for addr1/addr2). */
 struct lb4_ct_entry {
 	__u64 expires;		/* bpf_ktime_get_ns() / 1e9 past which the entry is dead */
-	__be32 addr1;		/* ORIG: backend; REPLY: frontend */
-	__be32 addr2;		/* ORIG: SNAT source (0: none); REPLY: client */
+	__be32 addr1;		/* ORIG: backend; REPLY and NAT: frontend */
+	__be32 addr2;		/* ORIG: SNAT source (0: none); REPLY and NAT: client */
 	__be16 port1;
 	__be16 port2;
 	__u32 rev_nat_index;	/* the frontend's rev-NAT id */
-	__u32 backend_id;	/* ORIG: the backend's id (listings) */
+	__u32 backend_id;	/* the backend's id: a flow whose backend is gone gets a new one */
 	__u16 flags;		/* enum lb_ct_flags */
 	__u8 pad[2];
 };
@@ -332,9 +348,9 @@ struct lb6_ct_entry {
 };
 
 /*
- * IPv4 fragments: the ports of a datagram's first fragment, by
- * (saddr, daddr, id, proto), so the later ones (which carry no ports)
- * follow it to the same backend.
+ * Fragments: the ports of a datagram's first fragment, by (saddr, daddr,
+ * id, proto), so the later ones (which carry no ports) follow it to the
+ * same flow. IPv6's id is the fragment header's 32 bits.
  */
 struct lb4_frag_key {
 	__be32 saddr;
@@ -344,9 +360,30 @@ struct lb4_frag_key {
 	__u8 pad;
 };
 
+struct lb6_frag_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be32 id;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Both families' value. */
 struct lb4_frag_ports {
 	__be16 sport;
 	__be16 dport;
+};
+
+/*
+ * Session affinity at tc (sessionAffinity ClientIP for clients from
+ * outside): the client is its whole address. The socket layer's
+ * lb_affinity keys on network namespaces instead.
+ */
+struct lb_np_affinity_key {
+	__be32 address[4];	/* IPv4 in address[0], the rest zero */
+	__u32 rev_nat_index;	/* the frontend */
+	__u8 family;		/* 4 or 6: rev-NAT ids are per family */
+	__u8 pad[3];
 };
 
 /* A node address (the NodePort surrogate matches it), keyed by address. */
@@ -389,7 +426,10 @@ struct lb_np_config {
 	__u32 maglev_m;		/* --maglev-table-size: entries of every lb_maglev table */
 	__u32 maglev_seed4;	/* flow hash seeds (--maglev-hash-seed), the same on every node */
 	__u32 maglev_seed6;
-	__u32 pad;
+	/* CT lifetimes, seconds (0: the datapath's default) */
+	__u32 ct_tcp_established;	/* --conntrack-tcp-timeout-established */
+	__u32 ct_tcp_close_wait;	/* --conntrack-tcp-timeout-close-wait: one side sent its FIN */
+	__u32 ct_udp;			/* --conntrack-udp-timeout */
 };
 
 /*
@@ -437,9 +477,11 @@ _Static_assert(sizeof(struct lb6_ct_key) == 40, "lb6_ct_key size");
 _Static_assert(sizeof(struct lb4_ct_entry) == 32, "lb4_ct_entry size");
 _Static_assert(sizeof(struct lb6_ct_entry) == 56, "lb6_ct_entry size");
 _Static_assert(sizeof(struct lb4_frag_key) == 12, "lb4_frag_key size");
+_Static_assert(sizeof(struct lb6_frag_key) == 40, "lb6_frag_key size");
+_Static_assert(sizeof(struct lb_np_affinity_key) == 24, "lb_np_affinity_key size");
 _Static_assert(sizeof(struct lb_node_addr_key) == 20, "lb_node_addr_key size");
 _Static_assert(sizeof(struct lb_device) == 24, "lb_device size");
-_Static_assert(sizeof(struct lb_np_config) == 32, "lb_np_config size");
+_Static_assert(sizeof(struct lb_np_config) == 40, "lb_np_config size");
 _Static_assert(sizeof(struct lb4_src_range_key) == 12, "lb4_src_range_key size");
 _Static_assert(sizeof(struct lb6_src_range_key) == 24, "lb6_src_range_key size");
 

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The maps only the tc datapath (bpf/nodeport.c) uses, beside the shared ones
- * of lb_maps.h: connection tracking, IPv4 fragments, the devices it runs
- * on, its settings, loadBalancerSourceRanges and Maglev tables. A separate
+ * of lb_maps.h: connection tracking and SNAT, fragments, session affinity
+ * by client address, the devices it runs on, its settings,
+ * loadBalancerSourceRanges and Maglev tables. A separate
  * header so the socket object does not create them (libbpf creates every
  * map an object declares, used or not).
  */
@@ -11,14 +12,16 @@
 
 #include "lb_maps.h"
 
-#define LB_CT_MAX		262144
+#define LB_CT_MAX		262144	/* --ct-max */
+#define LB_NAT_MAX		131072	/* --nat-max */
 #define LB_FRAG_MAX		8192
+#define LB_NP_AFFINITY_MAX	65536
 #define LB_DEVICES_MAX		256
 #define LB_SRC_RANGE_MAX	16384
 #define LB_MAGLEV_MAX		65536
 #define LB_MAGLEV_M		16381	/* the inner template's size; BPF_F_INNER_MAP lets tables have any */
 
-/* both directions of every translated flow (see struct lb4_ct_key) */
+/* the translated flows (see struct lb4_ct_key) */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb4_ct_key);
@@ -35,7 +38,24 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_ct SEC(".maps");
 
-/* IPv4 fragments: see struct lb4_frag_key */
+/* the SNAT translations, each a port's reservation (see struct lb4_ct_key) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_ct_key);
+	__type(value, struct lb4_ct_entry);
+	__uint(max_entries, LB_NAT_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb4_nat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_ct_key);
+	__type(value, struct lb6_ct_entry);
+	__uint(max_entries, LB_NAT_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb6_nat SEC(".maps");
+
+/* fragments: see struct lb4_frag_key */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb4_frag_key);
@@ -43,6 +63,23 @@ struct {
 	__uint(max_entries, LB_FRAG_MAX);
 	__uint(pinning, LB_MAP_PINNING);
 } lb4_frag SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_frag_key);
+	__type(value, struct lb4_frag_ports);
+	__uint(max_entries, LB_FRAG_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb6_frag SEC(".maps");
+
+/* sessionAffinity ClientIP at tc: (client address, frontend) -> its backend */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb_np_affinity_key);
+	__type(value, struct lb_affinity_val);
+	__uint(max_entries, LB_NP_AFFINITY_MAX);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_np_affinity SEC(".maps");
 
 
 /* ifindex -> the device's SNAT addresses; a backend routed out of one is remote */

@@ -49,13 +49,14 @@ static __always_inline __u64 lb_now_sec(void)
 }
 
 /*
- * The slot a client stuck to, if its entry is fresh and the slot is still
+ * The slot a client stuck to, if its entry in `map` (lb_affinity at the
+ * socket layer, lb_np_affinity at tc) is fresh and the slot is still
  * selectable; the caller still checks the slot names the same backend.
  */
 static __always_inline struct lb_affinity_val *
-lb_affinity_get(const struct lb_affinity_key *akey, const struct lb_service *svc, __u64 now)
+lb_affinity_get(void *map, const void *akey, const struct lb_service *svc, __u64 now)
 {
-	struct lb_affinity_val *aval = bpf_map_lookup_elem(&lb_affinity, akey);
+	struct lb_affinity_val *aval = bpf_map_lookup_elem(map, akey);
 
 	if (!aval || now - aval->last_used > svc->affinity_timeout)
 		return NULL;
@@ -64,12 +65,11 @@ lb_affinity_get(const struct lb_affinity_key *akey, const struct lb_service *svc
 	return aval;
 }
 
-static __always_inline void lb_affinity_put(const struct lb_affinity_key *akey, __u32 backend_id,
-					    __u16 slot, __u64 now)
+static __always_inline void lb_affinity_put(void *map, const void *akey, __u32 backend_id, __u16 slot, __u64 now)
 {
 	struct lb_affinity_val aval = { .last_used = now, .backend_id = backend_id, .slot = slot };
 
-	bpf_map_update_elem(&lb_affinity, akey, &aval, BPF_ANY);
+	bpf_map_update_elem(map, akey, &aval, BPF_ANY);
 }
 
 static __always_inline struct lb_service *lb4_lookup_service(struct lb4_key *key)
@@ -175,9 +175,8 @@ static __always_inline struct lb4_backend *lb4_slot_backend(struct lb4_key *key,
  * else a random selectable one (remembered, under affinity).
  */
 static __always_inline struct lb4_backend *
-lb4_select_backend(struct lb4_key *key, const struct lb_service *svc, __u64 netns, __u32 *backend_id)
+lb4_select_backend_in(struct lb4_key *key, const struct lb_service *svc, void *amap, const void *akey, __u32 *backend_id)
 {
-	struct lb_affinity_key akey = { .netns_cookie = netns, .rev_nat_index = svc->rev_nat_index, .family = 4 };
 	struct lb_affinity_val *aval;
 	struct lb4_backend *backend;
 	__u64 now = 0;
@@ -185,7 +184,7 @@ lb4_select_backend(struct lb4_key *key, const struct lb_service *svc, __u64 netn
 
 	if (lb_svc_has_affinity(svc)) {
 		now = lb_now_sec();
-		aval = lb_affinity_get(&akey, svc, now);
+		aval = lb_affinity_get(amap, akey, svc, now);
 		if (aval) {
 			backend = lb4_slot_backend(key, aval->slot, backend_id);
 			if (backend && *backend_id == aval->backend_id) {
@@ -198,8 +197,17 @@ lb4_select_backend(struct lb4_key *key, const struct lb_service *svc, __u64 netn
 	slot = lb_select_slot(svc);
 	backend = lb4_slot_backend(key, slot, backend_id);
 	if (backend && lb_svc_has_affinity(svc))
-		lb_affinity_put(&akey, *backend_id, slot, now);
+		lb_affinity_put(amap, akey, *backend_id, slot, now);
 	return backend;
+}
+
+/* A socket's backend: under session affinity, the client is its network namespace. */
+static __always_inline struct lb4_backend *
+lb4_select_backend(struct lb4_key *key, const struct lb_service *svc, __u64 netns, __u32 *backend_id)
+{
+	struct lb_affinity_key akey = { .netns_cookie = netns, .rev_nat_index = svc->rev_nat_index, .family = 4 };
+
+	return lb4_select_backend_in(key, svc, &lb_affinity, &akey, backend_id);
 }
 
 static __always_inline struct lb_service *lb6_lookup_service(struct lb6_key *key)
@@ -282,9 +290,8 @@ static __always_inline struct lb6_backend *lb6_slot_backend(struct lb6_key *key,
 }
 
 static __always_inline struct lb6_backend *
-lb6_select_backend(struct lb6_key *key, const struct lb_service *svc, __u64 netns, __u32 *backend_id)
+lb6_select_backend_in(struct lb6_key *key, const struct lb_service *svc, void *amap, const void *akey, __u32 *backend_id)
 {
-	struct lb_affinity_key akey = { .netns_cookie = netns, .rev_nat_index = svc->rev_nat_index, .family = 6 };
 	struct lb_affinity_val *aval;
 	struct lb6_backend *backend;
 	__u64 now = 0;
@@ -292,7 +299,7 @@ lb6_select_backend(struct lb6_key *key, const struct lb_service *svc, __u64 netn
 
 	if (lb_svc_has_affinity(svc)) {
 		now = lb_now_sec();
-		aval = lb_affinity_get(&akey, svc, now);
+		aval = lb_affinity_get(amap, akey, svc, now);
 		if (aval) {
 			backend = lb6_slot_backend(key, aval->slot, backend_id);
 			if (backend && *backend_id == aval->backend_id) {
@@ -305,8 +312,17 @@ lb6_select_backend(struct lb6_key *key, const struct lb_service *svc, __u64 netn
 	slot = lb_select_slot(svc);
 	backend = lb6_slot_backend(key, slot, backend_id);
 	if (backend && lb_svc_has_affinity(svc))
-		lb_affinity_put(&akey, *backend_id, slot, now);
+		lb_affinity_put(amap, akey, *backend_id, slot, now);
 	return backend;
+}
+
+/* A socket's backend: under session affinity, the client is its network namespace. */
+static __always_inline struct lb6_backend *
+lb6_select_backend(struct lb6_key *key, const struct lb_service *svc, __u64 netns, __u32 *backend_id)
+{
+	struct lb_affinity_key akey = { .netns_cookie = netns, .rev_nat_index = svc->rev_nat_index, .family = 6 };
+
+	return lb6_select_backend_in(key, svc, &lb_affinity, &akey, backend_id);
 }
 
 #endif /* __LB_LIB_H */

@@ -255,6 +255,7 @@ export class Agent implements AgentView {
         linksDir: linksDir(bpfRoot),
         mode: has(features, 'tcx') ? 'tcx' : 'clsact',
         maglevM: opts.settings.maglev.m,
+        ...(opts.sizes ? { sizes: opts.sizes } : {}),
       });
     } catch (err) {
       this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;

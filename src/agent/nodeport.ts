@@ -10,11 +10,13 @@ import type { Logger } from 'pino';
 import { ConfigError } from '../errors.js';
 import type ipaddr from 'ipaddr.js';
 import { nodePortAddresses, selectDevices, type Device, type DeviceAddress } from '../datapath/devices.js';
-import type { NodePortDatapath, NodePortSettings, PortRange } from '../datapath/nodeport.js';
-import { addresses as rtnlAddrs, links as rtnlLinks, watch as rtnlWatch } from '../native/rtnl.js';
+import type { NodePortDatapath, NodePortSettings, PortRange, TrafficMapSizes } from '../datapath/nodeport.js';
+import { addresses as rtnlAddrs, links as rtnlLinks, routes as rtnlRoutes, watch as rtnlWatch } from '../native/rtnl.js';
 
 export interface NodePortOptions {
   readonly settings: NodePortSettings;
+  /** --ct-max, --nat-max. */
+  readonly sizes?: Partial<TrafficMapSizes>;
   /** Seeds the Maglev tables' permutations (--maglev-hash-seed's first word), the same on every node. */
   readonly maglevTableSeed: number;
   /** --devices; undefined: detect. */
@@ -27,7 +29,7 @@ export interface NodePortOptions {
 
 export interface NodePortStatus {
   readonly mode: string;
-  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly addresses: readonly string[] }>;
+  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role: string; readonly addresses: readonly string[]; readonly snat: readonly string[] }>;
   readonly nodeAddresses: readonly string[];
   readonly waiting: readonly string[];
   readonly problems: readonly string[];
@@ -108,20 +110,35 @@ export class NodePortAgent {
   refresh(): void {
     const links = rtnlLinks();
     const addrs = rtnlAddrs();
-    const sel = selectDevices(links, addrs, this.opts.devices);
+    const sel = selectDevices(links, addrs, this.opts.devices, rtnlRoutes());
     const nodeAddrs = nodePortAddresses(sel.devices, this.opts.addressCidrs ?? []);
     const before = this.status;
     const problems = this.datapath.sync(sel.devices, nodeAddrs);
     this.status = {
       mode: this.datapath.mode,
-      devices: sel.devices.map((d: Device) => ({ name: d.name, index: d.index, addresses: d.addresses.map((a) => `${a.address}/${a.prefixLen}`) })),
+      devices: sel.devices.map((d: Device) => ({
+        name: d.name,
+        index: d.index,
+        role: d.role,
+        addresses: d.addresses.map((a) => `${a.address}/${a.prefixLen}`),
+        snat: [d.snat[4], d.snat[6]].filter((a): a is string => a !== undefined),
+      })),
       nodeAddresses: nodeAddrs.map((a: DeviceAddress) => a.address),
       waiting: sel.waiting,
       problems,
     };
-    const names = (s: NodePortStatus): string => s.devices.map((d) => `${d.name}#${d.index}`).join(',');
+    const names = (s: NodePortStatus): string => s.devices.map((d) => `${d.name}#${d.index}:${d.role}:${d.snat.join('/')}`).join(',');
     if (names(before) !== names(this.status) || before.nodeAddresses.join() !== this.status.nodeAddresses.join()) {
-      this.log.info({ devices: this.status.devices.map((d) => d.name), nodeAddresses: this.status.nodeAddresses, mode: this.datapath.mode }, 'tc datapath: devices and node addresses');
+      this.log.info(
+        {
+          devices: this.status.devices.filter((d) => d.role === 'nodeport').map((d) => d.name),
+          tunnels: this.status.devices.filter((d) => d.role === 'tunnel').map((d) => d.name),
+          snat: Object.fromEntries(this.status.devices.map((d) => [d.name, d.snat])),
+          nodeAddresses: this.status.nodeAddresses,
+          mode: this.datapath.mode,
+        },
+        'tc datapath: devices and node addresses',
+      );
     }
     for (const w of sel.waiting) if (!before.waiting.includes(w)) this.log.warn({ device: w }, 'device named by --devices is not usable yet; attached when it is');
     for (const p of problems) this.log.error({ problem: p }, 'tc datapath: device not attached');

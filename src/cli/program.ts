@@ -117,6 +117,11 @@ export function buildProgram(): Command {
     .option('--health-mesh-peer-metrics <n>', 'peers (the first by name) with RTT series of their own in /metrics; every peer counts in the aggregate histograms', nonNegativeInt, 16)
     .option('--probe-all-failed <open|closed>', "standalone mode: when a service's readiness probe (lbctl.io/readiness-probe) quarantines every backend, keep serving them all (open) or refuse new connections (closed)", allFailedPolicy, 'open')
     .option('--external-clusterip', 'serve ClusterIPs to packets from outside the node too (default: only the node and its pods reach them)')
+    .option('--ct-max <n>', 'NodePort flows tracked at tc per address family (map size; LRU)', positiveInt, 262144)
+    .option('--nat-max <n>', 'SNAT translations of flows to remote backends per address family (map size; LRU)', positiveInt, 131072)
+    .option('--conntrack-tcp-timeout-established <duration>', 'idle timeout of an established TCP flow at tc (kube-proxy\'s flag; 6h, 90m)', positiveDuration, 21600_000)
+    .option('--conntrack-tcp-timeout-close-wait <duration>', 'how long a TCP flow lives once one side has closed it, until the other side closes too (kube-proxy\'s flag)', positiveDuration, 3600_000)
+    .option('--conntrack-udp-timeout <duration>', 'idle timeout of a UDP flow at tc (kube-proxy\'s flag)', positiveDuration, 60_000)
     .action(async (_opts, cmd: Command) => (await import('./commands/agent.js')).agentCommand(await resolveAgentOptions(cmd)));
 
   const bpf = program.command('bpf').description('inspect the datapath maps directly');

@@ -253,7 +253,35 @@ export const lb_node_addr_key: Codec<LbNodeAddrKey> = {
   },
 };
 
-/** struct lb_np_config (32 bytes) */
+/** struct lb_np_affinity_key (24 bytes) */
+export interface LbNpAffinityKey {
+  address: Buffer;
+  revNatIndex: number;
+  family: number;
+}
+
+export const lb_np_affinity_key: Codec<LbNpAffinityKey> = {
+  name: 'lb_np_affinity_key',
+  size: 24,
+  encode(v, b = Buffer.alloc(24), o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb_np_affinity_key: 24 bytes at offset ${o} of ${b.length}`);
+    b[o + 21] = 0; b[o + 22] = 0; b[o + 23] = 0;
+    putBytes(b, o + 0, 16, v.address, 'address');
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_affinity_key.rev_nat_index', x, 4294967295); b[o + 16] = x; b[o + 17] = x >>> 8; b[o + 18] = x >>> 16; b[o + 19] = x >>> 24; }
+    { const x = v.family; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_np_affinity_key.family', x, 255); b[o + 20] = x; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb_np_affinity_key: 24 bytes at offset ${o} of ${b.length}`);
+    return {
+      address: Buffer.from(b.subarray(o + 0, o + 16)),
+      revNatIndex: ((b[o + 16]! | (b[o + 17]! << 8) | (b[o + 18]! << 16) | (b[o + 19]! << 24)) >>> 0),
+      family: b[o + 20]!,
+    };
+  },
+};
+
+/** struct lb_np_config (40 bytes) */
 export interface LbNpConfig {
   nodeportMin: number;
   nodeportMax: number;
@@ -264,14 +292,16 @@ export interface LbNpConfig {
   maglevM: number;
   maglevSeed4: number;
   maglevSeed6: number;
+  ctTcpEstablished: number;
+  ctTcpCloseWait: number;
+  ctUdp: number;
 }
 
 export const lb_np_config: Codec<LbNpConfig> = {
   name: 'lb_np_config',
-  size: 32,
-  encode(v, b = Buffer.alloc(32), o = 0) {
-    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb_np_config: 32 bytes at offset ${o} of ${b.length}`);
-    b[o + 28] = 0; b[o + 29] = 0; b[o + 30] = 0; b[o + 31] = 0;
+  size: 40,
+  encode(v, b = Buffer.alloc(40), o = 0) {
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb_np_config: 40 bytes at offset ${o} of ${b.length}`);
     { const x = v.nodeportMin; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.nodeport_min', x, 65535); b[o + 0] = x; b[o + 1] = x >>> 8; }
     { const x = v.nodeportMax; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.nodeport_max', x, 65535); b[o + 2] = x; b[o + 3] = x >>> 8; }
     { const x = v.snatMin; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.snat_min', x, 65535); b[o + 4] = x; b[o + 5] = x >>> 8; }
@@ -281,10 +311,13 @@ export const lb_np_config: Codec<LbNpConfig> = {
     { const x = v.maglevM; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.maglev_m', x, 4294967295); b[o + 16] = x; b[o + 17] = x >>> 8; b[o + 18] = x >>> 16; b[o + 19] = x >>> 24; }
     { const x = v.maglevSeed4; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.maglev_seed4', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
     { const x = v.maglevSeed6; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.maglev_seed6', x, 4294967295); b[o + 24] = x; b[o + 25] = x >>> 8; b[o + 26] = x >>> 16; b[o + 27] = x >>> 24; }
+    { const x = v.ctTcpEstablished; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.ct_tcp_established', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
+    { const x = v.ctTcpCloseWait; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.ct_tcp_close_wait', x, 4294967295); b[o + 32] = x; b[o + 33] = x >>> 8; b[o + 34] = x >>> 16; b[o + 35] = x >>> 24; }
+    { const x = v.ctUdp; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.ct_udp', x, 4294967295); b[o + 36] = x; b[o + 37] = x >>> 8; b[o + 38] = x >>> 16; b[o + 39] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
-    if (!(o >= 0 && o + 32 <= b.length)) throw new RangeError(`lb_np_config: 32 bytes at offset ${o} of ${b.length}`);
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb_np_config: 40 bytes at offset ${o} of ${b.length}`);
     return {
       nodeportMin: (b[o + 0]! | (b[o + 1]! << 8)),
       nodeportMax: (b[o + 2]! | (b[o + 3]! << 8)),
@@ -295,6 +328,9 @@ export const lb_np_config: Codec<LbNpConfig> = {
       maglevM: ((b[o + 16]! | (b[o + 17]! << 8) | (b[o + 18]! << 16) | (b[o + 19]! << 24)) >>> 0),
       maglevSeed4: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
       maglevSeed6: ((b[o + 24]! | (b[o + 25]! << 8) | (b[o + 26]! << 16) | (b[o + 27]! << 24)) >>> 0),
+      ctTcpEstablished: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
+      ctTcpCloseWait: ((b[o + 32]! | (b[o + 33]! << 8) | (b[o + 34]! << 16) | (b[o + 35]! << 24)) >>> 0),
+      ctUdp: ((b[o + 36]! | (b[o + 37]! << 8) | (b[o + 38]! << 16) | (b[o + 39]! << 24)) >>> 0),
     };
   },
 };
@@ -756,6 +792,37 @@ export const lb6_ct_key: Codec<Lb6CtKey> = {
   },
 };
 
+/** struct lb6_frag_key (40 bytes) */
+export interface Lb6FragKey {
+  saddr: Buffer;
+  daddr: Buffer;
+  id: number; // network order in the map
+  proto: number;
+}
+
+export const lb6_frag_key: Codec<Lb6FragKey> = {
+  name: 'lb6_frag_key',
+  size: 40,
+  encode(v, b = Buffer.alloc(40), o = 0) {
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb6_frag_key: 40 bytes at offset ${o} of ${b.length}`);
+    b[o + 37] = 0; b[o + 38] = 0; b[o + 39] = 0;
+    putBytes(b, o + 0, 16, v.saddr, 'saddr');
+    putBytes(b, o + 16, 16, v.daddr, 'daddr');
+    { const x = v.id; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_frag_key.id', x, 4294967295); b[o + 35] = x; b[o + 34] = x >>> 8; b[o + 33] = x >>> 16; b[o + 32] = x >>> 24; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_frag_key.proto', x, 255); b[o + 36] = x; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb6_frag_key: 40 bytes at offset ${o} of ${b.length}`);
+    return {
+      saddr: Buffer.from(b.subarray(o + 0, o + 16)),
+      daddr: Buffer.from(b.subarray(o + 16, o + 32)),
+      id: ((b[o + 35]! | (b[o + 34]! << 8) | (b[o + 33]! << 16) | (b[o + 32]! << 24)) >>> 0),
+      proto: b[o + 36]!,
+    };
+  },
+};
+
 /** struct lb6_key (24 bytes) */
 export interface Lb6Key {
   address: Buffer;
@@ -898,6 +965,31 @@ export const lb6_src_range_key: Codec<Lb6SrcRangeKey> = {
   },
 };
 
+/** struct np_snat_best (8 bytes) */
+export interface NpSnatBest {
+  rank: number;
+  port: number; // network order in the map
+}
+
+export const np_snat_best: Codec<NpSnatBest> = {
+  name: 'np_snat_best',
+  size: 8,
+  encode(v, b = Buffer.alloc(8), o = 0) {
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`np_snat_best: 8 bytes at offset ${o} of ${b.length}`);
+    b[o + 6] = 0; b[o + 7] = 0;
+    { const x = v.rank; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('np_snat_best.rank', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('np_snat_best.port', x, 65535); b[o + 5] = x; b[o + 4] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`np_snat_best: 8 bytes at offset ${o} of ${b.length}`);
+    return {
+      rank: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
+      port: (b[o + 5]! | (b[o + 4]! << 8)),
+    };
+  },
+};
+
 /** enum lb_backend_state */
 export const LbBackendState = {
   LB_BACKEND_ACTIVE: 0,
@@ -918,6 +1010,8 @@ export const LbCtFlags = {
   LB_CT_F_SEEN_REPLY: 4,
   LB_CT_F_LOCAL: 8,
   LB_CT_F_TIME_WAIT: 16,
+  LB_CT_F_FIN_ORIG: 32,
+  LB_CT_F_FIN_REPLY: 64,
 } as const;
 
 /** enum lb_metric */
@@ -948,7 +1042,12 @@ export const LbMetric = {
   LB_MTR_NP_TTL: 23,
   LB_MTR_BIND_REFUSED: 24,
   LB_MTR_NP_FRAG_NEEDED: 25,
-  LB_MTR_MAX: 26,
+  LB_MTR_NP_REBALANCE: 26,
+  LB_MTR_NP_SNAT_REUSE: 27,
+  LB_MTR_NP_NAT_REPAIR: 28,
+  LB_MTR_NP_NAT_STOLEN: 29,
+  LB_MTR_NP_NAT_FULL: 30,
+  LB_MTR_MAX: 31,
 } as const;
 
 /** enum lb_np_config_flags */
@@ -1074,6 +1173,15 @@ export const mapSpecs = {
     value: lb_node_addr,
     object: 'sock.bpf.o',
   } as MapSpec<LbNodeAddrKey, LbNodeAddr>,
+  lb_np_affinity: {
+    name: 'lb_np_affinity',
+    type: MapType.LRU_HASH,
+    flags: 0,
+    maxEntries: 65536,
+    key: lb_np_affinity_key,
+    value: lb_affinity_val,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<LbNpAffinityKey, LbAffinityVal>,
   lb_np_config: {
     name: 'lb_np_config',
     type: MapType.ARRAY,
@@ -1083,6 +1191,15 @@ export const mapSpecs = {
     value: lb_np_config,
     object: 'nodeport.bpf.o',
   } as MapSpec<number, LbNpConfig>,
+  lb_snat_best: {
+    name: 'lb_snat_best',
+    type: MapType.PERCPU_ARRAY,
+    flags: 0,
+    maxEntries: 1,
+    key: u32,
+    value: np_snat_best,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, NpSnatBest>,
   lb4_backends: {
     name: 'lb4_backends',
     type: MapType.HASH,
@@ -1110,6 +1227,15 @@ export const mapSpecs = {
     value: lb4_frag_ports,
     object: 'nodeport.bpf.o',
   } as MapSpec<Lb4FragKey, Lb4FragPorts>,
+  lb4_nat: {
+    name: 'lb4_nat',
+    type: MapType.LRU_HASH,
+    flags: 0,
+    maxEntries: 131072,
+    key: lb4_ct_key,
+    value: lb4_ct_entry,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<Lb4CtKey, Lb4CtEntry>,
   lb4_reverse_nat: {
     name: 'lb4_reverse_nat',
     type: MapType.HASH,
@@ -1160,6 +1286,24 @@ export const mapSpecs = {
     type: MapType.LRU_HASH,
     flags: 0,
     maxEntries: 262144,
+    key: lb6_ct_key,
+    value: lb6_ct_entry,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<Lb6CtKey, Lb6CtEntry>,
+  lb6_frag: {
+    name: 'lb6_frag',
+    type: MapType.LRU_HASH,
+    flags: 0,
+    maxEntries: 8192,
+    key: lb6_frag_key,
+    value: lb4_frag_ports,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<Lb6FragKey, Lb4FragPorts>,
+  lb6_nat: {
+    name: 'lb6_nat',
+    type: MapType.LRU_HASH,
+    flags: 0,
+    maxEntries: 131072,
     key: lb6_ct_key,
     value: lb6_ct_entry,
     object: 'nodeport.bpf.o',

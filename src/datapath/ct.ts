@@ -1,4 +1,4 @@
-// The tc datapath's connection tracking (lb4_ct, lb6_ct) as records: what
+// The tc datapath's connection tracking (lb*_ct) and SNAT (lb*_nat) as records: what
 // `lbctl bpf ct list` and `lbctl bpf nat list` print, in Cilium's line
 // format. Pure: decoded entries in, records and lines out.
 import { ipFromBytes, uintToIpv4 } from '../lb/addr.js';
@@ -30,7 +30,9 @@ function flagNames(f: number): string[] {
   if (f & LbCtFlags.LB_CT_F_SNAT) out.push('snat');
   if (f & LbCtFlags.LB_CT_F_LOCAL) out.push('local');
   if (f & LbCtFlags.LB_CT_F_SEEN_REPLY) out.push('seen-reply');
-  if (f & LbCtFlags.LB_CT_F_CLOSING) out.push('closing');
+  if (f & LbCtFlags.LB_CT_F_FIN_ORIG) out.push('fin-client');
+  if (f & LbCtFlags.LB_CT_F_FIN_REPLY) out.push('fin-backend');
+  if (f & LbCtFlags.LB_CT_F_CLOSING) out.push('closed');
   if (f & LbCtFlags.LB_CT_F_TIME_WAIT) out.push('time-wait');
   return out;
 }

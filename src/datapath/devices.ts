@@ -1,22 +1,34 @@
 /**
- * Which network devices of this namespace the tc datapath serves, and the
- * node addresses NodePorts answer on (issue 14). Pure: links and addresses
- * come from rtnetlink (src/native/rtnl.ts), so the same rules hold under
+ * Which network devices of this namespace the tc datapath serves, the node
+ * addresses NodePorts answer on (issue 14), and the source address a flow
+ * SNATed out of each device takes. Pure: links, addresses and routes come
+ * from rtnetlink (src/native/rtnl.ts), so the same rules hold under
  * `nsenter --net`, where /sys/class/net shows the host's devices.
  *
- * Detected (no --devices): up, not loopback, with at least one global
- * address, and neither a veth, a bridge or bond port, nor a tunnel. Named
- * (--devices IF1,IF2): exactly those, each once it exists and is up; a name
- * that is missing is reported, and attached when it appears.
+ * Two roles. Front doors ('nodeport') carry clients' traffic and the node
+ * addresses NodePorts answer on: detected (no --devices) they are up, not
+ * loopback, with at least one global address, and neither a veth, a bridge
+ * or bond port, nor a tunnel; named (--devices IF1,IF2) exactly those, each
+ * once it exists and is up (a name that is missing is reported, and
+ * attached when it appears). Tunnels ('tunnel': vxlan, geneve, ipip,
+ * wireguard, ...) that are up are attached too, whatever --devices says: a
+ * remote backend behind an overlay is reached through one, and only a
+ * program there sees its replies come back to be translated (kube-proxy's
+ * conntrack sees every device; lbctl sees those it is attached to).
  */
 import ipaddr from 'ipaddr.js';
-import type { RtnlAddr, RtnlLink } from '../native/native.js';
+import type { RtnlAddr, RtnlLink, RtnlRoute } from '../native/native.js';
 
 const IFF_UP = 0x1;
 const IFF_LOOPBACK = 0x8;
 const RT_SCOPE_UNIVERSE = 0;
+/** IPv4: a secondary address (another in the same subnet came first); IPv6: a temporary one (the same bit). */
+const IFA_F_SECONDARY = 0x01;
 const IFA_F_DADFAILED = 0x08;
+const IFA_F_DEPRECATED = 0x20;
 const IFA_F_TENTATIVE = 0x40;
+const RT_TABLE_MAIN = 254;
+const RTN_UNICAST = 1;
 
 /** Link kinds that carry other traffic inside theirs: never a node's front door. */
 const TUNNEL_KINDS = new Set(['vxlan', 'geneve', 'gre', 'gretap', 'ip6gre', 'ip6gretap', 'ipip', 'sit', 'ip6tnl', 'erspan', 'ip6erspan', 'vti', 'vti6', 'wireguard', 'tun', 'bareudp', 'gtp']);
@@ -27,12 +39,17 @@ export interface DeviceAddress {
   readonly prefixLen: number;
 }
 
+export type DeviceRole = 'nodeport' | 'tunnel';
+
 export interface Device {
   readonly index: number;
   readonly name: string;
   readonly mtu: number;
+  readonly role: DeviceRole;
   /** Global, usable addresses (not tentative, not DAD-failed), sorted by family then text. */
   readonly addresses: readonly DeviceAddress[];
+  /** The source address of flows SNATed out of this device, per family (see snatSource()); absent: none to SNAT to. */
+  readonly snat: { readonly 4?: string; readonly 6?: string };
 }
 
 export interface DeviceSelection {
@@ -59,22 +76,68 @@ export function notViable(link: RtnlLink, addrs: readonly RtnlAddr[]): string | 
   return undefined;
 }
 
-export function selectDevices(links: readonly RtnlLink[], addrs: readonly RtnlAddr[], named?: readonly string[]): DeviceSelection {
-  const device = (l: RtnlLink): Device => ({ index: l.index, name: l.name, mtu: l.mtu, addresses: globalAddresses(addrs, l.index) });
+/** An address a flow may leave with: global, and neither tentative, DAD-failed, deprecated, nor secondary (IPv4) or temporary (IPv6). */
+function snatUsable(a: RtnlAddr): boolean {
+  return a.scope === RT_SCOPE_UNIVERSE && (a.flags & (IFA_F_SECONDARY | IFA_F_TENTATIVE | IFA_F_DADFAILED | IFA_F_DEPRECATED)) === 0;
+}
+
+/**
+ * The source address the kernel gives a flow of `family` routed out of
+ * device `index`, as lbctl's SNAT takes it (computed per device, not per
+ * destination): the preferred source (`src`) of the main table's routes
+ * through the device, the default route's first, then the shortest prefix's;
+ * else the device's first usable address in the kernel's own order (IPv4:
+ * its primary address, what inet_select_addr() falls back to; never a
+ * secondary, such as a keepalived VIP in the same subnet, whatever its text
+ * sorts as); else, for a device without one (an unnumbered tunnel), the
+ * first usable address of the lowest-numbered device that has one, as the
+ * kernel borrows one. Undefined: no address of that family at all.
+ */
+export function snatSource(index: number, family: 4 | 6, addrs: readonly RtnlAddr[], routes: readonly RtnlRoute[] = []): string | undefined {
+  const usable = addrs.filter((a) => a.family === family && snatUsable(a));
+  const local = new Set(usable.map((a) => a.address));
+  const preferred = routes
+    .filter((r) => r.family === family && r.table === RT_TABLE_MAIN && r.type === RTN_UNICAST && r.oif === index && r.prefsrc !== '' && local.has(r.prefsrc))
+    .sort((x, y) => x.dstLen - y.dstLen || x.priority - y.priority)[0];
+  if (preferred) return preferred.prefsrc;
+  const own = usable.find((a) => a.index === index);
+  if (own) return own.address;
+  return [...usable].sort((x, y) => x.index - y.index)[0]?.address;
+}
+
+export function selectDevices(links: readonly RtnlLink[], addrs: readonly RtnlAddr[], named?: readonly string[], routes: readonly RtnlRoute[] = []): DeviceSelection {
+  const device = (l: RtnlLink, role: DeviceRole): Device => {
+    const snat4 = snatSource(l.index, 4, addrs, routes);
+    const snat6 = snatSource(l.index, 6, addrs, routes);
+    return { index: l.index, name: l.name, mtu: l.mtu, role, addresses: globalAddresses(addrs, l.index), snat: { ...(snat4 ? { 4: snat4 } : {}), ...(snat6 ? { 6: snat6 } : {}) } };
+  };
+  const devices: Device[] = [];
+  const waiting: string[] = [];
   if (named && named.length > 0) {
     const byName = new Map(links.map((l) => [l.name, l]));
-    const devices: Device[] = [];
-    const waiting: string[] = [];
     for (const name of named) {
       const l = byName.get(name);
       if (!l) waiting.push(`${name}: no such device in this network namespace`);
       else if (!(l.flags & IFF_UP)) waiting.push(`${name}: down`);
-      else devices.push(device(l));
+      else devices.push(device(l, 'nodeport'));
     }
-    return { devices, waiting };
+  } else {
+    devices.push(...links.filter((l) => notViable(l, addrs) === undefined).map((l) => device(l, 'nodeport')));
   }
-  const devices = links.filter((l) => notViable(l, addrs) === undefined).map(device).sort((a, b) => a.index - b.index);
-  return { devices, waiting: [] };
+  const taken = new Set(devices.map((d) => d.index));
+  for (const l of links) if (!taken.has(l.index) && isTunnel(l)) devices.push(device(l, 'tunnel'));
+  return { devices: devices.sort((a, b) => a.index - b.index), waiting };
+}
+
+const ARPHRD_ETHER = 1;
+
+/**
+ * An overlay's device, up: attached for the flows SNATed through it (see
+ * the file's comment). Only those that carry Ethernet frames (vxlan, geneve,
+ * gretap): the programs read packets after an Ethernet header.
+ */
+export function isTunnel(link: RtnlLink): boolean {
+  return TUNNEL_KINDS.has(link.kind) && link.type === ARPHRD_ETHER && (link.flags & IFF_UP) !== 0 && !(link.flags & IFF_LOOPBACK);
 }
 
 /** A --nodeport-addresses CIDR list, parsed; throws naming the bad entry. */
@@ -92,12 +155,14 @@ export function parseCidrs(flag: string, text: string): Array<[ipaddr.IPv4 | ipa
 
 /**
  * The addresses NodePorts are served on: every global address of the
- * devices, or with --nodeport-addresses (kube-proxy's semantics) only those
- * inside one of its CIDRs. Sorted, without duplicates.
+ * front doors (not of tunnels), or with --nodeport-addresses (kube-proxy's
+ * semantics) only those inside one of its CIDRs. Sorted, without
+ * duplicates.
  */
 export function nodePortAddresses(devices: readonly Device[], cidrs: ReadonlyArray<[ipaddr.IPv4 | ipaddr.IPv6, number]> = []): DeviceAddress[] {
   const seen = new Map<string, DeviceAddress>();
   for (const d of devices) {
+    if (d.role !== 'nodeport') continue;
     for (const a of d.addresses) {
       if (cidrs.length > 0) {
         const ip = ipaddr.parse(a.address);

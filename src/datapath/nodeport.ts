@@ -40,6 +40,19 @@ export interface PortRange {
   readonly last: number;
 }
 
+/** Connection tracking lifetimes, seconds (kube-proxy's --conntrack-* flags). */
+export interface ConntrackTimeouts {
+  /** An established TCP flow, idle. */
+  readonly tcpEstablished: number;
+  /** A TCP flow one side has closed (its FIN), until the other's. */
+  readonly tcpCloseWait: number;
+  /** A UDP flow, idle. */
+  readonly udp: number;
+}
+
+/** The datapath's own defaults (bpf/nodeport.c's CT_LIFETIME_*). */
+export const DEFAULT_CONNTRACK: ConntrackTimeouts = { tcpEstablished: 21600, tcpCloseWait: 3600, udp: 60 };
+
 export interface NodePortSettings {
   readonly nodePortRange: PortRange;
   readonly snatRange: PortRange;
@@ -49,7 +62,16 @@ export interface NodePortSettings {
   readonly externalClusterIP: boolean;
   /** --maglev-table-size (a prime) and the flow hash seeds of --maglev-hash-seed. */
   readonly maglev: { readonly m: number; readonly seed4: number; readonly seed6: number };
+  readonly conntrack: ConntrackTimeouts;
 }
+
+/** Flows tracked (lb4_ct, lb6_ct) and SNAT translations (lb4_nat, lb6_nat) per family: --ct-max, --nat-max. */
+export interface TrafficMapSizes {
+  readonly ct: number;
+  readonly nat: number;
+}
+
+export const DEFAULT_TRAFFIC_SIZES: TrafficMapSizes = { ct: mapSpecs.lb4_ct.maxEntries, nat: mapSpecs.lb4_nat.maxEntries };
 
 export const DEFAULT_SNAT_RANGE: PortRange = { first: 61000, last: 65535 };
 export const DEFAULT_SNAT_RETRIES = 16;
@@ -77,15 +99,16 @@ function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
 }
 
 /**
- * The device's first address of each family (the one SNATed flows leave
- * with) and its MTU (what a packet the datapath redirects out of it must
- * fit, or the sender gets fragmentation needed / packet too big). sync()
- * rewrites it on every rtnetlink burst, so a changed MTU is followed.
+ * The source address of each family SNATed flows leave the device with
+ * (devices.ts's snatSource(): what the kernel would pick) and its MTU (what
+ * a packet the datapath redirects out of it must fit, or the sender gets
+ * fragmentation needed / packet too big). sync() rewrites it on every
+ * rtnetlink burst, so a changed address, route or MTU is followed.
  */
 function deviceValue(d: Device): Buffer {
-  const v4 = d.addresses.find((a) => a.family === 4);
-  const v6 = d.addresses.find((a) => a.family === 6);
-  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4.address) : 0, addr6: v6 ? ipv6Bytes(v6.address) : Buffer.alloc(16), mtu: d.mtu >>> 0 });
+  const v4 = d.snat[4];
+  const v6 = d.snat[6];
+  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4) : 0, addr6: v6 ? ipv6Bytes(v6) : Buffer.alloc(16), mtu: d.mtu >>> 0 });
 }
 
 export interface NodePortOptions {
@@ -98,7 +121,18 @@ export interface NodePortOptions {
   readonly mode: AttachMode;
   /** Slots of every Maglev table (--maglev-table-size). */
   readonly maglevM: number;
+  /** --ct-max, --nat-max (default DEFAULT_TRAFFIC_SIZES). */
+  readonly sizes?: Partial<TrafficMapSizes>;
   readonly object?: string;
+}
+
+/** max_entries of the tc object's sized maps. */
+export function trafficMaxEntries(sizes: Partial<TrafficMapSizes> = {}): Record<string, number> {
+  const s = { ...DEFAULT_TRAFFIC_SIZES, ...sizes };
+  for (const [flag, v] of [['--ct-max', s.ct], ['--nat-max', s.nat]] as const) {
+    if (!Number.isInteger(v) || v < 1 || v > 1 << 26) throw new ConfigError(`${flag} ${v}: not an integer in 1..${1 << 26}`);
+  }
+  return { lb4_ct: s.ct, lb6_ct: s.ct, lb4_nat: s.nat, lb6_nat: s.nat };
 }
 
 export class NodePortDatapath {
@@ -132,9 +166,10 @@ export class NodePortDatapath {
       probe.close();
     }
     const shared = new Set(opts.sockObject.mapNames());
-    const replaced = replaceChangedPins(file, opts.mapsDir, shared);
+    const maxEntries = trafficMaxEntries(opts.sizes);
+    const replaced = replaceChangedPins(file, opts.mapsDir, shared, maxEntries);
     const reuseMaps = Object.fromEntries(names.filter((n) => shared.has(n)).map((n) => [n, opts.sockObject.map(n).fd]));
-    const object = await BpfObject.openLoaded(file, { pinRoot: opts.mapsDir, reuseMaps });
+    const object = await BpfObject.openLoaded(file, { pinRoot: opts.mapsDir, reuseMaps, maxEntries });
     try {
       for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs)) verifyMapLayout(object.map(name), mapSpecs[name]);
     } catch (err) {
@@ -161,6 +196,9 @@ export class NodePortDatapath {
       maglevM: s.maglev.m,
       maglevSeed4: s.maglev.seed4,
       maglevSeed6: s.maglev.seed6,
+      ctTcpEstablished: s.conntrack.tcpEstablished,
+      ctTcpCloseWait: s.conntrack.tcpCloseWait,
+      ctUdp: s.conntrack.udp,
     });
     this.object.map('lb_np_config').update(u32.encode(0), value, BPF_ANY);
   }
@@ -321,7 +359,7 @@ export class NodePortDatapath {
  * such a map start over (the socket object's maps are migrated entry by
  * entry by the loader instead).
  */
-function replaceChangedPins(file: string, mapsDir: string, shared: ReadonlySet<string>): string[] {
+function replaceChangedPins(file: string, mapsDir: string, shared: ReadonlySet<string>, maxEntries: Readonly<Record<string, number>>): string[] {
   const replaced: string[] = [];
   const object = BpfObject.open(file);
   try {
@@ -334,7 +372,7 @@ function replaceChangedPins(file: string, mapsDir: string, shared: ReadonlySet<s
       try {
         const layout = have.layout();
         same =
-          have.type === want.type && have.flags === want.flags && have.maxEntries === want.maxEntries && have.keySize === (want.key?.size ?? have.keySize) && have.valueSize === (want.value?.size ?? have.valueSize) &&
+          have.type === want.type && have.flags === want.flags && have.maxEntries === (maxEntries[name] ?? want.maxEntries) && have.keySize === (want.key?.size ?? have.keySize) && have.valueSize === (want.value?.size ?? have.valueSize) &&
           (!want.key || !want.value || !layout?.key || !layout.value ||
             (converter(layout.key, want.key, `map ${name} key`).identical && converter(layout.value, want.value, `map ${name} value`).identical));
       } catch {

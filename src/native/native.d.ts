@@ -171,6 +171,25 @@ export interface RtnlAddr {
   readonly flags: number;
 }
 
+/** A route's next hop (a multipath route gives one each), as `ip route` shows it. */
+export interface RtnlRoute {
+  readonly family: 4 | 6;
+  /** RT_TABLE_MAIN is 254, RT_TABLE_LOCAL 255 */
+  readonly table: number;
+  /** RTN_*: 1 unicast, 2 local, 6 blackhole, ... */
+  readonly type: number;
+  readonly scope: number;
+  /** '' for the default route */
+  readonly dst: string;
+  readonly dstLen: number;
+  /** 0 where the route names no device */
+  readonly oif: number;
+  readonly gateway: string;
+  /** RTA_PREFSRC: the source address the route prefers ('' if it names none) */
+  readonly prefsrc: string;
+  readonly priority: number;
+}
+
 /** An echo reply to one of this socket's requests. */
 export interface IcmpReply {
   readonly type: 'reply';
@@ -249,8 +268,10 @@ export interface NativeBinding {
   rtnlLinks(netnsFd?: number): RtnlLink[];
   /** Its IPv4 and IPv6 addresses (RTM_GETADDR dump). */
   rtnlAddrs(netnsFd?: number): RtnlAddr[];
+  /** Its routes, every table (RTM_GETROUTE dump). */
+  rtnlRoutes(netnsFd?: number): RtnlRoute[];
   /**
-   * Calls back after each burst of link or address events in the caller's
+   * Calls back after each burst of link, address or route events in the caller's
    * namespace: how many messages, or -1 after an overrun (events lost). The
    * events only say when: list again.
    */

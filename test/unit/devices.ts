@@ -1,8 +1,8 @@
 // Device detection and NodePort addresses (src/datapath/devices.ts), from
 // links and addresses as rtnetlink reports them.
 import t from 'tap';
-import { nodePortAddresses, notViable, parseCidrs, selectDevices } from '../../src/datapath/devices.js';
-import type { RtnlAddr, RtnlLink } from '../../src/native/native.js';
+import { nodePortAddresses, notViable, parseCidrs, selectDevices, snatSource } from '../../src/datapath/devices.js';
+import type { RtnlAddr, RtnlLink, RtnlRoute } from '../../src/native/native.js';
 
 const UP = 0x1 | 0x40; // IFF_UP | IFF_RUNNING
 const link = (index: number, name: string, o: Partial<RtnlLink> = {}): RtnlLink => ({ index, name, flags: UP, mtu: 1500, type: 1, kind: '', slaveKind: '', master: 0, operstate: 'up', address: '02:00:00:00:00:01', ...o });
@@ -34,9 +34,10 @@ const addrs = [
   addr(9, '10.0.9.1'),
 ];
 
-t.test('detected: up, a global address, not loopback, veth, bridge port or tunnel', async (t) => {
+t.test('detected: up, a global address, not loopback, veth, bridge port or tunnel; tunnels beside them', async (t) => {
   const { devices, waiting } = selectDevices(links, addrs);
-  t.same(devices.map((d) => d.name), ['eth0', 'br0', 'bond0']);
+  t.same(devices.map((d) => [d.name, d.role]), [['eth0', 'nodeport'], ['br0', 'nodeport'], ['vxlan0', 'tunnel'], ['bond0', 'nodeport']],
+    'the front doors, and the overlay device for the flows SNATed through it');
   t.same(waiting, []);
   t.same(devices[0]!.addresses, [
     { family: 4, address: '192.168.61.1', prefixLen: 24 },
@@ -46,16 +47,55 @@ t.test('detected: up, a global address, not loopback, veth, bridge port or tunne
   t.same(why, { lo: 'loopback', eth0: undefined, eth1: 'down', veth1: 'a veth', br0: undefined, brport: 'a bridge port', vxlan0: 'a tunnel (vxlan)', eth2: 'no global address', bond0: undefined });
 });
 
-t.test('named: exactly those, whatever their kind; missing or down ones wait, by name', async (t) => {
+t.test('named: exactly those, whatever their kind; missing or down ones wait, by name; tunnels all the same', async (t) => {
   const { devices, waiting } = selectDevices(links, addrs, ['veth1', 'eth1', 'nope']);
-  t.same(devices.map((d) => d.name), ['veth1']);
+  t.same(devices.map((d) => [d.name, d.role]), [['veth1', 'nodeport'], ['vxlan0', 'tunnel']]);
   t.same(waiting, ['eth1: down', 'nope: no such device in this network namespace']);
 });
 
-t.test('NodePort addresses: every global address, or those inside --nodeport-addresses', async (t) => {
+t.test('NodePort addresses: every global address of the front doors (not tunnels), or those inside --nodeport-addresses', async (t) => {
   const { devices } = selectDevices(links, addrs);
   t.same(nodePortAddresses(devices).map((a) => a.address), ['10.0.5.1', '10.0.9.1', '192.168.61.1', 'fd00:61::1']);
   t.same(nodePortAddresses(devices, parseCidrs('--nodeport-addresses', '192.168.0.0/16, fd00::/8')).map((a) => a.address), ['192.168.61.1', 'fd00:61::1']);
   t.same(nodePortAddresses(devices, parseCidrs('--nodeport-addresses', '172.16.0.0/12')), [], 'nothing matches: no NodePort addresses');
   t.throws(() => parseCidrs('--nodeport-addresses', '10.0.0.0/8,10.1.2.3'), { message: "--nodeport-addresses: '10.1.2.3' is not a CIDR (such as 10.0.0.0/8 or fd00::/64)" });
+});
+
+const route = (o: Partial<RtnlRoute>): RtnlRoute => ({ family: 4, table: 254, type: 1, scope: 0, dst: '', dstLen: 0, oif: 2, gateway: '', prefsrc: '', priority: 0, ...o });
+
+t.test('SNAT source: what the kernel would pick, never a secondary, deprecated, tentative or temporary address', async (t) => {
+  // eth0 got 10.0.0.5/24 first, then keepalived's 10.0.0.100/24 (a secondary: the kernel lists it
+  // after its primary and flags it) and a /32 VIP (a primary of its own subnet, listed after): text order would pick .100.
+  const a = [
+    addr(2, '10.0.0.5'),
+    addr(2, '10.0.0.100', { flags: 0x01 }),
+    addr(2, '10.0.0.200', { prefixLen: 32 }),
+    addr(2, 'fd00:1::100', { flags: 0x20 }), // deprecated (preferred_lft 0)
+    addr(2, 'fd00:1::50', { flags: 0x40 }), // tentative
+    addr(2, 'fd00:1::7', { flags: 0x01 }), // temporary (privacy extensions)
+    addr(2, 'fd00:1::5'),
+    addr(2, 'fe80::5', { scope: 253 }),
+  ];
+  t.equal(snatSource(2, 4, a), '10.0.0.5', 'IPv4: the primary address, in the kernel\'s order');
+  t.equal(snatSource(2, 6, a), 'fd00:1::5', 'IPv6: the first that is neither deprecated, tentative nor temporary');
+  t.equal(snatSource(2, 4, a, [route({ dst: '', dstLen: 0, prefsrc: '10.0.0.200' }), route({ dst: '10.9.0.0', dstLen: 16, prefsrc: '10.0.0.5' })]), '10.0.0.200',
+    'a route through the device that names its preferred source (src): the default route\'s first');
+  t.equal(snatSource(2, 4, a, [route({ dst: '10.9.0.0', dstLen: 16, prefsrc: '10.0.0.200' })]), '10.0.0.200', 'else another route\'s');
+  t.equal(snatSource(2, 4, a, [route({ prefsrc: '10.0.0.100' }), route({ prefsrc: '192.0.2.1' })]), '10.0.0.5',
+    'a preferred source that is secondary, or no address of the node\'s, is not taken');
+  t.equal(snatSource(2, 4, a, [route({ prefsrc: '10.0.0.200', oif: 3 }), route({ prefsrc: '10.0.0.200', table: 100 })]), '10.0.0.5',
+    'only the main table\'s routes through this device count');
+  const tunnel = [...a, addr(7, '10.244.1.0', { prefixLen: 32 })];
+  t.equal(snatSource(7, 4, tunnel), '10.244.1.0', 'a tunnel with an address of its own: that one');
+  t.equal(snatSource(9, 4, a), '10.0.0.5', 'a device without one: the lowest-numbered device\'s, as the kernel borrows one');
+  t.equal(snatSource(2, 6, [addr(2, '10.0.0.5')]), undefined, 'no address of the family at all: none');
+});
+
+t.test('devices carry their SNAT sources; a change of address or route changes them', async (t) => {
+  const base = [addr(2, '192.168.61.5'), addr(2, '192.168.61.1', { flags: 0x01 }), addr(2, 'fd00:61::5'), addr(7, '10.0.7.1')];
+  const { devices } = selectDevices(links, base);
+  t.same(devices.find((d) => d.name === 'eth0')?.snat, { 4: '192.168.61.5', 6: 'fd00:61::5' });
+  t.same(devices.find((d) => d.name === 'vxlan0')?.snat, { 4: '10.0.7.1', 6: 'fd00:61::5' }, 'a tunnel without an IPv6 address borrows one');
+  const moved = selectDevices(links, base, undefined, [route({ oif: 2, prefsrc: '10.0.7.1' })]).devices;
+  t.same(moved.find((d) => d.name === 'eth0')?.snat[4], '10.0.7.1', 'a default route\'s src names another of the node\'s addresses: taken');
 });

@@ -19,7 +19,7 @@ import type { Problem, Source } from '../../sources/source.js';
 import { PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
 import { readFileSync } from 'node:fs';
 import { parseCidrs } from '../../datapath/devices.js';
-import { DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
+import { DEFAULT_CONNTRACK, DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
 import type { NodePortOptions } from '../../agent/nodeport.js';
 import { checkDisjoint, parsePortRange } from '../flags.js';
 import { checkTableSize, DEFAULT_MAGLEV_SEED, DEFAULT_MAGLEV_TABLE_SIZE, parseMaglevSeed } from '../../lb/maglev.js';
@@ -63,6 +63,12 @@ export interface AgentCommandOptions {
   externalClusterip?: boolean;
   maglevTableSize?: number;
   maglevHashSeed?: string;
+  ctMax?: number;
+  natMax?: number;
+  /** Milliseconds, as the duration flags parse. */
+  conntrackTcpTimeoutEstablished?: number;
+  conntrackTcpTimeoutCloseWait?: number;
+  conntrackUdpTimeout?: number;
   healthMeshPort?: number;
   healthMeshPeriod?: number;
   healthMeshTimeout?: number;
@@ -89,12 +95,26 @@ export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphem
       snatRetries: DEFAULT_SNAT_RETRIES,
       externalClusterIP: opts.externalClusterip === true,
       maglev: { m, seed4: seeds.flow4, seed6: seeds.flow6 },
+      conntrack: {
+        tcpEstablished: timeoutSeconds('--conntrack-tcp-timeout-established', opts.conntrackTcpTimeoutEstablished, DEFAULT_CONNTRACK.tcpEstablished),
+        tcpCloseWait: timeoutSeconds('--conntrack-tcp-timeout-close-wait', opts.conntrackTcpTimeoutCloseWait, DEFAULT_CONNTRACK.tcpCloseWait),
+        udp: timeoutSeconds('--conntrack-udp-timeout', opts.conntrackUdpTimeout, DEFAULT_CONNTRACK.udp),
+      },
     },
+    sizes: { ...(opts.ctMax !== undefined ? { ct: opts.ctMax } : {}), ...(opts.natMax !== undefined ? { nat: opts.natMax } : {}) },
     maglevTableSeed: seeds.table,
     procfs: opts.procfs ?? '/proc',
     ...(devices ? { devices } : {}),
     ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
   };
+}
+
+/** A conntrack timeout flag (ms) in whole seconds, as the datapath's clock counts: at least 1 s, at most 2^32-1 s. */
+function timeoutSeconds(flag: string, ms: number | undefined, fallback: number): number {
+  if (ms === undefined) return fallback;
+  const s = Math.ceil(ms / 1000);
+  if (!Number.isFinite(s) || s < 1 || s > 0xffffffff) throw new ConfigError(`${flag}: ${ms} ms is not a timeout of 1s to 136 years`);
+  return s;
 }
 
 /** This network namespace's ephemeral port range (ip_local_port_range). */

@@ -1,6 +1,6 @@
 // `lbctl bpf ct list` and `lbctl bpf nat list`: the tc datapath's flows and
-// SNAT translations, read straight from the pinned CT maps (the agent need
-// not run), one line per entry in Cilium's format, or a JSON array.
+// SNAT translations, read straight from the pinned CT and NAT maps (the
+// agent need not run), one line per entry in Cilium's format, or a JSON array.
 import { ConfigError } from '../../errors.js';
 import { openPinnedMaps } from '../../datapath/loader.js';
 import { ctLine, decodeCt, natLine, natRecords, type CtRecord } from '../../datapath/ct.js';
@@ -9,7 +9,8 @@ export function readCt(bpfRoot: string): CtRecord[] {
   const pinned = openPinnedMaps(bpfRoot);
   try {
     const out: CtRecord[] = [];
-    for (const [family, name] of [[4, 'lb4_ct'], [6, 'lb6_ct']] as const) {
+    // A SNATed flow's reply entry is in lb*_nat, every other entry in lb*_ct.
+    for (const [family, name] of [[4, 'lb4_ct'], [4, 'lb4_nat'], [6, 'lb6_ct'], [6, 'lb6_nat']] as const) {
       let map;
       try {
         map = pinned.get(name);
