@@ -263,7 +263,8 @@ export class Agent implements AgentView {
       return;
     }
     if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another layout were made anew (their flows and tables start over; the agent rewrites the tables)');
-    const agent = new NodePortAgent(dp, opts, log);
+    const metrics = this.opts.metrics;
+    const agent = new NodePortAgent(dp, { ...opts, ...(metrics ? { onTrafficPressure: (p) => metrics.setMapPressure(p) } : {}) }, log);
     try {
       agent.start();
     } catch (err) {

@@ -10,7 +10,8 @@ import type { Logger } from 'pino';
 import { ConfigError } from '../errors.js';
 import type ipaddr from 'ipaddr.js';
 import { nodePortAddresses, selectDevices, type Device, type DeviceAddress } from '../datapath/devices.js';
-import type { NodePortDatapath, NodePortSettings, PortRange, TrafficMapSizes } from '../datapath/nodeport.js';
+import type { NodePortDatapath, NodePortSettings, PortRange, TrafficMapSizes, TrafficPressure } from '../datapath/nodeport.js';
+import { sumCounters } from '../datapath/counters.js';
 import { addresses as rtnlAddrs, links as rtnlLinks, routes as rtnlRoutes, watch as rtnlWatch } from '../native/rtnl.js';
 
 export interface NodePortOptions {
@@ -25,7 +26,25 @@ export interface NodePortOptions {
   readonly addressCidrs?: ReadonlyArray<[ipaddr.IPv4 | ipaddr.IPv6, number]>;
   /** Where the host's /proc is (--procfs): in a pod, a hostPath mount, the container's /proc/sys being read-only. */
   readonly procfs?: string;
+  /** The traffic maps' fill, each time it is read (the agent's lbctl_bpf_map_pressure). */
+  readonly onTrafficPressure?: (p: readonly TrafficPressure[]) => void;
+  /** How often the traffic maps and the datapath's drop counters are read (default TRAFFIC_CHECK_MS). */
+  readonly trafficCheckMs?: number;
 }
+
+/** How often the flows' and SNAT maps' fill and the counters of traffic dropped for want of room are read. */
+export const TRAFFIC_CHECK_MS = 10_000;
+
+/**
+ * Counters of new flows dropped for want of room, and the flag that makes
+ * more: logged when they grow, with how much, once per check.
+ */
+const ROOM_COUNTERS: ReadonlyArray<{ counter: string; what: string; flag: string }> = [
+  { counter: 'np_snat_exhausted', what: 'new flows to a remote backend found no free SNAT port and were dropped', flag: 'widen --snat-port-range (or give the service more backends)' },
+  { counter: 'np_ct_full', what: 'new flows could not be tracked and were dropped', flag: 'raise --ct-max' },
+  { counter: 'np_nat_full', what: 'SNATed packets lost their translation and were dropped', flag: 'raise --nat-max' },
+  { counter: 'np_nat_stolen', what: 'SNATed flows lost their port to newer flows (their translation was evicted) and ended', flag: 'raise --nat-max' },
+];
 
 export interface NodePortStatus {
   readonly mode: string;
@@ -33,6 +52,8 @@ export interface NodePortStatus {
   readonly nodeAddresses: readonly string[];
   readonly waiting: readonly string[];
   readonly problems: readonly string[];
+  /** The traffic maps' fill at the last check. */
+  readonly traffic?: readonly TrafficPressure[];
 }
 
 /** Under --procfs: the kernel's reserved ports of this network namespace. */
@@ -55,6 +76,9 @@ export function withReservedRange(current: string, range: PortRange): string | u
 export class NodePortAgent {
   private watcher: { close(): void } | undefined;
   private timer: NodeJS.Timeout | undefined;
+  private trafficTimer: NodeJS.Timeout | undefined;
+  private counters: Record<string, bigint> | undefined;
+  private traffic: readonly TrafficPressure[] | undefined;
   private status: NodePortStatus;
 
   constructor(
@@ -79,6 +103,38 @@ export class NodePortAgent {
       () => this.schedule(),
       (err) => this.log.error({ err: (err as Error)?.message ?? String(err) }, 'following the devices failed'),
     );
+    this.checkTraffic();
+    this.trafficTimer = setInterval(() => this.checkTraffic(), this.opts.trafficCheckMs ?? TRAFFIC_CHECK_MS);
+    this.trafficTimer.unref();
+  }
+
+  /**
+   * The flows' and SNAT maps' fill (exported as their pressure), and the
+   * counters of traffic dropped for want of room: each that grew since the
+   * last check is logged with how much and the flag that makes room. A map
+   * full of live entries is logged too: its LRU then evicts live flows.
+   */
+  checkTraffic(): void {
+    try {
+      const traffic = this.datapath.trafficPressure();
+      this.traffic = traffic;
+      this.opts.onTrafficPressure?.(traffic);
+      for (const t of traffic) {
+        if (t.maxEntries > 0 && t.entries >= 0.9 * t.maxEntries) {
+          this.log.warn({ map: t.map, live: t.entries, maxEntries: t.maxEntries }, `${t.map} is ${Math.round((100 * t.entries) / t.maxEntries)}% full of live entries: its LRU evicts live ones; raise ${t.map.endsWith('_nat') ? '--nat-max' : '--ct-max'}`);
+        }
+      }
+      const now = sumCounters(this.datapath.object.map('lb_metrics'));
+      const before = this.counters;
+      this.counters = now;
+      if (!before) return;
+      for (const c of ROOM_COUNTERS) {
+        const grew = (now[c.counter] ?? 0n) - (before[c.counter] ?? 0n);
+        if (grew > 0n) this.log.warn({ counter: c.counter, count: Number(grew), total: Number(now[c.counter] ?? 0n) }, `${grew} ${c.what} since the last check: ${c.flag}`);
+      }
+    } catch (err) {
+      this.log.error({ err: (err as Error)?.message ?? String(err) }, 'reading the tc traffic maps failed');
+    }
   }
 
   /** Link and address events come in bursts: one refresh after them. */
@@ -149,7 +205,7 @@ export class NodePortAgent {
   }
 
   view(): NodePortStatus {
-    return this.status;
+    return this.traffic ? { ...this.status, traffic: this.traffic } : this.status;
   }
 
   stop(): void {
@@ -157,6 +213,8 @@ export class NodePortAgent {
     this.watcher = undefined;
     if (this.timer) clearTimeout(this.timer);
     this.timer = undefined;
+    if (this.trafficTimer) clearInterval(this.trafficTimer);
+    this.trafficTimer = undefined;
     this.datapath.close();
   }
 }

@@ -72,10 +72,13 @@ export interface KernelStatus {
     readonly state: 'off' | 'failed' | 'serving';
     readonly error?: string;
     readonly mode?: string;
-    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly addresses: readonly string[] }>;
+    /** role: a front door ('nodeport') or an overlay's device ('tunnel'); snat: the source SNATed flows leave it with, per family. */
+    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[] }>;
     readonly nodeAddresses?: readonly string[];
     readonly waiting?: readonly string[];
     readonly problems?: readonly string[];
+    /** The flows' and SNAT maps' fill: live entries against max_entries. */
+    readonly traffic?: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
     /** Maglev tables in the kernel: slots each, how many, and their memory (slots * 4 bytes each). */
     readonly maglev?: { readonly m: number; readonly tables: number; readonly bytes: number };
   };

@@ -85,21 +85,27 @@ function snatUsable(a: RtnlAddr): boolean {
  * The source address the kernel gives a flow of `family` routed out of
  * device `index`, as lbctl's SNAT takes it (computed per device, not per
  * destination): the preferred source (`src`) of the main table's routes
- * through the device, the default route's first, then the shortest prefix's;
- * else the device's first usable address in the kernel's own order (IPv4:
- * its primary address, what inet_select_addr() falls back to; never a
- * secondary, such as a keepalived VIP in the same subnet, whatever its text
- * sorts as); else, for a device without one (an unnumbered tunnel), the
- * first usable address of the lowest-numbered device that has one, as the
- * kernel borrows one. Undefined: no address of that family at all.
+ * through the device to other networks (scope global: the kernel's own
+ * routes to the device's subnets name its primary address anyway), the
+ * default route's first, then the shortest prefix's
+ * (any address of the node's the kernel would use: secondary ones too, since
+ * a route that names one is obeyed); else the device's first usable address
+ * in the kernel's own order (IPv4: its primary address, what
+ * inet_select_addr() falls back to; never a secondary, such as a keepalived
+ * VIP in the same subnet, whatever its text sorts as; never deprecated,
+ * tentative or, IPv6, temporary); else, for a device without one (an
+ * unnumbered tunnel), the first usable address of the lowest-numbered device
+ * that has one, as the kernel borrows one. Undefined: no address of that
+ * family at all.
  */
 export function snatSource(index: number, family: 4 | 6, addrs: readonly RtnlAddr[], routes: readonly RtnlRoute[] = []): string | undefined {
-  const usable = addrs.filter((a) => a.family === family && snatUsable(a));
-  const local = new Set(usable.map((a) => a.address));
+  const mine = addrs.filter((a) => a.family === family && a.scope === RT_SCOPE_UNIVERSE);
+  const assigned = new Set(mine.filter((a) => (a.flags & (IFA_F_TENTATIVE | IFA_F_DADFAILED)) === 0).map((a) => a.address));
   const preferred = routes
-    .filter((r) => r.family === family && r.table === RT_TABLE_MAIN && r.type === RTN_UNICAST && r.oif === index && r.prefsrc !== '' && local.has(r.prefsrc))
+    .filter((r) => r.family === family && r.table === RT_TABLE_MAIN && r.type === RTN_UNICAST && r.scope === RT_SCOPE_UNIVERSE && r.oif === index && r.prefsrc !== '' && assigned.has(r.prefsrc))
     .sort((x, y) => x.dstLen - y.dstLen || x.priority - y.priority)[0];
   if (preferred) return preferred.prefsrc;
+  const usable = mine.filter(snatUsable);
   const own = usable.find((a) => a.index === index);
   if (own) return own.address;
   return [...usable].sort((x, y) => x.index - y.index)[0]?.address;

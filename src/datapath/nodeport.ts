@@ -24,6 +24,7 @@ import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
 import { LbNpConfigFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
 import type { Device, DeviceAddress } from './devices.js';
+import { monotonicSeconds } from './ct.js';
 import { verifyMapLayout } from './maps.js';
 import { KernelMaglevMaps, KernelNorthSouthMaps } from './maglev-maps.js';
 
@@ -72,6 +73,18 @@ export interface TrafficMapSizes {
 }
 
 export const DEFAULT_TRAFFIC_SIZES: TrafficMapSizes = { ct: mapSpecs.lb4_ct.maxEntries, nat: mapSpecs.lb4_nat.maxEntries };
+
+/** The maps the tc programs fill with traffic, sized by --ct-max and --nat-max. */
+export const TRAFFIC_MAPS = ['lb4_ct', 'lb6_ct', 'lb4_nat', 'lb6_nat'] as const;
+
+export interface TrafficPressure {
+  readonly map: (typeof TRAFFIC_MAPS)[number];
+  /** Live entries (not expired). */
+  readonly entries: number;
+  /** Entries the map holds, dead ones included (the LRU reuses those first). */
+  readonly stored: number;
+  readonly maxEntries: number;
+}
 
 export const DEFAULT_SNAT_RANGE: PortRange = { first: 61000, last: 65535 };
 export const DEFAULT_SNAT_RETRIES = 16;
@@ -183,6 +196,25 @@ export class NodePortDatapath {
 
   /** tc-only maps whose pinned layout, size, type or flags differed from this object's: made anew at this load. */
   replacedMaps: readonly string[] = [];
+
+  /**
+   * The fill of the maps the programs write themselves (flows, SNAT
+   * translations): live entries (not yet expired; an LRU map keeps dead
+   * ones until it needs their room) against max_entries, per map. One batch
+   * walk each; the agent calls it every few seconds, not per packet.
+   */
+  trafficPressure(now = monotonicSeconds()): TrafficPressure[] {
+    const out: TrafficPressure[] = [];
+    for (const name of TRAFFIC_MAPS) {
+      const map = this.object.map(name);
+      const { values, count } = map.entriesFlat();
+      let live = 0;
+      // Every entry's value starts with its expiry (struct lb4_ct_entry, lb6_ct_entry: __u64 expires).
+      for (let i = 0; i < count; i++) if (Number(values.readBigUInt64LE(i * map.valueSize)) > now) live++;
+      out.push({ map: name, entries: live, stored: count, maxEntries: map.maxEntries });
+    }
+    return out;
+  }
 
   /** Writes the settings the programs read (before any attach). */
   configure(s: NodePortSettings): void {

@@ -81,10 +81,13 @@ t.test('SNAT source: what the kernel would pick, never a secondary, deprecated, 
   t.equal(snatSource(2, 4, a, [route({ dst: '', dstLen: 0, prefsrc: '10.0.0.200' }), route({ dst: '10.9.0.0', dstLen: 16, prefsrc: '10.0.0.5' })]), '10.0.0.200',
     'a route through the device that names its preferred source (src): the default route\'s first');
   t.equal(snatSource(2, 4, a, [route({ dst: '10.9.0.0', dstLen: 16, prefsrc: '10.0.0.200' })]), '10.0.0.200', 'else another route\'s');
-  t.equal(snatSource(2, 4, a, [route({ prefsrc: '10.0.0.100' }), route({ prefsrc: '192.0.2.1' })]), '10.0.0.5',
-    'a preferred source that is secondary, or no address of the node\'s, is not taken');
+  t.equal(snatSource(2, 4, a, [route({ prefsrc: '10.0.0.100' })]), '10.0.0.100', 'a route that names a secondary address as its src is obeyed, as the kernel does');
+  t.equal(snatSource(2, 4, a, [route({ prefsrc: '192.0.2.1' })]), '10.0.0.5', 'a src that is no address of the node\'s is not taken');
+  t.equal(snatSource(2, 6, a, [route({ family: 6, prefsrc: 'fd00:1::50' })]), 'fd00:1::5', 'nor a tentative one');
   t.equal(snatSource(2, 4, a, [route({ prefsrc: '10.0.0.200', oif: 3 }), route({ prefsrc: '10.0.0.200', table: 100 })]), '10.0.0.5',
     'only the main table\'s routes through this device count');
+  t.equal(snatSource(2, 4, a, [route({ dst: '10.0.0.0', dstLen: 24, scope: 253, prefsrc: '10.0.0.200' })]), '10.0.0.5',
+    'a route to the device\'s own subnet (scope link) does not count: the kernel names the primary address there');
   const tunnel = [...a, addr(7, '10.244.1.0', { prefixLen: 32 })];
   t.equal(snatSource(7, 4, tunnel), '10.244.1.0', 'a tunnel with an address of its own: that one');
   t.equal(snatSource(9, 4, a), '10.0.0.5', 'a device without one: the lowest-numbered device\'s, as the kernel borrows one');

@@ -44,13 +44,19 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
     text += row('Datapath', `${k.object === 'compat' ? 'sock_compat.bpf.o (refused connects: EPERM)' : k.object === 'standard' ? 'sock.bpf.o (refused connects: ECONNREFUSED)' : k.object}; stale UDP sockets: ${k.udpTermination}`);
     const np = k.nodePort;
     if (np) {
-      const devices = (np.devices ?? []).map((d) => `${d.name} (${d.addresses.join(' ') || 'no address'})`).join(', ') || 'none';
+      const devices =
+        (np.devices ?? [])
+          .map((d) => `${d.name}${d.role === 'tunnel' ? ' [tunnel]' : ''} (${d.addresses.join(' ') || 'no address'}${d.snat && d.snat.length > 0 ? `; SNAT ${d.snat.join(' ')}` : ''})`)
+          .join(', ') || 'none';
       const line =
         np.state === 'off' ? 'off (--no-nodeport)'
         : np.state === 'failed' ? `FAILED: ${np.error ?? 'unknown error'}`
         : `nodeport.bpf.o at tc (${np.mode}) on ${devices}; NodePorts on ${(np.nodeAddresses ?? []).join(', ') || 'no address'}` +
           (np.maglev ? `; Maglev: ${np.maglev.tables} table${np.maglev.tables === 1 ? '' : 's'} of ${np.maglev.m} slots, ${(np.maglev.bytes / 1024).toFixed(0)} KiB` : '');
       text += row('NodePort', line) + [...(np.waiting ?? []), ...(np.problems ?? [])].map((w) => `  note: ${w}\n`).join('');
+      if (np.traffic && np.traffic.length > 0) {
+        text += row('Flows', np.traffic.map((m) => `${m.map} ${m.entries}/${m.maxEntries}${m.maxEntries > 0 ? ` (${Math.floor((100 * m.entries) / m.maxEntries)}%)` : ''}`).join(', '));
+      }
     }
   }
   text += row('Liveness', s.livez.ok ? 'ok' : 'FAILED') + groupLines(s.livez);

@@ -1,0 +1,150 @@
+// NodePort on the networks real nodes have (issue 34, items 2-4 and 9),
+// each in a lab of its own (test/helpers/nodeport-lab.ts), with a NodePort
+// whose only endpoint is the pod on node 2 (so every flow is SNATed) and one
+// whose endpoint is node 1's own pod:
+//
+// - an overlay: node 1 reaches node 2's pods through a VXLAN device over the
+//   nodes' link (no route to them on the link itself). The tunnel is
+//   attached beside the named devices, flows are SNATed to its address, the
+//   replies come back through it and are translated there; a packet bigger
+//   than the tunnel's MTU (1450) gets fragmentation needed / packet too big,
+//   and an upload learns it;
+// - a node whose device towards node 2 has a secondary address that sorts
+//   before its primary, and a deprecated IPv6 one: flows are SNATed to what
+//   the kernel would pick, and follow a route's src when it changes;
+// - --nodeport-addresses narrower than the SNAT address: NodePorts answer on
+//   the client's side only, and the replies to the SNAT address outside it
+//   still come back translated.
+import { execFileSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
+import t, { type Test } from 'tap';
+import { yamlDocs } from '../helpers/manifests.js';
+import { endpoint, extGet, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, type Lab } from '../helpers/nodeport-lab.js';
+import { CLI_TIMEOUT_MS, createSandbox, LBCTL, run, SLOW, type Sandbox } from '../helpers/sandbox.js';
+
+const HTTP = 8080;
+const NP_REMOTE = 30100;
+const NP_LOCAL = 30101;
+const FAMILIES = ['v4', 'v6'] as const;
+const NODE_ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
+
+const manifests = (): string =>
+  yamlDocs([
+    ...northSouth({ name: 'remote', clusterIPs: ['10.96.0.20', 'fd00:96::20'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: NP_REMOTE }] },
+      { 4: [endpoint(2, 4)], 6: [endpoint(2, 6)] }),
+    ...northSouth({ name: 'local', clusterIPs: ['10.96.0.21', 'fd00:96::21'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: NP_LOCAL }] },
+      { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
+  ]);
+
+async function start(t: Test, extra: readonly string[] = [], prepare?: (lab: Lab) => void): Promise<{ sb: Sandbox; lab: Lab }> {
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  const lab = await makeLab(sb);
+  prepare?.(lab);
+  sb.writeManifest('services.yaml', manifests());
+  const sync = await lab.agent.start([...NODE_ARGS, ...extra]);
+  t.ok(sync.frontends > 0, `the agent synced (${sync.frontends} frontends)`);
+  return { sb, lab };
+}
+
+/** The last "devices and node addresses" line the agent logged. */
+function devicesLog(lab: Lab): { devices?: string[]; tunnels?: string[]; snat?: Record<string, string[]>; nodeAddresses?: string[] } {
+  return (lab.agent.agent!.logs.filter((l) => l.msg === 'tc datapath: devices and node addresses').at(-1) ?? {}) as ReturnType<typeof devicesLog>;
+}
+
+/** HTTP through a NodePort on `host` from the external client; the address the pod saw the client as. */
+async function through(t: Test, lab: Lab, host: string, port: number, what: string): Promise<string> {
+  const r = await extGet(lab, host, port);
+  t.ok(r.ok, `${what}: answered (${r.error || r.server})`);
+  return r.client.replace(/^\[?([^\]]+?)\]?:\d+$/, '$1');
+}
+
+/** A 2 MB upload (HTTP POST) from the external client: curl's exit code and what the pod says it received. */
+async function upload(sb: Sandbox, lab: Lab, host: string, port: number): Promise<{ code: number; received: number; error: string }> {
+  const file = path.join(sb.runDir, 'upload.bin');
+  writeFileSync(file, Buffer.alloc(2 << 20, 0x61));
+  const url = host.includes(':') ? `http://[${host}]:${port}/upload` : `http://${host}:${port}/upload`;
+  const r = await lab.inExt(['curl', '-sS', '-H', 'Expect:', '--data-binary', `@${file}`, '--max-time', String(20 * SLOW), url], 30_000);
+  return { code: r.code ?? -1, received: Number(r.stdout.trim().split(/\s+/)[0] ?? 0), error: r.stderr.trim() };
+}
+
+/** The path MTU the client's route cache learned towards `dst`, or 0. */
+async function learnedMtu(lab: Lab, dst: string): Promise<number> {
+  const r = await lab.inExt(['ip', ...(dst.includes(':') ? ['-6'] : []), 'route', 'get', dst]);
+  return Number(/\bmtu (\d+)/.exec(r.stdout)?.[1] ?? 0);
+}
+
+t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address and their replies translated there', async (t) => {
+  const { sb, lab } = await start(t, [], (lab) => {
+    // A VXLAN between the nodes over their link; node 2's pods only through it.
+    for (const [ns, me, peer, dev, self6] of [[lab.n1, '10.251.0.1', '10.251.0.2', 'vx1', 'fd00:253::1'], [lab.n2, '10.251.0.2', '10.251.0.1', 'vx2', 'fd00:253::2']] as const) {
+      ip('-n', ns, 'link', 'add', dev, 'type', 'vxlan', 'id', '42', 'local', me, 'remote', peer, 'dstport', '4789', 'dev', ns === lab.n1 ? 'n1b' : 'n2a');
+      ip('-n', ns, 'addr', 'add', `10.253.0.${ns === lab.n1 ? 1 : 2}/24`, 'dev', dev);
+      ip('-n', ns, '-6', 'addr', 'add', `${self6}/64`, 'dev', dev, 'nodad');
+      ip('-n', ns, 'link', 'set', dev, 'up');
+    }
+    ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'via', '10.253.0.2', 'dev', 'vx1');
+    ip('-n', lab.n1, '-6', 'route', 'replace', 'fd00:252:2::/64', 'via', 'fd00:253::2', 'dev', 'vx1');
+  });
+  const d = devicesLog(lab);
+  t.same(d.tunnels, ['vx1'], `the VXLAN device is attached as a tunnel beside --devices (${JSON.stringify(d)})`);
+  t.same(d.snat?.['vx1'], ['10.253.0.1', 'fd00:253::1'], 'its SNAT sources are its own addresses');
+  t.notOk(d.nodeAddresses?.includes('10.253.0.1'), 'NodePorts do not answer on the tunnel\'s address');
+  for (const f of FAMILIES) {
+    const seen = await through(t, lab, NODE1[f], NP_REMOTE, `IPv${f[1]}, the remote pod through the overlay`);
+    t.equal(seen, f === 'v4' ? '10.253.0.1' : 'fd00:253::1', `IPv${f[1]}: the remote pod sees node 1's tunnel address (SNAT), not the client`);
+    t.ok(await through(t, lab, NODE1[f], NP_LOCAL, `IPv${f[1]}, the local pod`), 'the local pod still answers');
+  }
+  const vxlan = JSON.parse(execFileSync('ip', ['-n', lab.n1, '-j', 'link', 'show', 'vx1'], { encoding: 'utf8' })) as Array<{ mtu: number }>;
+  t.equal(vxlan[0]?.mtu, 1450, 'the tunnel\'s MTU is 1450 (its link\'s less 50 bytes of encapsulation)');
+  for (const f of FAMILIES) {
+    const u = await upload(sb, lab, NODE1[f], NP_REMOTE);
+    t.ok(u.code === 0 && u.received === 2 << 20, `IPv${f[1]}: a 2 MB upload through the overlay completes (curl ${u.code}, ${u.received} bytes${u.error ? `, ${u.error}` : ''})`);
+    t.equal(await learnedMtu(lab, NODE1[f]), 1450, `IPv${f[1]}: the client learned the tunnel's MTU from the datapath's error`);
+  }
+  const m = await sb.metrics();
+  t.ok((m['np_frag_needed'] ?? 0) > 0, `np_frag_needed counted the too-big packets (${m['np_frag_needed']})`);
+  await lab.agent.stop(10_000);
+});
+
+t.test('the SNAT source is what the kernel would pick: not a secondary or deprecated address, whatever its text sorts as; a route\'s src is followed', async (t) => {
+  const { sb, lab } = await start(t, [], (lab) => {
+    // n1b: primary 10.251.0.5, then a keepalived-style secondary 10.251.0.100 in the same subnet
+    // (text order puts it first), and a deprecated IPv6 address that also sorts first.
+    ip('-n', lab.n1, 'addr', 'del', `${NODE1_TO_N2.v4}/24`, 'dev', 'n1b');
+    ip('-n', lab.n1, 'addr', 'add', '10.251.0.5/24', 'dev', 'n1b');
+    ip('-n', lab.n1, 'addr', 'add', '10.251.0.100/24', 'dev', 'n1b');
+    ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'via', '10.251.0.2');
+    ip('-n', lab.n1, '-6', 'addr', 'add', 'fd00:1::9/64', 'dev', 'n1b', 'nodad', 'preferred_lft', '0');
+  });
+  const d = devicesLog(lab);
+  t.same(d.snat?.['n1b'], ['10.251.0.5', NODE1_TO_N2.v6], `n1b's SNAT sources: its primary IPv4 and its preferred IPv6 address (${JSON.stringify(d.snat)})`);
+  t.equal(await through(t, lab, NODE1.v4, NP_REMOTE, 'IPv4'), '10.251.0.5', 'the pod sees the primary address, not the secondary one');
+  t.equal(await through(t, lab, NODE1.v6, NP_REMOTE, 'IPv6'), NODE1_TO_N2.v6, 'nor the deprecated IPv6 address');
+
+  // The route to node 2's pods names a source: flows follow it.
+  const mark = lab.agent.agent!.logs.length;
+  ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'via', '10.251.0.2', 'src', '10.251.0.100');
+  await lab.agent.agent!.waitForLog((l) => l.msg === 'tc datapath: devices and node addresses' && JSON.stringify(l).includes('10.251.0.100'), mark, 10_000);
+  t.equal(await through(t, lab, NODE1.v4, NP_REMOTE, 'IPv4 after the route names src 10.251.0.100'), '10.251.0.100', 'new flows leave with the route\'s src');
+  const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
+  t.match(status.stdout, /n1b \(.*SNAT 10\.251\.0\.100/, `lbctl status shows n1b's SNAT source (${status.stdout.split('\n').find((l) => l.startsWith('NodePort')) ?? status.stdout})`);
+  await lab.agent.stop(10_000);
+});
+
+t.test('--nodeport-addresses narrower than the SNAT address: replies to it are translated all the same', async (t) => {
+  const { sb, lab } = await start(t, ['--nodeport-addresses', '10.250.0.0/24,fd00:250::/64'], (lab) => {
+    // the client can reach n1b's address too, through node 1
+    ip('-n', lab.ext, 'route', 'add', `${NODE1_TO_N2.v4}/32`, 'via', NODE1.v4);
+  });
+  const d = devicesLog(lab);
+  t.same(d.nodeAddresses?.sort(), [NODE1.v4, NODE1.v6].sort(), 'NodePorts answer on the client-side addresses only');
+  for (const f of FAMILIES) {
+    t.equal(await through(t, lab, NODE1[f], NP_REMOTE, `IPv${f[1]}, the remote pod`), NODE1_TO_N2[f], `IPv${f[1]}: SNATed to n1b's address, outside --nodeport-addresses, and the reply came back`);
+  }
+  const refused = await extGet(lab, NODE1_TO_N2.v4, NP_REMOTE, 2);
+  t.notOk(refused.ok, `a NodePort on the address outside --nodeport-addresses is not served (${refused.error})`);
+  const m = await sb.metrics();
+  t.equal(m['np_fib_fail'] ?? 0, 0, 'nothing dropped for want of a route');
+  await lab.agent.stop(10_000);
+});
