@@ -43,6 +43,7 @@ const ROOM_COUNTERS: ReadonlyArray<{ counter: string; what: string; flag: string
   { counter: 'np_snat_exhausted', what: 'new flows to a remote backend found no free SNAT port and were dropped', flag: 'widen --snat-port-range (or give the service more backends)' },
   { counter: 'np_ct_full', what: 'new flows could not be tracked and were dropped', flag: 'raise --ct-max' },
   { counter: 'np_nat_full', what: 'SNATed packets lost their translation and were dropped', flag: 'raise --nat-max' },
+  { counter: 'np_nat_repair', what: 'translations of live SNATed flows were evicted (and written again from their flows)', flag: 'raise --nat-max' },
   { counter: 'np_nat_stolen', what: 'SNATed flows lost their port to newer flows (their translation was evicted) and ended', flag: 'raise --nat-max' },
 ];
 

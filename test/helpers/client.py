@@ -105,7 +105,9 @@ def cmd_udp(a):
             s.connect((a.host, a.port))
             peer = fmt(s.getpeername())
         for i in range(a.count):
-            msg = f"ping-{i}".encode()
+            msg = f"ping-{i}-".encode()
+            if a.size:
+                msg += b"x" * max(0, a.size - len(msg))
             try:
                 if a.mode == "connected":
                     s.send(msg)
@@ -116,7 +118,12 @@ def cmd_udp(a):
                     data, src = s.recvfrom(65535)
                     source = fmt(src)
                 server, _, echoed = data.decode(errors="replace").partition("|")
-                results.append({"server": server, "echo": echoed, "source": source})
+                res = {"server": server, "echo": echoed[:64], "source": source}
+                if a.size:
+                    # the answer's payload is ours, whole (its length: the datagram came back reassembled)
+                    res["sent"] = len(msg)
+                    res["intact"] = echoed.encode().endswith(msg)
+                results.append(res)
             except OSError as e:
                 results.append({"error": errname(e)})
     except OSError as e:
@@ -412,11 +419,17 @@ def cmd_udp_long(a):
                 sockets.append({"n": len(sockets) + 1, "peer": fmt(s.getpeername()), "cookie": str(cookie)})
             i += 1
             phase = "send"
-            s.send(f"ping-{i}".encode())
+            msg = f"ping-{os.getpid()}-{i}".encode()
+            s.send(msg)
             phase = "recv"
             data = s.recv(65535)
-            server, _, _ = data.decode(errors="replace").partition("|")
-            events.append({"socket": len(sockets), "server": server, "at": round(time.time() * 1000)})
+            server, _, rest = data.decode(errors="replace").partition("|")
+            ev = {"socket": len(sockets), "server": server, "at": round(time.time() * 1000)}
+            # backend.py echoes what it got (after its address, and the peer's with --udp-peer):
+            # an answer that is not ours is another client's, delivered here
+            if not rest.endswith(msg.decode()):
+                ev["foreign"] = rest[-40:]
+            events.append(ev)
         except OSError as e:
             ev = {"socket": len(sockets), "phase": phase, "error": errname(e), "at": round(time.time() * 1000)}
             # A destroyed socket is disconnected: recv() fails with ECONNABORTED,
@@ -540,6 +553,7 @@ def main():
     u.add_argument("port", type=int)
     u.add_argument("--mode", choices=["connected", "unconnected"], required=True)
     u.add_argument("--count", type=int, default=1)
+    u.add_argument("--size", type=int, default=0, help="bytes of each datagram (padded); the answer must echo them whole")
     u.set_defaults(fn=cmd_udp)
     r = sub.add_parser("refused")
     r.add_argument("host")

@@ -61,6 +61,20 @@ export interface Lab {
   startLoad(opts: LoadOptions): LoadRun;
   /** One long-lived TCP connection (client.py tcp-long) from a namespace of the lab (default: the external client). */
   startLong(host: string, port: number, opts?: LongOptions): LongRun;
+  /** One connected UDP socket (client.py udp-long: a datagram every interval, one source port), from the external client. */
+  startUdpLong(host: string, port: number, opts?: LongOptions): UdpLongRun;
+}
+
+/** What client.py udp-long saw: its sockets (one unless destroyed) and an event per datagram. */
+export interface UdpLongResult {
+  sockets: Array<{ n: number; peer: string; cookie: string }>;
+  /** `server`: the backend that answered; `foreign`: the answer was not to this client's datagram. */
+  events: Array<{ socket: number; server?: string; foreign?: string; phase?: string; error?: string; at: number }>;
+}
+
+export interface UdpLongRun {
+  progress(): { sockets: UdpLongResult['sockets']; events: number; last: UdpLongResult['events'][number] | null } | undefined;
+  stop(): Promise<UdpLongResult>;
 }
 
 export interface LongOptions {
@@ -182,24 +196,36 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
       },
       opts,
     );
-  const startLong = (host: string, port: number, opts: LongOptions = {}): LongRun => {
+  /** client.py's long-running `kind` in a namespace of the lab, told to stop by a file, reporting progress in another. */
+  const startClient = <P, R>(kind: 'tcp-long' | 'udp-long', host: string, port: number, opts: LongOptions, interval: number) => {
     const id = Math.random().toString(16).slice(2, 8);
     const stopFile = path.join(sb.runDir, `long-${id}.stop`);
     const progressFile = path.join(sb.runDir, `long-${id}.progress`);
     const maxSeconds = opts.maxSeconds ?? 120;
-    const args = [sb.python, CLIENT_PY, 'tcp-long', host, String(port), '--interval', String(opts.interval ?? 0.2), '--seconds', String(maxSeconds), '--stop-file', stopFile, '--progress', progressFile];
+    const args = [sb.python, CLIENT_PY, kind, host, String(port), '--interval', String(opts.interval ?? interval), '--seconds', String(maxSeconds), '--stop-file', stopFile, '--progress', progressFile];
     const done = run('ip', ['netns', 'exec', opts.ns ?? lab.ext, ...args], (maxSeconds + 30 * SLOW) * 1000, clients);
     const cleanup = (): void => {
       if (existsSync(sb.runDir)) writeFileSync(stopFile, '');
     };
     clientCleanups.add(cleanup);
-    const progress = (): ReturnType<LongRun['progress']> => {
+    const progress = (): P | undefined => {
       try {
-        return JSON.parse(readFileSync(progressFile, 'utf8')) as ReturnType<LongRun['progress']>;
+        return JSON.parse(readFileSync(progressFile, 'utf8')) as P;
       } catch {
         return undefined;
       }
     };
+    const stop = async (): Promise<R> => {
+      cleanup();
+      const r = await done;
+      clientCleanups.delete(cleanup);
+      if (r.code !== 0) throw new Error(`client.py ${kind} failed (${r.code ?? r.signal}): ${r.stderr}`);
+      return JSON.parse(r.stdout) as R;
+    };
+    return { progress, stop };
+  };
+  const startLong = (host: string, port: number, opts: LongOptions = {}): LongRun => {
+    const { progress, stop } = startClient<NonNullable<ReturnType<LongRun['progress']>>, LongResult>('tcp-long', host, port, opts, 0.2);
     return {
       progress,
       answered: async (more, what, timeoutMs = 15_000) => {
@@ -213,22 +239,18 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
           await sleep(50);
         }
       },
-      stop: async () => {
-        cleanup();
-        const r = await done;
-        clientCleanups.delete(cleanup);
-        if (r.code !== 0) throw new Error(`client.py tcp-long failed (${r.code ?? r.signal}): ${r.stderr}`);
-        return JSON.parse(r.stdout) as LongResult;
-      },
+      stop,
     };
   };
+  const startUdpLong = (host: string, port: number, opts: LongOptions = {}): UdpLongRun =>
+    startClient<NonNullable<ReturnType<UdpLongRun['progress']>>, UdpLongResult>('udp-long', host, port, opts, 0.1);
   const apply = async (name: string, text: string, timeoutMs = 15_000): Promise<SyncReport> => {
     const proc = agent.requireAgent();
     const mark = proc.logs.length;
     sb.writeManifest(name, text);
     return (await proc.waitForLog((l) => l.msg === 'sync done', mark, timeoutMs)) as SyncReport;
   };
-  return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong };
+  return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong, startUdpLong };
 }
 
 /** curl from the external client: the body (the backend's own address) and the X-Client header (the address it saw). */
@@ -246,6 +268,8 @@ export interface LabEndpoint {
   readonly address: string;
   readonly node: 'node1' | 'node2';
   readonly ready?: boolean;
+  /** Terminating (its pod is being deleted) but still serving: not ready, kept for established flows. */
+  readonly terminating?: boolean;
 }
 
 export const endpoint = (pod: 1 | 2, family: 4 | 6 = 4): LabEndpoint => {
@@ -295,7 +319,11 @@ export function northSouth(spec: NorthSouthSpec, endpoints: Readonly<Partial<Rec
       metadata: { name: `${spec.name}-v${f}`, namespace: 'default', labels: { 'kubernetes.io/service-name': spec.name } },
       addressType: f === 4 ? 'IPv4' : 'IPv6',
       ports: spec.ports.map((p) => ({ name: p.name, port: p.targetPort, protocol: p.protocol ?? 'TCP' })),
-      endpoints: endpoints[f]!.map((e) => ({ addresses: [e.address], conditions: { ready: e.ready ?? true }, nodeName: e.node })),
+      endpoints: endpoints[f]!.map((e) => ({
+        addresses: [e.address],
+        conditions: e.terminating ? { ready: false, serving: true, terminating: true } : { ready: e.ready ?? true },
+        nodeName: e.node,
+      })),
     }));
   return [svc, ...slices];
 }
