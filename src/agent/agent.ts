@@ -143,6 +143,10 @@ export class Agent implements AgentView {
   private notProgrammed = new Map<string, NotProgrammed>();
   private nodeGoing = false;
   private runQueued = false;
+  /** The start in progress or done (start() runs once). */
+  private starting: Promise<void> | undefined;
+  /** stop() was called: a start in progress ends at its next step. */
+  private stopping = false;
   /** Resolves when the first sync that found the source synced has ended, whatever its outcome. */
   private attempted!: () => void;
   private readonly firstAttempted = new Promise<void>((resolve) => (this.attempted = resolve));
@@ -182,11 +186,23 @@ export class Agent implements AgentView {
     });
   }
 
-  async start(): Promise<void> {
+  /**
+   * Loads or adopts the datapath, restores state, starts the source and
+   * runs the first sync (or defers it while the source lists). A stop()
+   * meanwhile ends the start at its next step: a step is never cut short (a
+   * map migration finishes), and nothing after it begins.
+   */
+  start(): Promise<void> {
+    this.starting ??= this.startSteps();
+    return this.starting;
+  }
+
+  private async startSteps(): Promise<void> {
     const { log } = this.opts;
     // What this kernel can do, asked by loading (not by version): one line,
     // a metric per feature, and no start without the required ones.
     const features = await probeFeatures({ cgroup: this.opts.datapath.cgroup, bpfRoot: this.opts.datapath.bpfRoot });
+    if (this.stopping) return;
     this.features = features;
     this.opts.metrics?.setFeatures(features.results);
     const line = featureLine(features);
@@ -194,6 +210,7 @@ export class Agent implements AgentView {
     else log.info({ kernel: features.kernel, absent: features.results.filter((r) => !r.available).map((r) => `${r.name}: ${r.detail}`) }, `datapath features: ${line}`);
     requireFeatures(features);
     this.datapath = await loadDatapath({ ...this.opts.datapath, setRetval: has(features, 'set_retval') });
+    if (this.stopping) return;
     if (this.datapath.variant === 'compat') {
       log.warn('this kernel has no bpf_set_retval (before 5.18): sock_compat.bpf.o loaded; refused connections fail with EPERM instead of ECONNREFUSED');
     }
@@ -208,6 +225,7 @@ export class Agent implements AgentView {
     const maxEntries = Object.fromEntries(LB_MAP_NAMES.map((name) => [name, this.datapath!.object.map(name).maxEntries]));
     // The tc datapath first: the reconciler writes its tables and ranges too.
     if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, features);
+    if (this.stopping) return;
     const np = this.nodePort;
     this.reconciler = new Reconciler(this.datapath.maps, {
       maxEntries,
@@ -220,12 +238,14 @@ export class Agent implements AgentView {
     const revNat = { 4: this.datapath.object.map('lb4_sock_revnat'), 6: this.datapath.object.map('lb6_sock_revnat') };
     this.terminator = await UdpTerminator.open({ revNat, cgroup: this.opts.datapath.cgroup });
     log.info(this.terminator.detection, `stale connected UDP sockets of removed backends: ${this.terminator.mechanism}`);
+    if (this.stopping) return;
 
     // The prober runs beside everything: its workers come with the first
     // sync's targets, jittered within their period (a restart does not probe
     // everything at once), and nothing waits for a probe.
     this.prober?.start();
     await this.opts.source.start((e) => this.changed(e));
+    if (this.stopping) return;
     // The first sync: the one the source's first events asked for, or one
     // now (a source still listing defers it; the maps keep serving).
     if (this.stats.count === 0) this.requestSync();
@@ -325,9 +345,13 @@ export class Agent implements AgentView {
     }
   }
 
+  /** Stops everything the start began, during the start too (it ends at its next step first). */
   async stop(): Promise<void> {
-    this.prober?.stop();
+    this.stopping = true;
+    // First: a start waiting for its first sync stops waiting.
     this.runner.stop();
+    await this.starting?.catch(() => undefined);
+    this.prober?.stop();
     await this.serviceHealth?.close();
     this.nodePort?.stop();
     await this.opts.source.stop();

@@ -4,7 +4,10 @@
 // answers as kube-proxy's does. Every check is synchronous and fast: none asks
 // the API server or anything else outside this node. A full map never fails
 // /livez (a restart would not make room): readiness and the pressure metric
-// report it. The HTTP plumbing shared with the other servers is in http.ts.
+// report it. The DaemonSet's startup and liveness probes read /livez, its
+// readiness probe /readyz (docs/health.md, "Which probe reads which check"):
+// a check belongs in livez only if a restart cures what fails it. The HTTP
+// plumbing shared with the other servers is in http.ts.
 import http from 'node:http';
 import { closeServer, listen, send, type RunningServer } from './http.js';
 import type { AgentMetrics } from './metrics.js';

@@ -1,7 +1,8 @@
 // The health mesh as the agent runs it: the /hello listener (its own worker
 // thread), the ICMP sockets and HTTP probes, the prober (mesh.ts), its logs
 // and metrics. Nothing of the agent's start, syncs, API or readiness waits
-// for any of it; a listener that cannot bind is logged, and the probes go on.
+// for any of it. A port that cannot be bound refuses the start (the CLI names
+// --health-mesh-port): peers would otherwise see this node as unreachable.
 import type { Logger } from 'pino';
 import type { Node } from '../model/k8s.js';
 import { IcmpProber } from './mesh-icmp.js';
@@ -44,13 +45,10 @@ export class MeshAgent {
     if (!node) this.reported.delete(name);
   }
 
+  /** Listens for /hello (rejects with the listen error: a port taken), then probes. */
   async start(): Promise<void> {
-    try {
-      this.hello = await startHelloServer({ port: this.opts.port, node: this.opts.self });
-      this.opts.log.info({ port: this.hello.port, icmp: this.icmp.kind() }, 'health mesh: serving /hello and probing every node');
-    } catch (err) {
-      this.opts.log.error({ port: this.opts.port, err: (err as Error).message }, 'health mesh: cannot serve /hello: peers will see this node as unreachable over HTTP; probing goes on');
-    }
+    this.hello = await startHelloServer({ port: this.opts.port, node: this.opts.self });
+    this.opts.log.info({ port: this.hello.port, icmp: this.icmp.kind() }, 'health mesh: serving /hello and probing every node');
     this.mesh.start();
   }
 

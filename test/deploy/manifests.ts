@@ -196,9 +196,13 @@ t.test('probes and ports: kube-proxy\'s numbers, the cadence asked for, and path
   t.equal(config.metricsBindAddress, '127.0.0.1', 'metrics on loopback, as kube-proxy');
   t.match(agent.livenessProbe, { httpGet: { path: '/livez', port: 'healthz' }, periodSeconds: 5, failureThreshold: 3 });
   t.match(agent.readinessProbe, { httpGet: { path: '/readyz', port: 'healthz' }, periodSeconds: 1 });
-  t.match(agent.startupProbe, { httpGet: { path: '/readyz', port: 'healthz' } });
+  t.match(agent.startupProbe, { httpGet: { path: '/livez', port: 'healthz' } });
+  // A probe that restarts the agent must not read what a restart cannot
+  // cure: an API server away, a map too small (/readyz). test/e2e/kubelet-probes.ts
+  // runs these very settings against a real agent.
+  for (const kind of ['startupProbe', 'livenessProbe'] as const) t.not(agent[kind]?.httpGet.path, '/readyz', `the ${kind} does not read /readyz`);
   const s = agent.startupProbe!;
-  t.ok((s.periodSeconds ?? 10) * (s.failureThreshold ?? 3) >= 60, `the startup probe allows ${(s.periodSeconds ?? 10) * (s.failureThreshold ?? 3)} s for the first sync (10.3 s at 100,000 services)`);
+  t.ok((s.periodSeconds ?? 10) * (s.failureThreshold ?? 3) >= 60, `the startup probe allows ${(s.periodSeconds ?? 10) * (s.failureThreshold ?? 3)} s to load the datapath`);
 
   // The agent, started with the ConfigMap's own file: the sandbox's flags
   // override where it attaches and listens, as a flag overrides the file.

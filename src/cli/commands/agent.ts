@@ -16,7 +16,7 @@ import { defaultExecutors } from '../../agent/probe-exec.js';
 import { GrpcJsHealthClient } from '../../agent/grpc-health.js';
 import type { Problem, Source } from '../../sources/source.js';
 
-import { PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
+import { DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
 import { readFileSync } from 'node:fs';
 import { parseCidrs } from '../../datapath/devices.js';
 import { DEFAULT_CONNTRACK, DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
@@ -163,27 +163,101 @@ async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino
   });
 }
 
+/**
+ * Who holds these ports on a node lbctl is brought to: kube-proxy's healthz
+ * and metrics ports while it still runs during a migration, and the port of
+ * Cilium's health checks.
+ */
+const LIKELY_HOLDERS: ReadonlyMap<number, string> = new Map([
+  [DEFAULT_HEALTH_PORT, 'kube-proxy'],
+  [DEFAULT_METRICS_PORT, 'kube-proxy'],
+  [4240, "Cilium's health checks"],
+]);
+
+/** Something the agent listens on, as its flags set it. */
+export interface Listener {
+  /** The flag that sets the port or the path (--metrics-port). */
+  readonly flag: string;
+  readonly value: string | number;
+  /** The flag that sets the address it binds (--metrics-bind-address), and that address. */
+  readonly bind?: { readonly flag: string; readonly host: string };
+  /** Every node must use the same (the mesh port, which peers probe). */
+  readonly sameOnEveryNode?: boolean;
+}
+
+/**
+ * A listener the start could not open, as one line that names the flag to
+ * change: a port another process holds, an address this host lacks, an API
+ * socket path in use.
+ */
+export function listenError(l: Listener, err: unknown): ConfigError {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  const message = err instanceof Error ? err.message : String(err);
+  const where = `${l.flag} ${l.value}`;
+  if (l.flag === '--api-socket') {
+    if (code === 'EADDRINUSE') return new ConfigError(`${where}: another process listens there (another lbctl agent?); stop it or pick another path`, { cause: err });
+    if (code === 'EEXIST') return new ConfigError(`${where}: the path exists and is not a socket; remove it or pick another path`, { cause: err });
+    return new ConfigError(`${where}: ${message}`, { cause: err });
+  }
+  const on = l.bind ? ` on ${l.bind.host}` : '';
+  if (code === 'EADDRINUSE') {
+    const holder = LIKELY_HOLDERS.get(Number(l.value));
+    const another = pick(l.sameOnEveryNode === true);
+    return new ConfigError(`${where}: address already in use${on} (another process${holder ? `, maybe ${holder},` : ''} holds it); ${another} or stop it`, { cause: err });
+  }
+  if (code === 'EACCES') return new ConfigError(`${where}: permission denied${on} (ports below 1024 need CAP_NET_BIND_SERVICE); ${pick(l.sameOnEveryNode === true)}`, { cause: err });
+  if (code === 'EADDRNOTAVAIL' && l.bind) return new ConfigError(`${l.bind.flag} ${l.bind.host}: not an address of this host; pick one it has, or 0.0.0.0 for all`, { cause: err });
+  return new ConfigError(`${where}: cannot listen${on}: ${message}`, { cause: err });
+}
+
+const pick = (sameOnEveryNode: boolean): string => `pick another port${sameOnEveryNode ? ' (the same on every node)' : ''}`;
+
+/** Runs `start`; its failure becomes listenError's line. */
+async function opening<T>(l: Listener, start: () => Promise<T>): Promise<T> {
+  try {
+    return await start();
+  } catch (err) {
+    throw listenError(l, err);
+  }
+}
+
+/**
+ * How long a stop may take before the process exits anyway: a close that
+ * hangs, or a handle left open, must not keep a stopped agent running (the
+ * DaemonSet gives SIGTERM 10 s before SIGKILL).
+ */
+const STOP_DEADLINE_MS = 5_000;
+
 export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   // Handlers first: as a container's PID 1 the agent would otherwise ignore
   // a SIGTERM that arrives while it starts (the kernel drops signals PID 1
   // has no handler for), and the kubelet would wait out the grace period.
-  // A signal during the start is acted on once the start is over.
-  const stopped = new Promise<string>((resolve) => {
-    process.once('SIGTERM', () => resolve('SIGTERM'));
-    process.once('SIGINT', () => resolve('SIGINT'));
-  });
+  // The first signal stops the agent at whatever stage of its start it is;
+  // one that comes while it stops (or while a failed start cleans up) ends
+  // the process at once.
+  let stopping = false;
+  let signalled!: (signal: NodeJS.Signals) => void;
+  const stopSignal = new Promise<NodeJS.Signals>((resolve) => (signalled = resolve));
+  const onSignal = (signal: NodeJS.Signals): void => {
+    if (stopping) {
+      process.stderr.write(`lbctl: ${signal} while stopping: exiting now\n`);
+      process.exit(1);
+    }
+    stopping = true;
+    signalled(signal);
+  };
+  process.on('SIGTERM', onSignal);
+  process.on('SIGINT', onSignal);
   const log = pino({ level: opts.logLevel, base: { pid: process.pid } }, pino.destination(2));
-  logMemoryBudget(log);
   const nodePort = nodePortOptions(opts);
   const sizes = {
     ...(opts.maxServices !== undefined ? { services: opts.maxServices } : {}),
     ...(opts.maxBackends !== undefined ? { backends: opts.maxBackends } : {}),
     ...(opts.maxSockRevnat !== undefined ? { sockRevNat: opts.maxSockRevnat } : {}),
   };
-  // The metrics read the datapath's counters through the agent, which reports into the metrics.
-  let agent: Agent | undefined;
-  let health: Health | undefined;
-  const metrics = new AgentMetrics({ view: { datapathCounters: () => agent?.datapathCounters() ?? {} } });
+  // The metrics read the datapath's counters through the agent, which
+  // reports into the metrics (a scrape comes once the agent exists).
+  const metrics = new AgentMetrics({ view: { datapathCounters: (): Record<string, bigint> => agent.datapathCounters() } });
   const nodeName = opts.nodeName ?? process.env.NODE_NAME ?? os.hostname();
   // The health mesh: built before the agent, which hands it every Node.
   const mesh = (opts.healthMeshPort ?? 0) !== 0
@@ -201,7 +275,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   // Readiness probes in standalone mode only: in a cluster, kubelet's probes
   // decide which endpoints are ready, and lbctl follows their conditions.
   const probes = source instanceof FileSource ? { allFailed: opts.probeAllFailed ?? 'open', executors: defaultExecutors(new GrpcJsHealthClient()), concurrency: PROBE_CONCURRENCY } : undefined;
-  agent = new Agent({
+  const agent: Agent = new Agent({
     source,
     ...(probes ? { probes } : {}),
     nodeName,
@@ -214,38 +288,64 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     log,
     metrics,
     ...(nodePort ? { nodePort } : {}),
-    healthy: () => health?.healthz().healthy ?? false,
+    // healthCheckNodePort answers follow /healthz (they are served after the first sync).
+    healthy: (): boolean => health.healthz().healthy,
     minSyncPeriodMs: opts.minSyncPeriod,
     syncPeriodMs: opts.syncPeriod,
     ...(mesh ? { onNode: (name: string, node: Node | undefined) => mesh.setNode(name, node) } : {}),
   });
-  health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
-  // Servers first: /livez answers and /readyz says "not yet" while the agent starts.
-  const healthServer = await startHealthServer({ health, metrics, port: opts.healthPort, host: opts.healthBindAddress });
-  const metricsServer = await startMetricsServer({ metrics, port: opts.metricsPort, host: opts.metricsBindAddress });
-  const apiServer = await startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION, ...(mesh ? { mesh: mesh.mesh } : {}) });
-  const servers = [healthServer, metricsServer, apiServer];
-  // Probing starts now and runs beside everything else: nothing waits for it.
-  await mesh?.start();
-  log.info({ health: healthServer.port, metrics: metricsServer.port, api: opts.apiSocket }, 'serving health, metrics and the local API');
+  const health: Health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
 
-  const shutdown = async (): Promise<void> => {
-    for (const s of servers) await s.close();
-    health.close();
-    await mesh?.close();
+  // What is open, closed in reverse order when the agent stops or its start fails.
+  const open: Array<{ close(): Promise<void> | void }> = [health];
+  let starting: Promise<void> | undefined;
+  const stopAll = async (): Promise<void> => {
+    if (starting) await agent.stop();
+    for (const o of open.reverse()) await o.close();
+  };
+  // Armed when a stop begins; unref'd, so it fires only if something still holds the process then.
+  const exitIfStuck = (code: number): void => {
+    setTimeout(() => {
+      log.error({ handles: process.getActiveResourcesInfo() }, `still running ${STOP_DEADLINE_MS / 1000} s after the stop began: exiting`);
+      process.exit(code);
+    }, STOP_DEADLINE_MS).unref();
   };
   try {
-    await agent.start();
+    // Servers first: /livez answers and /readyz says "not yet" while the
+    // agent starts. Nothing is logged before they listen, so a port another
+    // process holds fails the start with one line (listenError).
+    const healthServer = await opening({ flag: '--health-port', value: opts.healthPort, bind: { flag: '--health-bind-address', host: opts.healthBindAddress } }, () =>
+      startHealthServer({ health, metrics, port: opts.healthPort, host: opts.healthBindAddress }),
+    );
+    open.push(healthServer);
+    const metricsServer = await opening({ flag: '--metrics-port', value: opts.metricsPort, bind: { flag: '--metrics-bind-address', host: opts.metricsBindAddress } }, () =>
+      startMetricsServer({ metrics, port: opts.metricsPort, host: opts.metricsBindAddress }),
+    );
+    open.push(metricsServer);
+    open.push(await opening({ flag: '--api-socket', value: opts.apiSocket }, () =>
+      startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION, ...(mesh ? { mesh: mesh.mesh } : {}) }),
+    ));
+    if (mesh) {
+      // Probing starts now and runs beside everything else: nothing waits for it.
+      await opening({ flag: '--health-mesh-port', value: opts.healthMeshPort!, sameOnEveryNode: true }, () => mesh.start());
+      open.push(mesh);
+    }
+    log.info({ health: healthServer.port, metrics: metricsServer.port, api: opts.apiSocket }, 'serving health, metrics and the local API');
+    logMemoryBudget(log);
+    starting = agent.start();
+    // A signal during the start stops the agent at the start's next step.
+    await Promise.race([starting, stopSignal]);
   } catch (err) {
     // Nothing may keep the process alive after a failed start: the caller reports the error and exits 1.
-    await agent.stop().catch(() => {});
-    await shutdown();
+    stopping = true;
+    exitIfStuck(1);
+    await stopAll().catch((e: unknown) => log.warn({ err: (e as Error)?.message ?? String(e) }, 'cleaning up after the failed start failed'));
     throw err;
   }
-  const signal = await stopped;
+  const signal = await stopSignal;
   log.info({ signal }, 'stopping');
-  await agent.stop();
-  await shutdown();
+  exitIfStuck(1);
+  await stopAll();
 }
 
 /**

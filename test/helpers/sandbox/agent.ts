@@ -194,6 +194,16 @@ export class AgentSlot {
 
   /** Spawns the agent and waits for its first sync. */
   async start(extraArgs: readonly string[] = []): Promise<SyncReport> {
+    const agent = this.spawn(extraArgs);
+    return (await agent.waitForLog((l) => l.msg === 'sync done', 0, 30_000)) as SyncReport;
+  }
+
+  /**
+   * Spawns the agent and returns at once: for a start that is not expected
+   * to sync (an API server that is away, a port already taken). Flags in
+   * `extraArgs` override the slot's own (the last occurrence wins).
+   */
+  spawn(extraArgs: readonly string[] = []): AgentProcess {
     if (this.agent?.running) throw new Error('the agent is already running');
     const { cgroup, bpfRoot, apiSocket, sourceArgs, runDir, netns, wrap = [] } = this.place;
     // nsenter execs lbctl in the node's namespace, as `wrap` must: the pid stays the agent's.
@@ -227,7 +237,7 @@ export class AgentSlot {
     );
     recordPid(runDir, proc.pid);
     this.agent = new AgentProcess(proc);
-    return (await this.agent.waitForLog((l) => l.msg === 'sync done', 0, 30_000)) as SyncReport;
+    return this.agent;
   }
 
   requireAgent(): AgentProcess {

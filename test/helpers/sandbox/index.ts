@@ -32,6 +32,7 @@
 // Every new name must start with runId, so sweepLeftovers() finds it after a
 // crash, and every process must be started through run()/Servers/AgentSlot,
 // so it is recorded and ended by its pid.
+import type { ChildProcess } from 'node:child_process';
 import { mkdirSync, renameSync, rmSync, unlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -179,6 +180,13 @@ export class Sandbox {
     const first = this.node.start(extraArgs);
     this.syncMark = 0;
     return first;
+  }
+
+  /** Starts the agent without waiting for a sync (an API server that is away, a port already taken). */
+  spawnAgent(extraArgs: readonly string[] = []): AgentProcess {
+    const agent = this.node.spawn(extraArgs);
+    this.syncMark = 0;
+    return agent;
   }
 
   /** SIGTERM, as an operator would; the datapath stays attached. */
@@ -331,9 +339,10 @@ export class Sandbox {
   /**
    * Any server command in one of this run's namespaces (the backend netns,
    * usually), recorded and killed by its pid at teardown; resolves once it
-   * prints its first line on stdout (its "ready").
+   * prints its first line on stdout (its "ready"), with the process (to
+   * end it earlier, by its pid).
    */
-  async startServerIn(netns: string, cmd: readonly string[], readyTimeoutMs = 10_000): Promise<void> {
+  async startServerIn(netns: string, cmd: readonly string[], readyTimeoutMs = 10_000): Promise<ChildProcess> {
     const proc = this.servers.spawn(netns, cmd);
     let stderr = '';
     proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
@@ -349,6 +358,7 @@ export class Sandbox {
         reject(new Error(`${cmd.join(' ')} exited (${code}): ${stderr}`));
       });
     });
+    return proc;
   }
 
   /** Something a test made beyond the sandbox (namespaces, agents): undone first at teardown, even when the test fails. */
