@@ -45,7 +45,12 @@ LAYOUT_TEST_OBJ := $(OUT)/sock_layout_test.bpf.o $(OUT)/sock_layout_test_compat.
 # without bpf_set_retval, as the datapath has its compat build.
 COMPAT_TEST_OBJ := $(OUT)/tests/sock_compat_test.bpf.o
 
-bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(PROBE_OBJ) $(BPF_TEST_OBJS) $(COMPAT_TEST_OBJ) $(LAYOUT_TEST_OBJ)
+# Variants of the tc object for test/e2e/nodeport-upgrade.ts only (started
+# with --tc-object, then upgraded from): the previous release's CT layout
+# (SNAT translations in lb*_ct), and another layout of the CT entries.
+NP_UPGRADE_TEST_OBJS := $(OUT)/tests/nodeport_nat_in_ct.bpf.o $(OUT)/tests/nodeport_ct_layout.bpf.o
+
+bpf: $(BPF_OBJS) $(SOCK_DESTROY_OBJ) $(PROBE_OBJ) $(BPF_TEST_OBJS) $(COMPAT_TEST_OBJ) $(LAYOUT_TEST_OBJ) $(NP_UPGRADE_TEST_OBJS)
 
 $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
@@ -63,6 +68,14 @@ $(OUT)/sock_layout_test_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
 $(COMPAT_TEST_OBJ): bpf/tests/sock_test.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	@mkdir -p $(OUT)/tests
 	$(CLANG) $(BPF_CFLAGS) -DLB_HAVE_SET_RETVAL=0 -c $< -o $@
+
+$(OUT)/tests/nodeport_nat_in_ct.bpf.o: bpf/nodeport.c $(BPF_HDRS) | $(OUT)
+	@mkdir -p $(OUT)/tests
+	$(CLANG) $(BPF_CFLAGS) -DLB_NAT_IN_CT -c $< -o $@
+
+$(OUT)/tests/nodeport_ct_layout.bpf.o: bpf/nodeport.c $(BPF_HDRS) | $(OUT)
+	@mkdir -p $(OUT)/tests
+	$(CLANG) $(BPF_CFLAGS) -DLB_CT_LAYOUT_TEST -c $< -o $@
 
 $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	@mkdir -p $(OUT)/tests

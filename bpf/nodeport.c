@@ -414,25 +414,42 @@ static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup 
 }
 
 /*
+ * The first SNAT port a new flow tries: the one this client tuple had last
+ * (`prev`, a closed or expired flow opened again: the backend took that
+ * tuple's last segments from this very client, whose next SYN it accepts,
+ * and a retried SYN after a reset keeps its port), else the client's own
+ * source port when it is inside --snat-port-range, else the port the
+ * flow's tuple hashes to. An offset into the range.
+ */
+static __always_inline __u32 np_snat_first(const struct lb_np_config *cfg, __be16 prev, __be16 client_port, __u32 hash)
+{
+	__u16 p = bpf_ntohs(prev), c = bpf_ntohs(client_port);
+
+	if (p && p >= cfg->snat_min && p <= cfg->snat_max)
+		return p - cfg->snat_min;
+	if (c >= cfg->snat_min && c <= cfg->snat_max)
+		return c - cfg->snat_min;
+	return hash;
+}
+
+/*
  * Reserves a SNAT port for a new flow to a remote backend by inserting its
- * lb4_nat entry with BPF_NOEXIST: first the client's own source port when
- * it is inside --snat-port-range (else the port the flow's tuple hashes
- * to), then random ones. Every (backend, SNAT address, port, protocol)
- * tuple is a reservation of its own, so a port serves any number of
- * backends. A free port (never used, or expired: np_nat_rank()) is taken
- * at once; when no try finds one, the best closed flow's met on the way
- * (np_nat_snat_best()) is taken over: closed flows never starve new ones.
+ * lb4_nat entry with BPF_NOEXIST: the port np_snat_first() names, then
+ * random ones. Every (backend, SNAT address, port, protocol) tuple is a
+ * reservation of its own, so a port serves any number of backends. A free
+ * port (never used, or expired: np_nat_rank()) is taken at once, and so is
+ * one whose last flow was this same client tuple's; when no try finds one,
+ * the best closed flow's met on the way (np_snat_consider()) is taken
+ * over: closed flows never starve new ones.
  */
 static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, const struct np4_flow *f,
 					    const struct lb4_backend *be, __be32 snat_addr,
-					    const struct lb4_ct_entry *nat, __u64 now, __be16 *port_out)
+					    const struct lb4_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
 {
 	struct lb4_ct_key rk = { .saddr = be->address, .daddr = snat_addr, .sport = be->port,
 				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	__u32 span = (__u32)cfg->snat_max - cfg->snat_min + 1;
-	__u16 sport = bpf_ntohs(f->sport);
-	__u32 pick = sport >= cfg->snat_min && sport <= cfg->snat_max ? sport - cfg->snat_min
-								       : np_mix(f->saddr, f->daddr, ((__u32)f->sport << 16) | f->dport);
+	__u32 pick = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr, f->daddr, ((__u32)f->sport << 16) | f->dport));
 	struct np_snat_best *best = np_snat_best();
 	__u32 i;
 
@@ -448,7 +465,9 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
 		rk.dport = bpf_htons(cfg->snat_min + pick % span);
 		old = bpf_map_lookup_elem(&lb4_nat, &rk);
 		if (old) {
-			if (!np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
+			bool own = old->addr2 == f->saddr && old->port2 == f->sport && old->addr1 == f->daddr && old->port1 == f->dport;
+
+			if (!own && !np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
 				continue;
 			bpf_map_delete_elem(&lb4_nat, &rk);
 		}
@@ -538,7 +557,7 @@ static __always_inline bool np4_endpoints_elsewhere(struct lb4_key *key, const s
 /* A new flow: source ranges, a backend, local or remote, the CT (and SNAT) entries. */
 static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_flow *f, struct lb4_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
-					struct lb4_ct_key *ok, struct lb4_ct_entry *orig, __u64 now)
+					struct lb4_ct_key *ok, struct lb4_ct_entry *orig, __u64 now, __be16 prev)
 {
 	struct lb4_ct_entry reply = {};
 	struct bpf_fib_lookup fib;
@@ -588,7 +607,7 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 		}
 		reply.flags = LB_CT_F_SNAT;
 		reply.expires = now + np_lifetime(cfg, f->l4.proto, 0);
-		if (np4_snat_reserve(cfg, f, be, dev->addr4, &reply, now, &orig->port2) < 0) {
+		if (np4_snat_reserve(cfg, f, be, dev->addr4, &reply, now, prev, &orig->port2) < 0) {
 			lb_count(LB_MTR_NP_SNAT_EXHAUSTED);
 			return TC_ACT_SHOT;
 		}
@@ -712,12 +731,16 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	struct lb4_ct_entry *ct;
 	struct bpf_fib_lookup fib;
 	__u64 now = np_now();
+	__be16 prev = 0;
 	int rc = 0, mtu;
 	bool changed;
 
 	ct = bpf_map_lookup_elem(&lb4_ct, &ok);
-	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags)))
+	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags))) {
+		if (ct->flags & LB_CT_F_SNAT)
+			prev = ct->port2;
 		ct = NULL;
+	}
 	if (ct && np4_backend_gone(ct)) {
 		lb_count(LB_MTR_NP_REBALANCE);
 		ct = NULL;
@@ -746,7 +769,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
 		}
-		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now);
+		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
 		if (rc)
 			return rc;
 		ct = &fresh;
@@ -1103,14 +1126,11 @@ static __always_inline bool ip6_is_zero(const __be32 *a)
 /* As np4_snat_reserve(). */
 static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, const struct np6_flow *f,
 					    const struct lb6_backend *be, const __be32 *snat_addr,
-					    const struct lb6_ct_entry *nat, __u64 now, __be16 *port_out)
+					    const struct lb6_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
 {
 	struct lb6_ct_key rk = { .sport = be->port, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	__u32 span = (__u32)cfg->snat_max - cfg->snat_min + 1;
-	__u16 sport = bpf_ntohs(f->sport);
-	__u32 pick = sport >= cfg->snat_min && sport <= cfg->snat_max
-			     ? sport - cfg->snat_min
-			     : np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport);
+	__u32 pick = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport));
 	struct np_snat_best *best = np_snat_best();
 	__u32 i;
 
@@ -1128,7 +1148,10 @@ static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, cons
 		rk.dport = bpf_htons(cfg->snat_min + pick % span);
 		old = bpf_map_lookup_elem(&lb6_nat, &rk);
 		if (old) {
-			if (!np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
+			bool own = np6_addr_eq(old->addr2, f->saddr) && old->port2 == f->sport && np6_addr_eq(old->addr1, f->daddr) &&
+				   old->port1 == f->dport;
+
+			if (!own && !np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
 				continue;
 			bpf_map_delete_elem(&lb6_nat, &rk);
 		}
@@ -1208,7 +1231,7 @@ static __always_inline bool np6_endpoints_elsewhere(struct lb6_key *key, const s
 
 static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_flow *f, struct lb6_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
-					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now)
+					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now, __be16 prev)
 {
 	struct lb6_ct_entry reply = {};
 	struct bpf_fib_lookup fib;
@@ -1257,7 +1280,7 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 		}
 		reply.flags = LB_CT_F_SNAT;
 		reply.expires = now + np_lifetime(cfg, f->l4.proto, 0);
-		if (np6_snat_reserve(cfg, f, be, dev->addr6, &reply, now, &orig->port2) < 0) {
+		if (np6_snat_reserve(cfg, f, be, dev->addr6, &reply, now, prev, &orig->port2) < 0) {
 			lb_count(LB_MTR_NP_SNAT_EXHAUSTED);
 			return TC_ACT_SHOT;
 		}
@@ -1349,14 +1372,18 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	struct lb6_ct_entry *ct;
 	struct bpf_fib_lookup fib;
 	__u64 now = np_now();
+	__be16 prev = 0;
 	int rc = 0, mtu;
 	bool changed;
 
 	ip6_copy(ok.saddr, f->saddr);
 	ip6_copy(ok.daddr, f->daddr);
 	ct = bpf_map_lookup_elem(&lb6_ct, &ok);
-	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags)))
+	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags))) {
+		if (ct->flags & LB_CT_F_SNAT)
+			prev = ct->port2;
 		ct = NULL;
+	}
 	if (ct && np6_backend_gone(ct)) {
 		lb_count(LB_MTR_NP_REBALANCE);
 		ct = NULL;
@@ -1385,7 +1412,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
 		}
-		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now);
+		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
 		if (rc)
 			return rc;
 		ct = &fresh;

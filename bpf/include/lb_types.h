@@ -322,6 +322,7 @@ struct lb6_ct_key {
 	__u8 pad[2];
 };
 
+#ifndef LB_CT_LAYOUT_TEST
 /* The value of lb4_ct and lb4_nat entries (see above for addr1/addr2). */
 struct lb4_ct_entry {
 	__u64 expires;		/* bpf_ktime_get_ns() / 1e9 past which the entry is dead */
@@ -346,6 +347,39 @@ struct lb6_ct_entry {
 	__u16 flags;
 	__u8 pad[2];
 };
+#else
+/*
+ * LB_CT_LAYOUT_TEST: another layout of the same values, built only into
+ * bpf/.output/tests/nodeport_ct_layout.bpf.o for test/e2e/nodeport-upgrade.ts,
+ * which runs it and upgrades to the standard layout under load (and back):
+ * the fields reordered, and one the standard layout lacks (a larger value).
+ */
+struct lb4_ct_entry {
+	__u32 rev_nat_index;
+	__u16 flags;
+	__be16 port1;
+	__be16 port2;
+	__u8 pad[2];
+	__be32 addr1;
+	__be32 addr2;
+	__u64 expires;
+	__u32 backend_id;
+	__u32 created;		/* dropped by the standard layout */
+};
+
+struct lb6_ct_entry {
+	__u32 rev_nat_index;
+	__u16 flags;
+	__be16 port1;
+	__be16 port2;
+	__u8 pad[2];
+	__be32 addr1[4];
+	__be32 addr2[4];
+	__u64 expires;
+	__u32 backend_id;
+	__u32 created;
+};
+#endif
 
 /*
  * Fragments: the ports of a datagram's first fragment, by (saddr, daddr,
@@ -474,8 +508,10 @@ _Static_assert(sizeof(struct lb6_sock_revnat) == 24, "lb6_sock_revnat size");
 
 _Static_assert(sizeof(struct lb4_ct_key) == 16, "lb4_ct_key size");
 _Static_assert(sizeof(struct lb6_ct_key) == 40, "lb6_ct_key size");
+#ifndef LB_CT_LAYOUT_TEST
 _Static_assert(sizeof(struct lb4_ct_entry) == 32, "lb4_ct_entry size");
 _Static_assert(sizeof(struct lb6_ct_entry) == 56, "lb6_ct_entry size");
+#endif
 _Static_assert(sizeof(struct lb4_frag_key) == 12, "lb4_frag_key size");
 _Static_assert(sizeof(struct lb6_frag_key) == 40, "lb6_frag_key size");
 _Static_assert(sizeof(struct lb_np_affinity_key) == 24, "lb_np_affinity_key size");

@@ -38,6 +38,7 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_ct SEC(".maps");
 
+#ifndef LB_NAT_IN_CT
 /* the SNAT translations, each a port's reservation (see struct lb4_ct_key) */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -54,6 +55,17 @@ struct {
 	__uint(max_entries, LB_NAT_MAX);
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_nat SEC(".maps");
+#else
+/*
+ * LB_NAT_IN_CT: the layout of lbctl before lb*_nat (0.1.0 as released, with
+ * issue 14): each SNAT translation in the CT map beside the flows, keyed the
+ * same. Built only into bpf/.output/tests/nodeport_nat_in_ct.bpf.o for
+ * test/e2e/nodeport-upgrade.ts, which runs it and upgrades to the standard
+ * object under load: the agent moves the translations out.
+ */
+#define lb4_nat lb4_ct
+#define lb6_nat lb6_ct
+#endif
 
 /* fragments: see struct lb4_frag_key */
 struct {

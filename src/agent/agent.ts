@@ -10,7 +10,7 @@ import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
 import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type DatapathFeatures } from '../datapath/features.js';
-import { linksDir, loadDatapath, mapsDir, type Datapath, type DatapathOptions } from '../datapath/loader.js';
+import { linksDir, loadDatapath, mapsDir, tcStagingDir, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { NodePortDatapath } from '../datapath/nodeport.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { ServiceHealthServers } from './service-health.js';
@@ -275,14 +275,17 @@ export class Agent implements AgentView {
         linksDir: linksDir(bpfRoot),
         mode: has(features, 'tcx') ? 'tcx' : 'clsact',
         maglevM: opts.settings.maglev.m,
+        stagingDir: tcStagingDir(bpfRoot),
         ...(opts.sizes ? { sizes: opts.sizes } : {}),
+        ...(opts.object ? { object: opts.object } : {}),
       });
     } catch (err) {
       this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;
       log.error({ err: (err as Error).message }, 'tc datapath not loaded: NodePort, LoadBalancer and external IPs are not served; ClusterIPs are');
       return;
     }
-    if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another layout were made anew (their flows and tables start over; the agent rewrites the tables)');
+    if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another size or layout were made anew (the agent writes them again)');
+    for (const m of dp.migrated) log.info(m, m.converted ? 'tc flows carried into a map of another layout, converted field by field' : 'tc flows carried into a map of another size');
     const metrics = this.opts.metrics;
     const agent = new NodePortAgent(dp, { ...opts, ...(metrics ? { onTrafficPressure: (p) => metrics.setMapPressure(p) } : {}) }, log);
     try {

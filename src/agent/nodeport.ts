@@ -18,6 +18,8 @@ export interface NodePortOptions {
   readonly settings: NodePortSettings;
   /** --ct-max, --nat-max. */
   readonly sizes?: Partial<TrafficMapSizes>;
+  /** --tc-object: another tc object than the built one (an upgrade, a test). */
+  readonly object?: string;
   /** Seeds the Maglev tables' permutations (--maglev-hash-seed's first word), the same on every node. */
   readonly maglevTableSeed: number;
   /** --devices; undefined: detect. */
@@ -100,6 +102,16 @@ export class NodePortAgent {
     this.datapath.configure(this.opts.settings);
     this.reservePorts();
     this.refresh();
+    if (this.datapath.migrating) {
+      // The programs run on the devices now: the maps carried over take the pins.
+      if (this.status.devices.length > 0 && this.status.problems.length === 0) {
+        const after = this.datapath.commitMigration();
+        this.log.info({ after }, 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
+      } else {
+        this.datapath.discardMigration();
+        this.log.warn({ problems: this.status.problems }, 'tc programs not switched on every device: the old maps stay pinned, the carried ones are dropped');
+      }
+    }
     this.watcher = rtnlWatch(
       () => this.schedule(),
       (err) => this.log.error({ err: (err as Error)?.message ?? String(err) }, 'following the devices failed'),

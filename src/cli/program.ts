@@ -92,6 +92,7 @@ export function buildProgram(): Command {
     .option('--cgroup <path>', 'cgroup v2 path to attach to (default: the cgroup v2 root, from /proc/mounts)')
     .option('--bpf-root <path>', 'bpffs directory for pinned maps and links', DEFAULT_BPF_ROOT)
     .option('--bpf-object <path>', 'the datapath object to load (default: the one built with lbctl); for upgrades and tests')
+    .option('--tc-object <path>', 'the tc datapath object to load (default: the one built with lbctl); for upgrades and tests')
     .option('--max-services <n>', 'frontends per address family (map size)', positiveInt)
     .option('--max-backends <n>', 'backends per address family (map size)', positiveInt)
     .option('--max-sock-revnat <n>', 'sockets remembered for reverse translation (map size)', positiveInt)

@@ -11,9 +11,10 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError, LbError } from '../errors.js';
-import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, isErrno, openPinnedMap, unpin, type AttachResult, type BpfMap, type HeldLink } from '../native/bpf.js';
+import { BpfObject, holdPinnedLink, isErrno, openPinnedMap, unpin, type AttachResult, type BpfMap, type HeldLink } from '../native/bpf.js';
 import { mapSpecs, type MapName } from './abi.gen.js';
-import { convertPerCpu, converter, type Converter } from './layout.js';
+import { copyPinnedInto, openKept, planMigration, type MapMigration } from './migrate.js';
+export type { MapMigration } from './migrate.js';
 import { KernelLbMaps, LB_MAP_NAMES, verifyMapLayout, type LbMapSet } from './maps.js';
 import { ensureBpffs } from './bpffs.js';
 import { hasSetRetval } from './features.js';
@@ -84,6 +85,8 @@ export const linksDir = (bpfRoot: string): string => path.join(bpfRoot, 'links')
 /** Where resized maps are made before they replace the pinned ones. */
 // bpffs refuses names with a dot (EPERM), hence no "maps.next".
 const stagingDir = (bpfRoot: string): string => path.join(bpfRoot, 'maps-next');
+/** Where the tc object's migrated maps are made (src/datapath/nodeport.ts), apart from the socket object's. */
+export const tcStagingDir = (bpfRoot: string): string => path.join(bpfRoot, 'tc-maps-next');
 
 /** Where cgroup v2 is mounted (not always /sys/fs/cgroup), from /proc/mounts. */
 export function cgroup2Root(mounts = readFileSync('/proc/mounts', 'utf8')): string {
@@ -124,90 +127,6 @@ export function mapMaxEntries(sizes: MapSizes): Record<string, number> {
   };
 }
 
-/** BPF_MAP_TYPE_PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH. */
-const PERCPU_TYPES = new Set([5, 6, 10]);
-
-/** The pinned maps this load cannot adopt as they are: resized ones, redefined ones (type, flags), and those whose layout changed (with their converters). */
-interface MigrationPlan {
-  readonly resized: readonly string[];
-  readonly relaid: ReadonlyMap<string, MapConverters>;
-  /** Every map that is made anew in the staging directory and takes the pin at the end (resized, redefined or relaid). */
-  readonly changed: readonly string[];
-  /** The maps the object declares (another object may pin maps this one does not have). */
-  readonly declared: readonly string[];
-}
-
-interface MapConverters {
-  readonly key: Converter;
-  readonly value: Converter;
-}
-
-/**
- * Compares every pinned map of ours with what the object declares: its size
- * (what this load asks for) and its key and value layouts (BTF). libbpf would
- * reuse a pinned map whose layout changed but whose sizes did not, and the new
- * programs would read the old bytes in the new layout, so layouts are
- * compared here, before the load. A layout that cannot be converted, or a
- * pinned map without BTF, is an error naming the map, before anything moves.
- */
-function planMigration(bpfRoot: string, objectPath: string, wanted: Record<string, number>): MigrationPlan {
-  const resized: string[] = [];
-  const redefined: string[] = [];
-  const relaid = new Map<string, MapConverters>();
-  const object = BpfObject.open(objectPath);
-  const declared = object.mapNames();
-  try {
-    for (const name of object.mapNames()) {
-      const p = path.join(mapsDir(bpfRoot), name);
-      if (!(name in mapSpecs) || !existsSync(p)) continue;
-      const declared = object.mapLayout(name);
-      const m = openPinnedMap(p);
-      try {
-        // Sized by a flag (wanted), or by the object itself (lb_metrics
-        // grows with enum lb_metric): libbpf refuses a pin of another size.
-        if (m.maxEntries !== (wanted[name] ?? declared.maxEntries)) resized.push(name);
-        // Another map type or flags (an LRU that was a hash, BPF_F_NO_PREALLOC):
-        // libbpf would refuse the pin, so the map is made anew and its entries
-        // copied. Values shared by all CPUs cannot become per-CPU ones, or back.
-        if (m.type !== declared.type || m.flags !== declared.flags) {
-          if (PERCPU_TYPES.has(m.type) !== PERCPU_TYPES.has(declared.type)) {
-            throw new ConfigError(`map ${name} pinned at ${p} is ${PERCPU_TYPES.has(m.type) ? '' : 'not '}per-CPU and ${objectPath} declares it ${PERCPU_TYPES.has(declared.type) ? '' : 'not '}per-CPU: its values cannot be carried over; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
-          }
-          redefined.push(name);
-        }
-        if (!declared.key || !declared.value) continue; // an object without BTF for this map: only libbpf's size checks apply
-        const pinned = m.layout();
-        if (!pinned?.key || !pinned.value) {
-          throw new ConfigError(`map ${name} pinned at ${p} has no BTF, so its key and value layout cannot be compared with ${objectPath}'s; run \`lbctl cleanup\` and start again (this drops the datapath's state)`);
-        }
-        const key = converter(pinned.key, declared.key, `map ${name} key`);
-        const value = converter(pinned.value, declared.value, `map ${name} value`);
-        if (!key.identical || !value.identical) relaid.set(name, { key, value });
-      } finally {
-        m.close();
-      }
-    }
-  } finally {
-    object.close();
-  }
-  return { resized, relaid, changed: [...new Set([...resized, ...redefined, ...relaid.keys()])], declared };
-}
-
-/**
- * The pinned maps a resize keeps as they are (every pinned map of ours that is
- * not being resized): the new object shares them instead of copying them, so
- * the programs on both sides of the link switch see the same entries.
- */
-function openKept(bpfRoot: string, resized: readonly string[], declared: readonly string[]): Map<string, BpfMap> {
-  const kept = new Map<string, BpfMap>();
-  for (const name of declared.filter((n) => n in mapSpecs)) {
-    const p = path.join(mapsDir(bpfRoot), name);
-    if (resized.includes(name) || !existsSync(p)) continue;
-    kept.set(name, openPinnedMap(p));
-  }
-  return kept;
-}
-
 /** Maps whose entries record traffic (written by the programs themselves), not the agent's intent. */
 const TRAFFIC_MAPS = ['lb4_sock_revnat', 'lb6_sock_revnat', 'lb_affinity'];
 
@@ -227,11 +146,11 @@ export async function loadDatapath(opts: DatapathOptions): Promise<Datapath> {
   // maps beside the pinned ones (sharing every map that stays as it is), copy
   // (and convert) the changed maps' entries, switch the links, then move the
   // new pins into place.
-  const plan = planMigration(opts.bpfRoot, objectPath, wanted);
+  const plan = planMigration(mapsDir(opts.bpfRoot), objectPath, wanted);
   const changed = plan.changed;
   const migrating = changed.length > 0;
   const pinRoot = migrating ? stagingDir(opts.bpfRoot) : mapsDir(opts.bpfRoot);
-  const kept = migrating ? openKept(opts.bpfRoot, changed, plan.declared) : new Map<string, BpfMap>();
+  const kept = migrating ? openKept(mapsDir(opts.bpfRoot), changed, plan.declared) : new Map<string, BpfMap>();
   if (migrating) {
     rmSync(pinRoot, { recursive: true, force: true });
     mkdirSync(pinRoot, { recursive: true });
@@ -384,71 +303,6 @@ function switchLinks(object: BpfObject, cgroup: string, dir: string, attach: Att
   return { programs, revert, release };
 }
 
-export interface MapMigration {
-  readonly map: string;
-  readonly from: number;
-  readonly to: number;
-  readonly entries: number;
-  /** The key or value layout changed: every entry was converted field by field. */
-  readonly converted: boolean;
-  /** Fields of the old layout that the new one dropped, and new fields (zero in every entry). */
-  readonly dropped?: readonly string[];
-  readonly added?: readonly string[];
-}
-
-/**
- * Copies every entry of the maps `names` pinned in `dir` into the object's
- * maps of the same name (with `keepNewer`, entries already present win),
- * converting the entries of maps whose layout changed. An entry that does not
- * fit (a shrunk map, a narrowed field) fails the whole migration.
- */
-function copyPinnedInto(
-  object: BpfObject,
-  dir: string,
-  names: readonly string[],
-  relaid: ReadonlyMap<string, MapConverters>,
-  keepNewer = false,
-): MapMigration[] {
-  const out: MapMigration[] = [];
-  for (const name of object.mapNames()) {
-    if (!(name in mapSpecs) || !names.includes(name)) continue;
-    const file = path.join(dir, name);
-    if (!existsSync(file)) continue;
-    const from = openPinnedMap(file);
-    const to = object.map(name);
-    const conv = relaid.get(name);
-    try {
-      if (!conv && (from.keySize !== to.keySize || from.valueBufSize !== to.valueBufSize)) {
-        throw new ConfigError(`map ${name}: the pinned map's key or value size differs from the new one's, and neither has a layout to convert by`);
-      }
-      // A converted key could collide with another converted key (a dropped
-      // key field): never let one entry overwrite another.
-      const keyChanged = conv !== undefined && !conv.key.identical;
-      const cpus = from.perCpu ? from.valueBufSize / Math.ceil(from.valueSize / 8) / 8 : 1;
-      let entries = 0;
-      for (const [k, v] of from.entries()) {
-        const key = conv ? conv.key.convert(k) : k;
-        const value = !conv ? v : from.perCpu ? convertPerCpu(conv.value, v, cpus) : conv.value.convert(v);
-        try {
-          to.update(key, value, keepNewer || keyChanged ? BPF_NOEXIST : BPF_ANY);
-          entries++;
-        } catch (err) {
-          if (keepNewer && isErrno(err, 'EEXIST')) continue;
-          if (keyChanged && isErrno(err, 'EEXIST')) {
-            throw new ConfigError(`map ${name}: two entries of the pinned map convert to the same key ${key.toString('hex')} (dropped key fields: ${conv.key.dropped.join(', ') || 'none'})`, { cause: err });
-          }
-          throw new ConfigError(`map ${name}: cannot carry ${from.maxEntries}-entry contents into ${to.maxEntries} entries: ${(err as Error).message}`, { cause: err });
-        }
-      }
-      const m: MapMigration = { map: name, from: from.maxEntries, to: to.maxEntries, entries, converted: conv !== undefined };
-      out.push(conv ? { ...m, dropped: [...conv.key.dropped, ...conv.value.dropped], added: [...conv.key.added, ...conv.value.added] } : m);
-    } finally {
-      from.close();
-    }
-  }
-  return out;
-}
-
 /** The datapath object the agent loads on this kernel: the standard one, or the compat one without bpf_set_retval. */
 export async function datapathObject(): Promise<string> {
   return (await hasSetRetval()) ? DEFAULT_OBJECT : COMPAT_OBJECT;
@@ -501,6 +355,7 @@ export function cleanupDatapath(bpfRoot: string): { links: string[]; maps: strin
     [linksDir(bpfRoot), removed.links],
     [mapsDir(bpfRoot), removed.maps],
     [stagingDir(bpfRoot), removed.maps],
+    [tcStagingDir(bpfRoot), removed.maps],
   ] as const) {
     if (!existsSync(dir)) continue;
     for (const name of readdirSync(dir)) {

@@ -13,16 +13,16 @@
 //     left alone and reported.
 // Untranslated packets return TC_ACT_UNSPEC (TCX_NEXT), so programs after
 // ours, and the stack, still see them.
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, renameSync, rmdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
-import { BPF_ANY, BpfObject, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
-import { converter } from './layout.js';
+import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
+import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMigration } from './migrate.js';
 import { links as rtnlLinks } from '../native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
-import { LbNpConfigFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
+import { LbCtDir, LbCtFlags, LbNpConfigFlags, lb4_ct_entry, lb4_ct_key, lb6_ct_entry, lb6_ct_key, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
 import type { Device, DeviceAddress } from './devices.js';
 import { monotonicSeconds } from './ct.js';
 import { verifyMapLayout } from './maps.js';
@@ -136,7 +136,29 @@ export interface NodePortOptions {
   readonly maglevM: number;
   /** --ct-max, --nat-max (default DEFAULT_TRAFFIC_SIZES). */
   readonly sizes?: Partial<TrafficMapSizes>;
+  /** --tc-object: another tc object than the built one (an upgrade, a test). */
   readonly object?: string;
+  /** Where a migration makes the maps it carries over (loader.ts's tcStagingDir). */
+  readonly stagingDir: string;
+}
+
+/**
+ * The maps the tc programs fill with traffic (flows, SNAT translations,
+ * fragments, affinity). One whose size, type or layout changed (--ct-max, an
+ * upgrade) is made anew beside the pinned one and its entries carried over,
+ * converted field by field, so established flows survive; every other tc map
+ * holds what the agent writes again at start, and is simply made anew.
+ */
+const CARRIED_MAPS = new Set(['lb4_ct', 'lb6_ct', 'lb4_nat', 'lb6_nat', 'lb4_frag', 'lb6_frag', 'lb_np_affinity']);
+
+/** A load that carried maps over, finished once the programs are switched (commitMigration()). */
+interface PendingMigration {
+  /** Where the carried maps are pinned until the switch (undefined: none carried). */
+  readonly staging: string | undefined;
+  readonly carried: readonly string[];
+  readonly relaid: ReadonlyMap<string, MapConverters>;
+  /** Families whose SNAT translations are still in lb*_ct (a datapath from before lb*_nat): moved out. */
+  readonly split: ReadonlyArray<4 | 6>;
 }
 
 /** max_entries of the tc object's sized maps. */
@@ -171,31 +193,96 @@ export class NodePortDatapath {
     if (!existsSync(file)) throw new ConfigError(`BPF object ${file} is missing: run \`make build\``);
     // Every map the socket object has is shared by fd; the tc-only ones are
     // pinned (and adopted) by name next to them.
-    const probe = BpfObject.open(file);
-    let names: string[];
-    try {
-      names = probe.mapNames();
-    } finally {
-      probe.close();
-    }
     const shared = new Set(opts.sockObject.mapNames());
     const maxEntries = trafficMaxEntries(opts.sizes);
-    const replaced = replaceChangedPins(file, opts.mapsDir, shared, maxEntries);
-    const reuseMaps = Object.fromEntries(names.filter((n) => shared.has(n)).map((n) => [n, opts.sockObject.map(n).fd]));
-    const object = await BpfObject.openLoaded(file, { pinRoot: opts.mapsDir, reuseMaps, maxEntries });
+    const plan = planTcMaps(file, opts.mapsDir, shared, maxEntries);
+    for (const name of plan.remade) unpin(path.join(opts.mapsDir, name));
+    // Translations of a datapath from before lb*_nat: in lb*_ct, to be moved out.
+    const split = ([4, 6] as const).filter((f) => !existsSync(path.join(opts.mapsDir, `lb${f}_nat`)) && existsSync(path.join(opts.mapsDir, `lb${f}_ct`)) && !plan.remade.includes(`lb${f}_ct`));
+    const staging = plan.carried.length > 0 ? opts.stagingDir : undefined;
+    let kept = new Map<string, BpfMap>();
+    if (staging) {
+      // Made beside the pinned maps (which the running programs keep using
+      // until the switch), sharing every map that stays as it is.
+      rmSync(staging, { recursive: true, force: true });
+      mkdirSync(staging, { recursive: true });
+      kept = openKept(opts.mapsDir, plan.carried, plan.declared.filter((n) => !shared.has(n)));
+    }
+    const reuseMaps = {
+      ...Object.fromEntries(plan.declared.filter((n) => shared.has(n)).map((n) => [n, opts.sockObject.map(n).fd])),
+      ...Object.fromEntries([...kept].map(([n, m]) => [n, m.fd])),
+    };
+    let object: BpfObject;
     try {
-      for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs)) verifyMapLayout(object.map(name), mapSpecs[name]);
+      object = await BpfObject.openLoaded(file, { pinRoot: staging ?? opts.mapsDir, reuseMaps, maxEntries });
+    } catch (err) {
+      if (staging) rmSync(staging, { recursive: true, force: true });
+      throw err;
+    } finally {
+      for (const m of kept.values()) m.close(); // libbpf duplicated the fds it reuses
+    }
+    let migrated: MapMigration[] = [];
+    try {
+      // The agent writes the maps it reads; the traffic maps only the programs (and a migration) write.
+      for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs && !CARRIED_MAPS.has(n))) verifyMapLayout(object.map(name), mapSpecs[name]);
+      migrated = copyPinnedInto(object, opts.mapsDir, plan.carried, plan.relaid);
+      for (const f of split) movePinnedTranslations(opts.mapsDir, object.map(`lb${f}_nat`), f, false);
     } catch (err) {
       object.close();
+      if (staging) rmSync(staging, { recursive: true, force: true });
       throw err;
     }
     const dp = new NodePortDatapath(object, opts.mode, opts.linksDir, opts.maglevM);
-    dp.replacedMaps = replaced;
+    dp.replacedMaps = plan.remade;
+    dp.migrated = migrated;
+    dp.mapsDir = opts.mapsDir;
+    if (staging || split.length > 0) dp.pending = { staging, carried: plan.carried, relaid: plan.relaid, split };
     return dp;
   }
 
-  /** tc-only maps whose pinned layout, size, type or flags differed from this object's: made anew at this load. */
+  /** tc maps whose pinned layout, size, type or flags differed from this object's, made anew (nothing carried: the agent writes them again). */
   replacedMaps: readonly string[] = [];
+  /** Traffic maps carried over into maps of a new size or layout at this load, with their entries. */
+  migrated: readonly MapMigration[] = [];
+  private mapsDir = '';
+  private pending: PendingMigration | undefined;
+
+  /** Whether this load carried maps over that wait for the programs' switch (commitMigration()). */
+  get migrating(): boolean {
+    return this.pending !== undefined;
+  }
+
+  /**
+   * After the programs are switched onto every device: what the old
+   * programs wrote since the load is carried over too (entries the new
+   * programs have not written already), the translations left in lb*_ct by
+   * a datapath from before lb*_nat are moved out, and the new maps take
+   * the pins. Returns the entries carried after the switch, by map.
+   */
+  commitMigration(): Record<string, number> {
+    const m = this.pending;
+    if (!m) return {};
+    this.pending = undefined;
+    const after: Record<string, number> = {};
+    for (const r of copyPinnedInto(this.object, this.mapsDir, m.carried, m.relaid, true)) after[r.map] = r.entries;
+    for (const f of m.split) {
+      after[`lb${f}_nat`] = movePinnedTranslations(this.mapsDir, this.object.map(`lb${f}_nat`), f, true);
+      // Gone from the flows' map now that no program looks for them there.
+      moveTranslations(this.object.map(`lb${f}_ct`), undefined, f, true);
+    }
+    if (m.staging) {
+      for (const name of readdirSync(m.staging)) renameSync(path.join(m.staging, name), path.join(this.mapsDir, name));
+      rmdirSync(m.staging);
+    }
+    return after;
+  }
+
+  /** The switch failed: the old programs keep the old maps; the carried ones are dropped. */
+  discardMigration(): void {
+    const m = this.pending;
+    this.pending = undefined;
+    if (m?.staging) rmSync(m.staging, { recursive: true, force: true });
+  }
 
   /**
    * The fill of the maps the programs write themselves (flows, SNAT
@@ -381,46 +468,90 @@ export class NodePortDatapath {
   }
 }
 
+interface TcMapPlan {
+  /** The object's maps. */
+  readonly declared: readonly string[];
+  /** Traffic maps to make anew with their entries carried over (resized, redefined, or relaid with converters). */
+  readonly carried: readonly string[];
+  readonly relaid: ReadonlyMap<string, MapConverters>;
+  /** tc maps that are made anew: what the agent writes (config, devices, ranges, Maglev tables), or traffic no converter can relate. */
+  readonly remade: readonly string[];
+}
+
 /**
- * The tc object's own maps are derived or traffic data (flows, fragments,
- * devices, settings, source ranges, Maglev tables): a pinned one whose key or
- * value layout (BTF), size, type or flags differs from what the object
- * declares is unpinned, so the load makes it anew, rather than reused with
- * its bytes read in a new layout (libbpf checks only sizes) or refused. The
- * agent rewrites everything but the flows; established NodePort flows of
- * such a map start over (the socket object's maps are migrated entry by
- * entry by the loader instead).
+ * The tc object's own maps against their pins (migrate.ts's comparison):
+ * traffic maps are carried over when their size, type or layout changed,
+ * every other changed map is unpinned and made anew (the agent rewrites it
+ * at start; established NodePort flows are kept). A traffic map whose old
+ * layout no converter can relate to the new one is made anew too: its flows
+ * start over, and the agent says so.
  */
-function replaceChangedPins(file: string, mapsDir: string, shared: ReadonlySet<string>, maxEntries: Readonly<Record<string, number>>): string[] {
-  const replaced: string[] = [];
+function planTcMaps(file: string, mapsDir: string, shared: ReadonlySet<string>, maxEntries: Readonly<Record<string, number>>): TcMapPlan {
+  const carried: string[] = [];
+  const remade: string[] = [];
+  const relaid = new Map<string, MapConverters>();
   const object = BpfObject.open(file);
+  const declared = object.mapNames();
   try {
-    for (const name of object.mapNames()) {
-      const pin = path.join(mapsDir, name);
-      if (shared.has(name) || !existsSync(pin)) continue;
-      const want = object.mapLayout(name);
-      const have = openPinnedMap(pin);
-      let same: boolean;
+    for (const name of declared) {
+      if (shared.has(name)) continue;
+      let diff;
       try {
-        const layout = have.layout();
-        same =
-          have.type === want.type && have.flags === want.flags && have.maxEntries === (maxEntries[name] ?? want.maxEntries) && have.keySize === (want.key?.size ?? have.keySize) && have.valueSize === (want.value?.size ?? have.valueSize) &&
-          (!want.key || !want.value || !layout?.key || !layout.value ||
-            (converter(layout.key, want.key, `map ${name} key`).identical && converter(layout.value, want.value, `map ${name} value`).identical));
+        diff = comparePinned(mapsDir, object, name, maxEntries);
       } catch {
-        same = false; // a layout no converter can relate: made anew all the same
-      } finally {
-        have.close();
+        remade.push(name); // no converter relates the layouts (or no BTF to compare): made anew all the same
+        continue;
       }
-      if (!same) {
-        unpin(pin);
-        replaced.push(name);
+      if (!diff || (!diff.resized && !diff.redefined && !diff.relaid)) continue;
+      if (!CARRIED_MAPS.has(name) || name === 'lb_maglev') {
+        remade.push(name);
+        continue;
       }
+      carried.push(name);
+      if (diff.relaid) relaid.set(name, diff.relaid);
     }
   } finally {
     object.close();
   }
-  return replaced;
+  return { declared, carried, relaid, remade };
+}
+
+/**
+ * Moves the SNAT translations (REPLY entries of SNATed flows) of a lb*_ct map
+ * written by a datapath from before lb*_nat into `to` (none: only deletes
+ * them). With `keepNewer` an entry already in `to` stays. Returns how many.
+ */
+function moveTranslations(from: BpfMap, to: BpfMap | undefined, family: 4 | 6, keepNewer: boolean): number {
+  const keyCodec = family === 4 ? lb4_ct_key : lb6_ct_key;
+  const valueCodec = family === 4 ? lb4_ct_entry : lb6_ct_entry;
+  let moved = 0;
+  const { keys, values, count } = from.entriesFlat();
+  for (let i = 0; i < count; i++) {
+    const key = keys.subarray(i * from.keySize, (i + 1) * from.keySize);
+    const value = values.subarray(i * from.valueSize, (i + 1) * from.valueSize);
+    if (keyCodec.decode(key).dir !== LbCtDir.LB_CT_REPLY || !(valueCodec.decode(value).flags & LbCtFlags.LB_CT_F_SNAT)) continue;
+    if (!to) {
+      if (from.delete(key)) moved++;
+      continue;
+    }
+    try {
+      to.update(key, value, keepNewer ? BPF_NOEXIST : BPF_ANY);
+      moved++;
+    } catch (err) {
+      if (!isErrno(err, 'EEXIST')) throw err;
+    }
+  }
+  return moved;
+}
+
+/** moveTranslations() out of the lb*_ct map pinned in `mapsDir`. */
+function movePinnedTranslations(mapsDir: string, to: BpfMap, family: 4 | 6, keepNewer: boolean): number {
+  const from = openPinnedMap(path.join(mapsDir, `lb${family}_ct`));
+  try {
+    return moveTranslations(from, to, family, keepNewer);
+  } finally {
+    from.close();
+  }
 }
 
 /**

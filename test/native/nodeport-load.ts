@@ -1,7 +1,10 @@
 // The tc object's load beside the socket object: it shares the socket
 // object's maps by fd, pins its own next to them, adopts them at a second
 // load, and makes anew a pinned tc map whose layout is not the object's
-// (rather than reading old bytes in a new layout). No device is attached.
+// (rather than reading old bytes in a new layout); a traffic map of another
+// size is made beside the pinned one, its entries carried over, and takes
+// the pin once committed; SNAT translations a datapath from before lb*_nat
+// left in lb*_ct are moved out. No device is attached.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
@@ -10,6 +13,7 @@ import { hasSetRetval } from '../../src/datapath/features.js';
 import { COMPAT_OBJECT, DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
 import { NodePortDatapath } from '../../src/datapath/nodeport.js';
 import { BpfObject, openPinnedMap } from '../../src/native/bpf.js';
+import { lb4_ct_entry, lb4_ct_key } from '../../src/datapath/abi.gen.js';
 
 if (process.getuid?.() !== 0) t.bailout('the native suites need root (BPF): run `make test` as root');
 
@@ -28,7 +32,9 @@ t.teardown(() => {
 // The socket object this kernel loads (the agent's choice): before 5.18 the compat one.
 const sock = await BpfObject.openLoaded((await hasSetRetval()) ? DEFAULT_OBJECT : COMPAT_OBJECT, { pinRoot: mapsDir });
 open.push(sock);
-const load = (): Promise<NodePortDatapath> => NodePortDatapath.load({ bpfRoot: pinRoot, sockObject: sock, mapsDir, linksDir, mode: 'clsact', maglevM: 251 });
+const stagingDir = path.join(pinRoot, 'tc-maps-next');
+const load = (sizes?: { ct?: number; nat?: number }): Promise<NodePortDatapath> =>
+  NodePortDatapath.load({ bpfRoot: pinRoot, sockObject: sock, mapsDir, linksDir, stagingDir, mode: 'clsact', maglevM: 251, ...(sizes ? { sizes } : {}) });
 
 t.test('first load: shared maps are the socket object\'s, its own are pinned', async (t) => {
   const dp = await load();
@@ -53,4 +59,50 @@ t.test('second load adopts the pins; a pin of another layout is made anew', asyn
   t.equal(dp.object.map('lb4_ct').id, ctId, 'lb4_ct adopted: the flows survive a restart');
   t.same(dp.replacedMaps, ['lb_devices'], 'the lb_devices of another layout was replaced');
   t.equal(dp.object.map('lb_devices').valueSize, 24, 'by one of the object\'s layout');
+});
+
+const key = (dport: number, dir: number): Buffer => lb4_ct_key.encode({ saddr: 0x0a000001, daddr: 0x0a000002, sport: 8080, dport, proto: 6, dir });
+const entry = (flags: number): Buffer =>
+  lb4_ct_entry.encode({ expires: 1n << 40n, addr1: 0x0a000003, addr2: 0x0a000004, port1: 80, port2: 40000, revNatIndex: 7, backendId: 9, flags });
+
+t.test('--ct-max changed: the flows are carried into a map of the new size, which takes the pin at commit', async (t) => {
+  const before = openPinnedMap(path.join(mapsDir, 'lb4_ct'));
+  before.update(key(1, 0), entry(1 | 4));
+  const oldId = before.id;
+  before.close();
+  const dp = await load({ ct: 1024 });
+  open.push(dp);
+  t.not(dp.object.map('lb4_ct').id, oldId, 'a new lb4_ct');
+  t.equal(dp.object.map('lb4_ct').maxEntries, 1024, 'of 1024 entries');
+  t.match(dp.migrated.find((m) => m.map === 'lb4_ct'), { from: 262144, to: 1024, entries: 1, converted: false }, 'its entry carried over');
+  t.ok(dp.object.map('lb4_ct').lookup(key(1, 0)), 'the flow is in the new map');
+  t.equal(openPinnedMap(path.join(mapsDir, 'lb4_ct')).id, oldId, 'the old map keeps the pin until the switch');
+  // what the old programs write before the switch is carried too
+  const old = openPinnedMap(path.join(mapsDir, 'lb4_ct'));
+  old.update(key(2, 0), entry(1 | 4));
+  old.close();
+  const after = dp.commitMigration();
+  t.equal(after['lb4_ct'], 1, 'the entry written meanwhile is carried at commit');
+  const pinned = openPinnedMap(path.join(mapsDir, 'lb4_ct'));
+  t.equal(pinned.id, dp.object.map('lb4_ct').id, 'the new map has the pin');
+  t.ok(pinned.lookup(key(2, 0)), 'with both flows');
+  pinned.close();
+  t.notOk(dp.migrating, 'nothing pending');
+});
+
+t.test('a datapath from before lb4_nat: its SNAT translations move out of lb4_ct', async (t) => {
+  const ct = openPinnedMap(path.join(mapsDir, 'lb4_ct'));
+  ct.update(key(61000, 1), entry(1)); // a SNAT translation (REPLY, LB_CT_F_SNAT) where the old datapath kept it
+  ct.update(key(41000, 1), entry(8)); // a local flow's reply entry (LB_CT_F_LOCAL): stays
+  ct.close();
+  rmSync(path.join(mapsDir, 'lb4_nat'));
+  const dp = await load({ ct: 1024 });
+  open.push(dp);
+  t.ok(dp.object.map('lb4_nat').lookup(key(61000, 1)), 'the translation is in lb4_nat before the switch');
+  t.ok(dp.object.map('lb4_ct').lookup(key(61000, 1)), 'and still in lb4_ct, where the old programs look until then');
+  dp.commitMigration();
+  t.notOk(dp.object.map('lb4_ct').lookup(key(61000, 1)), 'gone from lb4_ct after the switch');
+  t.ok(dp.object.map('lb4_ct').lookup(key(41000, 1)), 'the local flow\'s entry stays');
+  t.ok(dp.object.map('lb4_nat').lookup(key(61000, 1)), 'the translation stays in lb4_nat');
+  t.equal(openPinnedMap(path.join(mapsDir, 'lb4_nat')).id, dp.object.map('lb4_nat').id, 'lb4_nat pinned');
 });

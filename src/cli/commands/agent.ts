@@ -43,6 +43,8 @@ export interface AgentCommandOptions {
   bpfRoot: string;
   /** A datapath object other than the built one (an upgrade, a test). */
   bpfObject?: string;
+  /** A tc datapath object other than the built one (an upgrade, a test). */
+  tcObject?: string;
   maxServices?: number;
   maxBackends?: number;
   maxSockRevnat?: number;
@@ -102,6 +104,7 @@ export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphem
       },
     },
     sizes: { ...(opts.ctMax !== undefined ? { ct: opts.ctMax } : {}), ...(opts.natMax !== undefined ? { nat: opts.natMax } : {}) },
+    ...(opts.tcObject ? { object: path.resolve(opts.tcObject) } : {}),
     maglevTableSeed: seeds.table,
     procfs: opts.procfs ?? '/proc',
     ...(devices ? { devices } : {}),
