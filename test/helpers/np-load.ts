@@ -10,6 +10,13 @@ import { how, ROOT, type ExecResult } from './sandbox/run.js';
 
 export type CloseStyle = 'rst' | 'fin' | 'server';
 
+/**
+ * When a connection of a sustained run has failed: not done in 2.5 s, a
+ * client that retries its SYN once (after the kernel's 1 s initial RTO) and
+ * then gives up. The test and the benchmark judge every mode by it.
+ */
+export const SUSTAINED_TIMEOUT_MS = 2500;
+
 export interface NpLoadOptions {
   readonly addr: string;
   readonly port: number;
