@@ -354,6 +354,8 @@ function probe(plan: Plan, mode: Mode, n: number, svc: ReturnType<typeof service
       const m = await sb.metrics();
       return { np_snat_exhausted: m.np_snat_exhausted ?? 0, np_ct_full: m.np_ct_full ?? 0 };
     };
+    // Two seconds for what setting up left running (the agent's start-up work beside its first sync), in every mode alike.
+    await new Promise((r) => setTimeout(r, 2000));
     const before = await drops();
     // A second's worth of failures ends the probe: it has failed, and the rest of the window would only wait on timeouts.
     const load = await npLoad((cmd, ms) => lab.inNs(lab.ext, cmd, ms), LOAD, {
