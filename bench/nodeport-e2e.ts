@@ -9,6 +9,7 @@
 //   nftables   kube-proxy's nftables mode, emulated the same way, loaded with nft -f
 //
 //   node --import=@tapjs/typescript/import bench/nodeport-e2e.ts [--quick] [--out DIR] [--sizes 2,10000] [--reps 3]
+//        [--sustain 3] [--search-window 20] [--search-start 1000] [--search-steps 3]
 //
 // N NodePort services (externalTrafficPolicy Cluster): the two measured ones
 // (one whose only endpoint is the pod on node 1, one whose only endpoint is
@@ -35,6 +36,27 @@
 // + 200 + 1,500 connections per target, in a fresh lab), so the figures
 // are the datapath's; a last sustained run (--sustain seconds, remote pod,
 // every mode) shows what happens beyond it.
+//
+// Then the sustained rate (issue 34): for lbctl, iptables and nftables, the
+// highest rate of new connections to the remote pod that the mode takes for
+// --search-window seconds with no failed connection. The pod closes first
+// (bench/server.c -c, an HTTP server's "Connection: close": it holds each
+// tuple it saw in TIME_WAIT, the hard case for a NAT's port reuse); the
+// client starts connections on a fixed schedule (np-load -r, open loop) and
+// a connection fails when it is not done in 2.5 s (one SYN retransmit
+// allowed), is reset or refused. A rate is held when none fails, the client
+// keeps its schedule and the NAT counts no packet dropped for want of room
+// (lbctl's np_snat_exhausted and np_ct_full, conntrack's insert_failed and
+// drop: a SYN dropped once and retransmitted in time is no failed
+// connection, but it is a NAT out of ports). Each probe is one rate in a
+// fresh lab at N = the smallest size: from --search-start, doubled while it
+// is held (or halved while it is not), then --search-steps bisections
+// between the highest rate held and the lowest not (geometric midpoints:
+// 3 steps find the rate within 9%). A search, not each mode's closed-loop saturation rate:
+// a closed loop slows down when connections stall (SYNs dropped for want of
+// a port, or refused by the pod's TIME_WAIT) and reports a rate with those
+// failures inside it, where the question a node's operator asks is which
+// rate it takes without failing a connection.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -45,9 +67,14 @@ import { npServices, serviceObject, sliceObject, type NpService } from './np-ser
 import { ROOT } from './world.js';
 import { createSandbox, type Sandbox } from '../test/helpers/sandbox.js';
 import { makeLab, NODE1, POD1, POD2, type Lab } from '../test/helpers/nodeport-lab.js';
+import { failureSummary, npLoad, SUSTAINED_TIMEOUT_MS, type NpLoadResult } from '../test/helpers/np-load.js';
 
 const MODES = ['routed', 'lbctl', 'iptables', 'nftables'] as const;
 type Mode = (typeof MODES)[number];
+const SEARCH_MODES = ['lbctl', 'iptables', 'nftables'] as const satisfies readonly Mode[];
+/** The search's bounds: below the floor a mode is reported as taking less; the ceiling is beyond what one CPU carries. */
+const SEARCH_FLOOR = 100;
+const SEARCH_CEILING = 64_000;
 const CONNECT = path.join(ROOT, 'build/bench/connect');
 const SERVER = path.join(ROOT, 'build/bench/server');
 const LOAD = path.join(ROOT, 'build/bench/np-load');
@@ -67,6 +94,9 @@ interface Plan {
   load: number;
   concurrency: number;
   sustain: number;
+  searchWindow: number;
+  searchStart: number;
+  searchSteps: number;
 }
 
 function parse(): Plan {
@@ -76,8 +106,11 @@ function parse(): Plan {
     .option('--sizes <list>', 'numbers of services (at least 2: the measured ones)')
     .option('--reps <n>', 'repetitions (fresh labs, rotating mode order)')
     .option('--sustain <s>', 'seconds of the sustained run to the remote pod (0: none)')
+    .option('--search-window <s>', 'seconds each probe of the sustained-rate search runs (0: no search)')
+    .option('--search-start <rate>', 'the search\'s first rate, new connections a second', '1000')
+    .option('--search-steps <n>', 'bisections after the first pass and failure')
     .parse()
-    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; sustain?: string }>();
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; sustain?: string; searchWindow?: string; searchStart: string; searchSteps?: string }>();
   const quick = Boolean(o.quick);
   return {
     quick,
@@ -88,6 +121,9 @@ function parse(): Plan {
     load: 1500,
     concurrency: 32,
     sustain: Number(o.sustain ?? (quick ? 0 : 3)),
+    searchWindow: Number(o.searchWindow ?? (quick ? 5 : 20)),
+    searchStart: Number(o.searchStart),
+    searchSteps: Number(o.searchSteps ?? (quick ? 1 : 3)),
   };
 }
 
@@ -150,8 +186,18 @@ function load(lab: Lab, addr: string, port: number, args: string[]): Load {
   return JSON.parse(r.stdout.trim()) as Load;
 }
 
-/** One mode at one N, in a fresh lab. */
-async function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<typeof services>, texts: Map<string, string>): Promise<PointResult> {
+interface ModeLab {
+  sb: Sandbox;
+  lab: Lab;
+  /** Rules loaded, or the agent started and synced, ms. */
+  setupMs: number;
+}
+
+/**
+ * A fresh lab with `mode` set up for the services, its pods' servers on CPU 1
+ * (closing first with `serverCloses`), handed to `fn`; torn down after it.
+ */
+async function withLab<T>(mode: Mode, n: number, svc: ReturnType<typeof services>, texts: Map<string, string>, serverCloses: boolean, fn: (ml: ModeLab) => Promise<T>): Promise<T> {
   const teardowns: Array<() => unknown> = [];
   const sb: Sandbox = await createSandbox({ teardown: (fn) => teardowns.push(fn) }, { backends: 0, agent: false });
   try {
@@ -160,7 +206,7 @@ async function point(plan: Plan, mode: Mode, n: number, rep: number, svc: Return
     // the pods through node 1, and node 2 routes the client's replies back through node 1.
     execFileSync('ip', ['-n', lab.ext, 'route', 'add', '10.252.0.0/16', 'via', NODE1.v4]);
     execFileSync('ip', ['-n', lab.n2, 'route', 'add', '10.250.0.0/24', 'via', '10.251.0.1']);
-    for (const ns of [lab.p1, lab.p2]) startServer(sb, ns);
+    for (const ns of [lab.p1, lab.p2]) startServer(sb, ns, serverCloses);
     await new Promise((r) => setTimeout(r, 300));
     const t0 = performance.now();
     const text = (key: string, make: () => string): string => {
@@ -187,8 +233,19 @@ async function point(plan: Plan, mode: Mode, n: number, rep: number, svc: Return
         break;
       }
     }
-    const setupMs = performance.now() - t0;
-    const at = (s: NpService, pod: string): [string, number] => (mode === 'routed' ? [pod, POD_PORT] : [NODE1.v4, s.nodePort]);
+    return await fn({ sb, lab, setupMs: performance.now() - t0 });
+  } finally {
+    for (const fn of teardowns.reverse()) await fn();
+  }
+}
+
+/** Where the client dials a service's pod in `mode`. */
+const dial = (mode: Mode, s: NpService, pod: string): [string, number] => (mode === 'routed' ? [pod, POD_PORT] : [NODE1.v4, s.nodePort]);
+
+/** One mode at one N, in a fresh lab. */
+function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<typeof services>, texts: Map<string, string>): Promise<PointResult> {
+  return withLab(mode, n, svc, texts, false, async ({ sb, lab, setupMs }) => {
+    const at = (s: NpService, pod: string): [string, number] => dial(mode, s, pod);
     const one = (s: NpService, pod: string): TargetResult => {
       const [addr, port] = at(s, pod);
       const lat = latency(lab, addr, port, plan.rr);
@@ -222,9 +279,7 @@ async function point(plan: Plan, mode: Mode, n: number, rep: number, svc: Return
       await lab.agent.stop(20_000);
     }
     return result;
-  } finally {
-    for (const fn of teardowns.reverse()) await fn();
-  }
+  });
 }
 
 /** run_cnt and run_time_ns of the tc programs attached under the agent's bpf root (each program counts its runs on every device), by direction. */
@@ -246,9 +301,9 @@ function tcStats(bpfRoot: string): Record<'ingress' | 'egress', { runs: number; 
   return out;
 }
 
-/** bench/server.c in a pod's namespace on CPU 1, killed at the sandbox's teardown. */
-function startServer(sb: Sandbox, ns: string): void {
-  const r = spawnSync('sh', ['-c', `ip netns exec "$0" taskset -c ${CPU} "$1" -p ${POD_PORT} -a 0.0.0.0 >/dev/null 2>&1 & echo $!`, ns, SERVER], { encoding: 'utf8' });
+/** bench/server.c in a pod's namespace on CPU 1 (closing first: -c), killed at the sandbox's teardown. */
+function startServer(sb: Sandbox, ns: string, closeFirst: boolean): void {
+  const r = spawnSync('sh', ['-c', `ip netns exec "$0" taskset -c ${CPU} "$1" -p ${POD_PORT} -a 0.0.0.0 ${closeFirst ? '-c' : ''} >/dev/null 2>&1 & echo $!`, ns, SERVER], { encoding: 'utf8' });
   const pid = Number(r.stdout.trim());
   if (!pid) throw new Error(`bench server in ${ns} did not start: ${r.stderr}`);
   sb.addCleanup(() => {
@@ -260,11 +315,133 @@ function startServer(sb: Sandbox, ns: string): void {
   });
 }
 
+// ------------------------------------------------- sustained-rate search
+
+/** One rate held for the search's window in a fresh lab. */
+interface Probe {
+  rate: number;
+  /**
+   * No connection failed, the client kept the schedule (the rate achieved
+   * within 1% of the rate asked) and the NAT counted no packet it dropped for
+   * want of room (every counter below 0).
+   */
+  ok: boolean;
+  load: NpLoadResult;
+  /**
+   * Over the probe. lbctl: np_snat_exhausted and np_ct_full; kube-proxy's
+   * modes: conntrack's insert_failed and drop in node 1 (/proc/net/stat/nf_conntrack).
+   */
+  counters: Record<string, number>;
+}
+
+interface SearchResult {
+  mode: Mode;
+  /** The highest rate that passed; 0: none did, down to SEARCH_FLOOR. */
+  best: number;
+  /** The lowest rate that failed; absent: none did, up to SEARCH_CEILING. */
+  failedAt?: number;
+  probes: Probe[];
+}
+
+/** The client's slack (test/e2e/nodeport-sustained.ts's RATE_SLACK): a probe whose client fell behind its schedule did not hold the rate. */
+const RATE_SLACK = 0.01;
+
+function probe(plan: Plan, mode: Mode, n: number, svc: ReturnType<typeof services>, texts: Map<string, string>, rate: number): Promise<Probe> {
+  return withLab(mode, n, svc, texts, true, async ({ sb, lab }) => {
+    const [addr, port] = dial(mode, svc.remote, POD2.v4);
+    const drops = async (): Promise<Record<string, number>> => {
+      if (mode !== 'lbctl') return conntrackDrops(lab);
+      const m = await sb.metrics();
+      return { np_snat_exhausted: m.np_snat_exhausted ?? 0, np_ct_full: m.np_ct_full ?? 0 };
+    };
+    // Two seconds for what setting up left running (the agent's start-up work beside its first sync), in every mode alike.
+    await new Promise((r) => setTimeout(r, 2000));
+    const before = await drops();
+    // A second's worth of failures ends the probe: it has failed, and the rest of the window would only wait on timeouts.
+    const load = await npLoad((cmd, ms) => lab.inNs(lab.ext, cmd, ms), LOAD, {
+      addr, port, seconds: plan.searchWindow, rate, timeoutMs: SUSTAINED_TIMEOUT_MS, close: 'server', maxFailed: rate, cpu: CPU,
+    });
+    const after = await drops();
+    const counters = Object.fromEntries(Object.keys(after).map((k) => [k, after[k]! - (before[k] ?? 0)]));
+    const ok = load.failed === 0 && load.started === Math.floor(rate * plan.searchWindow) && load.rps >= rate * (1 - RATE_SLACK) && Object.values(counters).every((v) => v === 0);
+    if (mode === 'lbctl') await lab.agent.stop(20_000);
+    return { rate, ok, load, counters };
+  });
+}
+
+/** Conntrack's insert_failed and drop in node 1, summed over its CPUs. */
+async function conntrackDrops(lab: Lab): Promise<Record<string, number>> {
+  const r = await lab.inNs(lab.n1, ['cat', '/proc/net/stat/nf_conntrack']);
+  const [head, ...rows] = r.stdout.trim().split('\n');
+  const names = (head ?? '').trim().split(/\s+/);
+  const sum = (name: string): number => rows.reduce((a, row) => a + parseInt(row.trim().split(/\s+/)[names.indexOf(name)] ?? '0', 16), 0);
+  return { insert_failed: sum('insert_failed'), drop: sum('drop') };
+}
+
+/** Builds a lab again when it could not be built (a busy machine: the pods' servers slow to start), twice at most. */
+async function retrying<T>(what: string, fn: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (attempt >= 3) throw err;
+      process.stderr.write(`${what}: ${(err as Error).message.split('\n')[0]}; a fresh lab, attempt ${attempt + 1}\n`);
+    }
+  }
+}
+
+/** The highest rate `mode` holds for the window with no failed connection: doubling or halving from the start rate, then bisections. */
+async function search(plan: Plan, mode: Mode, n: number, svc: ReturnType<typeof services>, texts: Map<string, string>): Promise<SearchResult> {
+  const probes: Probe[] = [];
+  const tryRate = async (rate: number): Promise<boolean> => {
+    const p = await retrying(`search ${mode} ${rate}/s`, () => probe(plan, mode, n, svc, texts, rate));
+    probes.push(p);
+    process.stderr.write(
+      `search ${mode} ${rate}/s for ${plan.searchWindow} s: ${p.ok ? 'held' : 'not held'}: ${p.load.completed} of ${p.load.started} completed, ${p.load.rps.toFixed(0)}/s; ` +
+        `failed: ${failureSummary(p.load)}; ${JSON.stringify(p.counters)}\n`,
+    );
+    return p.ok;
+  };
+  let pass = 0;
+  let fail = Infinity;
+  let rate = plan.searchStart;
+  if (await tryRate(rate)) {
+    pass = rate;
+    while (rate * 2 <= SEARCH_CEILING) {
+      rate *= 2;
+      if (!(await tryRate(rate))) {
+        fail = rate;
+        break;
+      }
+      pass = rate;
+    }
+  } else {
+    fail = rate;
+    while (Math.round(rate / 2) >= SEARCH_FLOOR) {
+      rate = Math.round(rate / 2);
+      if (await tryRate(rate)) {
+        pass = rate;
+        break;
+      }
+      fail = rate;
+    }
+  }
+  for (let i = 0; i < plan.searchSteps && pass > 0 && fail < Infinity; i++) {
+    const mid = Math.round(Math.sqrt(pass * fail));
+    if (mid <= pass || mid >= fail) break;
+    if (await tryRate(mid)) pass = mid;
+    else fail = mid;
+  }
+  return { mode, best: pass, ...(fail < Infinity ? { failedAt: fail } : {}), probes };
+}
+
 // ----------------------------------------------------------------- report
 
 export interface E2eResults {
   meta: Record<string, unknown>;
   points: PointResult[];
+  /** The sustained-rate search, at one N. */
+  search?: { n: number; window: number; timeoutMs: number; start: number; steps: number; modes: SearchResult[] };
 }
 
 export function e2eReport(r: E2eResults): string[] {
@@ -334,9 +511,33 @@ export function e2eReport(r: E2eResults): string[] {
       }
     }
   }
+  if (r.search) lines.push('', ...searchReport(r.search));
   const counters = r.points.filter((p) => p.counters);
   if (counters.length) lines.push('', `lbctl's datapath counters after each point: ${counters.map((p) => `N=${p.n} rep ${p.rep + 1}: ${JSON.stringify(p.counters)}`).join('; ')}`);
   lines.push('', `Setup per point (rules loaded, or the agent started and synced), median ms: ${sizes.map((n) => `N=${n}: ${MODES.map((m) => `${m} ${stat(m, n, (p) => p.setupMs).toFixed(0)}`).join(', ')}`).join('; ')}.`);
+  return lines;
+}
+
+function searchReport(s: NonNullable<E2eResults['search']>): string[] {
+  const best = Math.max(...s.modes.filter((m) => m.mode !== 'lbctl').map((m) => m.best));
+  const lines = [
+    `### Sustained new connections to the remote pod (N = ${s.n.toLocaleString('en')}; the pod closes first; each rate held ${s.window} s, open loop, in a fresh lab; a connection fails when not done in ${s.timeoutMs / 1000} s, reset or refused)`,
+    '',
+    '| mode | highest rate with no failed connection (/s) | / best kube-proxy | lowest rate that failed (/s) | how it failed | rates probed |',
+    '|---|---:|---:|---:|---|---|',
+  ];
+  for (const m of s.modes) {
+    const failed = m.probes.find((p) => p.rate === m.failedAt);
+    const how = failed
+      ? [
+          failed.load.failed ? failureSummary(failed.load) : failed.load.rps < failed.rate * (1 - RATE_SLACK) ? `the client fell behind (${failed.load.rps.toFixed(0)}/s achieved)` : 'none failed',
+          Object.entries(failed.counters).map(([k, v]) => `${k} ${v}`).join(', '),
+        ].join('; ')
+      : '';
+    lines.push(
+      `| ${m.mode} | ${m.best ? m.best.toLocaleString('en') : `< ${SEARCH_FLOOR}`} | ${best > 0 ? `${(m.best / best).toFixed(2)}×` : '–'} | ${m.failedAt?.toLocaleString('en') ?? `none up to ${SEARCH_CEILING.toLocaleString('en')}`} | ${how} | ${m.probes.map((p) => `${p.rate.toLocaleString('en')}${p.ok ? '' : '✗'}`).join(', ')} |`,
+    );
+  }
   return lines;
 }
 
@@ -388,6 +589,17 @@ async function main(): Promise<void> {
         );
         writeFileSync(path.join(plan.out, 'nodeport-e2e.json'), `${JSON.stringify(results, null, 1)}\n`);
       }
+    }
+  }
+  if (plan.searchWindow > 0) {
+    // At the smallest N: the rate to one backend is the NAT's, not the rule walk's (the table above has that).
+    const n = Math.min(...plan.sizes);
+    const svc = services(n);
+    const texts = new Map<string, string>();
+    results.search = { n, window: plan.searchWindow, timeoutMs: SUSTAINED_TIMEOUT_MS, start: plan.searchStart, steps: plan.searchSteps, modes: [] };
+    for (const mode of SEARCH_MODES) {
+      results.search.modes.push(await search(plan, mode, n, svc, texts));
+      writeFileSync(path.join(plan.out, 'nodeport-e2e.json'), `${JSON.stringify(results, null, 1)}\n`);
     }
   }
   results.meta.seconds = Math.round((performance.now() - started) / 1000);

@@ -2,12 +2,15 @@
 //
 // server: the "pod" of the lbctl connection benchmark.
 //
-//   server [-p PORT] [-a ADDR]       (defaults: port 8080, ADDR :: dual-stack)
+//   server [-p PORT] [-a ADDR] [-c]  (defaults: port 8080, ADDR :: dual-stack)
 //
 // Accepts TCP connections; for each one it reads a request of up to 64 bytes
 // and, once a full 64-byte request has arrived, writes a 64-byte reply. The
 // connection is closed when the client closes it (read() == 0) or resets it
-// (ECONNRESET, e.g. the client closed with SO_LINGER {1,0}). Clients that
+// (ECONNRESET, e.g. the client closed with SO_LINGER {1,0}); with -c the
+// server closes first, right after the reply (a FIN, as an HTTP server
+// answering "Connection: close" does: the server, not the client, then holds
+// the tuple in TIME_WAIT; bench/np-load.c -m server waits for it). Clients that
 // connect and close without sending anything are the common case (the
 // connect()+close() benchmark) and cost one accept() + one read() + close().
 //
@@ -56,12 +59,15 @@ static int listen_fd = -1;
 /* Spare descriptor, released to accept-and-drop when we hit EMFILE/ENFILE,
  * so the level-triggered listening socket cannot spin the loop. */
 static int spare_fd = -1;
+/* -c: close right after the reply. */
+static int close_first;
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: %s [-p PORT] [-a ADDR]\n"
+	fprintf(stderr, "usage: %s [-p PORT] [-a ADDR] [-c]\n"
 			"  -p PORT  TCP port to listen on (default 8080)\n"
-			"  -a ADDR  IPv4 or IPv6 address (default :: = dual-stack)\n", prog);
+			"  -a ADDR  IPv4 or IPv6 address (default :: = dual-stack)\n"
+			"  -c       close each connection first, right after the reply\n", prog);
 	exit(1);
 }
 
@@ -93,7 +99,7 @@ static int serve(int fd)
 				/* A fresh socket's send buffer always takes 64
 				 * bytes, so a short write only happens if the
 				 * peer is gone: drop the connection then. */
-				if (write(fd, reply, sizeof(reply)) != sizeof(reply)) {
+				if (write(fd, reply, sizeof(reply)) != sizeof(reply) || close_first) {
 					close_conn(fd);
 					return 0;
 				}
@@ -161,7 +167,7 @@ int main(int argc, char **argv)
 	long port = 8080;
 	int opt;
 
-	while ((opt = getopt(argc, argv, "p:a:h")) != -1) {
+	while ((opt = getopt(argc, argv, "p:a:ch")) != -1) {
 		switch (opt) {
 		case 'p': {
 			char *end;
@@ -175,6 +181,9 @@ int main(int argc, char **argv)
 		}
 		case 'a':
 			addr_str = optarg;
+			break;
+		case 'c':
+			close_first = 1;
 			break;
 		default:
 			usage();

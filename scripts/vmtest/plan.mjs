@@ -41,7 +41,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 const HOST_ONLY = new Set(['test/e2e/hostile-input.ts', 'test/e2e/kubernetes-nodes.ts', 'test/e2e/health-mesh.ts', 'test/e2e/kubernetes-apiserver.ts']);
 // The tc datapath's long scenarios (a thousand services, restarts and an
 // upgrade under load, SNAT ports waiting out TIME_WAIT, policy changes, a
-// device re-made): in make test on the host, in the guests by make vmtest
+// device re-made, 60 s of new connections at kube-proxy's rate): in make test on the host, in the guests by make vmtest
 // only (e2e, all), not in make test's guest split (e2e:K/N), which would
 // outgrow its budget under TCG. The guests of make test still run the tc
 // datapath end to end (nodeport.ts, nodeport-icmp.ts, nodeport-from-node.ts)
@@ -53,6 +53,7 @@ const VMTEST_ONLY_IN_GUESTS = new Set([
   'test/e2e/nodeport-scale.ts',
   'test/e2e/nodeport-snat.ts',
   'test/e2e/nodeport-snat-reuse.ts',
+  'test/e2e/nodeport-sustained.ts',
 ]);
 
 let onHost = false;
