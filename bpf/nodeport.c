@@ -64,6 +64,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  */
 #define NP_DO_ICMP	0x100	/* an ICMP packet: maybe an error about a translated flow */
 #define NP_DO_REJECT	0x101	/* a new flow to a frontend without endpoints: port unreachable */
+#define NP_NOT_HOST	0x102	/* np4/np6_host_flow(): not the node's own flow from a SNAT address */
 #define NP_DO_TOOBIG	0x10000	/* | the MTU (low 16 bits): fragmentation needed / packet too big; above every verdict */
 #define NP_MTU_MASK	0xffff
 
@@ -861,6 +862,11 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
+	if (ct->flags & LB_CT_F_HOST) {
+		/* a reply to the node's own flow: the stack's */
+		np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY, now);
+		return TC_ACT_UNSPEC;
+	}
 	np4_reply_seen(cfg, f, ct, now);
 	np4_frag_record(f);
 	if (f->ttl <= 1) {
@@ -922,6 +928,49 @@ static __always_inline int np4_ingress(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+/*
+ * The node's own flow, leaving from the SNAT address of its device with a
+ * source port in --snat-port-range (a packet the node itself sent: no
+ * ingress device; the SNATed packets this program redirects have one). The
+ * range holds the node's ephemeral ports, since SNAT keeps a client's own
+ * port when it can, so the tuple is reserved for the node in lb4_nat
+ * (LB_CT_F_HOST): written at the flow's first packet, kept alive by the
+ * later ones both ways (np4_rev_snat() leaves its replies to the stack),
+ * never taken by a SNATed flow while alive. A tuple a live SNATed flow
+ * holds is a clash: the node's packet is dropped and counted, and its stack
+ * retries (a SYN) until that flow is done, so no packet of the node's
+ * reaches the backend on the other flow's tuple, and no reply of the
+ * node's the other flow's client.
+ */
+static __always_inline int np4_host_flow(struct __sk_buff *skb, const struct lb_np_config *cfg, const struct np4_flow *f, __u64 now)
+{
+	struct lb4_ct_key rk = { .saddr = f->daddr, .daddr = f->saddr, .sport = f->dport, .dport = f->sport,
+				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	struct lb4_ct_entry host = { .flags = LB_CT_F_HOST };
+	__u32 ifindex = skb->ifindex;
+	struct lb_device *dev;
+	struct lb4_ct_entry *r;
+
+	if (skb->ingress_ifindex || !f->l4.has_ports || !np_in_range(f->sport, cfg->snat_min, cfg->snat_max))
+		return NP_NOT_HOST;
+	dev = bpf_map_lookup_elem(&lb_devices, &ifindex);
+	if (!dev || dev->addr4 != f->saddr)
+		return NP_NOT_HOST;
+	r = bpf_map_lookup_elem(&lb4_nat, &rk);
+	if (r && (r->flags & LB_CT_F_HOST)) {
+		np_ct_set(cfg, &r->expires, &r->flags, f->l4.proto, np_ct_flags(&f->l4, r->flags, false), now);
+		return TC_ACT_UNSPEC;
+	}
+	if (r && np_nat_rank(r->expires, r->flags, f->l4.proto, now) == NP_NAT_BUSY) {
+		lb_count(LB_MTR_NP_HOST_CLASH);
+		return TC_ACT_SHOT;
+	}
+	host.flags = np_ct_flags(&f->l4, host.flags, false);
+	host.expires = now + np_lifetime(cfg, f->l4.proto, host.flags);
+	bpf_map_update_elem(&lb4_nat, &rk, &host, BPF_ANY);
+	return TC_ACT_UNSPEC;
+}
+
 /* A local backend's reply on its way out: from the frontend again. */
 static __always_inline int np4_egress(struct __sk_buff *skb)
 {
@@ -939,6 +988,9 @@ static __always_inline int np4_egress(struct __sk_buff *skb)
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
 	now = np_now();
+	rc = np4_host_flow(skb, cfg, &f, now);
+	if (rc != NP_NOT_HOST)
+		return rc;
 	ct = np4_reply_entry(&lb4_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
 		return TC_ACT_UNSPEC;
@@ -1484,6 +1536,10 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 
 	if (!ct)
 		return TC_ACT_UNSPEC;
+	if (ct->flags & LB_CT_F_HOST) {
+		np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY, now);
+		return TC_ACT_UNSPEC;
+	}
 	np6_reply_seen(cfg, f, ct, now);
 	np6_frag_record(f);
 	if (f->hop_limit <= 1) {
@@ -1541,6 +1597,37 @@ static __always_inline int np6_ingress(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+/* As np4_host_flow(). */
+static __always_inline int np6_host_flow(struct __sk_buff *skb, const struct lb_np_config *cfg, const struct np6_flow *f, __u64 now)
+{
+	struct lb6_ct_key rk = { .sport = f->dport, .dport = f->sport, .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	struct lb6_ct_entry host = { .flags = LB_CT_F_HOST };
+	__u32 ifindex = skb->ifindex;
+	struct lb_device *dev;
+	struct lb6_ct_entry *r;
+
+	if (skb->ingress_ifindex || !f->l4.has_ports || !np_in_range(f->sport, cfg->snat_min, cfg->snat_max))
+		return NP_NOT_HOST;
+	dev = bpf_map_lookup_elem(&lb_devices, &ifindex);
+	if (!dev || !np6_addr_eq(dev->addr6, f->saddr))
+		return NP_NOT_HOST;
+	ip6_copy(rk.saddr, f->daddr);
+	ip6_copy(rk.daddr, f->saddr);
+	r = bpf_map_lookup_elem(&lb6_nat, &rk);
+	if (r && (r->flags & LB_CT_F_HOST)) {
+		np_ct_set(cfg, &r->expires, &r->flags, f->l4.proto, np_ct_flags(&f->l4, r->flags, false), now);
+		return TC_ACT_UNSPEC;
+	}
+	if (r && np_nat_rank(r->expires, r->flags, f->l4.proto, now) == NP_NAT_BUSY) {
+		lb_count(LB_MTR_NP_HOST_CLASH);
+		return TC_ACT_SHOT;
+	}
+	host.flags = np_ct_flags(&f->l4, host.flags, false);
+	host.expires = now + np_lifetime(cfg, f->l4.proto, host.flags);
+	bpf_map_update_elem(&lb6_nat, &rk, &host, BPF_ANY);
+	return TC_ACT_UNSPEC;
+}
+
 static __always_inline int np6_egress(struct __sk_buff *skb)
 {
 	const struct lb_np_config *cfg = np_config();
@@ -1557,6 +1644,9 @@ static __always_inline int np6_egress(struct __sk_buff *skb)
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
 	now = np_now();
+	rc = np6_host_flow(skb, cfg, &f, now);
+	if (rc != NP_NOT_HOST)
+		return rc;
 	ct = np6_reply_entry(&lb6_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
 		return TC_ACT_UNSPEC;
@@ -2007,7 +2097,7 @@ static __noinline int np_icmp_ingress4(struct __sk_buff *skb)
 		return np4_icmp_to_backend(skb, &ic, ct);
 	k.dir = LB_CT_REPLY;
 	ct = bpf_map_lookup_elem(&lb4_nat, &k);
-	if (ct && ct->expires > now)
+	if (ct && !(ct->flags & LB_CT_F_HOST) && ct->expires > now)
 		return np4_icmp_to_client(skb, &ic, ct);
 	return TC_ACT_UNSPEC;
 }
@@ -2208,7 +2298,7 @@ static __noinline int np_icmp_ingress6(struct __sk_buff *skb)
 		return np6_icmp_to_backend(skb, &ic, ct);
 	k.dir = LB_CT_REPLY;
 	ct = bpf_map_lookup_elem(&lb6_nat, &k);
-	if (ct && ct->expires > now)
+	if (ct && !(ct->flags & LB_CT_F_HOST) && ct->expires > now)
 		return np6_icmp_to_client(skb, &ic, ct);
 	return TC_ACT_UNSPEC;
 }

@@ -109,7 +109,8 @@ enum lb_metric {
 	LB_MTR_NP_NAT_REPAIR = 28,	/* a flow's SNAT entry was gone (evicted) and was written again from its CT entry */
 	LB_MTR_NP_NAT_STOLEN = 29,	/* a flow's SNAT port went to another flow: the old flow ends (its packets dropped) */
 	LB_MTR_NP_NAT_FULL = 30,	/* a SNAT entry could not be written: dropped */
-	LB_MTR_MAX = 31,		/* append only: a value is never renumbered */
+	LB_MTR_NP_HOST_CLASH = 31,	/* the node's own flow met a tuple a SNATed flow holds: its packet dropped */
+	LB_MTR_MAX = 32,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -286,6 +287,11 @@ struct lb_affinity_val {
  * every packet of a SNATed flow checks that its lb*_nat entry is still its
  * own (rebuilt from the lb*_ct entry when the LRU dropped it; the flow ends
  * if another flow holds the port now).
+ * The node's own flows from a SNAT address with a source port in
+ * --snat-port-range are in lb*_nat too (LB_CT_F_HOST, keyed the same, seen
+ * at egress): SNAT keeps a client's port when it can, and the range holds
+ * the node's ephemeral ports, so those tuples are the node's and never
+ * taken.
  */
 enum lb_ct_dir {
 	LB_CT_ORIG = 0,
@@ -300,6 +306,7 @@ enum lb_ct_flags {
 	LB_CT_F_TIME_WAIT = (1 << 4),	/* TCP: the backend closed first, so it holds the tuple in TIME_WAIT */
 	LB_CT_F_FIN_ORIG = (1 << 5),	/* TCP: the client sent a FIN (half closed until the backend's) */
 	LB_CT_F_FIN_REPLY = (1 << 6),	/* TCP: the backend sent a FIN */
+	LB_CT_F_HOST = (1 << 7),	/* lb*_nat: the node's own flow from a SNAT address, a port kept from SNAT (never translated) */
 };
 
 struct lb4_ct_key {

@@ -109,7 +109,7 @@ export function buildProgram(): Command {
     .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth, bridge port or tunnel)')
     .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
     .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')
-    .option('--snat-port-range <first-last>', 'source ports of SNATed flows to remote backends; overlaps neither the NodePort range nor ip_local_port_range', '61000-65535')
+    .option('--snat-port-range <first-last>', "source ports of SNATed flows to remote backends (a client's own port kept when free; the node's own flows in it are tracked); not overlapping the NodePort range (default: from above the NodePort range to 65535)")
     .option('--maglev-table-size <m>', 'entries of each Maglev table (a prime; 64 KiB per north-south frontend at the default)', positiveInt, 16381)
     .option('--maglev-hash-seed <seed>', 'Maglev hash seed, 16 base64 characters; the same on every node', 'JLfvgnHc2kaSUFaI')
     .option('--health-mesh-port <port>', "port of this node's /hello for the health mesh, and the port probed on every other node (0: no mesh)", port, 4240)

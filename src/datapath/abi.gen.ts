@@ -1012,6 +1012,7 @@ export const LbCtFlags = {
   LB_CT_F_TIME_WAIT: 16,
   LB_CT_F_FIN_ORIG: 32,
   LB_CT_F_FIN_REPLY: 64,
+  LB_CT_F_HOST: 128,
 } as const;
 
 /** enum lb_metric */
@@ -1047,7 +1048,8 @@ export const LbMetric = {
   LB_MTR_NP_NAT_REPAIR: 28,
   LB_MTR_NP_NAT_STOLEN: 29,
   LB_MTR_NP_NAT_FULL: 30,
-  LB_MTR_MAX: 31,
+  LB_MTR_NP_HOST_CLASH: 31,
+  LB_MTR_MAX: 32,
 } as const;
 
 /** enum lb_np_config_flags */

@@ -86,7 +86,6 @@ export interface TrafficPressure {
   readonly maxEntries: number;
 }
 
-export const DEFAULT_SNAT_RANGE: PortRange = { first: 61000, last: 65535 };
 export const DEFAULT_SNAT_RETRIES = 16;
 
 export type AttachMode = 'tcx' | 'clsact';

@@ -1042,6 +1042,36 @@ async function inNamespace(): Promise<void> {
     t.match(lb4_ct_entry.decode(maps.nat4.lookup(rkey)!), { addr2: ip4(OUTSIDER4), port2: 50000 }, "the other flow's entry is left alone");
   });
 
+  t.test("the node's own flows in --snat-port-range are reserved from SNAT; a clash drops the node's packet, never the SNATed flow's", async (t) => {
+    reset();
+    setConfig({ snatMin: 61000, snatMax: 61001, snatRetries: 31 });
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 67, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    // The node connects to the remote pod from its own address and an ephemeral port inside the range.
+    const own = (flags: number): Buffer => fromPod({ src: NODE4, dst: REMOTE_BE4, proto: 'tcp', sport: 61001, dport: 8080, flags });
+    const first = counting(() => egress(own(TCP_SYN)));
+    t.equal(first.result.rc, TC_ACT_UNSPEC, "the node's SYN leaves untouched");
+    const host = nat4({ saddr: ip4(REMOTE_BE4), daddr: ip4(NODE4), sport: 8080, dport: 61001, dir: CT_REPLY });
+    t.ok(host && host.flags & 128, `its tuple is reserved in lb4_nat (LB_CT_F_HOST, flags ${host?.flags})`);
+    // Its reply is the node's: left to the stack, untranslated.
+    const reply = fromPeer({ src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: 61001, flags: TCP_SYN | TCP_ACK });
+    untouched(t, ingress(reply), reply, "the reply to the node's own flow");
+    // A client whose own port is 61001: SNAT keeps a free client port, but not the node's.
+    const c = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 61001, dport: NODEPORT, flags: TCP_SYN }));
+    t.equal(c.rc, TC_ACT_REDIRECT, 'the client is served');
+    t.equal(c.p.sport, 61000, "on the other port: the node's tuple is not taken");
+    const d = counting(() => ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 50000, dport: NODEPORT, flags: TCP_SYN })));
+    t.equal(d.result.rc, TC_ACT_SHOT, 'with both tuples taken (one the node\'s), a third client is dropped');
+    t.equal(d.delta(LbMetric.LB_MTR_NP_SNAT_EXHAUSTED), 1n);
+    // The node opens a flow on the SNATed flow's tuple (its ephemeral port happened to be 61000): its packet is dropped.
+    const clash = counting(() => egress(fromPod({ src: NODE4, dst: REMOTE_BE4, proto: 'tcp', sport: 61000, dport: 8080, flags: TCP_SYN })));
+    t.equal(clash.result.rc, TC_ACT_SHOT, "the node's SYN on a live SNATed tuple is dropped");
+    t.equal(clash.delta(LbMetric.LB_MTR_NP_HOST_CLASH), 1n, 'NP_HOST_CLASH counted');
+    t.match(nat4({ saddr: ip4(REMOTE_BE4), daddr: ip4(NODE4), sport: 8080, dport: 61000, dir: CT_REPLY }), { addr2: ip4(CLIENT4), port2: 61001 }, 'the SNATed flow keeps its tuple');
+    // Packets the datapath redirects (they arrived on a device) and forwarded ones are never taken for the node's.
+    const pod = fromPod({ src: LOCAL_BE4, dst: REMOTE_BE4, proto: 'tcp', sport: 61000, dport: 8080, flags: TCP_SYN });
+    untouched(t, egress(pod), pod, "a pod's packet in the range");
+  });
+
   t.test('replies to a SNAT address are translated whether or not NodePorts answer on it (--nodeport-addresses)', async (t) => {
     reset();
     // np0's address is the SNAT source, but not a node address NodePorts answer on.

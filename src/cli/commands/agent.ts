@@ -17,7 +17,6 @@ import { GrpcJsHealthClient } from '../../agent/grpc-health.js';
 import type { Problem, Source } from '../../sources/source.js';
 
 import { DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
-import { readFileSync } from 'node:fs';
 import { parseCidrs } from '../../datapath/devices.js';
 import { DEFAULT_CONNTRACK, DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
 import type { NodePortOptions } from '../../agent/nodeport.js';
@@ -79,13 +78,28 @@ export interface AgentCommandOptions {
   probeAllFailed?: 'open' | 'closed';
 }
 
+/**
+ * The default --snat-port-range: from above the NodePort range to 65535
+ * (32768-65535 with the default NodePort range: Cilium's), which holds the
+ * ephemeral ports Linux clients connect from (32768-60999), so that a
+ * client's own port is kept when it is free, as conntrack keeps it. The
+ * node's own flows in the range are tracked by the datapath (LB_CT_F_HOST),
+ * never given to a SNATed flow.
+ */
+export function defaultSnatRange(nodePortRange: PortRange): PortRange {
+  const first = Math.max(nodePortRange.last + 1, 1024);
+  if (65535 - first + 1 < 1024) {
+    throw new ConfigError(`--nodeport-range ${nodePortRange.first}-${nodePortRange.last} leaves fewer than 1024 ports above it for SNAT: give --snat-port-range`);
+  }
+  return { first, last: 65535 };
+}
+
 /** The tc datapath's options from the flags; a bad value refuses the start, naming the flag. */
-export function nodePortOptions(opts: AgentCommandOptions, ephemeral = readEphemeralRange(opts.procfs ?? '/proc')): NodePortOptions | undefined {
+export function nodePortOptions(opts: AgentCommandOptions): NodePortOptions | undefined {
   if (opts.nodeport === false) return undefined;
   const nodePortRange = parsePortRange('--nodeport-range', opts.nodeportRange ?? '30000-32767');
-  const snatRange = parsePortRange('--snat-port-range', opts.snatPortRange ?? '61000-65535');
+  const snatRange = opts.snatPortRange ? parsePortRange('--snat-port-range', opts.snatPortRange) : defaultSnatRange(nodePortRange);
   checkDisjoint({ flag: '--snat-port-range', range: snatRange }, { flag: '--nodeport-range', range: nodePortRange });
-  if (ephemeral) checkDisjoint({ flag: '--snat-port-range', range: snatRange }, { flag: 'net.ipv4.ip_local_port_range', range: ephemeral });
   const devices = opts.devices?.split(',').map((d) => d.trim()).filter(Boolean);
   if (opts.devices !== undefined && devices!.length === 0) throw new ConfigError('--devices: no device named (use --no-nodeport to serve no device)');
   const m = checkTableSize(opts.maglevTableSize ?? DEFAULT_MAGLEV_TABLE_SIZE);
@@ -118,16 +132,6 @@ function timeoutSeconds(flag: string, ms: number | undefined, fallback: number):
   const s = Math.ceil(ms / 1000);
   if (!Number.isFinite(s) || s < 1 || s > 0xffffffff) throw new ConfigError(`${flag}: ${ms} ms is not a timeout of 1s to 136 years`);
   return s;
-}
-
-/** This network namespace's ephemeral port range (ip_local_port_range). */
-function readEphemeralRange(procfs: string): PortRange | undefined {
-  try {
-    const [first, last] = readFileSync(path.join(procfs, 'sys/net/ipv4/ip_local_port_range'), 'utf8').trim().split(/\s+/).map(Number);
-    return first && last ? { first, last } : undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 async function makeSource(opts: AgentCommandOptions, nodeName: string, log: pino.Logger, metrics: AgentMetrics): Promise<Source> {
