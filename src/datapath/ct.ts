@@ -34,6 +34,7 @@ function flagNames(f: number): string[] {
   if (f & LbCtFlags.LB_CT_F_FIN_REPLY) out.push('fin-backend');
   if (f & LbCtFlags.LB_CT_F_CLOSING) out.push('closed');
   if (f & LbCtFlags.LB_CT_F_TIME_WAIT) out.push('time-wait');
+  if (f & LbCtFlags.LB_CT_F_HOST) out.push('host');
   return out;
 }
 

@@ -12,10 +12,14 @@
 // - flow maps too small (--ct-max, --nat-max): new flows evict dead ones and
 //   are served, no answer reaches another client, the agent stays healthy,
 //   says which flag to raise, and exports the maps' fill;
+// - the node's own connection to a remote pod, from a port of
+//   --snat-port-range (its ephemeral ports are there): a client connecting
+//   from the same port through a NodePort does not get that tuple (SNAT
+//   keeps a client's port only when it is free), and both work;
 // - the conntrack timeouts of kube-proxy's flags reach the datapath.
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { endpoint, makeLab, NODE1, northSouth, POD1, POD2, type Lab, type LabEndpoint } from '../helpers/nodeport-lab.js';
+import { ECHO_PORT, endpoint, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab, type LabEndpoint } from '../helpers/nodeport-lab.js';
 import { CLIENT_PY, createSandbox, SLOW, type Sandbox } from '../helpers/sandbox.js';
 import { run, sleep } from '../helpers/sandbox/run.js';
 
@@ -122,6 +126,25 @@ t.test('flow maps too small: dead flows are evicted for new ones, no answer reac
   t.ok(fill > 0 && fill <= 1, `lbctl_bpf_map_pressure{map_name="lb4_nat"} is exported (${fill})`);
   t.match(text, /lbctl_bpf_map_pressure\{map_name="lb4_ct"\}/, 'and lb4_ct\'s');
   t.ok(warned, 'the agent logged which flag to raise');
+  await l.agent.stop(10_000);
+});
+
+t.test("the node's own connection from a port of the SNAT range keeps its tuple; a client from the same port is SNATed to another", async (t) => {
+  const NP_ECHO = 30112;
+  const { sb, lab: l } = await lab(t, northSouth({ name: 'echo', clusterIPs: ['10.96.0.33'], ports: [{ name: 'echo', port: 7000, targetPort: ECHO_PORT, nodePort: NP_ECHO }] }, { 4: [endpoint(2, 4)] }));
+  const PORT = 45678;
+  const node = l.startLong(POD2.v4, ECHO_PORT, { ns: l.n1, sport: PORT });
+  await node.answered(3, "the node's own connection to answer");
+  const client = l.startLong(NODE1.v4, NP_ECHO, { sport: PORT });
+  await client.answered(3, 'the client to answer through the NodePort');
+  await node.answered(3, "the node's connection to keep answering");
+  const [n, c] = [await node.stop(), await client.stop()];
+  t.same([n.failed, c.failed], [0, 0], 'neither connection failed');
+  t.equal(Object.keys(n.seenAs)[0], `${NODE1_TO_N2.v4}:${PORT}`, "the pod sees the node's own connection on its port");
+  const seen = Object.keys(c.seenAs)[0] ?? '';
+  t.ok(seen.startsWith(`${NODE1_TO_N2.v4}:`) && seen !== `${NODE1_TO_N2.v4}:${PORT}`, `and the client's, SNATed, on another port (${seen})`);
+  const ct = JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ flags: string[]; destination: string }>;
+  t.ok(ct.some((e) => e.flags.includes('host') && e.destination === `${NODE1_TO_N2.v4}:${PORT}`), "lbctl bpf ct list shows the node's tuple reserved");
   await l.agent.stop(10_000);
 });
 

@@ -475,6 +475,9 @@ def cmd_tcp_long(a):
     s = socket.socket(family_of(a.host), socket.SOCK_STREAM)
     s.settimeout(TIMEOUT)
     try:
+        if a.sport:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("::" if family_of(a.host) == socket.AF_INET6 else "0.0.0.0", a.sport))
         s.connect((a.host, a.port))
         out["connected"] = True
         out["local"] = fmt(s.getsockname())
@@ -594,6 +597,7 @@ def main():
     tl.add_argument("--seconds", type=float, default=120.0, help="stop after this long at the latest")
     tl.add_argument("--stop-file", help="stop (and close with a FIN) once this file exists")
     tl.add_argument("--progress", help="keep the counts so far in this file")
+    tl.add_argument("--sport", type=int, default=0, help="connect from this source port")
     tl.set_defaults(fn=cmd_tcp_long)
     a = p.parse_args()
     a.fn(a)

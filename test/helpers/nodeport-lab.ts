@@ -84,6 +84,8 @@ export interface LongOptions {
   readonly maxSeconds?: number;
   /** The namespace it runs in (default: the external client's). */
   readonly ns?: string;
+  /** tcp-long: the source port it connects from (default: the kernel's choice). */
+  readonly sport?: number;
 }
 
 export interface LongResult {
@@ -202,7 +204,8 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
     const stopFile = path.join(sb.runDir, `long-${id}.stop`);
     const progressFile = path.join(sb.runDir, `long-${id}.progress`);
     const maxSeconds = opts.maxSeconds ?? 120;
-    const args = [sb.python, CLIENT_PY, kind, host, String(port), '--interval', String(opts.interval ?? interval), '--seconds', String(maxSeconds), '--stop-file', stopFile, '--progress', progressFile];
+    const args = [sb.python, CLIENT_PY, kind, host, String(port), '--interval', String(opts.interval ?? interval), '--seconds', String(maxSeconds), '--stop-file', stopFile, '--progress', progressFile,
+      ...(opts.sport ? ['--sport', String(opts.sport)] : [])];
     const done = run('ip', ['netns', 'exec', opts.ns ?? lab.ext, ...args], (maxSeconds + 30 * SLOW) * 1000, clients);
     const cleanup = (): void => {
       if (existsSync(sb.runDir)) writeFileSync(stopFile, '');
