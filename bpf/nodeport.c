@@ -770,6 +770,9 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
 		}
+		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
+		if ((cfg->flags & LB_NP_F_MIGRATING) && f->l4.proto == IPPROTO_TCP && !(f->l4.tcp_flags & TCP_F_SYN))
+			return TC_ACT_SHOT;
 		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
 		if (rc)
 			return rc;
@@ -861,7 +864,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 	int rc, mtu;
 
 	if (!ct)
-		return TC_ACT_UNSPEC;
+		return (cfg->flags & LB_NP_F_MIGRATING) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	if (ct->flags & LB_CT_F_HOST) {
 		/* a reply to the node's own flow: the stack's */
 		np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY, now);
@@ -1464,6 +1467,9 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
 		}
+		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
+		if ((cfg->flags & LB_NP_F_MIGRATING) && f->l4.proto == IPPROTO_TCP && !(f->l4.tcp_flags & TCP_F_SYN))
+			return TC_ACT_SHOT;
 		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
 		if (rc)
 			return rc;
@@ -1535,7 +1541,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 	int rc, mtu;
 
 	if (!ct)
-		return TC_ACT_UNSPEC;
+		return (cfg->flags & LB_NP_F_MIGRATING) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	if (ct->flags & LB_CT_F_HOST) {
 		np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY, now);
 		return TC_ACT_UNSPEC;

@@ -455,6 +455,13 @@ struct lb_device {
 /* Settings of the tc datapath (lb_np_config[0]), written by the agent before attach. */
 enum lb_np_config_flags {
 	LB_NP_F_EXTERNAL_CLUSTERIP = (1 << 0),	/* --external-clusterip: serve ClusterIPs from outside */
+	/*
+	 * The agent is carrying the flows into new maps (between the programs'
+	 * switch and the last copy, milliseconds): a reply or a TCP segment of
+	 * an established flow without its entry yet is dropped, its sender
+	 * retransmits, rather than reset by the stack or taken for a new flow.
+	 */
+	LB_NP_F_MIGRATING = (1 << 1),
 };
 
 struct lb_np_config {

@@ -1055,6 +1055,7 @@ export const LbMetric = {
 /** enum lb_np_config_flags */
 export const LbNpConfigFlags = {
   LB_NP_F_EXTERNAL_CLUSTERIP: 1,
+  LB_NP_F_MIGRATING: 2,
 } as const;
 
 /** enum lb_scope */

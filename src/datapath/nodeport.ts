@@ -193,11 +193,15 @@ export class NodePortDatapath {
     // Every map the socket object has is shared by fd; the tc-only ones are
     // pinned (and adopted) by name next to them.
     const shared = new Set(opts.sockObject.mapNames());
-    const maxEntries = trafficMaxEntries(opts.sizes);
+    const declared = objectMapNames(file);
+    // The sizes of the maps this object has (an older layout may lack lb*_nat).
+    const maxEntries = Object.fromEntries(Object.entries(trafficMaxEntries(opts.sizes)).filter(([n]) => declared.includes(n)));
     const plan = planTcMaps(file, opts.mapsDir, shared, maxEntries);
     for (const name of plan.remade) unpin(path.join(opts.mapsDir, name));
     // Translations of a datapath from before lb*_nat: in lb*_ct, to be moved out.
-    const split = ([4, 6] as const).filter((f) => !existsSync(path.join(opts.mapsDir, `lb${f}_nat`)) && existsSync(path.join(opts.mapsDir, `lb${f}_ct`)) && !plan.remade.includes(`lb${f}_ct`));
+    const split = ([4, 6] as const).filter(
+      (f) => declared.includes(`lb${f}_nat`) && !existsSync(path.join(opts.mapsDir, `lb${f}_nat`)) && existsSync(path.join(opts.mapsDir, `lb${f}_ct`)) && !plan.remade.includes(`lb${f}_ct`),
+    );
     const staging = plan.carried.length > 0 ? opts.stagingDir : undefined;
     let kept = new Map<string, BpfMap>();
     if (staging) {
@@ -232,6 +236,7 @@ export class NodePortDatapath {
       throw err;
     }
     const dp = new NodePortDatapath(object, opts.mode, opts.linksDir, opts.maglevM);
+    dp.declared = new Set(declared);
     dp.replacedMaps = plan.remade;
     dp.migrated = migrated;
     dp.mapsDir = opts.mapsDir;
@@ -244,6 +249,8 @@ export class NodePortDatapath {
   /** Traffic maps carried over into maps of a new size or layout at this load, with their entries. */
   migrated: readonly MapMigration[] = [];
   private mapsDir = '';
+  private settings: NodePortSettings | undefined;
+  private declared = new Set<string>();
   private pending: PendingMigration | undefined;
 
   /** Whether this load carried maps over that wait for the programs' switch (commitMigration()). */
@@ -273,6 +280,7 @@ export class NodePortDatapath {
       for (const name of readdirSync(m.staging)) renameSync(path.join(m.staging, name), path.join(this.mapsDir, name));
       rmdirSync(m.staging);
     }
+    if (this.settings) this.configure(this.settings); // LB_NP_F_MIGRATING off
     return after;
   }
 
@@ -281,6 +289,7 @@ export class NodePortDatapath {
     const m = this.pending;
     this.pending = undefined;
     if (m?.staging) rmSync(m.staging, { recursive: true, force: true });
+    if (this.settings) this.configure(this.settings);
   }
 
   /**
@@ -292,6 +301,7 @@ export class NodePortDatapath {
   trafficPressure(now = monotonicSeconds()): TrafficPressure[] {
     const out: TrafficPressure[] = [];
     for (const name of TRAFFIC_MAPS) {
+      if (!this.declared.has(name)) continue; // an older layout (--tc-object) without lb*_nat
       const map = this.object.map(name);
       const { values, count } = map.entriesFlat();
       let live = 0;
@@ -302,14 +312,19 @@ export class NodePortDatapath {
     return out;
   }
 
-  /** Writes the settings the programs read (before any attach). */
+  /**
+   * Writes the settings the programs read (before any attach). While flows
+   * are carried into new maps (a load that migrated them, until
+   * commitMigration()), the programs are told so (LB_NP_F_MIGRATING).
+   */
   configure(s: NodePortSettings): void {
+    this.settings = s;
     const value = lb_np_config.encode({
       nodeportMin: s.nodePortRange.first,
       nodeportMax: s.nodePortRange.last,
       snatMin: s.snatRange.first,
       snatMax: s.snatRange.last,
-      flags: s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0,
+      flags: (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) | (this.pending ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
       snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
       maglevM: s.maglev.m,
       maglevSeed4: s.maglev.seed4,
@@ -464,6 +479,16 @@ export class NodePortDatapath {
 
   close(): void {
     this.object.close();
+  }
+}
+
+/** The maps an object declares (opened, not loaded). */
+function objectMapNames(file: string): string[] {
+  const object = BpfObject.open(file);
+  try {
+    return object.mapNames();
+  } finally {
+    object.close();
   }
 }
 
