@@ -219,6 +219,22 @@ __noinline __u32 lb_crc32c_shift(__u32 v, __u32 nbytes)
 }
 
 /*
+ * The type of the first chunk of the SCTP packet at `l4_off`, `len` bytes
+ * long, or -1 when it has none. A new association starts with an INIT
+ * (alone in its packet, verification tag 0); ABORT and SHUTDOWN COMPLETE
+ * end one: what a SYN, an RST and the last ACK are to TCP's connection
+ * tracking.
+ */
+static __always_inline int lb_sctp_first_chunk(struct __sk_buff *skb, __u32 l4_off, __u32 len)
+{
+	struct lb_sctp_chunkhdr c;
+
+	if (len < LB_SCTP_HLEN + sizeof(c) || bpf_skb_load_bytes(skb, l4_off + LB_SCTP_HLEN, &c, sizeof(c)) < 0)
+		return -1;
+	return c.type;
+}
+
+/*
  * Rewrites a port of the SCTP packet at `l4_off` (`which`: 0 source, 2
  * destination), `len` bytes long from its common header to the end of the
  * IP payload (from the IP header's length: never skb->len, which can carry

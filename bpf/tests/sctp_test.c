@@ -5,6 +5,7 @@
  *                     headers) and SCTP: both ports rewritten to those in
  *                     sctp_test_ports, the CRC32c updated; TC_ACT_OK, or
  *                     TC_ACT_SHOT when the helper refused the packet
+ *   test_sctp_first_chunk  the first chunk's type, or -1 (-2: not SCTP)
  *   test_crc32c_shift the bare arithmetic: 8 bytes after the Ethernet
  *                     header, v and nbytes (host order); returns
  *                     lb_crc32c_shift(v, nbytes)
@@ -74,6 +75,16 @@ int test_sctp_ports(struct __sk_buff *skb)
 	    lb_sctp_rewrite_port(skb, l4_off, len, 0, h.source, want->sport) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
+}
+
+SEC("tc")
+int test_sctp_first_chunk(struct __sk_buff *skb)
+{
+	__u32 l4_off, len;
+
+	if (sctp_locate(skb, &l4_off, &len) < 0)
+		return -2;
+	return lb_sctp_first_chunk(skb, l4_off, len);
 }
 
 SEC("tc")

@@ -93,6 +93,16 @@ t.test('ports rewritten, CRC32c updated: it matches a CRC computed over the pack
   }
 });
 
+t.test('the first chunk: INIT opens an association, SHUTDOWN COMPLETE ends one; none in a bare header', async (t) => {
+  const first = (spec: SctpFrameSpec): number => progTestRun(obj.progFd('test_sctp_first_chunk'), { data: sctpFrame(spec).frame }).retval | 0;
+  const base = { src: CLIENT4, dst: NODE4, sport: 40000, dport: 30868, vtag: VTAG };
+  t.equal(first({ ...base, vtag: 0, chunks: [initChunk(1)] }), 1, 'INIT');
+  t.equal(first({ ...base, chunks: [dataChunk(1, payload(10))] }), 0, 'DATA');
+  t.equal(first({ ...base, chunks: [chunk(SCTP_CID_SHUTDOWN_COMPLETE, Buffer.alloc(0))], trailer: Buffer.alloc(10) }), 14, 'SHUTDOWN COMPLETE, padded frame');
+  t.equal(first({ ...base, src: CLIENT6, dst: NODE6, chunks: [chunk(SCTP_CID_SACK, Buffer.alloc(12))] }), 3, 'SACK, IPv6');
+  t.equal(first({ ...base, chunks: [] }), -1, 'a common header alone: no chunk');
+});
+
 t.test('a CRC not computed yet (0: CHECKSUM_PARTIAL, GSO, zero checksum) is left 0', async (t) => {
   const { frame, l4Offset } = sctpFrame({ src: CLIENT4, dst: NODE4, sport: 40000, dport: 30868, vtag: VTAG, chunks: [dataChunk(7, payload(200))], checksum: 0 });
   const { rc, out } = rewrite(frame, 45000, 3868);
