@@ -43,6 +43,12 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+/*
+ * Not SCTP: no kernel runs the connect, sendmsg, recvmsg, bind or post_bind
+ * hooks for an SCTP socket (docs/kernels.md, "SCTP"; test/e2e/sctp.ts
+ * measures it), so there is nothing to translate, and nothing for
+ * getpeername (which does run) to translate back.
+ */
 static __always_inline bool proto_is_balanced(__u32 proto)
 {
 	return proto == IPPROTO_TCP || proto == IPPROTO_UDP;

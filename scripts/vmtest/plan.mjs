@@ -97,7 +97,7 @@ export function expand(groups, host = false) {
     else if (g === 'kernel') out.push('test/native', 'test/bpf');
     else if (g === 'bpf-unit') {
       out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/nodeport-budget.ts', 'test/bpf/maglev.ts',
-        'test/bpf/verify-objects.ts');
+        'test/bpf/sctp-csum.ts', 'test/bpf/verify-objects.ts');
     }
     else if (g === 'e2e') out.push(...e2eFiles());
     else {

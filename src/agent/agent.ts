@@ -12,6 +12,7 @@ import { sumCounters } from '../datapath/counters.js';
 import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type DatapathFeatures } from '../datapath/features.js';
 import { linksDir, loadDatapath, mapsDir, tcStagingDir, type Datapath, type DatapathOptions } from '../datapath/loader.js';
 import { NodePortDatapath } from '../datapath/nodeport.js';
+import { sctpStatus } from '../datapath/sctp.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { ServiceHealthServers } from './service-health.js';
 import { UdpTerminator } from '../datapath/terminate.js';
@@ -748,24 +749,26 @@ export class Agent implements AgentView {
 
   kernel(): KernelStatus | undefined {
     if (!this.features) return undefined;
+    const nodePort: KernelStatus['nodePort'] = !this.opts.nodePort
+      ? { state: 'off' }
+      : this.nodePortError !== undefined || !this.nodePort
+        ? { state: 'failed', error: this.nodePortError ?? 'not started' }
+        : {
+            state: 'serving',
+            ...this.nodePort.view(),
+            maglev: {
+              m: this.opts.nodePort.settings.maglev.m,
+              tables: this.reconciler?.realized.maglev.size ?? 0,
+              bytes: (this.reconciler?.realized.maglev.size ?? 0) * this.opts.nodePort.settings.maglev.m * 4,
+            },
+          };
     return {
       release: this.features.kernel,
       features: this.features.results.map(({ name, required, available, since, detail }) => ({ name, required, available, since, detail })),
       object: this.datapath?.variant ?? 'not loaded',
       udpTermination: this.terminator?.mechanism ?? 'not probed',
-      nodePort: !this.opts.nodePort
-        ? { state: 'off' }
-        : this.nodePortError !== undefined || !this.nodePort
-          ? { state: 'failed', error: this.nodePortError ?? 'not started' }
-          : {
-              state: 'serving',
-              ...this.nodePort.view(),
-              maglev: {
-                m: this.opts.nodePort.settings.maglev.m,
-                tables: this.reconciler?.realized.maglev.size ?? 0,
-                bytes: (this.reconciler?.realized.maglev.size ?? 0) * this.opts.nodePort.settings.maglev.m * 4,
-              },
-            },
+      nodePort,
+      sctp: sctpStatus(nodePort.state),
     };
   }
 

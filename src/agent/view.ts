@@ -1,6 +1,7 @@
 // What the agent shows of itself to its health checks, metrics and local
 // API (health.ts, metrics.ts, api.ts). The agent implements it; the servers
 // only read it, so each can be tested against a fake.
+import type { SctpStatus } from '../datapath/sctp.js';
 
 export interface SyncStats {
   /** Syncs completed (successful or not). */
@@ -82,6 +83,8 @@ export interface KernelStatus {
     /** Maglev tables in the kernel: slots each, how many, and their memory (slots * 4 bytes each). */
     readonly maglev?: { readonly m: number; readonly tables: number; readonly bytes: number };
   };
+  /** What SCTP frontends get on this node, and why not (src/datapath/sctp.ts). */
+  readonly sctp?: SctpStatus;
 }
 
 export interface CheckOutcome {

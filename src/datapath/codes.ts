@@ -5,11 +5,12 @@ import { LbBackendState, LbScope, LbSvcType } from './abi.gen.js';
 import type { BackendState, Protocol, ServiceAddr } from '../lb/types.js';
 import type { MasterType } from './lbmaps.js';
 
-export const PROTO_NUM: Record<Protocol | 'ANY', number> = { ANY: 0, TCP: 6, UDP: 17 };
+export const PROTO_NUM: Record<Protocol | 'ANY', number> = { ANY: 0, TCP: 6, UDP: 17, SCTP: 132 };
 export const PROTO_NAME = new Map<number, Protocol | 'ANY'>([
   [0, 'ANY'],
   [6, 'TCP'],
   [17, 'UDP'],
+  [132, 'SCTP'],
 ]);
 
 export const TYPE_NUM: Record<MasterType, number> = {

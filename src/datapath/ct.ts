@@ -23,7 +23,7 @@ export interface CtRecord {
   readonly snat?: string;
 }
 
-const PROTO: Record<number, string> = { 6: 'TCP', 17: 'UDP' };
+const PROTO: Record<number, string> = { 6: 'TCP', 17: 'UDP', 132: 'SCTP' };
 
 function flagNames(f: number): string[] {
   const out: string[] = [];

@@ -146,7 +146,7 @@ function decodeService(fe: ServiceAddr, slot: number, v: LbService): ServiceEntr
 }
 
 /** PROTO_NAME.get(n) without a Map lookup (a resync asks it for every service entry). */
-const protocolName = (n: number): Protocol | 'ANY' | undefined => (n === 6 ? 'TCP' : n === 17 ? 'UDP' : n === 0 ? 'ANY' : undefined);
+const protocolName = (n: number): Protocol | 'ANY' | undefined => (n === 6 ? 'TCP' : n === 17 ? 'UDP' : n === 0 ? 'ANY' : n === 132 ? 'SCTP' : undefined);
 
 /** A map's entries packed (entriesFlat), or packed here from entries() where the map has no such call. */
 function packed(map: ByteMap): FlatEntries {
@@ -335,7 +335,8 @@ export class KernelLbMaps implements LbMaps {
       let seen = 0;
       for (let i = 0; i < count; i++) {
         const b = family === 4 ? lb4_backend.decode(values, i * vs) : lb6_backend.decode(values, i * vs);
-        if (b.proto !== PROTO_NUM.TCP && b.proto !== PROTO_NUM.UDP) continue;
+        const protocol = protocolName(b.proto);
+        if (protocol === undefined || protocol === 'ANY') continue;
         const id = u32.decode(keys, i * ks);
         sum.add(typeof b.address === 'number' ? h.backend4(id, b.address, b.port, b.proto, b.state) : h.backend6(id, b.address, b.port, b.proto, b.state));
         seen++;

@@ -7,7 +7,7 @@
 // socket's rev-NAT entry goes stale. Cilium keeps the same in
 // pkg/loadbalancer.
 
-export type Protocol = 'TCP' | 'UDP';
+export type Protocol = 'TCP' | 'UDP' | 'SCTP';
 export type Family = 4 | 6;
 /**
  * What a frontend serves: a cluster IP, a NodePort (its address is the

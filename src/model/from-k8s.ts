@@ -4,7 +4,7 @@
 // filtered by node or zone hints or internalTrafficPolicy Local, falling
 // back to serving-and-terminating ones when none is left.
 import { HEADLESS_LABEL, type Endpoint, type EndpointSlice, type Node, type Service } from './k8s.js';
-import { backendKey, frontendKey, Interner, type Backend, type BackendKey, type FrontendKey, type Scope, type ServiceType } from '../lb/types.js';
+import { backendKey, frontendKey, Interner, type Backend, type Protocol, type BackendKey, type FrontendKey, type Scope, type ServiceType } from '../lb/types.js';
 import { DEFAULT_NODEPORT_RANGE, nodePortOutside, type PortRange, type SourceRange } from './north-south.js';
 import type { Frontend, ServiceRef } from './types.js';
 
@@ -15,7 +15,6 @@ export interface Skipped {
     | 'headless'
     | 'external-name'
     | 'no-ports'
-    | 'unsupported-protocol'
     /** A north-south field's value lbctl cannot serve (north-south.ts): left out, the rest served. */
     | 'ignored-field'
     | 'conflict'
@@ -63,7 +62,7 @@ function replaces(x: Candidate, have: Candidate): boolean {
  * protocol: that is how the EndpointSlice controller resolves named
  * targetPorts (per pod) into numbers.
  */
-function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: string, protocol: 'TCP' | 'UDP', nodeName: string | undefined): Candidate[] {
+function candidates(slices: readonly EndpointSlice[], family: 4 | 6, portName: string, protocol: Protocol, nodeName: string | undefined): Candidate[] {
   const seen = new Map<BackendKey, Candidate>();
   for (const slice of slices) {
     if (slice.family !== family) continue;
@@ -227,7 +226,7 @@ class ValidFrontend implements Frontend {
     readonly address: string,
     readonly family: 4 | 6,
     readonly port: number,
-    readonly protocol: 'TCP' | 'UDP',
+    readonly protocol: Protocol,
     readonly key: FrontendKey,
     readonly service: ServiceRef,
     readonly backends: readonly Backend[],
@@ -310,10 +309,7 @@ export function serviceFrontends(
   if (svc.headlessLabel) return { frontends, skipped: [{ service: id, reason: 'headless', detail: `it carries the label ${HEADLESS_LABEL}` }] };
   if (svc.type === 'ExternalName') return { frontends, skipped: [{ service: id, reason: 'external-name' }] };
   if (svc.clusterIPs.length === 0) return { frontends, skipped: [{ service: id, reason: 'headless' }] };
-  if (svc.unsupportedPorts.length > 0) {
-    skipped.push({ service: id, reason: 'unsupported-protocol', detail: svc.unsupportedPorts.join(', ') });
-  }
-  if (svc.ports.length === 0) return { frontends, skipped: [...skipped, { service: id, reason: 'no-ports' }] };
+  if (svc.ports.length === 0) return { frontends, skipped: [{ service: id, reason: 'no-ports' }] };
   const ns = svc.northSouth;
   for (const problem of ns.problems) skipped.push({ service: id, reason: 'ignored-field', detail: problem });
   let nodePorts = ns.nodePorts;

@@ -88,8 +88,6 @@ export interface Service {
   /** Empty for headless and ExternalName services. */
   readonly clusterIPs: readonly ParsedIp[];
   readonly ports: readonly ServicePort[];
-  /** Ports dropped because lbctl does not balance their protocol (SCTP). */
-  readonly unsupportedPorts: readonly string[];
   /** sessionAffinity ClientIP: its timeout in seconds; undefined for None. */
   readonly affinityTimeout?: number;
   readonly internalTrafficPolicy: 'Cluster' | 'Local';
@@ -192,7 +190,6 @@ export interface Endpoint {
 
 /** What a Service asks beyond its addresses and ports; PLAIN_EXTRAS for most. */
 interface ServiceExtras {
-  readonly unsupportedPorts: readonly string[];
   readonly internalTrafficPolicy: 'Cluster' | 'Local';
   readonly affinityTimeout: number | undefined;
   readonly proxyName: string | undefined;
@@ -209,7 +206,6 @@ interface ServiceExtras {
  * every field is identical to this object's.
  */
 const PLAIN_EXTRAS: ServiceExtras = Object.freeze({
-  unsupportedPorts: packed([]),
   internalTrafficPolicy: 'Cluster',
   affinityTimeout: undefined,
   proxyName: undefined,
@@ -239,10 +235,6 @@ class ValidService implements Service {
     readonly ports: readonly ServicePort[],
     private readonly x: ServiceExtras,
   ) {}
-
-  get unsupportedPorts(): readonly string[] {
-    return this.x.unsupportedPorts;
-  }
 
   get internalTrafficPolicy(): 'Cluster' | 'Local' {
     return this.x.internalTrafficPolicy;
@@ -449,7 +441,7 @@ function checkPort(v: unknown): v is number {
   return typeof v === 'number' && Number.isInteger(v) && v >= 1 && v <= 65535;
 }
 
-function checkProtocol(v: unknown): 'TCP' | 'UDP' | 'SCTP' | undefined {
+function checkProtocol(v: unknown): Protocol | undefined {
   if (v === undefined || v === null) return 'TCP';
   return v === 'TCP' || v === 'UDP' || v === 'SCTP' ? v : undefined;
 }
@@ -470,7 +462,6 @@ export function validateService(obj: unknown): Validated<Service> {
   }
 
   const ports: ServicePort[] = [];
-  const unsupportedPorts: string[] = [];
   const rawPorts = spec.ports ?? [];
   if (!Array.isArray(rawPorts)) return fail(`${id}: spec.ports is not a list`);
   if (rawPorts.length > MAX_SERVICE_PORTS) {
@@ -487,10 +478,6 @@ export function validateService(obj: unknown): Validated<Service> {
     const dup = `${p.port}/${protocol}`;
     if (seen.has(dup)) return fail(`${id}: spec.ports[${i}] repeats port ${dup}`);
     seen.add(dup);
-    if (protocol === 'SCTP') {
-      unsupportedPorts.push(`${p.port}/SCTP`);
-      continue;
-    }
     ports.push(servicePort(name, p.port, protocol));
   }
 
@@ -553,7 +540,6 @@ export function validateService(obj: unknown): Validated<Service> {
   const ns = clusterIPs.length === 0 ? NO_NORTH_SOUTH : orNone(northSouth(raw as RawNorthSouth, id, clusterIPs.map((c) => c.family), ALL_PORTS));
 
   const extras: ServiceExtras = {
-    unsupportedPorts: packed(unsupportedPorts),
     internalTrafficPolicy: itp,
     affinityTimeout,
     proxyName: typeof proxyName === 'string' ? proxyName : undefined,
@@ -603,7 +589,6 @@ export function validateEndpointSlice(obj: unknown): Validated<EndpointSlice> {
     if (!checkPort(p.port)) return fail(`${id}: ports[${i}].port ${show(p.port)} is not a port (1-65535)`);
     const protocol = checkProtocol(p.protocol);
     if (!protocol) return fail(`${id}: ports[${i}].protocol ${show(p.protocol)} is not TCP, UDP or SCTP`);
-    if (protocol === 'SCTP') continue;
     ports.push(servicePort(name, p.port, protocol));
   }
 

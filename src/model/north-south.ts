@@ -96,7 +96,7 @@ export function northSouth(obj: RawNorthSouth, id: string, families: readonly Fa
     for (const [i, p] of (bounded(spec.ports, 'spec.ports', id, problems) as Array<{ nodePort?: unknown; port?: unknown; protocol?: unknown } | null>).entries()) {
       if (p?.nodePort === undefined || p.nodePort === 0) continue; // LoadBalancer with allocateLoadBalancerNodePorts: false
       const protocol = p.protocol ?? 'TCP';
-      if (!isPort(p.port) || (protocol !== 'TCP' && protocol !== 'UDP')) continue; // validateService reports those
+      if (!isPort(p.port) || (protocol !== 'TCP' && protocol !== 'UDP' && protocol !== 'SCTP')) continue; // validateService reports those
       if (!isPort(p.nodePort)) {
         problems.push(`${id}: spec.ports[${i}].nodePort ${show(p.nodePort)} is not a port`);
       } else {

@@ -155,14 +155,15 @@ const MAGLEV_BATCH = 64;
 
 /**
  * A backend's identity in the id allocator: address, port and protocol.
- * IPv4 packs into one number below 2^53 (no key string per backend: at
- * 10,000 services that is 30,000 strings built, hashed and kept); IPv6
- * uses the key string.
+ * IPv4 packs into one number below 2^53 (2^32 addresses x 2^16 ports x 4
+ * protocols: no key string per backend: at 10,000 services that is 30,000
+ * strings built, hashed and kept); IPv6 uses the key string.
  */
 export type BackendIdKey = number | BackendKey;
+const PROTO_BITS: Record<L3n4Addr['protocol'], number> = { TCP: 0, UDP: 1, SCTP: 2 };
 export function backendIdKey(b: L3n4Addr): BackendIdKey {
   if (b.family === 6) return backendKey(b);
-  return (ipv4ToUint(b.address) * 65536 + b.port) * 2 + (b.protocol === 'UDP' ? 1 : 0);
+  return (ipv4ToUint(b.address) * 65536 + b.port) * 4 + PROTO_BITS[b.protocol];
 }
 
 export class Reconciler {

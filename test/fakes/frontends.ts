@@ -1,15 +1,17 @@
-// Desired frontends for reconciler, plan and drift tests: one TCP frontend
-// at ip:port with backends on port 8080, and a desired state of several.
+// Desired frontends for reconciler, plan and drift tests: one frontend
+// (TCP unless asked) at ip:port with backends on port 8080, and a desired
+// state of several.
 import { frontendKey, type Backend } from '../../src/lb/types.js';
 import type { DesiredState, Frontend } from '../../src/model/types.js';
 
 /** What a north-south frontend adds: its type, scope, externalTrafficPolicy Local, source ranges. */
-export type FrontendExtra = Partial<Pick<Frontend, 'type' | 'scope' | 'externalLocal' | 'sourceRanges' | 'healthCheckNodePort' | 'localOnly' | 'maglev'>>;
+export type FrontendExtra = Partial<Pick<Frontend, 'type' | 'scope' | 'externalLocal' | 'sourceRanges' | 'healthCheckNodePort' | 'localOnly' | 'maglev' | 'protocol'>>;
 
 export function frontend(ip: string, port: number, backends: string[], terminating: string[] = [], extra: FrontendExtra = {}): Frontend {
   const family = ip.includes(':') ? 6 : 4;
-  const addr = { address: ip, family, port, protocol: 'TCP' } as const;
-  const be = (a: string, state: Backend['state']): Backend => ({ address: a, family, port: 8080, protocol: 'TCP', state });
+  const protocol = extra.protocol ?? 'TCP';
+  const addr = { address: ip, family, port, protocol } as const;
+  const be = (a: string, state: Backend['state']): Backend => ({ address: a, family, port: 8080, protocol, state });
   return {
     ...addr,
     key: frontendKey({ ...addr, scope: extra.scope }),

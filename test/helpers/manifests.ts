@@ -2,7 +2,7 @@
 // as YAML text (what a person would write in the watched directory).
 import { stringify } from 'yaml';
 
-export type Protocol = 'TCP' | 'UDP';
+export type Protocol = 'TCP' | 'UDP' | 'SCTP';
 
 export interface PortSpec {
   readonly name?: string;

@@ -286,7 +286,7 @@ export interface NorthSouthSpec {
   /** One address per family (the first is spec.clusterIP). */
   readonly clusterIPs: readonly string[];
   /** name, service port, target port, nodePort (TCP unless said). */
-  readonly ports: ReadonlyArray<{ name: string; port: number; targetPort: number; nodePort: number; protocol?: 'TCP' | 'UDP' }>;
+  readonly ports: ReadonlyArray<{ name: string; port: number; targetPort: number; nodePort: number; protocol?: 'TCP' | 'UDP' | 'SCTP' }>;
   readonly externalTrafficPolicy?: 'Cluster' | 'Local';
   readonly healthCheckNodePort?: number;
   readonly loadBalancerSourceRanges?: readonly string[];

@@ -23,12 +23,16 @@ async function load(t: Test): Promise<LbMapSet> {
 }
 
 // A cluster IP with terminating backends (and its wildcard), an address
-// above 2^31, an internal-scope NodePort twin, and an IPv6 frontend.
+// above 2^31, an internal-scope NodePort twin, an IPv6 frontend, and SCTP
+// frontends of both families whose backends share their TCP twins'
+// addresses and ports (one backend id per protocol).
 const WEB = frontend('10.96.0.1', 80, ['10.0.0.2', '10.0.0.3'], ['10.0.0.4']);
 const HIGH = frontend('192.168.1.10', 443, ['10.0.0.5']);
 const TWIN = frontend('0.0.0.0', 30080, ['10.0.0.6'], [], { type: 'NodePort', scope: 'internal' });
 const V6 = frontend('fd00::1', 80, ['fd00::2', 'fd00::3']);
-const DESIRED = state(WEB, HIGH, TWIN, V6);
+const SCTP = frontend('10.96.0.2', 3868, ['10.0.0.2', '10.0.0.7'], [], { protocol: 'SCTP' });
+const SCTP6 = frontend('fd00::4', 3868, ['fd00::2'], [], { protocol: 'SCTP' });
+const DESIRED = state(WEB, HIGH, TWIN, V6, SCTP, SCTP6);
 
 /** Every entry of the six maps as text, sorted: what "exactly as written" compares. */
 function contents(set: LbMapSet): string[] {
@@ -62,7 +66,7 @@ t.test('maps as written: the resync keeps the realized state, and the next sync 
 
 t.test('an entry lbctl cannot decode (dump() skips it) is not drift', async (t) => {
   const { set, maps, r } = await programmed(t);
-  const key = lb4_key.encode({ address: 0x01020304, dport: 9, backendSlot: 0, proto: 132 /* SCTP */, scope: 0 });
+  const key = lb4_key.encode({ address: 0x01020304, dport: 9, backendSlot: 0, proto: 47 /* GRE: no lbctl build writes it */, scope: 0 });
   set.lb4_services.update(key, lb_service.encode({ backendId: 0, revNatIndex: 0, affinityTimeout: 0, count: 0, qcount: 0, type: 0, flags: 0 }));
   t.ok(maps.matches(r.realized), 'skipped, as the full re-read skips it');
 });
@@ -73,7 +77,8 @@ interface Damage {
 }
 
 const web = (r: Reconciler): number => r.revNatIds[4].get(WEB.key)!;
-const firstBackend = (r: Reconciler, address: string): number => [...r.realized.backends].find(([, b]) => b.address === address)![0];
+const firstBackend = (r: Reconciler, address: string): number => [...r.realized.backends].find(([, b]) => b.address === address && b.protocol === 'TCP')![0];
+const sctpBackend = (r: Reconciler, address: string): number => [...r.realized.backends].find(([, b]) => b.address === address && b.protocol === 'SCTP')![0];
 
 const DAMAGES: readonly Damage[] = [
   { name: 'a master deleted', damage: (m) => m.deleteMaster(WEB) },
@@ -94,6 +99,10 @@ const DAMAGES: readonly Damage[] = [
   { name: 'a rev-NAT entry rewritten', damage: (m, _s, r) => m.putRevNat(web(r), 4, { address: '10.96.0.99', port: 80 }) },
   { name: 'a rev-NAT entry nothing names', damage: (m) => m.putRevNat(99, 4, { address: '10.96.0.99', port: 80 }) },
   { name: 'an IPv6 rev-NAT entry deleted', damage: (m, _s, r) => m.deleteRevNat(r.revNatIds[6].get(V6.key)!, 6) },
+  { name: 'an SCTP slot deleted', damage: (m) => m.deleteSlot(SCTP, 2) },
+  { name: 'an SCTP backend deleted', damage: (m, _s, r) => m.deleteBackend(sctpBackend(r, '10.0.0.7'), 4) },
+  { name: 'an SCTP backend turned TCP', damage: (m, _s, r) => m.putBackend(sctpBackend(r, '10.0.0.7'), { address: '10.0.0.7', family: 4, port: 8080, protocol: 'TCP', state: 'active' }) },
+  { name: 'an IPv6 SCTP master deleted', damage: (m) => m.deleteMaster(SCTP6) },
 ];
 
 for (const d of DAMAGES) {

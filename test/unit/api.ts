@@ -7,6 +7,7 @@ import path from 'node:path';
 import { AgentUnreachableError, apiGet, startApiServer, type AgentStatus } from '../../src/agent/api.js';
 import type { FrontendStatus } from '../../src/agent/view.js';
 import { failingChecks, formatBrief, formatStatus, statusCommand } from '../../src/cli/commands/status.js';
+import { sctpStatus } from '../../src/datapath/sctp.js';
 import { driftCount, formatServiceList, serviceListCommand } from '../../src/cli/commands/service-list.js';
 import { FakeView } from '../fakes/fake-view.js';
 
@@ -279,4 +280,20 @@ t.test('GET /v1/health: the mesh\'s status, or 404 saying the mesh is off', asyn
   const srv = await startApiServer({ view, socketPath, version: 'x', mesh });
   t.teardown(() => srv.close());
   t.same(await apiGet(socketPath, '/v1/health'), mesh.status());
+});
+
+t.test('status: the SCTP row says what SCTP frontends get, and why not', async (t) => {
+  const kernel = (sctp: ReturnType<typeof sctpStatus>): NonNullable<AgentStatus['kernel']> => ({
+    release: '6.1.0-50-amd64', features: [], object: 'standard', udpTermination: 'inet-diag', nodePort: { state: 'off' }, sctp,
+  });
+  const row = (s: ReturnType<typeof sctpStatus>): string | undefined => formatStatus(status({ kernel: kernel(s) })).text.split('\n').find((l) => l.startsWith('SCTP:'));
+  t.equal(
+    row(sctpStatus('serving')),
+    'SCTP:        programmed, not balanced: ClusterIP at the socket hooks no (the kernel runs no cgroup connect or sendmsg program for SCTP sockets); ' +
+      'NodePort/LoadBalancer/external IPs at tc no (nodeport.bpf.o does not translate SCTP yet)',
+  );
+  t.match(row(sctpStatus('off')), /at tc no \(the tc datapath is off\)$/, '--no-nodeport');
+  t.match(row(sctpStatus('serving', true)), /^SCTP: +programmed, balanced in part: ClusterIP at the socket hooks no \(.*\); NodePort\/LoadBalancer\/external IPs at tc yes \(nodeport\.bpf\.o translates SCTP \(CRC32c updated\)\)$/,
+    'once nodeport.bpf.o translates SCTP');
+  t.notOk(formatStatus(status()).text.includes('SCTP:'), 'an agent that reports no kernel has no SCTP row');
 });

@@ -138,3 +138,18 @@ t.test('north-south text: the flags inthe brackets as Cilium writes them', async
     ].join('\n'),
   );
 });
+
+t.test('SCTP frontends and backends are listed with their protocol', async (t) => {
+  const sctp: MapsDump = {
+    services: [
+      { fe: { address: '10.96.0.20', family: 4, port: 3868, protocol: 'SCTP' }, slot: 0, master: master(1, 9) },
+      { fe: { address: '10.96.0.20', family: 4, port: 3868, protocol: 'SCTP' }, slot: 1, backendId: 21 },
+    ],
+    backends: [{ id: 21, backend: { address: '10.244.1.7', family: 4, port: 3868, protocol: 'SCTP', state: 'active' } }],
+    revNat: [],
+  };
+  t.same(lbList(sctp), [
+    { frontend: '10.96.0.20:3868/SCTP', revNatId: 9, type: 'ClusterIP', scope: 'external', flags: [], backends: [{ address: '10.244.1.7:3868', id: 21, slot: 1, state: 'active' }] },
+  ]);
+  t.match(formatLbList(lbList(sctp)), /^10\.96\.0\.20:3868\/SCTP +0\.0\.0\.0:0 \(9\) \(0\) \[ClusterIP\]\n +10\.244\.1\.7:3868 \(9\) \(1\)$/m);
+});

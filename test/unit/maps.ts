@@ -95,3 +95,17 @@ t.test('a key with a scope no lbctl build writes is not read (nothing would key 
   m.lb4_services.update(lb4_key.encode({ address: 0, dport: 30080, backendSlot: 0, proto: 6, scope: 7 }), lb_service.encode({ backendId: 0, count: 0, qcount: 0, revNatIndex: 1, type: 2, flags: 0, affinityTimeout: 0 }));
   t.same(dumpMaps(m).services, []);
 });
+
+t.test('SCTP keys and backends carry protocol 132 and read back as SCTP', async (t) => {
+  const m = memMaps();
+  const maps = new KernelLbMaps(m);
+  const fe: ServiceAddr = { address: '10.96.0.20', family: 4, port: 3868, protocol: 'SCTP' };
+  const fe6: ServiceAddr = { address: '::', family: 6, port: 30868, protocol: 'SCTP' };
+  maps.putMaster(fe, master('ClusterIP', 1));
+  maps.putMaster(fe6, master('NodePort', 2));
+  maps.putBackend(7, { address: '10.244.1.7', family: 4, port: 3868, protocol: 'SCTP', state: 'active' });
+  t.ok(m.lb4_services.lookup(lb4_key.encode({ address: 0x0a600014, dport: 3868, backendSlot: 0, proto: 132, scope: 0 })), 'the key\'s proto byte is IPPROTO_SCTP');
+  const dump = dumpMaps(m);
+  t.same(dump.services.map((e) => serviceAddrKey(e.fe)).sort(), ['10.96.0.20:3868/SCTP', '[::]:30868/SCTP']);
+  t.same(dump.backends, [{ id: 7, backend: { address: '10.244.1.7', family: 4, port: 3868, protocol: 'SCTP', state: 'active' } }]);
+});

@@ -152,12 +152,33 @@ t.test('a validated EndpointSlice reads back every endpoint as it was given (pac
   );
 });
 
-t.test('SCTP ports are dropped with a note; the rest is served', async (t) => {
-  const s = svc(service('m', ['10.96.0.9'], [{ name: 'a', port: 80 }, { name: 'b', port: 9, protocol: 'SCTP' }]));
-  t.same(s.unsupportedPorts, ['9/SCTP']);
-  const out = desiredState({ services: [s], slices: [] });
-  t.same([...out.frontends.keys()], ['10.96.0.9:80/TCP']);
-  t.match(out.skipped, [{ reason: 'unsupported-protocol', detail: '9/SCTP' }]);
+t.test('SCTP ports are served as TCP and UDP ones: ClusterIP and NodePort, matched to slice ports by protocol', async (t) => {
+  const out = desiredState({
+    services: [
+      svc(
+        service('diameter', ['10.96.0.9', 'fd00:96::9'], [
+          { name: 'diam', port: 3868, protocol: 'SCTP', targetPort: 'diam', nodePort: 30868 },
+          { name: 'diam-tcp', port: 3868, protocol: 'TCP', targetPort: 'diam-tcp' },
+        ], { type: 'NodePort' }),
+      ),
+    ],
+    slices: [
+      eps(slice('diameter-a', 'diameter', 'IPv4', [{ name: 'diam', port: 3869, protocol: 'SCTP' }, { name: 'diam-tcp', port: 3870, protocol: 'TCP' }], [{ addresses: ['10.0.0.2'] }])),
+      // a slice port of the same name but another protocol is not this port's
+      eps(slice('diameter-b', 'diameter', 'IPv4', [{ name: 'diam', port: 3871, protocol: 'TCP' }], [{ addresses: ['10.0.0.3'] }])),
+      eps(slice('diameter-v6', 'diameter', 'IPv6', [{ name: 'diam', port: 3869, protocol: 'SCTP' }], [{ addresses: ['fd00:244::2'] }])),
+    ],
+  });
+  t.same(out.skipped, [], 'nothing skipped');
+  t.same([...out.frontends.keys()].sort(), [
+    '0.0.0.0:30868/SCTP', '10.96.0.9:3868/SCTP', '10.96.0.9:3868/TCP', '[::]:30868/SCTP', '[fd00:96::9]:3868/SCTP', '[fd00:96::9]:3868/TCP',
+  ]);
+  const sctp4 = out.frontends.get('10.96.0.9:3868/SCTP' as never)!;
+  t.same(sctp4.backends.map((b) => `${b.address}:${b.port}/${b.protocol}`), ['10.0.0.2:3869/SCTP'], 'only the SCTP slice port');
+  t.same(out.frontends.get('10.96.0.9:3868/TCP' as never)!.backends.map((b) => `${b.address}:${b.port}/${b.protocol}`), ['10.0.0.2:3870/TCP']);
+  t.same(out.frontends.get('0.0.0.0:30868/SCTP' as never)!.backends, sctp4.backends, 'the NodePort has the ClusterIP\'s backends');
+  t.equal(out.frontends.get('0.0.0.0:30868/SCTP' as never)!.type, 'NodePort');
+  t.same(out.frontends.get('[::]:30868/SCTP' as never)!.backends.map((b) => `${b.address}:${b.port}/${b.protocol}`), ['fd00:244::2:3869/SCTP']);
 });
 
 // DesiredModel: the desired state kept up to date object by object. Each

@@ -95,3 +95,11 @@ t.test('a list of a million entries costs what 1,024 do, and says so once', asyn
     'Service default/web: spec.loadBalancerSourceRanges has 1000000 entries; the first 1024 are read',
   ]);
 });
+
+t.test('SCTP NodePorts are served as TCP and UDP ones (kube-proxy proxies them)', async (t) => {
+  const ns = northSouth({ spec: { type: 'NodePort', ports: [{ port: 3868, protocol: 'SCTP', nodePort: 30868 }, { port: 3868, protocol: 'TCP', nodePort: 30869 }] } }, ID, [4]);
+  t.same(ns.nodePorts, [{ port: 3868, protocol: 'SCTP', nodePort: 30868, index: 0 }, { port: 3868, protocol: 'TCP', nodePort: 30869, index: 1 }]);
+  t.same(ns.problems, []);
+  t.same(nodePortConflicts([{ id: 'a', nodePorts: [{ port: 1, protocol: 'SCTP', nodePort: 30001 }] }, { id: 'b', nodePorts: [{ port: 1, protocol: 'TCP', nodePort: 30001 }] }]).size, 0,
+    'one nodePort number for SCTP and TCP is no conflict: the protocol is part of the key');
+});

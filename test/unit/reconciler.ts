@@ -573,3 +573,17 @@ t.test('change syncs over random transitions of mixed types and scopes leave exa
   t.equal(violations, 0, 'no half-written service between any two writes');
   holdsExactly(t, m, d, 'after 200 change syncs');
 });
+
+t.test('SCTP frontends: their backends get ids of their own, apart from TCP ones at the same address and port', async (t) => {
+  const m = new FakeLbMaps();
+  const r = new Reconciler(m);
+  const tcp = frontend('10.96.0.1', 3868, ['10.0.0.2']);
+  const sctp = frontend('10.96.0.1', 3868, ['10.0.0.2'], [], { protocol: 'SCTP' });
+  const d = state(tcp, sctp);
+  sync(r, d, { prune: true });
+  const key = (protocol: 'TCP' | 'UDP' | 'SCTP') => backendIdKey({ address: '10.0.0.2', family: 4, port: 8080, protocol });
+  t.equal(new Set([key('TCP'), key('UDP'), key('SCTP')]).size, 3, 'one id key per protocol');
+  t.not(r.backendIds.get(key('SCTP')), r.backendIds.get(key('TCP')), 'two backends, two ids');
+  t.same([...m.backends.values()].map((b) => b.protocol).sort(), ['SCTP', 'TCP']);
+  holdsExactly(t, m, d, 'both frontends written');
+});

@@ -4,6 +4,7 @@
 // the agent cannot be reached.
 import { apiGet, type AgentStatus, type GroupStatus } from '../../agent/api.js';
 import { formatDuration } from '../../agent/health.js';
+import { sctpLine } from '../../datapath/sctp.js';
 import { LbError } from '../../errors.js';
 
 /** Every failing check once (livez and readyz share some), then /healthz's verdict. */
@@ -58,6 +59,7 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
         text += row('Flows', np.traffic.map((m) => `${m.map} ${m.entries}/${m.maxEntries}${m.maxEntries > 0 ? ` (${Math.floor((100 * m.entries) / m.maxEntries)}%)` : ''}`).join(', '));
       }
     }
+    if (k.sctp) text += row('SCTP', sctpLine(k.sctp));
   }
   text += row('Liveness', s.livez.ok ? 'ok' : 'FAILED') + groupLines(s.livez);
   text += row('Readiness', s.readyz.ok ? 'ok' : 'FAILED') + groupLines(s.readyz);
