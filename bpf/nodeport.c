@@ -98,59 +98,21 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  */
 enum { NP_NAT_BUSY, NP_NAT_TW, NP_NAT_CLOSED, NP_NAT_FREE };
 
-static __always_inline int np_nat_rank(__u64 expires, __u16 flags, __u8 proto, __u64 now)
-{
-	bool tw = proto == IPPROTO_TCP && (flags & LB_CT_F_TIME_WAIT);
-
-	if ((tw ? expires + NP_SNAT_TIME_WAIT : expires) <= now)
-		return NP_NAT_FREE;
-	if (proto != IPPROTO_TCP || !(flags & LB_CT_F_CLOSING))
-		return NP_NAT_BUSY;
-	return tw ? NP_NAT_TW : NP_NAT_CLOSED;
-}
-
 /*
- * The best closed flow's port a SNAT reservation met so far (np4/np6
- * _snat_reserve()), kept in a per-CPU scratch value rather than in the
- * program's registers: a comparison against a register makes the verifier
- * follow every try's outcome apart, and a loop of them multiplies its work
- * (a tenfold growth, measured); values in a map are not state to it. The
- * program's scratch space, not the agent's: declared here, unpinned.
+ * Only the entry's own flags decide, not the flow's protocol: CLOSING and
+ * TIME_WAIT are set for TCP (and SCTP) flows alone. A branch on the
+ * protocol here, inside the reservation's loop, split the verifier's work
+ * by protocol at every try.
  */
-struct np_snat_best {
-	__u32 rank;		/* NP_NAT_*: NP_NAT_BUSY while none was met */
-	__be16 port;
-	__u8 pad[2];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct np_snat_best);
-	__uint(max_entries, 1);
-} lb_snat_best SEC(".maps");
-
-/* This CPU's scratch value, reset for a new reservation. */
-static __always_inline struct np_snat_best *np_snat_best(void)
+static __always_inline int np_nat_rank(__u64 expires, __u16 flags, __u64 now)
 {
-	__u32 zero = 0;
-	struct np_snat_best *b = bpf_map_lookup_elem(&lb_snat_best, &zero);
+	__u64 hold = (flags & LB_CT_F_TIME_WAIT) ? NP_SNAT_TIME_WAIT : 0;
 
-	if (b)
-		b->rank = NP_NAT_BUSY;
-	return b;
-}
-
-/* True when a port of `rank` is free to take now; else remembers it if it is the best closed one yet. */
-static __always_inline bool np_snat_consider(struct np_snat_best *best, int rank, __be16 port)
-{
-	if (rank == NP_NAT_FREE)
-		return true;
-	if ((__u32)rank > best->rank) {
-		best->rank = rank;
-		best->port = port;
-	}
-	return false;
+	if (expires + hold <= now)
+		return NP_NAT_FREE;
+	if (!(flags & LB_CT_F_CLOSING))
+		return NP_NAT_BUSY;
+	return hold ? NP_NAT_TW : NP_NAT_CLOSED;
 }
 
 static __always_inline const struct lb_np_config *np_config(void)
@@ -167,10 +129,10 @@ static __always_inline bool np_in_range(__be16 port, __u16 lo, __u16 hi)
 	return lo && p >= lo && p <= hi;
 }
 
-/* A SYN without ACK: a client opening a connection (maybe reusing a tuple). */
+/* A SYN without ACK (SCTP: an INIT): a client opening a connection (maybe reusing a tuple). */
 static __always_inline bool np_tcp_syn(const struct np_l4 *l4)
 {
-	return l4->proto == IPPROTO_TCP && (l4->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
+	return np_stateful(l4->proto) && (l4->tcp_flags & (TCP_F_SYN | TCP_F_ACK)) == TCP_F_SYN;
 }
 
 /* A client's SYN on a tuple whose flow was closed or half closed: a new flow, not that one. */
@@ -189,7 +151,7 @@ static __always_inline __u16 np_ct_flags(const struct np_l4 *l4, __u16 flags, bo
 {
 	__u8 t = l4->tcp_flags;
 
-	if (l4->proto != IPPROTO_TCP)
+	if (!np_stateful(l4->proto))
 		return flags;
 	if (t & TCP_F_RST)
 		return flags | LB_CT_F_CLOSING;
@@ -210,9 +172,10 @@ static __always_inline __u16 np_ct_flags(const struct np_l4 *l4, __u16 flags, bo
 /* The flags an entry takes from its flow's other entry. */
 #define NP_CT_F_SHARED	(LB_CT_F_CLOSING | LB_CT_F_SEEN_REPLY | LB_CT_F_TIME_WAIT | LB_CT_F_FIN_ORIG | LB_CT_F_FIN_REPLY)
 
+/* SCTP has TCP's: an association is as long-lived, and its heartbeats (30 s) keep it alive. */
 static __always_inline __u64 np_lifetime(const struct lb_np_config *cfg, __u8 proto, __u16 flags)
 {
-	if (proto != IPPROTO_TCP)
+	if (!np_stateful(proto))
 		return cfg->ct_udp ? cfg->ct_udp : CT_LIFETIME_NONTCP;
 	if (flags & LB_CT_F_CLOSING)
 		return CT_LIFETIME_CLOSE;
@@ -306,7 +269,11 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 		return -1;
 	if (ip.protocol == IPPROTO_ICMP)
 		return NP_PARSE_ICMP;
-	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP)
+	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_SCTP)
+		return -1;
+	frag = bpf_ntohs(ip.frag_off);
+	/* a fragment's CRC32c covers the reassembled packet: no update can follow a port change in it */
+	if (ip.protocol == IPPROTO_SCTP && (frag & (IP_MF | IP_OFFSET)))
 		return -1;
 	f->saddr = ip.saddr;
 	f->daddr = ip.daddr;
@@ -316,9 +283,9 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 	f->l4.proto = ip.protocol;
 	f->l4.l4_off = NP_L3_OFF + ip.ihl * 4;
 	f->l4.csum_off = np_l4_csum_off(ip.protocol, f->l4.l4_off);
+	f->l4.l4_len = f->tot_len - ip.ihl * 4;
 	f->l4.tcp_flags = 0;
 	f->l4.udp_zero_csum = false;
-	frag = bpf_ntohs(ip.frag_off);
 	f->frag_first = (frag & IP_MF) && !(frag & IP_OFFSET);
 	f->df = frag & IP_DF;
 	if (frag & IP_OFFSET) {
@@ -342,6 +309,8 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 	if (ip.protocol == IPPROTO_TCP) {
 		if (bpf_skb_load_bytes(skb, f->l4.l4_off + 13, &f->l4.tcp_flags, 1) < 0)
 			return -1;
+	} else if (ip.protocol == IPPROTO_SCTP) {
+		f->l4.tcp_flags = np_sctp_flags(skb, f->l4.l4_off, f->l4.l4_len);
 	} else {
 		__u16 csum;
 
@@ -434,28 +403,86 @@ static __always_inline __u32 np_snat_first(const struct lb_np_config *cfg, __be1
 }
 
 /*
- * Reserves a SNAT port for a new flow to a remote backend by inserting its
- * lb4_nat entry with BPF_NOEXIST: the port np_snat_first() names, then
+ * A SNAT port search's request and state (np4/np6_snat_search()), in a
+ * per-CPU scratch value: the search is a global function, which the
+ * verifier checks once, apart from the paths that call it (whose protocol,
+ * flow state and branches otherwise multiplied its work at every try of
+ * its loop), and a global function takes scalars only (5.10); the best
+ * closed port met so far lives here rather than in registers for the same
+ * reason. The program's scratch space, not the agent's: declared here,
+ * unpinned.
+ */
+struct np4_snat_req {
+	__u8 rk[sizeof(struct lb4_ct_key)];	/* the reservation's key (its dport the search's), as bytes: no nested struct in the ABI */
+	__u8 nat[sizeof(struct lb4_ct_entry)];	/* what it holds: addr1/port1 the frontend, addr2/port2 the client */
+	__u64 now;
+	__u32 first;			/* np_snat_first()'s offset */
+	__u32 best_rank;		/* NP_NAT_*: NP_NAT_BUSY while none was met */
+	__be16 best_port;
+	__u8 pad[6];
+};
+
+struct np6_snat_req {
+	__u8 rk[sizeof(struct lb6_ct_key)];
+	__u8 nat[sizeof(struct lb6_ct_entry)];
+	__u64 now;
+	__u32 first;
+	__u32 best_rank;
+	__be16 best_port;
+	__u8 pad[6];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct np4_snat_req);
+	__uint(max_entries, 1);
+} lb_snat_req4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct np6_snat_req);
+	__uint(max_entries, 1);
+} lb_snat_req6 SEC(".maps");
+
+/* True when a port of `rank` is free to take now; else remembers it if it is the best closed one yet. */
+static __always_inline bool np_snat_consider(__u32 *best_rank, __be16 *best_port, int rank, __be16 port)
+{
+	if (rank == NP_NAT_FREE)
+		return true;
+	if ((__u32)rank > *best_rank) {
+		*best_rank = rank;
+		*best_port = port;
+	}
+	return false;
+}
+
+/*
+ * The search for a new flow's SNAT port, by inserting its lb4_nat entry
+ * (the request's) with BPF_NOEXIST: the port np_snat_first() names, then
  * random ones. Every (backend, SNAT address, port, protocol) tuple is a
  * reservation of its own, so a port serves any number of backends. A free
  * port (never used, or expired: np_nat_rank()) is taken at once, and so is
  * one whose last flow was this same client tuple's; when no try finds one,
- * the best closed flow's met on the way (np_snat_consider()) is taken
- * over: closed flows never starve new ones.
+ * the best closed flow's met on the way is taken over: closed flows never
+ * starve new ones. The port, or -1 when every try met a live flow.
  */
-static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, const struct np4_flow *f,
-					    const struct lb4_backend *be, __be32 snat_addr,
-					    const struct lb4_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
+__attribute__((noinline)) int np4_snat_search(__u32 unused)
 {
-	struct lb4_ct_key rk = { .saddr = be->address, .daddr = snat_addr, .sport = be->port,
-				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
-	__u32 span = (__u32)cfg->snat_max - cfg->snat_min + 1;
-	__u32 pick = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr, f->daddr, ((__u32)f->sport << 16) | f->dport));
-	struct np_snat_best *best = np_snat_best();
-	__u32 i;
+	const struct lb_np_config *cfg = np_config();
+	__u32 zero = 0, span, pick, i;
+	struct np4_snat_req *q = bpf_map_lookup_elem(&lb_snat_req4, &zero);
+	struct lb4_ct_key *rk;
+	struct lb4_ct_entry *nat;
 
-	if (!best || !cfg->snat_min || cfg->snat_max < cfg->snat_min)
+	if (!q || !cfg || !cfg->snat_min || cfg->snat_max < cfg->snat_min)
 		return -1;
+	rk = (void *)q->rk;
+	nat = (void *)q->nat;
+	span = (__u32)cfg->snat_max - cfg->snat_min + 1;
+	pick = q->first;
+	q->best_rank = NP_NAT_BUSY;
 	for (i = 0; i < NP_SNAT_TRIES_MAX; i++) {
 		struct lb4_ct_entry *old;
 
@@ -463,28 +490,49 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
 			break;
 		if (i > 0)
 			pick = bpf_get_prandom_u32();
-		rk.dport = bpf_htons(cfg->snat_min + pick % span);
-		old = bpf_map_lookup_elem(&lb4_nat, &rk);
+		rk->dport = bpf_htons(cfg->snat_min + pick % span);
+		old = bpf_map_lookup_elem(&lb4_nat, rk);
 		if (old) {
-			bool own = old->addr2 == f->saddr && old->port2 == f->sport && old->addr1 == f->daddr && old->port1 == f->dport;
+			bool own = old->addr2 == nat->addr2 && old->port2 == nat->port2 && old->addr1 == nat->addr1 && old->port1 == nat->port1;
 
-			if (!own && !np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
+			if (!own && !np_snat_consider(&q->best_rank, &q->best_port, np_nat_rank(old->expires, old->flags, q->now), rk->dport))
 				continue;
-			bpf_map_delete_elem(&lb4_nat, &rk);
+			bpf_map_delete_elem(&lb4_nat, rk);
 		}
-		if (bpf_map_update_elem(&lb4_nat, &rk, nat, BPF_NOEXIST) == 0) {
-			*port_out = rk.dport;
-			return 0;
-		}
+		if (bpf_map_update_elem(&lb4_nat, rk, nat, BPF_NOEXIST) == 0)
+			return rk->dport;
 	}
-	if (best->rank == NP_NAT_BUSY)
+	if (q->best_rank == NP_NAT_BUSY)
 		return -1;
-	rk.dport = best->port;
-	bpf_map_delete_elem(&lb4_nat, &rk);
-	if (bpf_map_update_elem(&lb4_nat, &rk, nat, BPF_NOEXIST) < 0)
+	rk->dport = q->best_port;
+	bpf_map_delete_elem(&lb4_nat, rk);
+	if (bpf_map_update_elem(&lb4_nat, rk, nat, BPF_NOEXIST) < 0)
 		return -1;
 	lb_count(LB_MTR_NP_SNAT_REUSE);
-	*port_out = rk.dport;
+	return rk->dport;
+}
+
+/* Reserves a SNAT port for a new flow to a remote backend (np4_snat_search()). */
+static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, const struct np4_flow *f,
+					    const struct lb4_backend *be, __be32 snat_addr,
+					    const struct lb4_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
+{
+	struct lb4_ct_key rk = { .saddr = be->address, .daddr = snat_addr, .sport = be->port,
+				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	__u32 zero = 0;
+	struct np4_snat_req *q = bpf_map_lookup_elem(&lb_snat_req4, &zero);
+	int port;
+
+	if (!q)
+		return -1;
+	__builtin_memcpy(q->rk, &rk, sizeof(rk));
+	__builtin_memcpy(q->nat, nat, sizeof(*nat));
+	q->now = now;
+	q->first = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr, f->daddr, ((__u32)f->sport << 16) | f->dport));
+	port = np4_snat_search(0);
+	if (port < 0)
+		return -1;
+	*port_out = (__be16)port;
 	return 0;
 }
 
@@ -771,7 +819,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			return TC_ACT_SHOT;
 		}
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
-		if ((cfg->flags & LB_NP_F_MIGRATING) && f->l4.proto == IPPROTO_TCP && !(f->l4.tcp_flags & TCP_F_SYN))
+		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
 			return TC_ACT_SHOT;
 		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
 		if (rc)
@@ -964,7 +1012,7 @@ static __always_inline int np4_host_flow(struct __sk_buff *skb, const struct lb_
 		np_ct_set(cfg, &r->expires, &r->flags, f->l4.proto, np_ct_flags(&f->l4, r->flags, false), now);
 		return TC_ACT_UNSPEC;
 	}
-	if (r && np_nat_rank(r->expires, r->flags, f->l4.proto, now) == NP_NAT_BUSY) {
+	if (r && np_nat_rank(r->expires, r->flags, now) == NP_NAT_BUSY) {
 		lb_count(LB_MTR_NP_HOST_CLASH);
 		return TC_ACT_SHOT;
 	}
@@ -1071,8 +1119,10 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	}
 	if (nh == IPPROTO_ICMPV6 && off == NP_L3_OFF + sizeof(struct ipv6hdr))
 		return NP_PARSE_ICMP;
-	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP)
+	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP && nh != IPPROTO_SCTP)
 		return -1;
+	if (nh == IPPROTO_SCTP && (later || f->frag_first))
+		return -1; /* as np4_parse(): a fragment's CRC32c cannot follow a port change */
 	ip6_copy(f->saddr, ip.saddr.in6_u.u6_addr32);
 	ip6_copy(f->daddr, ip.daddr.in6_u.u6_addr32);
 	f->tot_len = bpf_ntohs(ip.payload_len) + sizeof(struct ipv6hdr);
@@ -1080,6 +1130,7 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	f->l4.proto = nh;
 	f->l4.l4_off = off;
 	f->l4.csum_off = np_l4_csum_off(nh, off);
+	f->l4.l4_len = f->tot_len - (off - NP_L3_OFF);
 	f->l4.tcp_flags = 0;
 	f->l4.udp_zero_csum = false;
 	if (later) {
@@ -1104,6 +1155,8 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	f->dport = (__be16)(ports >> 16);
 	if (nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, &f->l4.tcp_flags, 1) < 0)
 		return -1;
+	if (nh == IPPROTO_SCTP)
+		f->l4.tcp_flags = np_sctp_flags(skb, off, f->l4.l4_len);
 	return 0;
 }
 
@@ -1178,21 +1231,22 @@ static __always_inline bool ip6_is_zero(const __be32 *a)
 	return !(a[0] | a[1] | a[2] | a[3]);
 }
 
-/* As np4_snat_reserve(). */
-static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, const struct np6_flow *f,
-					    const struct lb6_backend *be, const __be32 *snat_addr,
-					    const struct lb6_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
+/* As np4_snat_search(). */
+__attribute__((noinline)) int np6_snat_search(__u32 unused)
 {
-	struct lb6_ct_key rk = { .sport = be->port, .proto = f->l4.proto, .dir = LB_CT_REPLY };
-	__u32 span = (__u32)cfg->snat_max - cfg->snat_min + 1;
-	__u32 pick = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport));
-	struct np_snat_best *best = np_snat_best();
-	__u32 i;
+	const struct lb_np_config *cfg = np_config();
+	__u32 zero = 0, span, pick, i;
+	struct np6_snat_req *q = bpf_map_lookup_elem(&lb_snat_req6, &zero);
+	struct lb6_ct_key *rk;
+	struct lb6_ct_entry *nat;
 
-	if (!best || !cfg->snat_min || cfg->snat_max < cfg->snat_min)
+	if (!q || !cfg || !cfg->snat_min || cfg->snat_max < cfg->snat_min)
 		return -1;
-	ip6_copy(rk.saddr, be->address);
-	ip6_copy(rk.daddr, snat_addr);
+	rk = (void *)q->rk;
+	nat = (void *)q->nat;
+	span = (__u32)cfg->snat_max - cfg->snat_min + 1;
+	pick = q->first;
+	q->best_rank = NP_NAT_BUSY;
 	for (i = 0; i < NP_SNAT_TRIES_MAX; i++) {
 		struct lb6_ct_entry *old;
 
@@ -1200,29 +1254,51 @@ static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, cons
 			break;
 		if (i > 0)
 			pick = bpf_get_prandom_u32();
-		rk.dport = bpf_htons(cfg->snat_min + pick % span);
-		old = bpf_map_lookup_elem(&lb6_nat, &rk);
+		rk->dport = bpf_htons(cfg->snat_min + pick % span);
+		old = bpf_map_lookup_elem(&lb6_nat, rk);
 		if (old) {
-			bool own = np6_addr_eq(old->addr2, f->saddr) && old->port2 == f->sport && np6_addr_eq(old->addr1, f->daddr) &&
-				   old->port1 == f->dport;
+			bool own = np6_addr_eq(old->addr2, nat->addr2) && old->port2 == nat->port2 && np6_addr_eq(old->addr1, nat->addr1) &&
+				   old->port1 == nat->port1;
 
-			if (!own && !np_snat_consider(best, np_nat_rank(old->expires, old->flags, f->l4.proto, now), rk.dport))
+			if (!own && !np_snat_consider(&q->best_rank, &q->best_port, np_nat_rank(old->expires, old->flags, q->now), rk->dport))
 				continue;
-			bpf_map_delete_elem(&lb6_nat, &rk);
+			bpf_map_delete_elem(&lb6_nat, rk);
 		}
-		if (bpf_map_update_elem(&lb6_nat, &rk, nat, BPF_NOEXIST) == 0) {
-			*port_out = rk.dport;
-			return 0;
-		}
+		if (bpf_map_update_elem(&lb6_nat, rk, nat, BPF_NOEXIST) == 0)
+			return rk->dport;
 	}
-	if (best->rank == NP_NAT_BUSY)
+	if (q->best_rank == NP_NAT_BUSY)
 		return -1;
-	rk.dport = best->port;
-	bpf_map_delete_elem(&lb6_nat, &rk);
-	if (bpf_map_update_elem(&lb6_nat, &rk, nat, BPF_NOEXIST) < 0)
+	rk->dport = q->best_port;
+	bpf_map_delete_elem(&lb6_nat, rk);
+	if (bpf_map_update_elem(&lb6_nat, rk, nat, BPF_NOEXIST) < 0)
 		return -1;
 	lb_count(LB_MTR_NP_SNAT_REUSE);
-	*port_out = rk.dport;
+	return rk->dport;
+}
+
+/* As np4_snat_reserve(). */
+static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, const struct np6_flow *f,
+					    const struct lb6_backend *be, const __be32 *snat_addr,
+					    const struct lb6_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
+{
+	struct lb6_ct_key rk = { .sport = be->port, .proto = f->l4.proto, .dir = LB_CT_REPLY };
+	__u32 zero = 0;
+	struct np6_snat_req *q = bpf_map_lookup_elem(&lb_snat_req6, &zero);
+	int port;
+
+	if (!q)
+		return -1;
+	ip6_copy(rk.saddr, be->address);
+	ip6_copy(rk.daddr, snat_addr);
+	__builtin_memcpy(q->rk, &rk, sizeof(rk));
+	__builtin_memcpy(q->nat, nat, sizeof(*nat));
+	q->now = now;
+	q->first = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport));
+	port = np6_snat_search(0);
+	if (port < 0)
+		return -1;
+	*port_out = (__be16)port;
 	return 0;
 }
 
@@ -1468,7 +1544,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			return TC_ACT_SHOT;
 		}
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
-		if ((cfg->flags & LB_NP_F_MIGRATING) && f->l4.proto == IPPROTO_TCP && !(f->l4.tcp_flags & TCP_F_SYN))
+		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
 			return TC_ACT_SHOT;
 		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
 		if (rc)
@@ -1624,7 +1700,7 @@ static __always_inline int np6_host_flow(struct __sk_buff *skb, const struct lb_
 		np_ct_set(cfg, &r->expires, &r->flags, f->l4.proto, np_ct_flags(&f->l4, r->flags, false), now);
 		return TC_ACT_UNSPEC;
 	}
-	if (r && np_nat_rank(r->expires, r->flags, f->l4.proto, now) == NP_NAT_BUSY) {
+	if (r && np_nat_rank(r->expires, r->flags, now) == NP_NAT_BUSY) {
 		lb_count(LB_MTR_NP_HOST_CLASH);
 		return TC_ACT_SHOT;
 	}

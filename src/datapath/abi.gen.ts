@@ -965,27 +965,76 @@ export const lb6_src_range_key: Codec<Lb6SrcRangeKey> = {
   },
 };
 
-/** struct np_snat_best (8 bytes) */
-export interface NpSnatBest {
-  rank: number;
-  port: number; // network order in the map
+/** struct np4_snat_req (72 bytes) */
+export interface Np4SnatReq {
+  rk: Buffer;
+  nat: Buffer;
+  now: bigint;
+  first: number;
+  bestRank: number;
+  bestPort: number; // network order in the map
 }
 
-export const np_snat_best: Codec<NpSnatBest> = {
-  name: 'np_snat_best',
-  size: 8,
-  encode(v, b = Buffer.alloc(8), o = 0) {
-    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`np_snat_best: 8 bytes at offset ${o} of ${b.length}`);
-    b[o + 6] = 0; b[o + 7] = 0;
-    { const x = v.rank; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('np_snat_best.rank', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
-    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('np_snat_best.port', x, 65535); b[o + 5] = x; b[o + 4] = x >>> 8; }
+export const np4_snat_req: Codec<Np4SnatReq> = {
+  name: 'np4_snat_req',
+  size: 72,
+  encode(v, b = Buffer.alloc(72), o = 0) {
+    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`np4_snat_req: 72 bytes at offset ${o} of ${b.length}`);
+    b[o + 66] = 0; b[o + 67] = 0; b[o + 68] = 0; b[o + 69] = 0; b[o + 70] = 0; b[o + 71] = 0;
+    putBytes(b, o + 0, 16, v.rk, 'rk');
+    putBytes(b, o + 16, 32, v.nat, 'nat');
+    b.writeBigUInt64LE(v.now, o + 48);
+    { const x = v.first; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('np4_snat_req.first', x, 4294967295); b[o + 56] = x; b[o + 57] = x >>> 8; b[o + 58] = x >>> 16; b[o + 59] = x >>> 24; }
+    { const x = v.bestRank; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('np4_snat_req.best_rank', x, 4294967295); b[o + 60] = x; b[o + 61] = x >>> 8; b[o + 62] = x >>> 16; b[o + 63] = x >>> 24; }
+    { const x = v.bestPort; if (!(x >= 0 && x <= 65535)) throw outOfRange('np4_snat_req.best_port', x, 65535); b[o + 65] = x; b[o + 64] = x >>> 8; }
     return b;
   },
   decode(b, o = 0) {
-    if (!(o >= 0 && o + 8 <= b.length)) throw new RangeError(`np_snat_best: 8 bytes at offset ${o} of ${b.length}`);
+    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`np4_snat_req: 72 bytes at offset ${o} of ${b.length}`);
     return {
-      rank: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
-      port: (b[o + 5]! | (b[o + 4]! << 8)),
+      rk: Buffer.from(b.subarray(o + 0, o + 16)),
+      nat: Buffer.from(b.subarray(o + 16, o + 48)),
+      now: b.readBigUInt64LE(o + 48),
+      first: ((b[o + 56]! | (b[o + 57]! << 8) | (b[o + 58]! << 16) | (b[o + 59]! << 24)) >>> 0),
+      bestRank: ((b[o + 60]! | (b[o + 61]! << 8) | (b[o + 62]! << 16) | (b[o + 63]! << 24)) >>> 0),
+      bestPort: (b[o + 65]! | (b[o + 64]! << 8)),
+    };
+  },
+};
+
+/** struct np6_snat_req (120 bytes) */
+export interface Np6SnatReq {
+  rk: Buffer;
+  nat: Buffer;
+  now: bigint;
+  first: number;
+  bestRank: number;
+  bestPort: number; // network order in the map
+}
+
+export const np6_snat_req: Codec<Np6SnatReq> = {
+  name: 'np6_snat_req',
+  size: 120,
+  encode(v, b = Buffer.alloc(120), o = 0) {
+    if (!(o >= 0 && o + 120 <= b.length)) throw new RangeError(`np6_snat_req: 120 bytes at offset ${o} of ${b.length}`);
+    b[o + 114] = 0; b[o + 115] = 0; b[o + 116] = 0; b[o + 117] = 0; b[o + 118] = 0; b[o + 119] = 0;
+    putBytes(b, o + 0, 40, v.rk, 'rk');
+    putBytes(b, o + 40, 56, v.nat, 'nat');
+    b.writeBigUInt64LE(v.now, o + 96);
+    { const x = v.first; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('np6_snat_req.first', x, 4294967295); b[o + 104] = x; b[o + 105] = x >>> 8; b[o + 106] = x >>> 16; b[o + 107] = x >>> 24; }
+    { const x = v.bestRank; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('np6_snat_req.best_rank', x, 4294967295); b[o + 108] = x; b[o + 109] = x >>> 8; b[o + 110] = x >>> 16; b[o + 111] = x >>> 24; }
+    { const x = v.bestPort; if (!(x >= 0 && x <= 65535)) throw outOfRange('np6_snat_req.best_port', x, 65535); b[o + 113] = x; b[o + 112] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 120 <= b.length)) throw new RangeError(`np6_snat_req: 120 bytes at offset ${o} of ${b.length}`);
+    return {
+      rk: Buffer.from(b.subarray(o + 0, o + 40)),
+      nat: Buffer.from(b.subarray(o + 40, o + 96)),
+      now: b.readBigUInt64LE(o + 96),
+      first: ((b[o + 104]! | (b[o + 105]! << 8) | (b[o + 106]! << 16) | (b[o + 107]! << 24)) >>> 0),
+      bestRank: ((b[o + 108]! | (b[o + 109]! << 8) | (b[o + 110]! << 16) | (b[o + 111]! << 24)) >>> 0),
+      bestPort: (b[o + 113]! | (b[o + 112]! << 8)),
     };
   },
 };
@@ -1194,15 +1243,24 @@ export const mapSpecs = {
     value: lb_np_config,
     object: 'nodeport.bpf.o',
   } as MapSpec<number, LbNpConfig>,
-  lb_snat_best: {
-    name: 'lb_snat_best',
+  lb_snat_req4: {
+    name: 'lb_snat_req4',
     type: MapType.PERCPU_ARRAY,
     flags: 0,
     maxEntries: 1,
     key: u32,
-    value: np_snat_best,
+    value: np4_snat_req,
     object: 'nodeport.bpf.o',
-  } as MapSpec<number, NpSnatBest>,
+  } as MapSpec<number, Np4SnatReq>,
+  lb_snat_req6: {
+    name: 'lb_snat_req6',
+    type: MapType.PERCPU_ARRAY,
+    flags: 0,
+    maxEntries: 1,
+    key: u32,
+    value: np6_snat_req,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, Np6SnatReq>,
   lb4_backends: {
     name: 'lb4_backends',
     type: MapType.HASH,

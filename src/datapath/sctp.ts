@@ -8,7 +8,7 @@
 // bpf/lib/sctp.h (the CRC32c update a port rewrite needs).
 
 /** Whether bpf/nodeport.c translates SCTP (NodePort, LoadBalancer, external IPs): set when it does. */
-export const TC_TRANSLATES_SCTP = false;
+export const TC_TRANSLATES_SCTP = true;
 
 export interface SctpStatus {
   /** ClusterIPs, for clients on the node and in its pods. */

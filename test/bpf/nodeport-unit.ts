@@ -21,6 +21,7 @@ import {
   LbSvcFlags, LbSvcType, u32, u8, type Lb4CtEntry, type Lb4CtKey, type Lb6CtEntry, type Lb6CtKey, type LbNpConfig,
 } from '../../src/datapath/abi.gen.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
+import { chunk, initChunk, IPPROTO_SCTP, sctpChecksumOk, sctpFrame, SCTP_CID_INIT } from '../helpers/sctp-packet.js';
 import {
   arpRequest, checksum, echoRequest, fragments4, fragments6, frame, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, ICMP_PORT_UNREACH, ICMP_TIME_EXCEEDED, icmpError,
   icmpFrame, ICMPV6_DEST_UNREACH, ICMPV6_PKT_TOOBIG, ICMPV6_PORT_UNREACH, ip4, ip6, ipPacket, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
@@ -83,11 +84,13 @@ const CONFIG: LbNpConfig = {
   ...lb_np_config.decode(Buffer.alloc(lb_np_config.size)), nodeportMin: 30000, nodeportMax: 32767, snatMin: 61000, snatMax: 61999, flags: 0, snatRetries: 16,
 };
 
+const PROTO_NUMBER = { tcp: IPPROTO_TCP, udp: IPPROTO_UDP, sctp: IPPROTO_SCTP } as const;
+
 interface Backend { id: number; address: string; port: number }
 interface Frontend {
   address: string;
   port: number;
-  proto?: 'tcp' | 'udp';
+  proto?: 'tcp' | 'udp' | 'sctp';
   type: number;
   flags?: number;
   revNat: number;
@@ -179,7 +182,7 @@ async function inNamespace(): Promise<void> {
   }
 
   function putService(f: Frontend): void {
-    const proto = (f.proto ?? 'tcp') === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
+    const proto = PROTO_NUMBER[f.proto ?? 'tcp'];
     const master = lb_service.encode({ backendId: 0, revNatIndex: f.revNat, affinityTimeout: f.affinityTimeout ?? 0, count: f.count ?? f.backends.length, qcount: f.qcount ?? 0, type: f.type, flags: f.flags ?? 0 });
     const isV4 = v4(f.address);
     f.backends.forEach((b, i) => putSlot(f, i + 1, b));
@@ -191,7 +194,7 @@ async function inNamespace(): Promise<void> {
 
   /** Writes backend `b` and points slot `slot` of frontend `f` at it. */
   function putSlot(f: Frontend, slot: number, b: Backend): void {
-    const proto = (f.proto ?? 'tcp') === 'tcp' ? IPPROTO_TCP : IPPROTO_UDP;
+    const proto = PROTO_NUMBER[f.proto ?? 'tcp'];
     const value = lb_service.encode({ backendId: b.id, revNatIndex: 0, affinityTimeout: 0, count: 0, qcount: 0, type: LbSvcType.LB_SVC_NONE, flags: 0 });
     if (v4(f.address)) {
       maps.be4.update(u32.encode(b.id), lb4_backend.encode({ address: ip4(b.address), port: b.port, proto, state: 0 }));
@@ -1109,6 +1112,58 @@ async function inNamespace(): Promise<void> {
     for (const k of maps.ct4.keys()) maps.ct4.delete(k);
     const c = lifetimes();
     t.ok(c.udp > 2 && c.udp <= 7 && c.tcp > 850 && c.tcp <= 900, `configured: UDP 7 s, TCP established 900 s (${JSON.stringify(c)})`);
+  });
+
+  t.test('SCTP: NodePort to a remote and a local backend, both ways, IPv4 and IPv6: ports rewritten with the CRC32c updated; an ABORT closes the flow', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, proto: 'sctp', type: LbSvcType.LB_SVC_NODEPORT, revNat: 180, backends: [{ id: 7, address: REMOTE_BE4, port: 3868 }] });
+    putService({ address: '::', port: NODEPORT, proto: 'sctp', type: LbSvcType.LB_SVC_NODEPORT, revNat: 181, backends: [{ id: 8, address: REMOTE_BE6, port: 3868 }] });
+    putService({ address: LB4, port: 3868, proto: 'sctp', type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 182, backends: [{ id: 9, address: LOCAL_BE4, port: 3869 }] });
+    // sctpFrame writes the node's MAC as the source: swap for a frame that arrives on np0
+    const arriving = (f: Buffer): Buffer => Buffer.concat([f.subarray(6, 12), f.subarray(0, 6), f.subarray(12)]);
+    const sctp = (r: Run, l4: number, len: number): { sport: number; dport: number; ok: boolean } => {
+      const seg = r.out.subarray(l4, l4 + len);
+      return { sport: seg.readUInt16BE(0), dport: seg.readUInt16BE(2), ok: sctpChecksumOk(seg) };
+    };
+    for (const [client, node, backend] of [[CLIENT4, NODE4, REMOTE_BE4], [CLIENT6, NODE6, REMOTE_BE6]] as const) {
+      const fam = client.includes(':') ? 'IPv6' : 'IPv4';
+      const init = sctpFrame({ src: client, dst: node, sport: 46900, dport: NODEPORT, vtag: 0, chunks: [initChunk(0x1234, [client])] });
+      const r = counting(() => ingress(arriving(init.frame)));
+      t.equal(r.result.rc, TC_ACT_REDIRECT, `${fam}: the INIT is redirected to the remote backend`);
+      t.equal(r.delta(LbMetric.LB_MTR_NP_NEW), 1n, `${fam}: a new flow`);
+      const fwd = sctp(r.result, init.l4Offset, init.sctpLength);
+      t.match(r.result.p, { src: node, dst: backend }, `${fam}: DNAT and SNAT`);
+      t.equal(fwd.dport, 3868, `${fam}: to the backend's port`);
+      t.ok(fwd.sport >= CONFIG.snatMin && fwd.sport <= CONFIG.snatMax, `${fam}: from a SNAT port (${fwd.sport})`);
+      t.ok(fwd.ok, `${fam}: the CRC32c matches the rewritten packet`);
+      const ack = sctpFrame({ src: backend, dst: node, sport: 3868, dport: fwd.sport, vtag: 0x1234, chunks: [chunk(2, Buffer.alloc(20, 7))] });
+      const b = ingress(arriving(ack.frame));
+      t.equal(b.rc, TC_ACT_REDIRECT, `${fam}: the INIT-ACK goes back to the client`);
+      const rev = sctp(b, ack.l4Offset, ack.sctpLength);
+      t.match(b.p, { src: node, dst: client }, `${fam}: rev-SNAT and rev-DNAT`);
+      t.same([rev.sport, rev.dport, rev.ok], [NODEPORT, 46900, true], `${fam}: the NodePort and the client's port, CRC32c matching`);
+    }
+    // local: DNAT only, the reply rev-DNATed at egress
+    const local = sctpFrame({ src: CLIENT4, dst: LB4, sport: 46901, dport: 3868, vtag: 0, chunks: [initChunk(0x99)] });
+    const l = ingress(arriving(local.frame));
+    t.equal(l.rc, TC_ACT_OK, 'local: up the stack');
+    t.same([sctp(l, local.l4Offset, local.sctpLength).dport, sctp(l, local.l4Offset, local.sctpLength).ok], [3869, true], 'local: the backend port, CRC32c matching');
+    const reply = sctpFrame({ src: LOCAL_BE4, dst: CLIENT4, sport: 3869, dport: 46901, vtag: 0x99, chunks: [chunk(2, Buffer.alloc(20, 1))] });
+    const e = egress(reply.frame);
+    t.match(e.p, { src: LB4, dst: CLIENT4 }, 'local: the reply leaves from the frontend');
+    t.same([sctp(e, reply.l4Offset, reply.sctpLength).sport, sctp(e, reply.l4Offset, reply.sctpLength).ok], [3868, true], 'local: the frontend port, CRC32c matching');
+    // a zero checksum (CHECKSUM_PARTIAL: the local stack's) stays zero
+    const partial = sctpFrame({ src: CLIENT4, dst: LB4, sport: 46902, dport: 3868, vtag: 0, chunks: [initChunk(0x98)], checksum: 0 });
+    const z = ingress(arriving(partial.frame));
+    t.equal(z.out.readUInt32LE(partial.l4Offset + 8), 0, 'a zero checksum field is left for whoever computes it');
+    // an ABORT closes the association's flow; a new INIT on the tuple is a new flow
+    const abort = sctpFrame({ src: CLIENT4, dst: LB4, sport: 46901, dport: 3868, vtag: 0x99, chunks: [chunk(6, Buffer.alloc(0))] });
+    ingress(arriving(abort.frame));
+    const o = ct4({ saddr: ip4(CLIENT4), daddr: ip4(LB4), sport: 46901, dport: 3868, proto: IPPROTO_SCTP, dir: CT_ORIG });
+    t.ok(o && o.flags & CT_F_CLOSING && Number(o.expires) - now() <= 10, 'the ABORT closed the flow (10 s left)');
+    const again = counting(() => ingress(arriving(local.frame)));
+    t.equal(again.delta(LbMetric.LB_MTR_NP_NEW), 1n, 'an INIT on the closed tuple opens a new flow');
+    t.equal(SCTP_CID_INIT, 1);
   });
 
   t.test('TCP closing: one FIN half closes (close-wait lifetime), FINs both ways close (10 s); a SYN on the tuple is a new flow', async (t) => {
