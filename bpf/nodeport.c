@@ -606,10 +606,10 @@ static __always_inline bool np4_endpoints_elsewhere(struct lb4_key *key, const s
 /* A new flow: source ranges, a backend, local or remote, the CT (and SNAT) entries. */
 static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_flow *f, struct lb4_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
-					struct lb4_ct_key *ok, struct lb4_ct_entry *orig, __u64 now, __be16 prev)
+					struct lb4_ct_key *ok, struct lb4_ct_entry *orig, __u64 now, __be16 prev,
+					struct bpf_fib_lookup *fib)
 {
 	struct lb4_ct_entry reply = {};
-	struct bpf_fib_lookup fib;
 	struct lb4_backend *be;
 	struct lb_device *dev;
 	__u32 backend_id = 0;
@@ -632,8 +632,8 @@ static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
 	}
-	rc = np4_fib(skb, &fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
-	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib.ifindex) : NULL;
+	rc = np4_fib(skb, fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
+	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib->ifindex) : NULL;
 	if (!dev && rc != BPF_FIB_LKUP_RET_NOT_FWDED && !np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -821,7 +821,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
 		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
 			return TC_ACT_SHOT;
-		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
+		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev, &fib);
 		if (rc)
 			return rc;
 		ct = &fresh;
@@ -1282,16 +1282,23 @@ static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, cons
 					    const struct lb6_backend *be, const __be32 *snat_addr,
 					    const struct lb6_ct_entry *nat, __u64 now, __be16 prev, __be16 *port_out)
 {
-	struct lb6_ct_key rk = { .sport = be->port, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	__u32 zero = 0;
 	struct np6_snat_req *q = bpf_map_lookup_elem(&lb_snat_req6, &zero);
+	struct lb6_ct_key *rk;
 	int port;
 
 	if (!q)
 		return -1;
-	ip6_copy(rk.saddr, be->address);
-	ip6_copy(rk.daddr, snat_addr);
-	__builtin_memcpy(q->rk, &rk, sizeof(rk));
+	/* the key is built in the request itself: IPv6's stack frame is the largest on the call chain */
+	rk = (void *)q->rk;
+	ip6_copy(rk->saddr, be->address);
+	ip6_copy(rk->daddr, snat_addr);
+	rk->sport = be->port;
+	rk->dport = 0;
+	rk->proto = f->l4.proto;
+	rk->dir = LB_CT_REPLY;
+	rk->pad[0] = 0;
+	rk->pad[1] = 0;
 	__builtin_memcpy(q->nat, nat, sizeof(*nat));
 	q->now = now;
 	q->first = np_snat_first(cfg, prev, f->sport, np_mix(f->saddr[3] ^ f->saddr[2], f->daddr[3], ((__u32)f->sport << 16) | f->dport));
@@ -1362,10 +1369,10 @@ static __always_inline bool np6_endpoints_elsewhere(struct lb6_key *key, const s
 
 static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_flow *f, struct lb6_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
-					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now, __be16 prev)
+					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now, __be16 prev,
+					struct bpf_fib_lookup *fib)
 {
 	struct lb6_ct_entry reply = {};
-	struct bpf_fib_lookup fib;
 	struct lb6_backend *be;
 	struct lb_device *dev;
 	__u32 backend_id = 0;
@@ -1388,8 +1395,8 @@ static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
 	}
-	rc = np6_fib(skb, &fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
-	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib.ifindex) : NULL;
+	rc = np6_fib(skb, fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
+	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib->ifindex) : NULL;
 	if (!dev && rc != BPF_FIB_LKUP_RET_NOT_FWDED && !np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -1546,7 +1553,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
 		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
 			return TC_ACT_SHOT;
-		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev);
+		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev, &fib);
 		if (rc)
 			return rc;
 		ct = &fresh;

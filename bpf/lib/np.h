@@ -146,29 +146,13 @@ static __always_inline int np4_rewrite_addr(struct __sk_buff *skb, const struct 
 	return np4_rewrite_l3(skb, off, old, new);
 }
 
-/*
- * SCTP's port rewrite, verified once: a global function (the verifier
- * checks it apart, called with scalars and the context only, as 5.10
- * allows), where the CRC32c update inlined at each of the datapath's port
- * rewrites made the verifier go through it on every path to each (80k
- * verified instructions for lb_nodeport_ingress became 188k).
- * `off_len`: the SCTP header's offset << 16 | the packet's length;
- * `ports`: old << 16 | new, as stored (network order).
- */
-__attribute__((noinline)) int np_sctp_rewrite_port(struct __sk_buff *skb, __u32 off_len, __u32 which, __u32 ports)
-{
-	if (!skb)
-		return -1;
-	return lb_sctp_rewrite_port(skb, off_len >> 16, off_len & 0xffff, which, (__be16)(ports >> 16), (__be16)(ports & 0xffff));
-}
-
 /* Rewrites a port (`which`: 0 source, 2 destination) with the L4 checksum (SCTP: its CRC32c). */
 static __always_inline int np_rewrite_port(struct __sk_buff *skb, const struct np_l4 *l4, __u32 which, __be16 old, __be16 new)
 {
 	if (old == new || !l4->has_ports)
 		return 0;
 	if (l4->proto == IPPROTO_SCTP)
-		return np_sctp_rewrite_port(skb, (l4->l4_off << 16) | l4->l4_len, which, ((__u32)old << 16) | new);
+		return lb_sctp_rewrite_port(skb, l4->l4_off, l4->l4_len, which, old, new);
 	if (l4->csum_off && bpf_l4_csum_replace(skb, l4->csum_off, old, new, np_csum_flags(l4) | sizeof(new)) < 0)
 		return -1;
 	return bpf_skb_store_bytes(skb, l4->l4_off + which, &new, sizeof(new), 0);

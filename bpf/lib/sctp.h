@@ -108,12 +108,14 @@ static __always_inline __u32 lb_crc32c_le16(__u16 v)
  * a * b mod P, in the reflected representation (zlib's multmodp), without
  * branches: 64-bit words spare the verifier's and JIT's 32-bit zero
  * extensions, and the loop is unrolled eight bits at a time (half the
- * cost of a plain loop). A bit selects with a multiplication, not with
+ * cost of a plain loop), inlined in lb_crc32c_shift() (a global function:
+ * no frame of its own on the call chain, which 5.10 and 6.1 count against
+ * 512 bytes of stack with the callers'). A bit selects with a multiplication, not with
  * `x & -bit`: the 6.18 verifier splits its state at an AND with a value in
  * [-1, 0], and 16 such ANDs between two jumps were 65,536 paths (refused:
  * a million instructions).
  */
-static __noinline __u32 lb_crc32c_mul(__u32 a32, __u32 b32)
+static __always_inline __u32 lb_crc32c_mul(__u32 a32, __u32 b32)
 {
 	__u64 a = a32, b = b32, p = 0;
 	int i;

@@ -293,7 +293,12 @@ int test_affinity_keeps_a_client_on_its_backend(struct __sk_buff *skb)
 	bpf_map_delete_elem(&lb_affinity, &akey);
 	put_backend4(1, 1, BE1_IP);
 	put_backend4(2, 2, BE2_IP);
-	put_master4_flags(SVC_IP, SVC_PORT, IPPROTO_TCP, 2, LB_SVC_CLUSTER_IP, LB_SVC_F_AFFINITY, 100);
+	/*
+	 * A timeout of 1 s: an entry last used at 0 (below) is expired however
+	 * long the machine has been up (the clock counts from boot: with 100 s,
+	 * a guest up for less never saw it expire).
+	 */
+	put_master4_flags(SVC_IP, SVC_PORT, IPPROTO_TCP, 2, LB_SVC_CLUSTER_IP, LB_SVC_F_AFFINITY, 1);
 	test_netns_cookie = 41;
 	CHECK(fwd_once(skb, &first) == 0);
 	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
@@ -308,7 +313,15 @@ int test_affinity_keeps_a_client_on_its_backend(struct __sk_buff *skb)
 	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
 	CHECK(aval);
 	aval->last_used = 0;
-	CHECK(fwd_once(skb, &again) == 0);
+	{
+		__u32 hit = LB_MTR_AFFINITY_HIT;
+		__u64 *n = bpf_map_lookup_elem(&lb_metrics, &hit);
+		__u64 before = n ? *n : 0;
+
+		CHECK(fwd_once(skb, &again) == 0);
+		n = bpf_map_lookup_elem(&lb_metrics, &hit);
+		CHECK(n && *n == before); /* not a hit: the expired entry was not used (this CPU's counter) */
+	}
 	aval = bpf_map_lookup_elem(&lb_affinity, &akey);
 	CHECK(aval && aval->last_used > 0);
 
