@@ -37,11 +37,21 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 // kubernetes-apiserver.ts: which requests the reflector makes and when (the
 // fake API server's cache and storage, backoff across an outage), 282 s of a
 // guest's budget for no kernel behaviour; the maps it reads are written by
-// the same code kubernetes.ts runs in the guests.
-const HOST_ONLY = new Set(['test/e2e/hostile-input.ts', 'test/e2e/kubernetes-nodes.ts', 'test/e2e/health-mesh.ts', 'test/e2e/kubernetes-apiserver.ts']);
+// the same code kubernetes.ts runs in the guests. agent-start.ts: ports taken
+// and signals at each stage of a start; kubelet-probes.ts: the DaemonSet's
+// probes over 315 s of probe time, evaluated as the kubelet does.
+const HOST_ONLY = new Set([
+  'test/e2e/hostile-input.ts',
+  'test/e2e/kubernetes-nodes.ts',
+  'test/e2e/health-mesh.ts',
+  'test/e2e/kubernetes-apiserver.ts',
+  'test/e2e/agent-start.ts',
+  'test/e2e/kubelet-probes.ts',
+]);
 // The tc datapath's long scenarios (a thousand services, restarts and an
 // upgrade under load, SNAT ports waiting out TIME_WAIT, policy changes, a
-// device re-made, 60 s of new connections at kube-proxy's rate): in make test on the host, in the guests by make vmtest
+// device re-made, 60 s of new connections at kube-proxy's rate, upgrades
+// that carry the flows into new maps): in make test on the host, in the guests by make vmtest
 // only (e2e, all), not in make test's guest split (e2e:K/N), which would
 // outgrow its budget under TCG. The guests of make test still run the tc
 // datapath end to end (nodeport.ts, nodeport-icmp.ts, nodeport-from-node.ts)
@@ -54,6 +64,7 @@ const VMTEST_ONLY_IN_GUESTS = new Set([
   'test/e2e/nodeport-snat.ts',
   'test/e2e/nodeport-snat-reuse.ts',
   'test/e2e/nodeport-sustained.ts',
+  'test/e2e/nodeport-upgrade.ts',
 ]);
 
 let onHost = false;
