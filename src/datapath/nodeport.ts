@@ -3,11 +3,12 @@
 // devices it serves and the node addresses NodePorts answer on, and attaches
 // its two programs to each device's ingress and egress.
 //
-// Attachment, per device and direction:
+// Attachment, per device and direction (--tc-attach; auto: tcx where the
+// kernel has it):
 //   tcx (6.6+): a link pinned at links/tc-<ifindex>-<direction>, at the head
 //     of the device's tcx programs; a restart or upgrade updates the pinned
 //     link to the new program (atomic), as the cgroup links are.
-//   clsact elsewhere: a cls_bpf filter at a fixed handle and priority
+//   clsact: a cls_bpf filter at a fixed handle and priority
 //     (TC_HANDLE, TC_PRIORITY). An existing filter there is replaced
 //     (atomic) only when its program is ours (by name); a foreign one is
 //     left alone and reported.
@@ -17,6 +18,7 @@ import { existsSync, mkdirSync, readdirSync, renameSync, rmdirSync, rmSync } fro
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
+import { has, type DatapathFeatures } from './features.js';
 import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
 import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMigration } from './migrate.js';
 import { links as rtnlLinks } from '../native/rtnl.js';
@@ -89,6 +91,30 @@ export interface TrafficPressure {
 export const DEFAULT_SNAT_RETRIES = 16;
 
 export type AttachMode = 'tcx' | 'clsact';
+/** --tc-attach: a mode, or auto (tcx where the kernel has it). */
+export type TcAttachSetting = AttachMode | 'auto';
+
+/** The mode the tc programs attach in, and why (for the log and `lbctl status`). */
+export interface AttachChoice {
+  readonly mode: AttachMode;
+  readonly why: string;
+}
+
+/**
+ * The attach mode --tc-attach and the kernel give. `tcx` on a kernel without
+ * tcx refuses the start (ConfigError naming the flag); clsact works on every
+ * kernel lbctl runs on.
+ */
+export function chooseAttachMode(setting: TcAttachSetting, features: DatapathFeatures): AttachChoice {
+  const tcx = has(features, 'tcx');
+  const probe = features.results.find((r) => r.name === 'tcx');
+  if (setting === 'clsact') return { mode: 'clsact', why: '--tc-attach clsact' };
+  if (setting === 'tcx') {
+    if (!tcx) throw new ConfigError(`--tc-attach tcx: this kernel (${features.kernel}) has no tcx (Linux 6.6+; the probe: ${probe?.detail ?? 'not probed'}): use --tc-attach auto or clsact`);
+    return { mode: 'tcx', why: '--tc-attach tcx' };
+  }
+  return tcx ? { mode: 'tcx', why: '--tc-attach auto: the kernel has tcx' } : { mode: 'clsact', why: '--tc-attach auto: the kernel has no tcx' };
+}
 
 export interface AttachedDevice {
   readonly index: number;
