@@ -112,10 +112,9 @@ export interface AttachChoice {
  */
 export function chooseAttachMode(setting: TcAttachSetting, features: DatapathFeatures): AttachChoice {
   const tcx = has(features, 'tcx');
-  const probe = features.results.find((r) => r.name === 'tcx');
   if (setting === 'clsact') return { mode: 'clsact', why: '--tc-attach clsact' };
   if (setting === 'tcx') {
-    if (!tcx) throw new ConfigError(`--tc-attach tcx: this kernel (${features.kernel}) has no tcx (Linux 6.6+; the probe: ${probe?.detail ?? 'not probed'}): use --tc-attach auto or clsact`);
+    if (!tcx) throw new ConfigError(`--tc-attach tcx: this kernel (${features.kernel}) has no tcx links (Linux 6.6+): use --tc-attach auto or clsact`);
     return { mode: 'tcx', why: '--tc-attach tcx' };
   }
   return tcx ? { mode: 'tcx', why: '--tc-attach auto: the kernel has tcx' } : { mode: 'clsact', why: '--tc-attach auto: the kernel has no tcx' };
@@ -499,9 +498,11 @@ export class NodePortDatapath {
           }
         }
         if (!linked) tcxAttach(progFd, d.index, dir, pin, { head: true });
-        // Then our clsact filter goes, if an agent in clsact mode left one: a
-        // packet meets the tcx program first, and ours returns TCX_NEXT only
-        // for what it does not translate, so the two never both translate.
+        // Then our clsact filter goes, if an agent in clsact mode left one.
+        // Meanwhile a packet meets the tcx program first; the filter sees
+        // only what that passes on (TCX_NEXT), and finds no flow for a
+        // packet already translated (the CT maps key on the untranslated
+        // tuples), so nothing is translated twice.
         if (first) {
           const f = filter(d.index, dir);
           const have = tcQuery(f);
