@@ -311,20 +311,24 @@ export async function perMode(t: Test, lab: Lab, scenario: (t: Test, mode: Attac
 }
 
 /**
- * `scenario` once per attach mode, each in a sandbox and lab of its own, side
- * by side: for suites that spend their time waiting for timers (CT entries
- * expiring, TIME_WAIT), where running the modes one after the other would
- * double the wait and running them at once costs little.
+ * `body` once per attach mode, as subtests named for it, side by side: for
+ * tests that build a lab of their own (body starts the agent with
+ * --tc-attach MODE) and spend their time waiting for timers or flows, where
+ * running the modes one after the other would double the wait and running
+ * them at once costs little.
  */
-export async function perModeSideBySide(t: Test, scenario: (t: Test, sb: Sandbox, lab: Lab, mode: AttachMode) => Promise<void>): Promise<void> {
+export async function eachMode(t: Test, body: (t: Test, mode: AttachMode) => Promise<void>): Promise<void> {
   const all = await tcAttachModes();
   await t.test('every attach mode, side by side', { jobs: all.length }, async (t) => {
-    for (const mode of all) {
-      void t.test(`--tc-attach ${mode}`, async (t) => {
-        const sb = await createSandbox(t, { backends: 0, agent: false });
-        await scenario(t, sb, await makeLab(sb), mode);
-      });
-    }
+    for (const mode of all) void t.test(`--tc-attach ${mode}`, (t) => body(t, mode));
+  });
+}
+
+/** `scenario` once per attach mode (eachMode), each in a sandbox and lab of its own. */
+export function perModeSideBySide(t: Test, scenario: (t: Test, sb: Sandbox, lab: Lab, mode: AttachMode) => Promise<void>): Promise<void> {
+  return eachMode(t, async (t, mode) => {
+    const sb = await createSandbox(t, { backends: 0, agent: false });
+    await scenario(t, sb, await makeLab(sb), mode);
   });
 }
 
