@@ -82,6 +82,8 @@ $(OUT)/tests/%.bpf.o: bpf/tests/%.c bpf/sock.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
 $(OUT)/tests/sock_destroy_test.bpf.o: bpf/sock_destroy.c
+# A program without BTF (test/native/tc.ts): the same rule without -g.
+$(OUT)/tests/tc_nobtf_test.bpf.o: BPF_CFLAGS := $(filter-out -g,$(BPF_CFLAGS))
 $(OUT)/tests/nodeport_test.bpf.o: bpf/nodeport.c
 
 $(OUT):

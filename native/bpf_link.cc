@@ -1,6 +1,7 @@
 #include "bpf_link.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,54 @@
 #include "errors.h"
 
 namespace lbn {
+
+// The name of a program's main function in the BTF the kernel keeps with it
+// (bpf_prog_info.btf_id, and func_info[0], whose insn_off is 0): whole, where
+// bpf_prog_info.name keeps 15 characters (BPF_OBJ_NAME_LEN). This is what
+// bpftool prints as the program's name. "" for a program loaded without BTF.
+static std::string progFuncName(Napi::Env env, int fd, const struct bpf_prog_info& pi, const ErrCtx& ctx) {
+  if (pi.btf_id == 0 || pi.nr_func_info == 0) return "";
+  struct bpf_func_info fi;
+  std::memset(&fi, 0, sizeof fi);
+  struct bpf_prog_info q;
+  std::memset(&q, 0, sizeof q);
+  q.nr_func_info = 1;
+  q.func_info_rec_size = sizeof fi;
+  q.func_info = reinterpret_cast<__u64>(&fi);
+  __u32 len = sizeof q;
+  int r = bpf_obj_get_info_by_fd(fd, &q, &len);
+  if (r != 0) throwBpfError(env, "bpf_obj_get_info_by_fd", errFromRet(r), ctx);
+  errno = 0;
+  struct btf* btf = btf__load_from_kernel_by_id(pi.btf_id);
+  if (btf == nullptr) {
+    ErrCtx c = ctx;
+    c.detail += (c.detail.empty() ? "" : ", ") + std::string("btf id ") + std::to_string(pi.btf_id);
+    throwBpfError(env, "btf__load_from_kernel_by_id", errFromErrno(), c);
+  }
+  std::unique_ptr<struct btf, void (*)(struct btf*)> guard(btf, btf__free);
+  const struct btf_type* t = btf__type_by_id(btf, fi.type_id);
+  if (t == nullptr || !btf_is_func(t)) return "";
+  const char* name = btf__name_by_offset(btf, t->name_off);
+  return name != nullptr ? name : "";
+}
+
+Napi::Object progInfoObject(Napi::Env env, int fd, const ErrCtx& ctx) {
+  struct bpf_prog_info pi;
+  std::memset(&pi, 0, sizeof pi);
+  __u32 len = sizeof pi;
+  int r = bpf_obj_get_info_by_fd(fd, &pi, &len);
+  if (r != 0) throwBpfError(env, "bpf_obj_get_info_by_fd", errFromRet(r), ctx);
+  char tag[BPF_TAG_SIZE * 2 + 1];
+  for (int i = 0; i < BPF_TAG_SIZE; i++) snprintf(tag + 2 * i, 3, "%02x", pi.tag[i]);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("id", Napi::Number::New(env, pi.id));
+  o.Set("name", Napi::String::New(env, pi.name));
+  o.Set("tag", Napi::String::New(env, tag));
+  o.Set("type", Napi::Number::New(env, pi.type));
+  std::string func = progFuncName(env, fd, pi, ctx);
+  if (!func.empty()) o.Set("funcName", Napi::String::New(env, func));
+  return o;
+}
 
 namespace {
 
@@ -92,9 +141,9 @@ Napi::Value PinnedLinkInfo(const Napi::CallbackInfo& info) {
   return linkInfoObject(env, li);
 }
 
-// progInfoById(id): { id, name, tag, type } of any loaded program, or null when
-// no program has that id (it was freed). Generic: callers use it to tell their
-// own programs from others' (a tc filter's program, by name).
+// progInfoById(id): progInfoObject() of any loaded program, or null when no
+// program has that id (it was freed). Generic: callers use it to tell their
+// own programs from others' (a tc filter's program, by its BTF name).
 Napi::Value ProgInfoById(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   uint32_t id = static_cast<uint32_t>(argI32(info, 0, "id"));
@@ -102,24 +151,13 @@ Napi::Value ProgInfoById(const Napi::CallbackInfo& info) {
   if (raw < 0) {
     if (errno == ENOENT) return env.Null();
     ErrCtx c;
+    c.detail = "program id " + std::to_string(id);
     throwBpfError(env, "bpf_prog_get_fd_by_id", errno, c);
   }
   UniqueFd fd(raw);
-  struct bpf_prog_info pi;
-  memset(&pi, 0, sizeof(pi));
-  __u32 len = sizeof(pi);
-  if (bpf_obj_get_info_by_fd(fd.get(), &pi, &len) != 0) {
-    ErrCtx c;
-    throwBpfError(env, "bpf_obj_get_info_by_fd", errno, c);
-  }
-  char tag[BPF_TAG_SIZE * 2 + 1];
-  for (int i = 0; i < BPF_TAG_SIZE; i++) snprintf(tag + 2 * i, 3, "%02x", pi.tag[i]);
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("id", Napi::Number::New(env, pi.id));
-  o.Set("name", Napi::String::New(env, pi.name));
-  o.Set("tag", Napi::String::New(env, tag));
-  o.Set("type", Napi::Number::New(env, pi.type));
-  return o;
+  ErrCtx c;
+  c.detail = "program id " + std::to_string(id);
+  return progInfoObject(env, fd.get(), c);
 }
 
 Napi::Value PinnedLinkUpdate(const Napi::CallbackInfo& info) {

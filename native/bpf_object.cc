@@ -89,16 +89,6 @@ class LoadWorker : public Napi::AsyncWorker {
   std::string log_;
 };
 
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; i++) {
-    s += d[p[i] >> 4];
-    s += d[p[i] & 15];
-  }
-  return s;
-}
-
 }  // namespace
 
 Napi::Function BpfObject::Define(Napi::Env env) {
@@ -388,20 +378,9 @@ Napi::Value BpfObject::ProgInfo(const Napi::CallbackInfo& info) {
   std::string name = argString(info, 0, "name");
   struct bpf_program* p = findProg("bpf_obj_get_info_by_fd", name, true);
   int fd = progFdOrThrow(env, p, st_->path);
-  struct bpf_prog_info pi;
-  std::memset(&pi, 0, sizeof pi);
-  __u32 len = sizeof pi;
-  int r = bpf_obj_get_info_by_fd(fd, &pi, &len);
-  if (r != 0) {
-    ErrCtx c;
-    c.prog = name;
-    throwBpfError(env, "bpf_obj_get_info_by_fd", errFromRet(r), c);
-  }
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("id", Napi::Number::New(env, pi.id));
-  o.Set("tag", hex(pi.tag, sizeof pi.tag));
-  o.Set("type", Napi::Number::New(env, pi.type));
-  return o;
+  ErrCtx c;
+  c.prog = name;
+  return progInfoObject(env, fd, c);
 }
 
 Napi::Value BpfObject::AttachCgroup(const Napi::CallbackInfo& info) {

@@ -11,7 +11,7 @@ import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
 import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type DatapathFeatures } from '../datapath/features.js';
 import { linksDir, loadDatapath, mapsDir, tcStagingDir, type Datapath, type DatapathOptions } from '../datapath/loader.js';
-import { NodePortDatapath } from '../datapath/nodeport.js';
+import { chooseAttachMode, NodePortDatapath, type AttachChoice } from '../datapath/nodeport.js';
 import { sctpStatus } from '../datapath/sctp.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { ServiceHealthServers } from './service-health.js';
@@ -210,6 +210,8 @@ export class Agent implements AgentView {
     if (missingRequired(features).length > 0) log.error({ features: features.results }, `datapath features: ${line}`);
     else log.info({ kernel: features.kernel, absent: features.results.filter((r) => !r.available).map((r) => `${r.name}: ${r.detail}`) }, `datapath features: ${line}`);
     requireFeatures(features);
+    // Before anything is loaded: --tc-attach tcx on a kernel without tcx refuses the start.
+    const attach = this.opts.nodePort ? chooseAttachMode(this.opts.nodePort.tcAttach ?? 'auto', features) : undefined;
     this.datapath = await loadDatapath({ ...this.opts.datapath, setRetval: has(features, 'set_retval') });
     if (this.stopping) return;
     if (this.datapath.variant === 'compat') {
@@ -225,7 +227,7 @@ export class Agent implements AgentView {
     // The ids' ranges follow the loaded maps' sizes (--max-services, --max-backends).
     const maxEntries = Object.fromEntries(LB_MAP_NAMES.map((name) => [name, this.datapath!.object.map(name).maxEntries]));
     // The tc datapath first: the reconciler writes its tables and ranges too.
-    if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, features);
+    if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, attach!);
     if (this.stopping) return;
     const np = this.nodePort;
     this.reconciler = new Reconciler(this.datapath.maps, {
@@ -264,7 +266,7 @@ export class Agent implements AgentView {
    * the start; a kernel that cannot load or attach it leaves the socket
    * programs serving, with the error in the log and the status.
    */
-  private async startNodePort(opts: NodePortOptions, features: DatapathFeatures): Promise<void> {
+  private async startNodePort(opts: NodePortOptions, attach: AttachChoice): Promise<void> {
     const { log } = this.opts;
     const bpfRoot = this.opts.datapath.bpfRoot;
     let dp: NodePortDatapath;
@@ -274,7 +276,7 @@ export class Agent implements AgentView {
         sockObject: this.datapath!.object,
         mapsDir: mapsDir(bpfRoot),
         linksDir: linksDir(bpfRoot),
-        mode: has(features, 'tcx') ? 'tcx' : 'clsact',
+        mode: attach.mode,
         maglevM: opts.settings.maglev.m,
         stagingDir: tcStagingDir(bpfRoot),
         ...(opts.sizes ? { sizes: opts.sizes } : {}),
@@ -287,8 +289,9 @@ export class Agent implements AgentView {
     }
     if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another size or layout were made anew (the agent writes them again)');
     for (const m of dp.migrated) log.info(m, m.converted ? 'tc flows carried into a map of another layout, converted field by field' : 'tc flows carried into a map of another size');
+    log.info({ mode: attach.mode, why: attach.why }, `tc programs attach with ${attach.mode}`);
     const metrics = this.opts.metrics;
-    const agent = new NodePortAgent(dp, { ...opts, ...(metrics ? { onTrafficPressure: (p) => metrics.setMapPressure(p) } : {}) }, log);
+    const agent = new NodePortAgent(dp, { ...opts, ...(metrics ? { onTrafficPressure: (p) => metrics.setMapPressure(p) } : {}) }, log, attach);
     try {
       agent.start();
     } catch (err) {

@@ -10,7 +10,7 @@ import type { Logger } from 'pino';
 import { ConfigError } from '../errors.js';
 import type ipaddr from 'ipaddr.js';
 import { nodePortAddresses, selectDevices, type Device, type DeviceAddress } from '../datapath/devices.js';
-import type { NodePortDatapath, NodePortSettings, PortRange, TrafficMapSizes, TrafficPressure } from '../datapath/nodeport.js';
+import type { AttachChoice, NodePortDatapath, NodePortSettings, PortRange, TcAttachSetting, TrafficMapSizes, TrafficPressure } from '../datapath/nodeport.js';
 import { sumCounters } from '../datapath/counters.js';
 import { addresses as rtnlAddrs, links as rtnlLinks, routes as rtnlRoutes, watch as rtnlWatch } from '../native/rtnl.js';
 
@@ -32,6 +32,8 @@ export interface NodePortOptions {
   readonly onTrafficPressure?: (p: readonly TrafficPressure[]) => void;
   /** How often the traffic maps and the datapath's drop counters are read (default TRAFFIC_CHECK_MS). */
   readonly trafficCheckMs?: number;
+  /** --tc-attach (default auto: tcx where the kernel has it). */
+  readonly tcAttach?: TcAttachSetting;
 }
 
 /** How often the flows' and SNAT maps' fill and the counters of traffic dropped for want of room are read. */
@@ -51,6 +53,8 @@ const ROOM_COUNTERS: ReadonlyArray<{ counter: string; what: string; flag: string
 
 export interface NodePortStatus {
   readonly mode: string;
+  /** Why that mode: the flag, and with auto what the kernel has. */
+  readonly modeReason: string;
   readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role: string; readonly addresses: readonly string[]; readonly snat: readonly string[] }>;
   readonly nodeAddresses: readonly string[];
   readonly waiting: readonly string[];
@@ -88,8 +92,9 @@ export class NodePortAgent {
     readonly datapath: NodePortDatapath,
     private readonly opts: NodePortOptions,
     private readonly log: Logger,
+    private readonly attach: AttachChoice = { mode: datapath.mode, why: '' },
   ) {
-    this.status = { mode: datapath.mode, devices: [], nodeAddresses: [], waiting: [], problems: [] };
+    this.status = { mode: datapath.mode, modeReason: attach.why, devices: [], nodeAddresses: [], waiting: [], problems: [] };
   }
 
   /** Throws (ConfigError) when --devices names a device this network namespace does not have. */
@@ -185,6 +190,7 @@ export class NodePortAgent {
     const problems = this.datapath.sync(sel.devices, nodeAddrs);
     this.status = {
       mode: this.datapath.mode,
+      modeReason: this.attach.why,
       devices: sel.devices.map((d: Device) => ({
         name: d.name,
         index: d.index,

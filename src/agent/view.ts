@@ -72,7 +72,9 @@ export interface KernelStatus {
   readonly nodePort?: {
     readonly state: 'off' | 'failed' | 'serving';
     readonly error?: string;
+    /** tcx or clsact, and why (--tc-attach, and with auto what the kernel has). */
     readonly mode?: string;
+    readonly modeReason?: string;
     /** role: a front door ('nodeport') or an overlay's device ('tunnel'); snat: the source SNATed flows leave it with, per family. */
     readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[] }>;
     readonly nodeAddresses?: readonly string[];

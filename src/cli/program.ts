@@ -58,6 +58,11 @@ function watchListMode(v: string): string {
   return v;
 }
 
+function tcAttach(v: string): string {
+  if (v !== 'auto' && v !== 'tcx' && v !== 'clsact') throw new InvalidArgumentError('expected auto, tcx or clsact');
+  return v;
+}
+
 function output(v: string): string {
   if (v !== 'json' && v !== 'text') throw new InvalidArgumentError('expected json or text');
   return v;
@@ -107,6 +112,7 @@ export function buildProgram(): Command {
     .option('--procfs <path>', "where the host's /proc/sys/net is reachable as <path>/sys/net (in a pod: /host/proc, a hostPath mount; the container's own is read-only)", '/proc')
     .option('--no-nodeport', 'do not serve NodePorts, LoadBalancer and external IPs at tc (the socket programs only)')
     .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth, bridge port or tunnel)')
+    .option('--tc-attach <auto|tcx|clsact>', 'how the tc programs attach to the devices: tcx links (Linux 6.6+) or clsact filters; auto: tcx where the kernel has it', tcAttach, 'auto')
     .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
     .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')
     .option('--snat-port-range <first-last>', "source ports of SNATed flows to remote backends (a client's own port kept when free; the node's own flows in it are tracked); not overlapping the NodePort range (default: from above the NodePort range to 65535)")

@@ -75,7 +75,7 @@ const SPECS: readonly FeatureSpec[] = [
   },
   {
     name: 'tcx', required: false, since: '6.6', what: 'tc programs attached through tcx links (BPF_TCX_INGRESS)',
-    yes: 'tc programs attach through tcx links', no: 'tc programs attach through clsact and cls_bpf',
+    yes: 'tc programs can attach through tcx links (--tc-attach auto does)', no: 'tc programs attach through clsact and cls_bpf',
   },
 ];
 

@@ -3,20 +3,27 @@
 // devices it serves and the node addresses NodePorts answer on, and attaches
 // its two programs to each device's ingress and egress.
 //
-// Attachment, per device and direction:
+// Attachment, per device and direction (--tc-attach; auto: tcx where the
+// kernel has it):
 //   tcx (6.6+): a link pinned at links/tc-<ifindex>-<direction>, at the head
 //     of the device's tcx programs; a restart or upgrade updates the pinned
 //     link to the new program (atomic), as the cgroup links are.
-//   clsact elsewhere: a cls_bpf filter at a fixed handle and priority
-//     (TC_HANDLE, TC_PRIORITY). An existing filter there is replaced
-//     (atomic) only when its program is ours (by name); a foreign one is
-//     left alone and reported.
+//   clsact: a cls_bpf filter at a fixed handle and priority (TC_HANDLE,
+//     TC_PRIORITY). An existing filter there is replaced (atomic) only when
+//     its program is ours: by the function name in its BTF, which the
+//     kernel keeps whole (the program name it keeps is cut at 15
+//     characters, `lb_nodeport_ing`, which anyone's program may share). A
+//     foreign one is left alone and reported.
+// A device attached in one mode loses its attachment of the other mode (an
+// agent restarted with another --tc-attach), after the new one is in place:
+// exactly one of ours per device and direction, and no gap.
 // Untranslated packets return TC_ACT_UNSPEC (TCX_NEXT), so programs after
 // ours, and the stack, still see them.
 import { existsSync, mkdirSync, readdirSync, renameSync, rmdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
+import { has, type DatapathFeatures } from './features.js';
 import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
 import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMigration } from './migrate.js';
 import { links as rtnlLinks } from '../native/rtnl.js';
@@ -89,6 +96,29 @@ export interface TrafficPressure {
 export const DEFAULT_SNAT_RETRIES = 16;
 
 export type AttachMode = 'tcx' | 'clsact';
+/** --tc-attach: a mode, or auto (tcx where the kernel has it). */
+export type TcAttachSetting = AttachMode | 'auto';
+
+/** The mode the tc programs attach in, and why (for the log and `lbctl status`). */
+export interface AttachChoice {
+  readonly mode: AttachMode;
+  readonly why: string;
+}
+
+/**
+ * The attach mode --tc-attach and the kernel give. `tcx` on a kernel without
+ * tcx refuses the start (ConfigError naming the flag); clsact works on every
+ * kernel lbctl runs on.
+ */
+export function chooseAttachMode(setting: TcAttachSetting, features: DatapathFeatures): AttachChoice {
+  const tcx = has(features, 'tcx');
+  if (setting === 'clsact') return { mode: 'clsact', why: '--tc-attach clsact' };
+  if (setting === 'tcx') {
+    if (!tcx) throw new ConfigError(`--tc-attach tcx: this kernel (${features.kernel}) has no tcx links (Linux 6.6+): use --tc-attach auto or clsact`);
+    return { mode: 'tcx', why: '--tc-attach tcx' };
+  }
+  return tcx ? { mode: 'tcx', why: '--tc-attach auto: the kernel has tcx' } : { mode: 'clsact', why: '--tc-attach auto: the kernel has no tcx' };
+}
 
 export interface AttachedDevice {
   readonly index: number;
@@ -98,10 +128,29 @@ export interface AttachedDevice {
 
 const tcxPin = (linksDir: string, ifindex: number, dir: TcDirection): string => path.join(linksDir, `tc-${ifindex}-${dir}`);
 const filter = (ifindex: number, direction: TcDirection): TcFilter => ({ ifindex, direction, handle: TC_HANDLE, priority: TC_PRIORITY });
-const isOurs = (progId: number): boolean => {
+
+/** enum bpf_prog_type: tc programs (cls_bpf and tcx). */
+const BPF_PROG_TYPE_SCHED_CLS = 3;
+const OUR_FUNCS: ReadonlySet<string> = new Set(Object.values(PROGRAMS));
+
+/**
+ * Whether the program with this id is one of ours (any lbctl's, this one's
+ * or an earlier version's): a tc program whose main function, as its BTF
+ * names it, is one of PROGRAMS. Not the kernel's program name: it keeps 15
+ * characters (`lb_nodeport_ing`), which a foreign `lb_nodeport_ingest` has
+ * too. Every build of nodeport.c carries BTF (clang -g), and libbpf loads it
+ * on every kernel lbctl runs on; a program without it is not ours.
+ */
+export function isOurs(progId: number): boolean {
   const info = progId ? progInfoById(progId) : null;
-  return info !== null && (Object.values(PROGRAMS) as string[]).includes(info.name);
-};
+  return info !== null && info.type === BPF_PROG_TYPE_SCHED_CLS && info.funcName !== undefined && OUR_FUNCS.has(info.funcName);
+}
+
+/** The program a foreign filter runs, for the message that says it was left alone. */
+function describe(progId: number): string {
+  const info = progInfoById(progId);
+  return info ? `id ${progId}, ${info.funcName ?? info.name}` : `id ${progId}`;
+}
 
 function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
   const address = Buffer.alloc(16);
@@ -424,29 +473,53 @@ export class NodePortDatapath {
     return [...this.attached.values()].sort((a, b) => a.index - b.index);
   }
 
+  /** Our program's id per direction, the steady state's answer to "is the filter there ours?" without a BTF read. */
+  private progId(dir: TcDirection): number {
+    return (this.progIds[dir] ??= this.object.progInfo(PROGRAMS[dir]).id);
+  }
+
+  private readonly progIds: Partial<Record<TcDirection, number>> = {};
+
   private attach(d: Device): void {
+    const first = !this.attached.has(d.index);
     for (const dir of ['ingress', 'egress'] as const) {
       const progFd = this.object.progFd(PROGRAMS[dir]);
       if (this.mode === 'tcx') {
         const pin = tcxPin(this.linksDir, d.index, dir);
+        let linked = false;
         if (existsSync(pin)) {
           try {
             pinnedLinkUpdate(pin, progFd);
-            continue;
+            linked = true;
           } catch (err) {
             // the device went away and came back with this index: a new link
             if (!isErrno(err, 'ENOLINK', 'ENODEV', 'EINVAL')) throw err;
             unpin(pin);
           }
         }
-        tcxAttach(progFd, d.index, dir, pin, { head: true });
+        if (!linked) tcxAttach(progFd, d.index, dir, pin, { head: true });
+        // Then our clsact filter goes, if an agent in clsact mode left one.
+        // Meanwhile a packet meets the tcx program first; the filter sees
+        // only what that passes on (TCX_NEXT), and finds no flow for a
+        // packet already translated (the CT maps key on the untranslated
+        // tuples), so nothing is translated twice.
+        if (first) {
+          const f = filter(d.index, dir);
+          const have = tcQuery(f);
+          if (have && isOurs(have)) tcDetach(f);
+        }
       } else {
         const f = filter(d.index, dir);
         const have = tcQuery(f);
-        if (have && !isOurs(have)) {
-          throw new ConfigError(`a tc ${dir} filter of another program (id ${have}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
+        if (have !== this.progId(dir)) {
+          if (have && !isOurs(have)) {
+            throw new ConfigError(`a tc ${dir} filter of another program (${describe(have)}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
+          }
+          tcAttach(progFd, f, have !== 0);
         }
-        tcAttach(progFd, f, have !== 0);
+        // Then our tcx link goes, if an agent in tcx mode left one.
+        const pin = tcxPin(this.linksDir, d.index, dir);
+        if (first && existsSync(pin)) unpin(pin);
       }
     }
     this.attached.set(d.index, { index: d.index, name: d.name, mode: this.mode });
@@ -460,7 +533,7 @@ export class NodePortDatapath {
       } else {
         const f = filter(index, dir);
         const have = tcQuery(f);
-        if (have && isOurs(have)) tcDetach(f);
+        if (have && (have === this.progId(dir) || isOurs(have))) tcDetach(f);
       }
     }
   }

@@ -245,12 +245,15 @@ export function pinnedLinkInfo(path: string): PinnedLinkInfo {
   return guard(() => native().pinnedLinkInfo(path));
 }
 
-/** Atomically replace the program of a pinned link. */
-/** A loaded program's name, tag and type by id; null when no program has that id. */
-export function progInfoById(id: number): { id: number; name: string; tag: string; type: number } | null {
+/**
+ * A loaded program by id: its name (cut at 15 characters by the kernel), its
+ * BTF function name (whole), tag and type; null when no program has that id.
+ */
+export function progInfoById(id: number): ProgInfo | null {
   return guard(() => native().progInfoById(id));
 }
 
+/** Atomically replace the program of a pinned link. */
 export function pinnedLinkUpdate(path: string, progFd: number): void {
   guard(() => native().pinnedLinkUpdate(path, progFd));
 }

@@ -15,6 +15,18 @@ export interface OpenOptions {
   programs?: string[];
 }
 
+/** A loaded program, as bpf_prog_info and its BTF describe it. */
+export interface RawProgInfo {
+  id: number;
+  /** The kernel's name: the first 15 characters of the function's (BPF_OBJ_NAME_LEN). */
+  name: string;
+  /** A hash of the instructions as loaded (bpftool's tag). */
+  tag: string;
+  type: number;
+  /** The main function's name in the program's BTF, whole (what bpftool shows); absent when loaded without BTF. */
+  funcName?: string;
+}
+
 export interface RawBpfObject {
   readonly path: string;
   /** bpf_object__load on the thread pool; LIBBPF_PIN_BY_NAME maps are reused from pinRoot or created and pinned there. */
@@ -24,7 +36,7 @@ export interface RawBpfObject {
   /** A map of this (loaded) object; ENOENT-coded error if unknown. Owned by the object. */
   map(name: string): RawBpfMap;
   progFd(name: string): number;
-  progInfo(name: string): { id: number; tag: string; type: number };
+  progInfo(name: string): RawProgInfo;
   /**
    * Idempotent cgroup attach through a bpf_link pinned at linkPinPath (parent dir created):
    * an existing pinned link is updated to this program (updated=true), else the program is
@@ -286,7 +298,7 @@ export interface NativeBinding {
   mapCreate(opts: { type: number; keySize: number; valueSize: number; maxEntries: number; flags?: number; name?: string }): RawBpfMap;
   /** A map by id (what a map-in-map lookup returns); null when it is gone. */
   mapById(id: number): RawBpfMap | null;
-  progInfoById(id: number): { id: number; name: string; tag: string; type: number } | null;
+  progInfoById(id: number): RawProgInfo | null;
   pinnedLinkInfo(path: string): { id: number; progId: number; type: number; attachType?: number; cgroupId?: number };
   /** bpf_link_update on a pinned link (atomic program replacement) */
   pinnedLinkUpdate(path: string, progFd: number): void;

@@ -17,9 +17,11 @@
 //   from the same port through a NodePort does not get that tuple (SNAT
 //   keeps a client's port only when it is free), and both work;
 // - the conntrack timeouts of kube-proxy's flags reach the datapath.
+// Each in every tc attach mode, side by side.
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { ECHO_PORT, endpoint, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab, type LabEndpoint } from '../helpers/nodeport-lab.js';
+import { ECHO_PORT, eachMode, endpoint, makeLab, NODE1, NODE1_TO_N2, northSouth, ourPrograms, POD1, POD2, type Lab, type LabEndpoint } from '../helpers/nodeport-lab.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { CLIENT_PY, createSandbox, SLOW, type Sandbox } from '../helpers/sandbox.js';
 import { run, sleep } from '../helpers/sandbox/run.js';
 
@@ -31,17 +33,18 @@ const NODE_ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
 const udpService = (name: string, nodePort: number, eps: Partial<Record<4 | 6, readonly LabEndpoint[]>>, clusterIPs = ['10.96.0.30', 'fd00:96::30']): object[] =>
   northSouth({ name, clusterIPs, ports: [{ name: 'udp', port: 90, targetPort: UDP, nodePort, protocol: 'UDP' }] }, eps);
 
-async function lab(t: Test, docs: object[], extra: readonly string[] = []): Promise<{ sb: Sandbox; lab: Lab }> {
+async function lab(t: Test, mode: AttachMode, docs: object[], extra: readonly string[] = []): Promise<{ sb: Sandbox; lab: Lab }> {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const l = await makeLab(sb);
   sb.writeManifest('services.yaml', yamlDocs(docs));
-  const sync = await l.agent.start([...NODE_ARGS, ...extra]);
+  const sync = await l.agent.start([...NODE_ARGS, '--tc-attach', mode, ...extra]);
   t.ok(sync.frontends > 0, `the agent synced (${sync.frontends} frontends)`);
+  await ourPrograms(t, l, ['n1e', 'n1b'], mode, 'the kernel');
   return { sb, lab: l };
 }
 
-t.test('a UDP flow whose backend is removed and replaced moves to the new one (same source port) within 5 s; a terminating one keeps it', async (t) => {
-  const { sb, lab: l } = await lab(t, udpService('dns', NP_UDP, { 4: [endpoint(2, 4)] }));
+t.test('a UDP flow whose backend is removed and replaced moves to the new one (same source port) within 5 s; a terminating one keeps it', (t) => eachMode(t, async (t, mode) => {
+  const { sb, lab: l } = await lab(t, mode, udpService('dns', NP_UDP, { 4: [endpoint(2, 4)] }));
   const flow = l.startUdpLong(NODE1.v4, NP_UDP, { interval: 0.1, maxSeconds: 60 * SLOW });
   const waitFor = async (what: string, ok: (last: { server?: string } | null) => boolean, ms: number): Promise<number> => {
     const from = Date.now();
@@ -75,10 +78,10 @@ t.test('a UDP flow whose backend is removed and replaced moves to the new one (s
   const m = await sb.metrics();
   t.ok((m['np_rebalance'] ?? 0) > kept, `np_rebalance counted it (${kept} → ${m['np_rebalance']})`);
   await l.agent.stop(10_000);
-});
+}));
 
-t.test('4,000-byte UDP datagrams, fragmented both ways, IPv4 and IPv6, to a remote and a local pod', async (t) => {
-  const { sb, lab: l } = await lab(t, [
+t.test('4,000-byte UDP datagrams, fragmented both ways, IPv4 and IPv6, to a remote and a local pod', (t) => eachMode(t, async (t, mode) => {
+  const { sb, lab: l } = await lab(t, mode, [
     ...udpService('remote', NP_UDP, { 4: [endpoint(2, 4)], 6: [endpoint(2, 6)] }, ['10.96.0.31', 'fd00:96::31']),
     ...udpService('local', NP_UDP_LOCAL, { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }, ['10.96.0.32', 'fd00:96::32']),
   ]);
@@ -95,11 +98,11 @@ t.test('4,000-byte UDP datagrams, fragmented both ways, IPv4 and IPv6, to a remo
   const m = await sb.metrics();
   t.equal(m['np_frag'] ?? 0, 0, 'no fragment dropped (np_frag)');
   await l.agent.stop(10_000);
-});
+}));
 
-t.test('flow maps too small: dead flows are evicted for new ones, no answer reaches another client, the agent stays healthy and says what to raise', async (t) => {
+t.test('flow maps too small: dead flows are evicted for new ones, no answer reaches another client, the agent stays healthy and says what to raise', (t) => eachMode(t, async (t, mode) => {
   const CLIENTS = 12;
-  const { sb, lab: l } = await lab(t, udpService('small', NP_UDP, { 4: [endpoint(2, 4)] }), ['--ct-max', '16', '--nat-max', '8']);
+  const { sb, lab: l } = await lab(t, mode, udpService('small', NP_UDP, { 4: [endpoint(2, 4)] }), ['--ct-max', '16', '--nat-max', '8']);
   // More live UDP flows than lb4_nat has room for, each a socket of its own.
   const mark = l.agent.agent!.logs.length;
   const flows = Array.from({ length: CLIENTS }, () => l.startUdpLong(NODE1.v4, NP_UDP, { interval: 0.05, maxSeconds: 60 * SLOW }));
@@ -127,11 +130,11 @@ t.test('flow maps too small: dead flows are evicted for new ones, no answer reac
   t.match(text, /lbctl_bpf_map_pressure\{map_name="lb4_ct"\}/, 'and lb4_ct\'s');
   t.ok(warned, 'the agent logged which flag to raise');
   await l.agent.stop(10_000);
-});
+}));
 
-t.test("the node's own connection from a port of the SNAT range keeps its tuple; a client from the same port is SNATed to another", async (t) => {
+t.test("the node's own connection from a port of the SNAT range keeps its tuple; a client from the same port is SNATed to another", (t) => eachMode(t, async (t, mode) => {
   const NP_ECHO = 30112;
-  const { sb, lab: l } = await lab(t, northSouth({ name: 'echo', clusterIPs: ['10.96.0.33'], ports: [{ name: 'echo', port: 7000, targetPort: ECHO_PORT, nodePort: NP_ECHO }] }, { 4: [endpoint(2, 4)] }));
+  const { sb, lab: l } = await lab(t, mode, northSouth({ name: 'echo', clusterIPs: ['10.96.0.33'], ports: [{ name: 'echo', port: 7000, targetPort: ECHO_PORT, nodePort: NP_ECHO }] }, { 4: [endpoint(2, 4)] }));
   const PORT = 45678;
   const node = l.startLong(POD2.v4, ECHO_PORT, { ns: l.n1, sport: PORT });
   await node.answered(3, "the node's own connection to answer");
@@ -146,14 +149,14 @@ t.test("the node's own connection from a port of the SNAT range keeps its tuple;
   const ct = JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ flags: string[]; destination: string }>;
   t.ok(ct.some((e) => e.flags.includes('host') && e.destination === `${NODE1_TO_N2.v4}:${PORT}`), "lbctl bpf ct list shows the node's tuple reserved");
   await l.agent.stop(10_000);
-});
+}));
 
-t.test("kube-proxy's conntrack timeouts reach the datapath", async (t) => {
-  const { sb, lab: l } = await lab(t, udpService('timeouts', NP_UDP, { 4: [endpoint(1, 4)] }), ['--conntrack-udp-timeout', '4s', '--conntrack-tcp-timeout-established', '20m']);
+t.test("kube-proxy's conntrack timeouts reach the datapath", (t) => eachMode(t, async (t, mode) => {
+  const { sb, lab: l } = await lab(t, mode, udpService('timeouts', NP_UDP, { 4: [endpoint(1, 4)] }), ['--conntrack-udp-timeout', '4s', '--conntrack-tcp-timeout-established', '20m']);
   const r = await l.inExt([sb.python, CLIENT_PY, 'udp', NODE1.v4, String(NP_UDP), '--mode', 'connected', '--count', '1']);
   t.equal(r.code, 0, r.stderr);
   const ct = JSON.parse((await sb.lbctl(['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ protocol: string; direction: string; expiresIn: number }>;
   const udp = ct.filter((c) => c.protocol === 'UDP' && c.direction === 'IN');
   t.ok(udp.length === 1 && udp[0]!.expiresIn <= 4 && udp[0]!.expiresIn >= 2, `the UDP flow lives --conntrack-udp-timeout, 4 s (${JSON.stringify(udp)})`);
   await l.agent.stop(10_000);
-});
+}));

@@ -7,11 +7,12 @@
 // NodePort surrogate answers there, replies and getpeername() say the address
 // dialled, an externalTrafficPolicy Local frontend serves such clients from
 // its internal twin (every pod), and bind() to a nodePort is refused.
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { stringify } from 'yaml';
 import { hasSetRetval } from '../../src/datapath/features.js';
 import { CLIENT_PY, createSandbox, SLOW, type Sandbox } from '../helpers/sandbox.js';
-import { EXT, extGet, LB_IP, makeLab, NODE1, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import { EXT, extGet, LB_IP, makeLab, NODE1, ourPrograms, perMode, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { killPid, runInCgroupNetns, type ExecResult } from '../helpers/sandbox/run.js';
 
 const HTTP = 8080;
@@ -99,10 +100,15 @@ print(json.dumps(out))
 t.test('NodePort from the node: node addresses, loopback, the any address, two scopes, bind protection', async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
-  const onNode = nodeShell(sb, lab);
   sb.writeManifest('services.yaml', manifests());
-  const sync = await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1']);
+  await perMode(t, lab, (t, mode) => fromTheNode(t, sb, lab, mode));
+});
+
+async function fromTheNode(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  const onNode = nodeShell(sb, lab);
+  const sync = await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--tc-attach', mode]);
   t.ok(sync.frontends > 0, `the agent synced (${sync.frontends} frontends)`);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
   const np = lab.agent.agent!.logs.find((l) => l.msg === 'tc datapath: devices and node addresses') as { nodeAddresses?: string[] } | undefined;
   t.ok(np?.nodeAddresses?.includes(NODE1.v4) && np.nodeAddresses.includes(NODE1.v6), `the node addresses are written (${np?.nodeAddresses?.join(', ')})`);
 
@@ -203,4 +209,4 @@ t.test('NodePort from the node: node addresses, loopback, the any address, two s
   });
 
   await lab.agent.stop(10_000 * SLOW);
-});
+}

@@ -26,15 +26,17 @@
 //   new MTU to lb_devices when the link changes), and the client's route
 //   cache shows 1280 towards the frontend afterwards.
 // Traffic stays in the lab's namespaces; the router's client namespace is
-// removed at teardown like the lab's.
+// removed at teardown like the lab's. In each tc attach mode, side by side
+// (each in a lab of its own: the MTUs change as it goes).
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { stringify } from 'yaml';
-import { createSandbox, SLOW } from '../helpers/sandbox.js';
+import { SLOW, type Sandbox } from '../helpers/sandbox.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { removeNetns } from '../helpers/sandbox/topology.js';
-import { EXT, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import { EXT, NODE1, NODE1_TO_N2, ourPrograms, perModeSideBySide, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
 
 const HTTP = 8080;
 const UDP = 9000;
@@ -210,12 +212,13 @@ async function cachedMtu(lab: Lab, ns: string, dst: string): Promise<number> {
   return Number(/\bmtu (\d+)/.exec(r.stdout)?.[1] ?? 0);
 }
 
-t.test('ICMP through the NodePort datapath: refusals without endpoints, path MTU discovery both ways', async (t) => {
-  const sb = await createSandbox(t, { backends: 0, agent: false });
-  const lab = await makeLab(sb);
+t.test('ICMP through the NodePort datapath: refusals without endpoints, path MTU discovery both ways', (t) => perModeSideBySide(t, icmp));
+
+async function icmp(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
   sb.writeManifest('services.yaml', manifests());
-  const sync = await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1']);
+  const sync = await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--tc-attach', mode]);
   t.ok(sync.frontends > 0, `the agent synced (${sync.frontends} frontends)`);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
 
   await t.test('a service without endpoints: TCP and UDP clients from outside get ECONNREFUSED', async (t) => {
     const before = await sb.metrics();
@@ -323,4 +326,4 @@ t.test('ICMP through the NodePort datapath: refusals without endpoints, path MTU
   });
 
   await lab.agent.stop(10_000 * SLOW);
-});
+}

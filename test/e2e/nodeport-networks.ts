@@ -15,12 +15,14 @@
 // - --nodeport-addresses narrower than the SNAT address: NodePorts answer on
 //   the client's side only, and the replies to the SNAT address outside it
 //   still come back translated.
+// Each in every tc attach mode, side by side.
 import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { endpoint, extGet, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, type Lab } from '../helpers/nodeport-lab.js';
+import { eachMode, endpoint, extGet, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, ourPrograms, type Lab } from '../helpers/nodeport-lab.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { CLI_TIMEOUT_MS, createSandbox, LBCTL, run, SLOW, type Sandbox } from '../helpers/sandbox.js';
 
 const HTTP = 8080;
@@ -37,13 +39,14 @@ const manifests = (): string =>
       { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
   ]);
 
-async function start(t: Test, extra: readonly string[] = [], prepare?: (lab: Lab) => void): Promise<{ sb: Sandbox; lab: Lab }> {
+async function start(t: Test, mode: AttachMode, extra: readonly string[] = [], prepare?: (lab: Lab) => void): Promise<{ sb: Sandbox; lab: Lab }> {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
   prepare?.(lab);
   sb.writeManifest('services.yaml', manifests());
-  const sync = await lab.agent.start([...NODE_ARGS, ...extra]);
+  const sync = await lab.agent.start([...NODE_ARGS, '--tc-attach', mode, ...extra]);
   t.ok(sync.frontends > 0, `the agent synced (${sync.frontends} frontends)`);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
   return { sb, lab };
 }
 
@@ -74,8 +77,8 @@ async function learnedMtu(lab: Lab, dst: string): Promise<number> {
   return Number(/\bmtu (\d+)/.exec(r.stdout)?.[1] ?? 0);
 }
 
-t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address and their replies translated there', async (t) => {
-  const { sb, lab } = await start(t, [], (lab) => {
+t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address and their replies translated there', (t) => eachMode(t, async (t, mode) => {
+  const { sb, lab } = await start(t, mode, [], (lab) => {
     // A VXLAN between the nodes over their link; node 2's pods only through it.
     for (const [ns, me, peer, dev, self6] of [[lab.n1, '10.251.0.1', '10.251.0.2', 'vx1', 'fd00:253::1'], [lab.n2, '10.251.0.2', '10.251.0.1', 'vx2', 'fd00:253::2']] as const) {
       ip('-n', ns, 'link', 'add', dev, 'type', 'vxlan', 'id', '42', 'local', me, 'remote', peer, 'dstport', '4789', 'dev', ns === lab.n1 ? 'n1b' : 'n2a');
@@ -105,10 +108,10 @@ t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address 
   const m = await sb.metrics();
   t.ok((m['np_frag_needed'] ?? 0) > 0, `np_frag_needed counted the too-big packets (${m['np_frag_needed']})`);
   await lab.agent.stop(10_000);
-});
+}));
 
-t.test('the SNAT source is what the kernel would pick: not a secondary or deprecated address, whatever its text sorts as; a route\'s src is followed', async (t) => {
-  const { sb, lab } = await start(t, [], (lab) => {
+t.test('the SNAT source is what the kernel would pick: not a secondary or deprecated address, whatever its text sorts as; a route\'s src is followed', (t) => eachMode(t, async (t, mode) => {
+  const { sb, lab } = await start(t, mode, [], (lab) => {
     // n1b: primary 10.251.0.5, then a keepalived-style secondary 10.251.0.100 in the same subnet
     // (text order puts it first), and a deprecated IPv6 address that also sorts first.
     ip('-n', lab.n1, 'addr', 'del', `${NODE1_TO_N2.v4}/24`, 'dev', 'n1b');
@@ -130,10 +133,10 @@ t.test('the SNAT source is what the kernel would pick: not a secondary or deprec
   const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
   t.match(status.stdout, /n1b \(.*SNAT 10\.251\.0\.100/, `lbctl status shows n1b's SNAT source (${status.stdout.split('\n').find((l) => l.startsWith('NodePort')) ?? status.stdout})`);
   await lab.agent.stop(10_000);
-});
+}));
 
-t.test('--nodeport-addresses narrower than the SNAT address: replies to it are translated all the same', async (t) => {
-  const { sb, lab } = await start(t, ['--nodeport-addresses', '10.250.0.0/24,fd00:250::/64'], (lab) => {
+t.test('--nodeport-addresses narrower than the SNAT address: replies to it are translated all the same', (t) => eachMode(t, async (t, mode) => {
+  const { sb, lab } = await start(t, mode, ['--nodeport-addresses', '10.250.0.0/24,fd00:250::/64'], (lab) => {
     // the client can reach n1b's address too, through node 1
     ip('-n', lab.ext, 'route', 'add', `${NODE1_TO_N2.v4}/32`, 'via', NODE1.v4);
   });
@@ -147,4 +150,4 @@ t.test('--nodeport-addresses narrower than the SNAT address: replies to it are t
   const m = await sb.metrics();
   t.equal(m['np_fib_fail'] ?? 0, 0, 'nothing dropped for want of a route');
   await lab.agent.stop(10_000);
-});
+}));

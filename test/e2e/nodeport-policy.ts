@@ -10,9 +10,11 @@
 // (c) a backend removed from the EndpointSlice while a long connection to
 //     the other one stays up: that connection keeps working, and new ones
 //     go only to the backend left.
-import t from 'tap';
+// Once per tc attach mode, on one lab.
+import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { ECHO_PORT, endpoint, extGet, hostOf, LB_IP, makeLab, NODE1, northSouth, POD1, POD2, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
+import { ECHO_PORT, endpoint, extGet, hostOf, LB_IP, makeLab, NODE1, northSouth, ourPrograms, perMode, POD1, POD2, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { createSandbox, SLOW, type Sandbox } from '../helpers/sandbox.js';
 
 const HTTP = 8080;
@@ -49,7 +51,12 @@ async function counter(sb: Sandbox, name: string): Promise<number> {
 t.test('loadBalancerSourceRanges, externalTrafficPolicy Local and a removed backend, from outside node 1', async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
-  await lab.agent.start(NODE_ARGS);
+  await perMode(t, lab, (t, mode) => policies(t, sb, lab, mode));
+});
+
+async function policies(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  await lab.agent.start([...NODE_ARGS, '--tc-attach', mode]);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
 
   await t.test('(a) loadBalancerSourceRanges: open, closed, and failing closed on an invalid range', async (t) => {
     const lb = (ranges: string[]): string =>
@@ -200,4 +207,6 @@ t.test('loadBalancerSourceRanges, externalTrafficPolicy Local and a removed back
   });
 
   await lab.agent.stop(10_000);
-});
+  // The next mode starts with no service, as this one did.
+  sb.removeManifest('pair.yaml');
+}

@@ -2,21 +2,28 @@
 // connections from the external client to a NodePort served by both pods
 // (the local one directly, the remote one through SNAT), and two long-lived
 // connections (one to each pod, a request every 200 ms), while node 1's
-// agent is (a) killed with SIGKILL and started again, (b) stopped with
-// SIGTERM and started again, (c) upgraded: started on a copy of the built
-// socket object (--bpf-object). Not one request may fail. The CT entries
-// and SNAT reservations live in pinned maps the new agent adopts, and the
-// tc attachments (tcx links here, clsact filters before 6.6) switch
-// programs in place: the long connections keep their pod and their SNAT
-// port throughout.
+// agent is, in each tc attach mode, (a) killed with SIGKILL and started
+// again, (b) stopped with SIGTERM and started again, (c) upgraded: started
+// on other socket and tc objects (--bpf-object, --tc-object), whose
+// programs' bytes differ. Where the kernel has tcx the agent then switches
+// to clsact and back, each a restart with another --tc-attach. Not one
+// request may fail. The CT entries and SNAT reservations live in pinned
+// maps the new agent adopts, and the tc attachments switch programs in
+// place (a tcx link updated, a clsact filter replaced at its handle): the
+// long connections keep their pod and their SNAT port throughout, and each
+// hook runs exactly one program of ours, the new agent's.
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { copyFileSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { ECHO_PORT, endpoint, EXT, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, portOf, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
-import { CLI_TIMEOUT_MS, createSandbox, LBCTL, run, SLOW, type LoadResult, type LoadRun, type Sandbox, type SyncReport } from '../helpers/sandbox.js';
+import {
+  ECHO_PORT, endpoint, EXT, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, ourPrograms, POD1, POD2, portOf, tcAttachModes, type HookProgram, type Lab, type LongRun,
+} from '../helpers/nodeport-lab.js';
+import { CLI_TIMEOUT_MS, createSandbox, LBCTL, ROOT, run, SLOW, type LoadResult, type LoadRun, type Sandbox, type SyncReport } from '../helpers/sandbox.js';
 import { datapathObject } from '../../src/datapath/loader.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 
 const HTTP = 8080;
 const WEB_PORT = 30080;
@@ -65,20 +72,44 @@ function adopted(t: Test, sync: SyncReport, what: string): void {
   t.equal(sync.planned, MAGLEV_TABLES, `${what}: ${sync.planned} writes planned`);
 }
 
-/** Links of the tc datapath (tc-<ifindex>-<direction>) and of the socket programs, by pin name. */
-async function links(sb: Sandbox): Promise<Record<string, { linkId: number; progId: number }>> {
-  return sb.links();
+const DEVICES = ['n1e', 'n1b'];
+type Links = Record<string, { linkId: number; progId: number }>;
+
+/**
+ * The socket programs' pinned links are kept (their ids) and each runs a
+ * newly loaded program; the tc links (tc-<ifindex>-<direction>) are there
+ * in tcx mode only, kept across restarts in it.
+ */
+async function linksKept(t: Test, sb: Sandbox, before: Links, mode: AttachMode, what: string): Promise<Links> {
+  const now: Links = await sb.links();
+  const sock = (l: Links): string[] => Object.keys(l).filter((n) => !n.startsWith('tc-')).sort();
+  t.same(sock(now), sock(before), `${what}: the same pinned links of the socket programs`);
+  t.same(sock(before).filter((n) => now[n]?.linkId !== before[n]!.linkId), [], `${what}: every one kept its id (updated in place, not re-created)`);
+  t.same(sock(before).filter((n) => now[n]?.progId === before[n]!.progId), [], `${what}: every one runs a newly loaded program`);
+  const tc = Object.keys(now).filter((n) => n.startsWith('tc-')).sort();
+  if (mode === 'clsact') {
+    t.same(tc, [], `${what}: no tcx link pinned in clsact mode`);
+  } else {
+    t.equal(tc.length, 4, `${what}: tcx links on n1e and n1b, ingress and egress (${tc.join(', ')})`);
+    const kept = tc.filter((n) => before[n] !== undefined);
+    t.same(kept.filter((n) => now[n]!.linkId !== before[n]!.linkId), [], `${what}: the tcx links that were there kept their ids (${kept.length} of ${tc.length})`);
+  }
+  return now;
 }
 
-async function linksKept(t: Test, sb: Sandbox, before: Record<string, { linkId: number; progId: number }>, what: string): Promise<Record<string, { linkId: number; progId: number }>> {
-  const now = await links(sb);
-  const tc = Object.keys(before).filter((n) => n.startsWith('tc-'));
-  t.equal(tc.length, 4, `${what}: tcx links on n1e and n1b, ingress and egress (${tc.join(', ')})`);
-  t.same(Object.keys(now).sort(), Object.keys(before).sort(), `${what}: the same pinned links`);
-  const kept = Object.keys(before).filter((n) => now[n]?.linkId === before[n]!.linkId);
-  t.equal(kept.length, Object.keys(before).length, `${what}: every link kept its id (updated in place, not re-created)`);
-  const switched = Object.keys(before).filter((n) => now[n] && now[n]!.progId !== before[n]!.progId);
-  t.same(switched.sort(), Object.keys(before).sort(), `${what}: every link runs a newly loaded program`);
+type Programs = Record<string, HookProgram>;
+
+/**
+ * Every hook of n1e and n1b runs exactly one program of ours, attached with
+ * `mode` (the kernel's answer: tcx programs and every cls_bpf filter), newly
+ * loaded by this agent, with the tags of the object it loaded.
+ */
+async function tcReplaced(t: Test, lab: Lab, before: Programs, mode: AttachMode, tags: Record<string, string>, what: string): Promise<Programs> {
+  const now = await ourPrograms(t, lab, DEVICES, mode, what);
+  t.same(Object.keys(now).filter((k) => now[k]!.id === before[k]?.id), [], `${what}: every hook runs a newly loaded program (${Object.entries(now).map(([k, p]) => `${k} ${before[k]?.id ?? '-'} → ${p.id}`).join(', ')})`);
+  t.same(Object.keys(now).filter((k) => now[k]!.tag !== tags[k.split('/')[1]!]), [], `${what}: the programs of the object it loaded (tags ${JSON.stringify(tags)})`);
+  const refused = lab.agent.requireAgent().logs.filter((l) => l.msg === 'tc datapath: device not attached');
+  t.same(refused.map((l) => l.problem), [], `${what}: the agent attached every device`);
   return now;
 }
 
@@ -123,24 +154,46 @@ function checkLoad(t: Test, r: LoadResult): void {
   }
 }
 
-t.test('NodePort under load through SIGKILL, SIGTERM and an upgrade of the agent: zero failed requests, long connections kept', async (t) => {
+/** nodeport.c built again with one harmless extra instruction (a volatile stack store beside bpf_ktime_get_ns), so its programs' bytes differ, as after an upgrade. bpf/ itself is untouched. */
+function buildTcV2(out: string): void {
+  const arch = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
+  execFileSync(
+    'clang',
+    ['-O2', '-g', '-target', 'bpf', '-Wall', '-Werror', `-I/usr/include/${arch}`, '-Ibpf',
+      '-Dbpf_ktime_get_ns()=({ volatile __u32 lb_build_tag = 2; (void)lb_build_tag; bpf_ktime_get_ns(); })',
+      '-c', 'bpf/nodeport.c', '-o', out],
+    { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] },
+  );
+}
+
+const tagsOf = (p: Programs): Record<string, string> => ({ ingress: p['n1e/ingress']!.tag, egress: p['n1e/egress']!.tag });
+
+t.test('NodePort under load through SIGKILL, SIGTERM and an upgrade of the agent, in each tc attach mode and switching between them: zero failed requests, long connections kept', async (t) => {
+  const modes = await tcAttachModes();
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab: Lab = await makeLab(sb);
   sb.writeManifest('services.yaml', manifests());
-  // The upgrade's object: a copy of the built socket object at a path of its own.
-  const v2 = path.join(sb.runDir, 'sock-v2.bpf.o');
-  copyFileSync(await datapathObject(), v2);
+  // The upgrade's objects: a copy of the built socket object, and the tc object rebuilt with other bytes.
+  const sockV2 = path.join(sb.runDir, 'sock-v2.bpf.o');
+  copyFileSync(await datapathObject(), sockV2);
+  const tcV2 = path.join(sb.runDir, 'nodeport-v2.bpf.o');
+  buildTcV2(tcV2);
+  const V2 = ['--bpf-object', sockV2, '--tc-object', tcV2];
+  const args = (mode: AttachMode, more: readonly string[] = []): string[] => [...NODE_ARGS, '--tc-attach', mode, ...more];
 
-  const first = await lab.agent.start(NODE_ARGS);
+  const first = await lab.agent.start(args(modes[0]!));
   t.ok(first.frontends > 0, `the agent synced (${first.frontends} frontends)`);
-  const linksBefore = await links(sb);
+  let links: Links = await sb.links();
+  let programs = await ourPrograms(t, lab, DEVICES, modes[0]!, `at first, with ${modes[0]}`);
+  const v1 = tagsOf(programs);
   const tablesBefore = await maglevTables(sb);
   t.equal(Object.keys(tablesBefore).length, MAGLEV_TABLES, `${MAGLEV_TABLES} Maglev tables (${JSON.stringify(tablesBefore)})`);
 
-  const load = lab.startLoad({ tcp: [`${NODE1.v4}:${WEB_PORT}@${RATE4}`, `[${NODE1.v6}]:${WEB_PORT}@${RATE6}`], maxSeconds: 110 * SLOW });
+  // Seconds of load: about 7 restarts a mode and 2 switches, each with its 2 s of traffic before and after.
+  const load = lab.startLoad({ tcp: [`${NODE1.v4}:${WEB_PORT}@${RATE4}`, `[${NODE1.v6}]:${WEB_PORT}@${RATE6}`], maxSeconds: 100 * modes.length * SLOW });
   await load.waitFor((p) => p.ok >= TOTAL_RATE, 'the load to run');
-  const localLong = lab.startLong(NODE1.v4, LOCAL_ECHO);
-  const remoteLong = lab.startLong(NODE1.v4, REMOTE_ECHO);
+  const localLong = lab.startLong(NODE1.v4, LOCAL_ECHO, { maxSeconds: 110 * modes.length * SLOW });
+  const remoteLong = lab.startLong(NODE1.v4, REMOTE_ECHO, { maxSeconds: 110 * modes.length * SLOW });
   const longs = [localLong, remoteLong];
   for (const l of longs) await l.answered(3, 'the first answers');
   const remoteLocal = remoteLong.progress()!.local!;
@@ -149,31 +202,48 @@ t.test('NodePort under load through SIGKILL, SIGTERM and an upgrade of the agent
   const natBefore = JSON.parse((await sb.lbctl(['bpf', 'nat', 'list', '-o', 'json'])).stdout) as Array<{ direction: string; source: string; to: string }>;
   t.ok(natBefore.some((n) => n.direction === 'OUT' && n.source === remoteLocal && n.to === ctBefore?.snat), 'bpf nat list: its SNAT reservation');
 
-  // (a) A crash, and a start.
-  t.same(await lab.agent.kill('SIGKILL'), { code: null, signal: 'SIGKILL' }, 'the agent died of SIGKILL');
-  await servesThrough(t, load, longs, 'with the agent dead');
-  const restarted = await lab.agent.start(NODE_ARGS);
-  adopted(t, restarted, 'after SIGKILL');
-  let now = await linksKept(t, sb, linksBefore, 'after SIGKILL and a start');
-  await servesThrough(t, load, longs, 'after SIGKILL and a start');
+  /** A start in `mode` after `what`: the maps adopted, the links kept, every hook replaced in place by the new programs, and served throughout. */
+  const restarted = async (t: Test, mode: AttachMode, sync: SyncReport, tags: Record<string, string>, what: string): Promise<void> => {
+    adopted(t, sync, what);
+    links = await linksKept(t, sb, links, mode, what);
+    programs = await tcReplaced(t, lab, programs, mode, tags, what);
+    await servesThrough(t, load, longs, what);
+  };
 
-  // (b) SIGTERM, and a start.
-  t.equal(await lab.agent.stop(10_000), 0, 'the agent exits 0 on SIGTERM');
-  await servesThrough(t, load, longs, 'with the agent stopped');
-  const again = await lab.agent.start(NODE_ARGS);
-  adopted(t, again, 'after SIGTERM');
-  now = await linksKept(t, sb, now, 'after SIGTERM and a start');
-  await servesThrough(t, load, longs, 'after SIGTERM and a start');
+  for (const [i, mode] of modes.entries()) {
+    await t.test(`--tc-attach ${mode}: SIGKILL, SIGTERM and an upgrade`, async (t) => {
+      if (i > 0) {
+        // A restart with another --tc-attach (and the built objects again after the last mode's upgrade).
+        t.equal(await lab.agent.stop(10_000), 0, `the agent exits 0 on SIGTERM before the switch to ${mode}`);
+        await restarted(t, mode, await lab.agent.start(args(mode)), v1, `the switch from ${modes[i - 1]} to ${mode}`);
+      }
+      // (a) A crash, and a start.
+      t.same(await lab.agent.kill('SIGKILL'), { code: null, signal: 'SIGKILL' }, 'the agent died of SIGKILL');
+      await servesThrough(t, load, longs, 'with the agent dead');
+      await restarted(t, mode, await lab.agent.start(args(mode)), v1, 'after SIGKILL and a start');
 
-  // (c) An upgrade: the agent on another socket object.
-  t.equal(await lab.agent.stop(10_000), 0, 'the agent exits 0 on SIGTERM before the upgrade');
-  const upgraded = await lab.agent.start([...NODE_ARGS, '--bpf-object', v2]);
-  adopted(t, upgraded, 'the upgrade');
-  await linksKept(t, sb, now, 'after the upgrade');
-  const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
-  t.match(status.stdout, /Datapath:\s+custom;/, `lbctl status: the socket programs come from the --bpf-object given (${status.stdout.split('\n').find((l) => l.startsWith('Datapath')) ?? status.stderr})`);
-  t.match(status.stdout, /NodePort:\s+nodeport\.bpf\.o at tc \((tcx|clsact)\) on n1e .*n1b/, 'lbctl status: the tc datapath serves n1e and n1b after the upgrade');
-  await servesThrough(t, load, longs, 'after the upgrade');
+      // (b) SIGTERM, and a start.
+      t.equal(await lab.agent.stop(10_000), 0, 'the agent exits 0 on SIGTERM');
+      await servesThrough(t, load, longs, 'with the agent stopped');
+      await restarted(t, mode, await lab.agent.start(args(mode)), v1, 'after SIGTERM and a start');
+
+      // (c) An upgrade: the agent on other objects.
+      t.equal(await lab.agent.stop(10_000), 0, 'the agent exits 0 on SIGTERM before the upgrade');
+      const upgraded = await lab.agent.start(args(mode, V2));
+      const v2 = tagsOf(await ourPrograms(t, lab, DEVICES, mode, 'the upgrade'));
+      t.ok(v2.ingress !== v1.ingress && v2.egress !== v1.egress, `the upgraded tc programs differ from the built ones (tags ${JSON.stringify(v1)} → ${JSON.stringify(v2)})`);
+      await restarted(t, mode, upgraded, v2, 'after the upgrade');
+      const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
+      t.match(status.stdout, /Datapath:\s+custom;/, `lbctl status: the socket programs come from the --bpf-object given (${status.stdout.split('\n').find((l) => l.startsWith('Datapath')) ?? status.stderr})`);
+      t.match(status.stdout, new RegExp(`NodePort:\\s+nodeport\\.bpf\\.o at tc \\(${mode}; --tc-attach ${mode}\\) on n1e .*n1b`), `lbctl status: the tc datapath serves n1e and n1b with ${mode} after the upgrade`);
+    });
+  }
+  if (modes.length > 1) {
+    await t.test(`back to --tc-attach ${modes[0]}`, async (t) => {
+      t.equal(await lab.agent.stop(10_000), 0, 'the agent exits 0 on SIGTERM before the switch');
+      await restarted(t, modes[0]!, await lab.agent.start(args(modes[0]!)), v1, `the switch from ${modes.at(-1)} back to ${modes[0]}`);
+    });
+  }
 
   t.same(await maglevTables(sb), tablesBefore, 'every Maglev table was rewritten with the same slots: new flows pick as before');
   const ctAfter = await ctOf(sb, remoteLocal, `${NODE1.v4}:${REMOTE_ECHO}`);

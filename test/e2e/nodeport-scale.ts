@@ -2,13 +2,17 @@
 // with both pods as endpoints, in one manifest. Node 1's agent syncs them
 // (timed, reported), and the external client reaches a random sample of 20
 // NodePorts, each answered by one of the two pods. The sync time and the
-// Maglev memory `lbctl status` reports go to the test output.
+// Maglev memory `lbctl status` reports go to the test output. The first
+// tc attach mode syncs them from scratch; each other mode is a restart in
+// that mode on the same pinned maps (the sync is the same in every mode,
+// and costs most of the time), which must serve a new sample.
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { endpoint, hostOf, makeLab, NODE1, northSouth, POD1, POD2 } from '../helpers/nodeport-lab.js';
-import { CLI_TIMEOUT_MS, CLIENT_PY, createSandbox, LBCTL, run, SLOW } from '../helpers/sandbox.js';
+import { endpoint, hostOf, makeLab, NODE1, northSouth, ourPrograms, POD1, POD2, tcAttachModes, type Lab } from '../helpers/nodeport-lab.js';
+import { CLI_TIMEOUT_MS, CLIENT_PY, createSandbox, LBCTL, run, SLOW, type Sandbox } from '../helpers/sandbox.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 
 const HTTP = 8080;
 const SERVICES = 1000;
@@ -39,7 +43,22 @@ function sample(n: number, count: number): number[] {
 t.test(`${SERVICES} NodePort services in one manifest: synced, and a random sample of ${SAMPLE} answers from outside`, async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
-  await lab.agent.start(NODE_ARGS);
+  for (const [i, mode] of (await tcAttachModes()).entries()) {
+    await t.test(`--tc-attach ${mode}${i > 0 ? ': a restart in it on the same maps' : ''}`, (t) => (i === 0 ? synced(t, sb, lab, mode) : restarted(t, lab, mode)).then(() => served(t, sb, lab, mode)));
+  }
+  await lab.agent.stop(10_000);
+});
+
+/** In a restart with another --tc-attach: every frontend served from the adopted maps. */
+async function restarted(t: Test, lab: Lab, mode: AttachMode): Promise<void> {
+  t.equal(await lab.agent.stop(10_000), 0, 'the agent exits 0 on SIGTERM');
+  const sync = await lab.agent.start([...NODE_ARGS, '--tc-attach', mode]);
+  t.equal(sync.frontends, 2 * SERVICES, `the agent synced ${sync.frontends} frontends`);
+  t.equal(sync.notProgrammed, 0, 'every one programmed');
+}
+
+async function synced(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  await lab.agent.start([...NODE_ARGS, '--tc-attach', mode]);
   const text = manifest();
 
   const t0 = performance.now();
@@ -52,6 +71,10 @@ t.test(`${SERVICES} NodePort services in one manifest: synced, and a random samp
   // A bound, not a target: 15-33 s here on a quiet 2-core machine, 77 s once beside three emulated VMs. Each of the
   // 1,000 Maglev tables is one update of lb_maglev, and each such update of a map of maps waits for an RCU grace period.
   t.ok(wallMs < 90_000 * SLOW, `within 90 s (${(wallMs / 1000).toFixed(2)} s, ${(durationMs / SERVICES).toFixed(1)} ms per service)`);
+}
+
+async function served(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
 
   const list = await sb.lbList();
   const nodePorts = list.filter((e) => e.type === 'NodePort' && e.frontend.startsWith('0.0.0.0:'));
@@ -74,5 +97,4 @@ t.test(`${SERVICES} NodePort services in one manifest: synced, and a random samp
   t.ok(maglev, `lbctl status reports the Maglev tables (${npLine || status.stderr})`);
   t.equal(Number(maglev?.[1]), SERVICES, `one table per NodePort frontend (${maglev?.[1]})`);
   t.comment(`lbctl status: ${maglev?.[0] ?? npLine}`);
-  await lab.agent.stop(10_000);
-});
+}

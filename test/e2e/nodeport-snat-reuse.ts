@@ -13,11 +13,12 @@
 // A steady stream of such connections (4 a second, 25 s) through 160 SNAT
 // ports: before that fix about 10 of them took a port back inside the pod's
 // TIME_WAIT and about half of those were refused; now none may be, and no
-// port runs out.
-import t from 'tap';
+// port runs out. In each tc attach mode, side by side.
+import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { endpoint, makeLab, NODE1, northSouth, portOf, type Lab } from '../helpers/nodeport-lab.js';
-import { createSandbox, SLOW } from '../helpers/sandbox.js';
+import { endpoint, NODE1, northSouth, ourPrograms, perModeSideBySide, portOf, type Lab } from '../helpers/nodeport-lab.js';
+import { SLOW, type Sandbox } from '../helpers/sandbox.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 
 const HTTP = 8080;
 const NODE_PORT = 30082;
@@ -35,14 +36,15 @@ async function tcpExt(lab: Lab, ns: string): Promise<Record<string, number>> {
   return Object.fromEntries(names.map((n, i) => [n, values[i] ?? 0]));
 }
 
-t.test("a SNAT port is not reused while the remote pod may still hold its previous tuple in TIME_WAIT", async (t) => {
-  const sb = await createSandbox(t, { backends: 0, agent: false });
-  const lab = await makeLab(sb);
+t.test("a SNAT port is not reused while the remote pod may still hold its previous tuple in TIME_WAIT", (t) => perModeSideBySide(t, reuse));
+
+async function reuse(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
   sb.writeManifest(
     'services.yaml',
     yamlDocs(northSouth({ name: 'remote', clusterIPs: ['10.96.0.12'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: NODE_PORT }] }, { 4: [endpoint(2)] })),
   );
-  await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--snat-port-range', `${SNAT_FIRST}-${SNAT_LAST}`]);
+  await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--snat-port-range', `${SNAT_FIRST}-${SNAT_LAST}`, '--tc-attach', mode]);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
 
   const podBefore = await tcpExt(lab, lab.p2);
   const clientBefore = await tcpExt(lab, lab.ext);
@@ -75,4 +77,4 @@ t.test("a SNAT port is not reused while the remote pod may still hold its previo
   t.equal(exhausted, 0, 'and no port ran out (np_snat_exhausted 0): the range holds the closed flows');
   t.same(r.failures, [], 'no connection failed');
   await lab.agent.stop(10_000);
-});
+}

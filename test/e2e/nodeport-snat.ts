@@ -7,16 +7,18 @@
 // a port again at once: a closed flow's port is taken over when no port is
 // free (np_snat_reuse), rather than held until its CT entries expire; the
 // pod, which did not close first, holds no TIME_WAIT on it
-// (nodeport-snat-reuse.ts covers a pod that does).
-import t from 'tap';
+// (nodeport-snat-reuse.ts covers a pod that does). In each tc attach mode,
+// side by side.
+import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { ECHO_PORT, endpoint, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD2, portOf } from '../helpers/nodeport-lab.js';
-import { CLIENT_PY, createSandbox, SLOW } from '../helpers/sandbox.js';
+import { ECHO_PORT, endpoint, hostOf, NODE1, NODE1_TO_N2, northSouth, ourPrograms, perModeSideBySide, POD2, portOf, type Lab } from '../helpers/nodeport-lab.js';
+import { CLIENT_PY, SLOW, type Sandbox } from '../helpers/sandbox.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 
 const NODE_PORT = 30072;
 const FRONTEND = `${NODE1.v4}:${NODE_PORT}`;
 const SNAT_RANGE = '61000-61001';
-const NODE_ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
+const NODE_ARGS_ANY_MODE = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
 
 const manifests = (): string =>
   yamlDocs(northSouth({ name: 'remote', clusterIPs: ['10.96.0.12'], ports: [{ name: 'echo', port: 7000, targetPort: ECHO_PORT, nodePort: NODE_PORT }] }, { 4: [endpoint(2, 4)] }));
@@ -30,9 +32,11 @@ interface Nat {
   expiresIn: number;
 }
 
-t.test('SNAT ports run out: a third connection is dropped and counted; a closed flow\'s port is taken over at once', async (t) => {
-  const sb = await createSandbox(t, { backends: 0, agent: false });
-  const lab = await makeLab(sb);
+t.test('SNAT ports run out: a third connection is dropped and counted; a closed flow\'s port is taken over at once', (t) =>
+  perModeSideBySide(t, exhaustion));
+
+async function exhaustion(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  const NODE_ARGS = [...NODE_ARGS_ANY_MODE, '--tc-attach', mode];
   sb.writeManifest('services.yaml', manifests());
   // The flag's validation: two ports are a range; one that overlaps the NodePort range is not.
   const refused = await lab.agent.start([...NODE_ARGS, '--snat-port-range', '32000-61001']).then(
@@ -48,6 +52,7 @@ t.test('SNAT ports run out: a third connection is dropped and counted; a closed 
 
   const sync = await lab.agent.start([...NODE_ARGS, '--snat-port-range', SNAT_RANGE]);
   t.ok(sync.frontends > 0, `--snat-port-range ${SNAT_RANGE} (two ports) is accepted: the agent synced ${sync.frontends} frontends`);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
 
   const a = lab.startLong(NODE1.v4, NODE_PORT);
   const b = lab.startLong(NODE1.v4, NODE_PORT);
@@ -112,4 +117,4 @@ t.test('SNAT ports run out: a third connection is dropped and counted; a closed 
   t.ok([61000, 61001].includes(portOf(fresh.seenAs)), 'to a port of the range');
   t.comment(`np_snat_exhausted ${heldAfter}; a port came back ${after.toFixed(1)} s after the close`);
   await lab.agent.stop(10_000);
-});
+}

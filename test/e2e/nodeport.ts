@@ -2,11 +2,13 @@
 // client outside the node: node 1 runs the agent in its own network
 // namespace (nsenter), with one pod of its own and one on node 2, which has
 // no route back to the client, so only SNAT brings a remote pod's replies
-// home. See test/helpers/nodeport-lab.ts for the addresses.
-import t from 'tap';
+// home. See test/helpers/nodeport-lab.ts for the addresses. Once per tc
+// attach mode (tcx, clsact), on one lab.
+import t, { type Test } from 'tap';
 import { stringify } from 'yaml';
-import { CLI_TIMEOUT_MS, createSandbox, CLIENT_PY, LBCTL, run, SLOW } from '../helpers/sandbox.js';
-import { EXT, EXTERNAL_IP, extGet, LB_IP, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import { CLI_TIMEOUT_MS, createSandbox, CLIENT_PY, LBCTL, run, SLOW, type Sandbox } from '../helpers/sandbox.js';
+import { EXT, EXTERNAL_IP, extGet, LB_IP, makeLab, NODE1, NODE1_TO_N2, ourPrograms, perMode, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 
 const HTTP = 8080;
 const UDP = 9000;
@@ -72,8 +74,13 @@ t.test('NodePort, external IP and LoadBalancer from outside the node, IPv4 and I
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
   sb.writeManifest('services.yaml', manifests());
-  const sync = await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1']);
+  await perMode(t, lab, (t, mode) => fromOutside(t, sb, lab, mode));
+});
+
+async function fromOutside(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  const sync = await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--tc-attach', mode]);
   t.ok(sync.frontends > 0, `the agent synced (${sync.frontends} frontends)`);
+  await ourPrograms(t, lab, ['n1e', 'n1b'], mode, 'the kernel');
   const np = lab.agent.agent!.logs.find((l) => l.msg === 'tc datapath: devices and node addresses') as { devices?: string[]; nodeAddresses?: string[] } | undefined;
   t.same(np?.devices?.sort(), ['n1b', 'n1e'], 'the tc programs run on the two named devices');
   t.ok(np?.nodeAddresses?.includes(NODE1.v4) && np.nodeAddresses.includes(NODE1.v6), 'NodePorts answer on the node addresses of both families');
@@ -134,7 +141,7 @@ t.test('NodePort, external IP and LoadBalancer from outside the node, IPv4 and I
   const nat = await sb.lbctl(['bpf', 'nat', 'list']);
   t.match(nat.stdout, new RegExp(`XLATE_SRC ${NODE1_TO_N2.v4.replace(/\./g, '\\.')}:6\\d{4}`), 'bpf nat list: the SNAT translations, in Cilium\'s line format');
   const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
-  t.match(status.stdout, /NodePort:\s+nodeport\.bpf\.o at tc \((tcx|clsact)\) on n1\w .*n1\w .*Maglev: \d+ tables of 16381 slots/, `lbctl status shows the tc datapath (${status.stdout.split('\n').find((l) => l.startsWith('NodePort')) ?? status.stderr})`);
+  t.match(status.stdout, new RegExp(`NodePort:\\s+nodeport\\.bpf\\.o at tc \\(${mode}; --tc-attach ${mode}\\) on n1\\w .*n1\\w .*Maglev: \\d+ tables of 16381 slots`), `lbctl status shows the tc datapath and its attach mode (${status.stdout.split('\n').find((l) => l.startsWith('NodePort')) ?? status.stderr})`);
 
   // healthCheckNodePort of the eTP=Local LoadBalancer service: kube-proxy's answer, from the agent.
   const hc = await lab.inExt(['curl', '-sS', '-D', '-', '--max-time', String(5 * SLOW), `http://${NODE1.v4}:32000/`]);
@@ -148,4 +155,4 @@ t.test('NodePort, external IP and LoadBalancer from outside the node, IPv4 and I
   const metrics = await sb.metrics();
   t.ok((metrics['np_new'] ?? 0) > 0 && (metrics['np_rev'] ?? 0) > 0, `the tc counters count new flows and replies (np_new ${metrics['np_new']}, np_rev ${metrics['np_rev']})`);
   await lab.agent.stop(10_000 * SLOW);
-});
+}

@@ -20,14 +20,26 @@
 // long-lived connections (client.py tcp-long, startLong()) kept open across
 // restarts and changes. Every client run in the lab's namespaces is killed
 // by its pid at teardown if it still runs.
+//
+// Every tc suite runs its scenarios once per attach mode (tcAttachModes():
+// tcx and clsact where the kernel has tcx, clsact alone where it has not),
+// as subtests named for the mode (perMode(), or perModeSideBySide() for
+// suites that mostly wait on timers), the agent started with --tc-attach
+// MODE; ourPrograms() checks, by the kernel's own answer, that exactly one
+// program of ours runs on each hook, attached in that mode.
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import type { Test } from 'tap';
+import { realKernel } from '../../src/datapath/features.js';
+import { PROGRAMS, type AttachMode } from '../../src/datapath/nodeport.js';
+import { isErrno, progInfoById } from '../../src/native/bpf.js';
+import type { TcDirection } from '../../src/native/tc.js';
 import { AgentSlot, type SyncReport } from './sandbox/agent.js';
 import { startLoad, type LoadOptions, type LoadRun } from './sandbox/load.js';
-import { CLIENT_PY, killPid, run, sleep, SLOW, type ExecResult } from './sandbox/run.js';
+import { CLI_TIMEOUT_MS, CLIENT_PY, how, killPid, LBCTL, run, sleep, SLOW, type ExecResult } from './sandbox/run.js';
 import { removeNetns } from './sandbox/topology.js';
-import type { Sandbox } from './sandbox.js';
+import { createSandbox, type Sandbox } from './sandbox.js';
 
 export const EXT = { v4: '10.250.0.2', v6: 'fd00:250::2' };
 export const NODE1 = { v4: '10.250.0.1', v6: 'fd00:250::1' };
@@ -63,6 +75,14 @@ export interface Lab {
   startLong(host: string, port: number, opts?: LongOptions): LongRun;
   /** One connected UDP socket (client.py udp-long: a datagram every interval, one source port), from the external client. */
   startUdpLong(host: string, port: number, opts?: LongOptions): UdpLongRun;
+  /** `lbctl cleanup` in node 1's namespace (where its tc attachments are), as an operator runs it. */
+  cleanup(): Promise<ExecResult>;
+  /**
+   * Back to a node that never ran lbctl: the agent stopped (SIGTERM) if it
+   * runs, then `lbctl cleanup`, which must succeed. Between the modes of a
+   * suite, so each starts as a fresh install does.
+   */
+  reset(): Promise<void>;
 }
 
 /** What client.py udp-long saw: its sockets (one unless destroyed) and an event per datagram. */
@@ -253,7 +273,122 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
     sb.writeManifest(name, text);
     return (await proc.waitForLog((l) => l.msg === 'sync done', mark, timeoutMs)) as SyncReport;
   };
-  return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong, startUdpLong };
+  const cleanup = (): Promise<ExecResult> => run('nsenter', [`--net=/run/netns/${lab.n1}`, LBCTL, 'cleanup', '--bpf-root', sb.bpfRoot], CLI_TIMEOUT_MS);
+  const reset = async (): Promise<void> => {
+    await agent.stop(10_000);
+    const r = await cleanup();
+    if (r.code !== 0) throw new Error(`lbctl cleanup in ${lab.n1} failed ${how(r)}: ${r.stderr}${r.stdout}`);
+  };
+  return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong, startUdpLong, cleanup, reset };
+}
+
+let modes: Promise<AttachMode[]> | undefined;
+
+/**
+ * The tc attach modes every tc suite runs in, in this order: tcx and clsact
+ * where the kernel has tcx (the host), clsact alone where it has not (the
+ * 5.10 and 6.1 guests). Asked of the kernel as the agent's probe asks it: a
+ * tcx link to a device that does not exist, ENODEV where tcx is known.
+ */
+export function tcAttachModes(): Promise<AttachMode[]> {
+  modes ??= realKernel().tcxLink().then(
+    () => ['clsact'],
+    (err: unknown) => (isErrno(err, 'ENODEV') ? ['tcx', 'clsact'] : ['clsact']),
+  );
+  return modes;
+}
+
+/**
+ * `scenario` once per attach mode, as subtests named for it, on one lab:
+ * between modes lab.reset() stops the agent and cleans up, so each mode
+ * starts from nothing. The scenario starts the agent with --tc-attach MODE.
+ */
+export async function perMode(t: Test, lab: Lab, scenario: (t: Test, mode: AttachMode) => Promise<void>): Promise<void> {
+  for (const [i, mode] of (await tcAttachModes()).entries()) {
+    if (i > 0) await lab.reset();
+    await t.test(`--tc-attach ${mode}`, (t) => scenario(t, mode));
+  }
+}
+
+/**
+ * `body` once per attach mode, as subtests named for it, side by side: for
+ * tests that build a lab of their own (body starts the agent with
+ * --tc-attach MODE) and spend their time waiting for timers or flows, where
+ * running the modes one after the other would double the wait and running
+ * them at once costs little.
+ */
+export async function eachMode(t: Test, body: (t: Test, mode: AttachMode) => Promise<void>): Promise<void> {
+  const all = await tcAttachModes();
+  await t.test('every attach mode, side by side', { jobs: all.length }, async (t) => {
+    for (const mode of all) void t.test(`--tc-attach ${mode}`, (t) => body(t, mode));
+  });
+}
+
+/** `scenario` once per attach mode (eachMode), each in a sandbox and lab of its own. */
+export function perModeSideBySide(t: Test, scenario: (t: Test, sb: Sandbox, lab: Lab, mode: AttachMode) => Promise<void>): Promise<void> {
+  return eachMode(t, async (t, mode) => {
+    const sb = await createSandbox(t, { backends: 0, agent: false });
+    await scenario(t, sb, await makeLab(sb), mode);
+  });
+}
+
+/** A tc program on a hook: how it is attached, and the program by the kernel's id, BTF function name and tag. */
+export interface HookProgram {
+  readonly mode: AttachMode;
+  readonly id: number;
+  /** The BTF function name (whole), or the kernel's 15 characters for a program without BTF. */
+  readonly name: string;
+  readonly tag: string;
+}
+
+export type HookPrograms = Record<string, Record<TcDirection, HookProgram[]>>;
+
+/**
+ * Every tc program on the ingress and egress hooks of `devices` in namespace
+ * `ns`, by the kernel's answer: tcx programs (BPF_PROG_QUERY) and cls_bpf
+ * filters at any handle (`tc -j filter show`).
+ */
+export async function hookPrograms(lab: Lab, ns: string, devices: readonly string[]): Promise<HookPrograms> {
+  const tcx = await tcxPrograms(lab, ns, devices);
+  const describe = (mode: AttachMode, id: number): HookProgram => {
+    const info = progInfoById(id);
+    return { mode, id, name: info?.funcName ?? info?.name ?? `#${id}?`, tag: info?.tag ?? '' };
+  };
+  const out: HookPrograms = {};
+  for (const dev of devices) {
+    out[dev] = { ingress: [], egress: [] };
+    for (const dir of ['ingress', 'egress'] as const) {
+      const ids = tcx[dev]?.[dir];
+      if (Array.isArray(ids)) out[dev][dir].push(...ids.map((id) => describe('tcx', id)));
+      const r = await lab.inNs(ns, ['tc', '-j', 'filter', 'show', 'dev', dev, dir]);
+      // No clsact qdisc on the device: no filter.
+      const filters = r.code === 0 && r.stdout.trim() ? (JSON.parse(r.stdout) as Array<{ kind?: string; options?: { prog?: { id: number } } }>) : [];
+      for (const f of filters) if (f.kind === 'bpf' && f.options?.prog) out[dev][dir].push(describe('clsact', f.options.prog.id));
+    }
+  }
+  return out;
+}
+
+const OURS: ReadonlySet<string> = new Set(Object.values(PROGRAMS));
+
+/**
+ * Checks that each hook of `devices` in node 1 runs exactly one program of
+ * ours (by BTF function name), the direction's, attached in `mode`, and
+ * returns them by "device/direction".
+ */
+export async function ourPrograms(t: Test, lab: Lab, devices: readonly string[], mode: AttachMode, what: string): Promise<Record<string, HookProgram>> {
+  const hooks = await hookPrograms(lab, lab.n1, devices);
+  const found: Record<string, HookProgram> = {};
+  const wrong: string[] = [];
+  for (const dev of devices) {
+    for (const dir of ['ingress', 'egress'] as const) {
+      const ours = hooks[dev]![dir].filter((p) => OURS.has(p.name));
+      if (ours.length === 1 && ours[0]!.mode === mode && ours[0]!.name === PROGRAMS[dir]) found[`${dev}/${dir}`] = ours[0]!;
+      else wrong.push(`${dev}/${dir}: ${JSON.stringify(ours)}`);
+    }
+  }
+  t.same(wrong, [], `${what}: one program of ours on each hook of ${devices.join(', ')}, attached with ${mode}`);
+  return found;
 }
 
 /** curl from the external client: the body (the backend's own address) and the X-Client header (the address it saw). */

@@ -4,14 +4,16 @@
 // (rather than reading old bytes in a new layout); a traffic map of another
 // size is made beside the pinned one, its entries carried over, and takes
 // the pin once committed; SNAT translations a datapath from before lb*_nat
-// left in lb*_ct are moved out. No device is attached.
+// left in lb*_ct are moved out. No device is attached. Its programs are
+// told from others' by their BTF function names (isOurs).
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
 import { hasSetRetval } from '../../src/datapath/features.js';
+import { ROOT } from '../helpers/sandbox.js';
 import { COMPAT_OBJECT, DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
-import { NodePortDatapath } from '../../src/datapath/nodeport.js';
+import { isOurs, NodePortDatapath, PROGRAMS } from '../../src/datapath/nodeport.js';
 import { BpfObject, openPinnedMap } from '../../src/native/bpf.js';
 import { lb4_ct_entry, lb4_ct_key } from '../../src/datapath/abi.gen.js';
 
@@ -105,4 +107,26 @@ t.test('a datapath from before lb4_nat: its SNAT translations move out of lb4_ct
   t.ok(dp.object.map('lb4_ct').lookup(key(41000, 1)), 'the local flow\'s entry stays');
   t.ok(dp.object.map('lb4_nat').lookup(key(61000, 1)), 'the translation stays in lb4_nat');
   t.equal(openPinnedMap(path.join(mapsDir, 'lb4_nat')).id, dp.object.map('lb4_nat').id, 'lb4_nat pinned');
+});
+
+t.test("isOurs: lbctl's tc programs by their BTF function names, not by the 15 characters the kernel keeps", async (t) => {
+  const dp = await load({ ct: 1024 }); // the size the tests above left pinned: nothing to carry over
+  open.push(dp);
+  for (const name of Object.values(PROGRAMS)) {
+    const info = dp.object.progInfo(name);
+    t.equal(info.name, name.slice(0, 15), `${name}: the kernel keeps ${info.name}`);
+    t.equal(info.funcName, name, 'its BTF names it whole');
+    t.ok(isOurs(info.id), `${name} (id ${info.id}) is ours`);
+  }
+  // Someone else's lb_nodeport_ingest: lb_nodeport_ing to the kernel, as ours is.
+  const foreign = await BpfObject.openLoaded(path.join(ROOT, 'bpf/.output/tests/tc_count_test.bpf.o'));
+  open.push(foreign);
+  t.equal(foreign.progInfo('lb_nodeport_ingest').name, 'lb_nodeport_ing', "a foreign program with our program's kernel name");
+  t.notOk(isOurs(foreign.progInfo('lb_nodeport_ingest').id), 'is not ours');
+  t.notOk(isOurs(foreign.progInfo('count_packets').id), 'nor is any other');
+  // Named lb_nodeport_ingress but loaded without BTF: nothing whole says it is ours.
+  const bare = await BpfObject.openLoaded(path.join(ROOT, 'bpf/.output/tests/tc_nobtf_test.bpf.o'));
+  open.push(bare);
+  t.notOk(isOurs(bare.progInfo('lb_nodeport_ingress').id), 'a program without BTF is not ours, whatever its name');
+  t.notOk(isOurs(0), 'no program (id 0) is not ours');
 });

@@ -2,14 +2,16 @@
 // test's own: a clsact filter attached, found, refused a second time unless
 // replacing (atomically, to another program), detached; and where the kernel
 // has tcx (6.6+), a pinned tcx link at the head. A counting program proves
-// each attachment runs on real packets.
+// each attachment runs on real packets. A filter's program is told by its
+// BTF function name, which the kernel keeps whole (its program name keeps 15
+// characters).
 import { execFileSync } from 'node:child_process';
 import { closeSync, mkdirSync, openSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
 import { has, probeFeatures } from '../../src/datapath/features.js';
 import { cgroup2Root, ensureBpffs } from '../../src/datapath/loader.js';
-import { BpfObject, pinnedLinkInfo, unpin } from '../../src/native/bpf.js';
+import { BpfObject, pinnedLinkInfo, progInfoById, unpin } from '../../src/native/bpf.js';
 import { links } from '../../src/native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcFilter } from '../../src/native/tc.js';
 import { ROOT } from '../helpers/sandbox.js';
@@ -17,6 +19,7 @@ import { ROOT } from '../helpers/sandbox.js';
 if (process.getuid?.() !== 0) t.bailout('the native suites need root (network namespaces, BPF): run `make test` as root');
 
 const OBJ = path.join(ROOT, 'bpf/.output/tests/tc_count_test.bpf.o');
+const NO_BTF_OBJ = path.join(ROOT, 'bpf/.output/tests/tc_nobtf_test.bpf.o');
 const ns = `lbctl-tc-${process.pid}`;
 const peer = `lbctl-tcp-${process.pid}`;
 const pinRoot = `/sys/fs/bpf/lbctl-tc-${process.pid}`;
@@ -72,6 +75,26 @@ t.test('clsact: attach, find, refuse a second attach, replace atomically, detach
   tcDetach(f, fd);
   t.equal(tcQuery(f, fd), 0, 'detached');
   t.throws(() => tcDetach(f, fd), { code: 'ENOENT' });
+});
+
+t.test("a filter's program by id: the kernel keeps 15 characters of its name, its BTF the whole function name", async (t) => {
+  const { obj } = await counter();
+  const long = obj.progInfo('lb_nodeport_ingest');
+  t.match(long, { name: 'lb_nodeport_ing', funcName: 'lb_nodeport_ingest', type: 3 }, 'a long name: cut by the kernel, whole in the BTF');
+  t.match(obj.progInfo('count_packets'), { name: 'count_packets', funcName: 'count_packets' }, 'a short one: the same in both');
+  const f: TcFilter = { ifindex, direction: 'egress', handle: 0x1b2, priority: 1 };
+  tcAttach(obj.progFd('lb_nodeport_ingest'), f, false, fd);
+  t.teardown(() => tcDetach(f, fd));
+  t.same(progInfoById(tcQuery(f, fd)), long, "the filter's program by its id: the same, function name included");
+
+  const bare = BpfObject.open(NO_BTF_OBJ);
+  objects.push(bare);
+  await bare.load();
+  const info = bare.progInfo('lb_nodeport_ingress');
+  t.equal(info.name, 'lb_nodeport_ing', 'a program loaded without BTF has only the cut name');
+  t.notOk('funcName' in info, `and no function name (${JSON.stringify(info)})`);
+  t.same(progInfoById(info.id), info, 'by id too');
+  t.equal(progInfoById(0x7fffffff), null, 'no program with that id: null');
 });
 
 t.test('tcx: a pinned link at the head, detached by unpinning', async (t) => {

@@ -8,7 +8,7 @@ import t from 'tap';
 import type { Command } from 'commander';
 import { formatDuration, parseDuration } from '../../src/cli/config.js';
 import { buildProgram, resolveAgentOptions } from '../../src/cli/program.js';
-import type { AgentCommandOptions } from '../../src/cli/commands/agent.js';
+import { nodePortOptions, type AgentCommandOptions } from '../../src/cli/commands/agent.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'lbctl-config-'));
 t.teardown(() => rmSync(dir, { recursive: true, force: true }));
@@ -134,4 +134,15 @@ t.test('--watch-list: off (the default), auto or on, from the command line or th
   t.equal((await optionsOf(['--kubeconfig', '/k', '--watch-list', 'auto'])).watchList, 'auto');
   await t.rejects(optionsOf(['--kubeconfig', '/k', '--watch-list', 'yes']), /expected off, auto or on/);
   t.equal((await optionsOf(['--config', file(`${HEADER}watchList: on\nkubeconfig: /k\n`)])).watchList, 'on');
+});
+
+t.test('--tc-attach: auto (the default), tcx or clsact, from the command line or the file, handed to the tc datapath', async (t) => {
+  const o = await optionsOf(['--source', 'file:/x']);
+  t.equal(o.tcAttach, 'auto');
+  t.equal(nodePortOptions(o)?.tcAttach, 'auto');
+  const c = await optionsOf(['--source', 'file:/x', '--tc-attach', 'clsact']);
+  t.equal(nodePortOptions(c)?.tcAttach, 'clsact');
+  await t.rejects(optionsOf(['--source', 'file:/x', '--tc-attach', 'tc']), /expected auto, tcx or clsact/);
+  t.equal((await optionsOf(['--config', file(`${HEADER}tcAttach: tcx\nsource: file:/x\n`)])).tcAttach, 'tcx');
+  await t.rejects(optionsOf(['--config', file(`${HEADER}tcAttach: xdp\nsource: file:/x\n`)]), /tcAttach: "xdp": expected auto, tcx or clsact/);
 });

@@ -227,6 +227,18 @@ t.test('status: the readable summary', async (t) => {
   t.equal(noted.exitCode, 0, 'a note fails nothing');
 });
 
+t.test('status: the tc datapath line says the attach mode and why', async (t) => {
+  const kernel = (mode: string, modeReason: string): AgentStatus['kernel'] => ({
+    release: '5.10.0-32-amd64',
+    features: [{ name: 'tcx', required: false, available: false, since: '6.6', detail: 'tc programs attach through clsact and cls_bpf (EINVAL)' }],
+    object: 'compat',
+    udpTermination: 'inet-diag',
+    nodePort: { state: 'serving', mode, modeReason, devices: [{ name: 'eth0', index: 2, addresses: ['10.0.0.5/24'] }], nodeAddresses: ['10.0.0.5'], waiting: [], problems: [] },
+  });
+  t.match(formatStatus(status({ kernel: kernel('clsact', '--tc-attach auto: the kernel has no tcx') })).text, 'NodePort:    nodeport.bpf.o at tc (clsact; --tc-attach auto: the kernel has no tcx) on eth0 (10.0.0.5/24); NodePorts on 10.0.0.5\n');
+  t.match(formatStatus(status({ kernel: kernel('clsact', '--tc-attach clsact') })).text, 'at tc (clsact; --tc-attach clsact) on eth0');
+});
+
 t.test('status through the socket: exit codes', async (t) => {
   const view = new FakeView();
   const sock = await serve(t, view);

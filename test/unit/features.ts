@@ -6,6 +6,7 @@
 import t from 'tap';
 import { featureLine, has, missingRequired, probeFeatures, requireFeatures, type ProbeKernel } from '../../src/datapath/features.js';
 import { BpfError } from '../../src/native/bpf.js';
+import { chooseAttachMode } from '../../src/datapath/nodeport.js';
 
 /** A kernel that refuses the named probe programs as a real one does. */
 function kernel(opts: { refuse?: Record<string, string>; batch?: string; link?: string; update?: string; tcx?: 'ENODEV' | 'EINVAL'; udp?: { kfunc?: string; inetDiag?: string }; release?: string } = {}): ProbeKernel & { loaded: string[] } {
@@ -96,4 +97,18 @@ t.test('no BPF at all (EPERM, no capabilities): every load-probed feature is nam
   t.equal(missingRequired(f).length, 15);
   t.match(f.results.find((r) => r.name === 'cgroup_link')!.detail, /not probed: cgroup\/connect4 does not load/);
   t.same(k.loaded, all, 'each program was loaded on its own, once');
+});
+
+t.test('--tc-attach: auto follows the probe, tcx without tcx refuses the start naming the flag, clsact anywhere', async (t) => {
+  const with6 = await probe(kernel({ release: '6.6.0' }));
+  const with510 = await probe(kernel({ tcx: 'EINVAL', release: '5.10.0-32-amd64' }));
+  t.same(chooseAttachMode('auto', with6), { mode: 'tcx', why: '--tc-attach auto: the kernel has tcx' });
+  t.same(chooseAttachMode('auto', with510), { mode: 'clsact', why: '--tc-attach auto: the kernel has no tcx' });
+  t.same(chooseAttachMode('clsact', with6), { mode: 'clsact', why: '--tc-attach clsact' });
+  t.same(chooseAttachMode('clsact', with510), { mode: 'clsact', why: '--tc-attach clsact' });
+  t.same(chooseAttachMode('tcx', with6), { mode: 'tcx', why: '--tc-attach tcx' });
+  t.throws(() => chooseAttachMode('tcx', with510), {
+    code: 'ECONFIG',
+    message: /^--tc-attach tcx: this kernel \(5\.10\.0-32-amd64\) has no tcx links \(Linux 6\.6\+\): use --tc-attach auto or clsact$/,
+  });
 });

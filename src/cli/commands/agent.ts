@@ -58,6 +58,8 @@ export interface AgentCommandOptions {
   /** --no-nodeport sets false. */
   nodeport?: boolean;
   devices?: string;
+  /** How the tc programs attach: auto (tcx where the kernel has it), tcx or clsact. */
+  tcAttach?: 'auto' | 'tcx' | 'clsact';
   nodeportAddresses?: string;
   nodeportRange?: string;
   snatPortRange?: string;
@@ -121,6 +123,7 @@ export function nodePortOptions(opts: AgentCommandOptions): NodePortOptions | un
     ...(opts.tcObject ? { object: path.resolve(opts.tcObject) } : {}),
     maglevTableSeed: seeds.table,
     procfs: opts.procfs ?? '/proc',
+    tcAttach: opts.tcAttach ?? 'auto',
     ...(devices ? { devices } : {}),
     ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
   };

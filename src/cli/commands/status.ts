@@ -52,7 +52,7 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
       const line =
         np.state === 'off' ? 'off (--no-nodeport)'
         : np.state === 'failed' ? `FAILED: ${np.error ?? 'unknown error'}`
-        : `nodeport.bpf.o at tc (${np.mode}) on ${devices}; NodePorts on ${(np.nodeAddresses ?? []).join(', ') || 'no address'}` +
+        : `nodeport.bpf.o at tc (${np.mode}${np.modeReason ? `; ${np.modeReason}` : ''}) on ${devices}; NodePorts on ${(np.nodeAddresses ?? []).join(', ') || 'no address'}` +
           (np.maglev ? `; Maglev: ${np.maglev.tables} table${np.maglev.tables === 1 ? '' : 's'} of ${np.maglev.m} slots, ${(np.maglev.bytes / 1024).toFixed(0)} KiB` : '');
       text += row('NodePort', line) + [...(np.waiting ?? []), ...(np.problems ?? [])].map((w) => `  note: ${w}\n`).join('');
       if (np.traffic && np.traffic.length > 0) {
