@@ -237,6 +237,37 @@ Napi::Value HoldPinnedLink(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// holdProgram(id): { id, fd, close() } -- a loaded program held by fd, so it
+// outlives the attachments it has now (a tc filter replaced by another
+// program lets go of it) and can be attached again; null when no program has
+// that id. close() releases it (also done when the object is collected).
+Napi::Value HoldProgram(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint32_t id = static_cast<uint32_t>(argI32(info, 0, "id"));
+  int raw = bpf_prog_get_fd_by_id(id);
+  if (raw < 0) {
+    if (errno == ENOENT) return env.Null();
+    ErrCtx c;
+    c.detail = "program id " + std::to_string(id);
+    throwBpfError(env, "bpf_prog_get_fd_by_id", errno, c);
+  }
+  auto fd = std::make_shared<UniqueFd>(raw);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("id", Napi::Number::New(env, id));
+  o.Set("fd", Napi::Number::New(env, raw));
+  o.Set("close", Napi::Function::New(env, [fd](const Napi::CallbackInfo& ci) -> Napi::Value {
+    fd->reset();
+    return ci.Env().Undefined();
+  }, "close"));
+  o.AddFinalizer(
+      [](Napi::Env, std::shared_ptr<UniqueFd>* f) {
+        (*f)->reset();
+        delete f;
+      },
+      new std::shared_ptr<UniqueFd>(fd));
+  return o;
+}
+
 Napi::Value Unpin(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string path = argString(info, 0, "path");
@@ -354,6 +385,7 @@ void InitLink(Napi::Env env, Napi::Object exports) {
   exports.Set("pinnedLinkUpdate", Napi::Function::New(env, PinnedLinkUpdate, "pinnedLinkUpdate"));
   exports.Set("unpin", Napi::Function::New(env, Unpin, "unpin"));
   exports.Set("holdPinnedLink", Napi::Function::New(env, HoldPinnedLink, "holdPinnedLink"));
+  exports.Set("holdProgram", Napi::Function::New(env, HoldProgram, "holdProgram"));
 }
 
 }  // namespace lbn

@@ -281,6 +281,7 @@ export class Agent implements AgentView {
         stagingDir: tcStagingDir(bpfRoot),
         ...(opts.sizes ? { sizes: opts.sizes } : {}),
         ...(opts.object ? { object: opts.object } : {}),
+        ...(opts.failAttach ? { failAttach: opts.failAttach } : {}),
       });
     } catch (err) {
       this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;

@@ -34,10 +34,15 @@ export interface NodePortOptions {
   readonly trafficCheckMs?: number;
   /** --tc-attach (default auto: tcx where the kernel has it). */
   readonly tcAttach?: TcAttachSetting;
+  /** LBCTL_FAILPOINT_TC_ATTACH (tests): an attach of the first switch rounds is refused by the kernel. */
+  readonly failAttach?: { readonly at: number; readonly rounds: number };
 }
 
 /** How often the flows' and SNAT maps' fill and the counters of traffic dropped for want of room are read. */
 export const TRAFFIC_CHECK_MS = 10_000;
+/** A tc switch rolled back is retried after 1 s, then 2, 4 ... at most every 60 s. */
+const SWITCH_RETRY_FIRST_MS = 1000;
+const SWITCH_RETRY_MAX_MS = 60_000;
 
 /**
  * Counters of new flows dropped for want of room, and the flag that makes
@@ -83,6 +88,8 @@ export function withReservedRange(current: string, range: PortRange): string | u
 export class NodePortAgent {
   private watcher: { close(): void } | undefined;
   private timer: NodeJS.Timeout | undefined;
+  private retryTimer: NodeJS.Timeout | undefined;
+  private retryMs = 0;
   private trafficTimer: NodeJS.Timeout | undefined;
   private counters: Record<string, bigint> | undefined;
   private traffic: readonly TrafficPressure[] | undefined;
@@ -107,16 +114,6 @@ export class NodePortAgent {
     this.datapath.configure(this.opts.settings);
     this.reservePorts();
     this.refresh();
-    if (this.datapath.migrating) {
-      // The programs run on the devices now: the maps carried over take the pins.
-      if (this.status.devices.length > 0 && this.status.problems.length === 0) {
-        const after = this.datapath.commitMigration();
-        this.log.info({ after }, 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
-      } else {
-        this.datapath.discardMigration();
-        this.log.warn({ problems: this.status.problems }, 'tc programs not switched on every device: the old maps stay pinned, the carried ones are dropped');
-      }
-    }
     this.watcher = rtnlWatch(
       () => this.schedule(),
       (err) => this.log.error({ err: (err as Error)?.message ?? String(err) }, 'following the devices failed'),
@@ -216,7 +213,27 @@ export class NodePortAgent {
       );
     }
     for (const w of sel.waiting) if (!before.waiting.includes(w)) this.log.warn({ device: w }, 'device named by --devices is not usable yet; attached when it is');
-    for (const p of problems) this.log.error({ problem: p }, 'tc datapath: device not attached');
+    // A problem is logged when it appears, not at every refresh that retries it.
+    for (const p of problems) if (!before.problems.includes(p)) this.log.error({ problem: p }, 'tc datapath: device not attached');
+    const committed = this.datapath.committed;
+    if (committed) {
+      this.datapath.committed = undefined;
+      this.log.info({ after: committed }, 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
+    }
+    // A switch rolled back is tried again, whole, until it succeeds.
+    if (this.datapath.switchFailed) this.retrySoon();
+    else this.retryMs = 0;
+  }
+
+  /** Another refresh after a failed switch: after 1 s, doubling to 60 s while it keeps failing. */
+  private retrySoon(): void {
+    if (this.retryTimer) return;
+    this.retryMs = Math.min(SWITCH_RETRY_MAX_MS, this.retryMs === 0 ? SWITCH_RETRY_FIRST_MS : this.retryMs * 2);
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      this.schedule();
+    }, this.retryMs);
+    this.retryTimer.unref();
   }
 
   get nodeAddresses(): readonly string[] {
@@ -234,6 +251,10 @@ export class NodePortAgent {
     this.timer = undefined;
     if (this.trafficTimer) clearInterval(this.trafficTimer);
     this.trafficTimer = undefined;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+    // A switch that never succeeded: the old programs keep the old maps.
+    if (this.datapath.migrating) this.datapath.discardMigration();
     this.datapath.close();
   }
 }

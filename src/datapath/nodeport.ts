@@ -24,7 +24,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../errors.js';
 import { has, type DatapathFeatures } from './features.js';
-import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap } from '../native/bpf.js';
+import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, holdProgram, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap, type HeldLink, type HeldProgram } from '../native/bpf.js';
 import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMigration } from './migrate.js';
 import { links as rtnlLinks } from '../native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
@@ -188,6 +188,13 @@ export interface NodePortOptions {
   readonly object?: string;
   /** Where a migration makes the maps it carries over (loader.ts's tcStagingDir). */
   readonly stagingDir: string;
+  /**
+   * A failpoint for tests (the agent's LBCTL_FAILPOINT_TC_ATTACH): in each
+   * of the first `rounds` switch rounds, the attach at position `at`
+   * (1-based, over the round's devices and directions) is given a program of
+   * another type, which the kernel refuses (EINVAL) without changing anything.
+   */
+  readonly failAttach?: { readonly at: number; readonly rounds: number };
 }
 
 /**
@@ -289,6 +296,10 @@ export class NodePortDatapath {
     dp.replacedMaps = plan.remade;
     dp.migrated = migrated;
     dp.mapsDir = opts.mapsDir;
+    if (opts.failAttach) {
+      dp.failAttach = opts.failAttach;
+      dp.wrongProgFd = opts.sockObject.progFd(opts.sockObject.programNames()[0]!);
+    }
     if (staging || split.length > 0) dp.pending = { staging, carried: plan.carried, relaid: plan.relaid, split };
     return dp;
   }
@@ -373,7 +384,7 @@ export class NodePortDatapath {
       nodeportMax: s.nodePortRange.last,
       snatMin: s.snatRange.first,
       snatMax: s.snatRange.last,
-      flags: (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) | (this.pending ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
+      flags: (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) | (this.pending && this.switching ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
       snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
       maglevM: s.maglev.m,
       maglevSeed4: s.maglev.seed4,
@@ -389,7 +400,14 @@ export class NodePortDatapath {
    * Makes the maps and attachments match `devices` and `addresses`: devices
    * and addresses written before attach (a packet never finds a program
    * without them), removed after detach. Returns a problem per device that
-   * could not be attached; the others are served.
+   * is not served.
+   *
+   * The devices not yet running this object's programs switch onto them in
+   * one round, all or nothing (switchRound()): if an attach fails, every
+   * device goes back to what it ran before (an earlier agent's programs, or
+   * nothing) and the round is retried at the next sync. A round that
+   * succeeds commits a pending migration (commitMigration()): the old
+   * programs run nowhere any more.
    */
   sync(devices: readonly Device[], addresses: readonly DeviceAddress[]): string[] {
     const problems: string[] = [];
@@ -401,13 +419,18 @@ export class NodePortDatapath {
 
     const byIndex = new Map(devices.map((d) => [d.index, d]));
     for (const d of devices) this.devices.update(u32.encode(d.index), deviceValue(d), BPF_ANY);
-    for (const d of devices) {
+    // Devices already switched: still ours (a filter someone removed is put back), one at a time.
+    for (const d of devices.filter((x) => this.attached.has(x.index))) {
       try {
-        this.attach(d);
+        this.repair(d);
       } catch (err) {
         problems.push(`device ${d.name} (ifindex ${d.index}): ${(err as Error).message}`);
       }
     }
+    const round = this.switchRound(devices.filter((x) => !this.attached.has(x.index)));
+    problems.push(...round.problems);
+    this.switchFailed = round.failed;
+    if (!round.failed && this.pending) this.committed = this.commitMigration();
     for (const [index, a] of [...this.attached]) {
       if (byIndex.has(index)) continue;
       try {
@@ -421,6 +444,205 @@ export class NodePortDatapath {
     problems.push(...this.sweepStale(byIndex));
     return problems;
   }
+
+  /** Whether the last sync's switch failed and was rolled back (retried at the next sync). */
+  switchFailed = false;
+  /** What the last commit of a migration carried after the switch (commitMigration()'s answer), for the log; the reader clears it. */
+  committed: Record<string, number> | undefined;
+
+  /**
+   * Switches `devices` onto this object's programs, both directions, all or
+   * nothing. First each attachment there is held (a tcx link and the program
+   * it runs; a clsact filter's program, by fd: a program whose last
+   * attachment lets go of it is freed, and there would be nothing to put
+   * back); a device with a foreign filter at our handle is left out and
+   * reported. Then each device and direction is attached in turn. If one
+   * fails, every attachment made in this round is undone in reverse (held
+   * ones restored to their programs, new ones removed) and the round fails.
+   * Only after all succeeded does each device lose its attachment of the
+   * other mode (one an agent with another --tc-attach left), so a failed
+   * round leaves the devices exactly as they were.
+   */
+  private switchRound(devices: readonly Device[]): { problems: string[]; failed: boolean } {
+    const problems: string[] = [];
+    const planned: Array<{ device: Device; dir: TcDirection; previous: HeldProgram | HeldLink | undefined }> = [];
+    const release = (): void => {
+      for (const p of planned) p.previous?.close();
+    };
+    try {
+      for (const d of devices) {
+        const held: typeof planned = [];
+        try {
+          for (const dir of ['ingress', 'egress'] as const) held.push({ device: d, dir, previous: this.holdPrevious(d, dir) });
+          planned.push(...held);
+        } catch (err) {
+          for (const h of held) h.previous?.close();
+          problems.push(`device ${d.name} (ifindex ${d.index}): ${(err as Error).message}`);
+        }
+      }
+    } catch (err) {
+      release();
+      throw err;
+    }
+    if (planned.length === 0) return { problems, failed: false };
+
+    const switched: typeof planned = [];
+    this.rounds++;
+    this.switching = true;
+    if (this.settings) this.configure(this.settings); // LB_NP_F_MIGRATING while a migration's programs take over
+    try {
+      for (const p of planned) {
+        try {
+          this.attachOne(p.device, p.dir, p.previous, switched.length + 1);
+          switched.push(p);
+        } catch (err) {
+          const notReverted = this.revert([...switched, p]);
+          const devicesIn = new Set(planned.map((x) => x.device.name));
+          const what = `tc programs not switched: device ${p.device.name} (ifindex ${p.device.index}) ${p.dir} (${switched.length + 1} of ${planned.length} attachments): ${(err as Error).message}`;
+          problems.push(
+            notReverted.length === 0
+              ? `${what}; every device (${[...devicesIn].join(', ')}) runs what it ran before (switched back: ${switched.filter((x) => x.previous).length}, new ones removed: ${switched.filter((x) => !x.previous).length}); retried at the next sync`
+              : `${what}; could NOT switch back: ${notReverted.join('; ')} (those run the new programs; retried at the next sync, or lbctl cleanup)`,
+          );
+          return { problems, failed: true };
+        }
+      }
+      // Every device runs our programs: now their attachments of the other mode go.
+      for (const d of new Set(planned.map((p) => p.device))) {
+        for (const dir of ['ingress', 'egress'] as const) {
+          try {
+            this.removeOtherMode(d.index, dir);
+          } catch (err) {
+            problems.push(`device ${d.name} (ifindex ${d.index}): removing our ${this.mode === 'tcx' ? 'clsact filter' : 'tcx link'} (${dir}): ${(err as Error).message}`);
+          }
+        }
+        this.attached.set(d.index, { index: d.index, name: d.name, mode: this.mode });
+      }
+      // The old programs run nowhere now: what they wrote since the load is
+      // carried too, while the new ones still drop a reply with no entry.
+      if (this.pending) this.committed = this.commitMigration();
+      return { problems, failed: false };
+    } finally {
+      release();
+      this.switching = false;
+      if (this.settings) this.configure(this.settings);
+    }
+  }
+
+  /** What device `d` runs in `dir` in this mode now, held so it can be put back; undefined: nothing of ours. Throws for a foreign filter at our handle. */
+  private holdPrevious(d: Device, dir: TcDirection): HeldProgram | HeldLink | undefined {
+    if (this.mode === 'tcx') {
+      const pin = tcxPin(this.linksDir, d.index, dir);
+      if (!existsSync(pin)) return undefined;
+      try {
+        return holdPinnedLink(pin);
+      } catch (err) {
+        if (isErrno(err, 'ENOENT')) return undefined;
+        throw err;
+      }
+    }
+    const have = tcQuery(filter(d.index, dir));
+    if (!have) return undefined;
+    if (!isOurs(have)) throw new ConfigError(`a tc ${dir} filter of another program (${describe(have)}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
+    return holdProgram(have) ?? undefined;
+  }
+
+  /** Attaches this object's program for `dir` on `d` (the failpoint, for tests, refuses the n-th). */
+  private attachOne(d: Device, dir: TcDirection, previous: HeldProgram | HeldLink | undefined, position: number): void {
+    const fail = this.failAttach && this.rounds <= this.failAttach.rounds && position === this.failAttach.at;
+    const progFd = fail ? this.wrongProgFd : this.object.progFd(PROGRAMS[dir]);
+    if (this.mode === 'tcx') {
+      const pin = tcxPin(this.linksDir, d.index, dir);
+      if (previous) {
+        try {
+          pinnedLinkUpdate(pin, progFd);
+          return;
+        } catch (err) {
+          // the device went away and came back with this index: a new link
+          if (!isErrno(err, 'ENOLINK', 'ENODEV') || fail) throw err;
+          unpin(pin);
+        }
+      }
+      tcxAttach(progFd, d.index, dir, pin, { head: true });
+      return;
+    }
+    tcAttach(progFd, filter(d.index, dir), previous !== undefined);
+  }
+
+  /** Undoes a round's attachments, last first; returns what could not be ("device direction: error"). */
+  private revert(done: ReadonlyArray<{ device: Device; dir: TcDirection; previous: HeldProgram | HeldLink | undefined }>): string[] {
+    const failed: string[] = [];
+    for (const { device: d, dir, previous } of [...done].reverse()) {
+      try {
+        if (this.mode === 'tcx') {
+          const pin = tcxPin(this.linksDir, d.index, dir);
+          // A held link restored (a no-op for one never switched); a new one unpinned, which detaches it.
+          if (previous) (previous as HeldLink).restore();
+          else if (existsSync(pin)) unpin(pin);
+        } else {
+          const f = filter(d.index, dir);
+          if (previous) tcAttach((previous as HeldProgram).fd, f, true);
+          else if (tcQuery(f) === this.progId(dir)) tcDetach(f);
+        }
+      } catch (err) {
+        failed.push(`${d.name} ${dir}: ${(err as Error).message}`);
+      }
+    }
+    return failed;
+  }
+
+  /** Our attachment of the mode this agent does not use (tcx link or clsact filter), if one is there. */
+  private removeOtherMode(index: number, dir: TcDirection): void {
+    if (this.mode === 'tcx') {
+      // Meanwhile a packet met the tcx program first; the filter saw only
+      // what that passed on (TCX_NEXT) and found no flow for a packet already
+      // translated (the CT maps key on the untranslated tuples).
+      const f = filter(index, dir);
+      let have = 0;
+      try {
+        have = tcQuery(f);
+      } catch {
+        return; // no clsact qdisc: no filter
+      }
+      if (have && isOurs(have)) tcDetach(f);
+    } else {
+      const pin = tcxPin(this.linksDir, index, dir);
+      if (existsSync(pin)) unpin(pin);
+    }
+  }
+
+  /** A device switched earlier: its attachments still this object's (a filter removed or replaced by hand is put back). */
+  private repair(d: Device): void {
+    for (const dir of ['ingress', 'egress'] as const) {
+      const progFd = this.object.progFd(PROGRAMS[dir]);
+      if (this.mode === 'tcx') {
+        const pin = tcxPin(this.linksDir, d.index, dir);
+        if (existsSync(pin)) {
+          try {
+            pinnedLinkUpdate(pin, progFd); // a no-op on a live link
+            continue;
+          } catch (err) {
+            if (!isErrno(err, 'ENOLINK', 'ENODEV', 'EINVAL')) throw err;
+            unpin(pin);
+          }
+        }
+        tcxAttach(progFd, d.index, dir, pin, { head: true });
+      } else {
+        const f = filter(d.index, dir);
+        const have = tcQuery(f);
+        if (have === this.progId(dir)) continue;
+        if (have && !isOurs(have)) throw new ConfigError(`a tc ${dir} filter of another program (${describe(have)}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
+        tcAttach(progFd, f, have !== 0);
+      }
+    }
+  }
+
+  /** Set by load() for tests (NodePortOptions.failAttach). */
+  private failAttach: { readonly at: number; readonly rounds: number } | undefined;
+  private wrongProgFd = -1;
+  /** Switch rounds so far (with at least one device to switch). */
+  private rounds = 0;
+  private switching = false;
 
   /**
    * Attachments of ours this process did not make and no wanted device has:
@@ -479,51 +701,6 @@ export class NodePortDatapath {
   }
 
   private readonly progIds: Partial<Record<TcDirection, number>> = {};
-
-  private attach(d: Device): void {
-    const first = !this.attached.has(d.index);
-    for (const dir of ['ingress', 'egress'] as const) {
-      const progFd = this.object.progFd(PROGRAMS[dir]);
-      if (this.mode === 'tcx') {
-        const pin = tcxPin(this.linksDir, d.index, dir);
-        let linked = false;
-        if (existsSync(pin)) {
-          try {
-            pinnedLinkUpdate(pin, progFd);
-            linked = true;
-          } catch (err) {
-            // the device went away and came back with this index: a new link
-            if (!isErrno(err, 'ENOLINK', 'ENODEV', 'EINVAL')) throw err;
-            unpin(pin);
-          }
-        }
-        if (!linked) tcxAttach(progFd, d.index, dir, pin, { head: true });
-        // Then our clsact filter goes, if an agent in clsact mode left one.
-        // Meanwhile a packet meets the tcx program first; the filter sees
-        // only what that passes on (TCX_NEXT), and finds no flow for a
-        // packet already translated (the CT maps key on the untranslated
-        // tuples), so nothing is translated twice.
-        if (first) {
-          const f = filter(d.index, dir);
-          const have = tcQuery(f);
-          if (have && isOurs(have)) tcDetach(f);
-        }
-      } else {
-        const f = filter(d.index, dir);
-        const have = tcQuery(f);
-        if (have !== this.progId(dir)) {
-          if (have && !isOurs(have)) {
-            throw new ConfigError(`a tc ${dir} filter of another program (${describe(have)}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
-          }
-          tcAttach(progFd, f, have !== 0);
-        }
-        // Then our tcx link goes, if an agent in tcx mode left one.
-        const pin = tcxPin(this.linksDir, d.index, dir);
-        if (first && existsSync(pin)) unpin(pin);
-      }
-    }
-    this.attached.set(d.index, { index: d.index, name: d.name, mode: this.mode });
-  }
 
   private detach(index: number): void {
     for (const dir of ['ingress', 'egress'] as const) {

@@ -6,7 +6,7 @@
  */
 import { LbError } from '../errors.js';
 import { loadBinding } from './binding.js';
-import type { DeclaredMapLayout, FlatEntries, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink } from './native.js';
+import type { DeclaredMapLayout, FlatEntries, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink, RawHeldProgram } from './native.js';
 
 export type { InetDiagSocket, OpenOptions } from './native.js';
 export type { DeclaredMapLayout, FlatEntries, MapLayout, TypeLayout } from './native.js';
@@ -272,6 +272,21 @@ export class HeldLink {
 /** Holds the pinned link at `path` and (by fd) the program it runs now, so that program can be restored after a switch. */
 export function holdPinnedLink(path: string): HeldLink {
   return new HeldLink(guard(() => native().holdPinnedLink(path)), path);
+}
+
+/** A loaded program held by fd: it stays loaded, to be attached again, after its attachments let go of it. close() it. */
+export class HeldProgram {
+  /** @internal use holdProgram() */
+  constructor(private readonly raw: RawHeldProgram) {}
+  get id(): number { return this.raw.id; }
+  get fd(): number { return this.raw.fd; }
+  close(): void { guard(() => this.raw.close()); }
+}
+
+/** Holds the program with this id (null when none has it). */
+export function holdProgram(id: number): HeldProgram | null {
+  const raw = guard(() => native().holdProgram(id));
+  return raw ? new HeldProgram(raw) : null;
 }
 
 /** Remove a bpffs pin (a pinned link with no other holder detaches). Throws ENOENT if absent. */

@@ -138,6 +138,13 @@ export interface DeclaredMapLayout extends MapLayout {
   readonly maxEntries: number;
 }
 
+/** A loaded program held by fd (which keeps it loaded). */
+export interface RawHeldProgram {
+  readonly id: number;
+  readonly fd: number;
+  close(): void;
+}
+
 /** A pinned link held open together with the program it ran when held (which that fd keeps alive). */
 export interface RawHeldLink {
   readonly id: number;
@@ -290,6 +297,8 @@ export interface NativeBinding {
   rtnlWatch(callback: (messages: number) => void, netnsFd?: number): { close(): void };
   /** Opens a pinned link and the program it runs now (bpf_prog_get_fd_by_id), to restore it after a switch. */
   holdPinnedLink(path: string): RawHeldLink;
+  /** A loaded program by id, held by fd (bpf_prog_get_fd_by_id); null when no program has that id. */
+  holdProgram(id: number): RawHeldProgram | null;
   libbpfVersion(): string;
   numPossibleCpus(): number;
   openObject(path: string, opts?: OpenOptions): RawBpfObject;

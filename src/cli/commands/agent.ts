@@ -121,12 +121,27 @@ export function nodePortOptions(opts: AgentCommandOptions): NodePortOptions | un
     },
     sizes: { ...(opts.ctMax !== undefined ? { ct: opts.ctMax } : {}), ...(opts.natMax !== undefined ? { nat: opts.natMax } : {}) },
     ...(opts.tcObject ? { object: path.resolve(opts.tcObject) } : {}),
+    ...tcAttachFailpoint(process.env),
     maglevTableSeed: seeds.table,
     procfs: opts.procfs ?? '/proc',
     tcAttach: opts.tcAttach ?? 'auto',
     ...(devices ? { devices } : {}),
     ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
   };
+}
+
+/**
+ * LBCTL_FAILPOINT_TC_ATTACH=N[:R], for tests: the N-th attach of each of the
+ * tc datapath's first R switch rounds (default: every round) is refused by
+ * the kernel, to prove a switch rolls back whole and is retried. Not a flag:
+ * no user wants it.
+ */
+export function tcAttachFailpoint(env: NodeJS.ProcessEnv): { failAttach?: { at: number; rounds: number } } {
+  const v = env.LBCTL_FAILPOINT_TC_ATTACH;
+  if (v === undefined || v === '') return {};
+  const m = /^([1-9]\d*)(?::([1-9]\d*))?$/.exec(v);
+  if (!m) throw new ConfigError(`LBCTL_FAILPOINT_TC_ATTACH=${v}: not N or N:R (positive integers)`);
+  return { failAttach: { at: Number(m[1]), rounds: m[2] ? Number(m[2]) : Number.MAX_SAFE_INTEGER } };
 }
 
 /** A conntrack timeout flag (ms) in whole seconds, as the datapath's clock counts: at least 1 s, at most 2^32-1 s. */

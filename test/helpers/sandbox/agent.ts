@@ -177,6 +177,11 @@ export interface AgentPlace {
   wrap?: readonly string[];
 }
 
+export interface SpawnOptions {
+  /** Added to the agent's environment (a failpoint such as LBCTL_FAILPOINT_TC_ATTACH). */
+  readonly env?: Readonly<Record<string, string>>;
+}
+
 /**
  * The place of one agent and the agent running there (at most one at a
  * time). It starts, stops and kills the process by its pid, and reads what
@@ -193,8 +198,8 @@ export class AgentSlot {
   }
 
   /** Spawns the agent and waits for its first sync. */
-  async start(extraArgs: readonly string[] = []): Promise<SyncReport> {
-    const agent = this.spawn(extraArgs);
+  async start(extraArgs: readonly string[] = [], opts: SpawnOptions = {}): Promise<SyncReport> {
+    const agent = this.spawn(extraArgs, opts);
     return (await agent.waitForLog((l) => l.msg === 'sync done', 0, 30_000)) as SyncReport;
   }
 
@@ -203,7 +208,7 @@ export class AgentSlot {
    * to sync (an API server that is away, a port already taken). Flags in
    * `extraArgs` override the slot's own (the last occurrence wins).
    */
-  spawn(extraArgs: readonly string[] = []): AgentProcess {
+  spawn(extraArgs: readonly string[] = [], opts: SpawnOptions = {}): AgentProcess {
     if (this.agent?.running) throw new Error('the agent is already running');
     const { cgroup, bpfRoot, apiSocket, sourceArgs, runDir, netns, wrap = [] } = this.place;
     // nsenter execs lbctl in the node's namespace, as `wrap` must: the pid stays the agent's.
@@ -233,7 +238,7 @@ export class AgentSlot {
         ...(netns || extraArgs.some((a) => a.startsWith('--health-mesh-port')) ? [] : ['--health-mesh-port', '0']),
         ...extraArgs,
       ],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
+      { stdio: ['ignore', 'pipe', 'pipe'], ...(opts.env ? { env: { ...process.env, ...opts.env } } : {}) },
     );
     recordPid(runDir, proc.pid);
     this.agent = new AgentProcess(proc);
