@@ -206,6 +206,15 @@ export interface NodePortOptions {
  */
 const CARRIED_MAPS = new Set(['lb4_ct', 'lb6_ct', 'lb4_nat', 'lb6_nat', 'lb4_frag', 'lb6_frag', 'lb_np_affinity']);
 
+/**
+ * The programs' own scratch and state, which the agent neither reads nor
+ * writes: per-CPU request buffers (the SNAT search's, which embed a CT
+ * entry, so another entry layout has another size) and the ICMP rate
+ * limit's buckets. Their layout is the object's business, not checked
+ * against this build's (an upgrade's object brings its own).
+ */
+const PROGRAM_ONLY_MAPS = new Set(['lb_snat_req4', 'lb_snat_req6', 'lb_icmp_bucket']);
+
 /** A load that carried maps over, finished once the programs are switched (commitMigration()). */
 interface PendingMigration {
   /** Where the carried maps are pinned until the switch (undefined: none carried). */
@@ -283,7 +292,7 @@ export class NodePortDatapath {
     let migrated: MapMigration[] = [];
     try {
       // The agent writes the maps it reads; the traffic maps only the programs (and a migration) write.
-      for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs && !CARRIED_MAPS.has(n))) verifyMapLayout(object.map(name), mapSpecs[name]);
+      for (const name of object.mapNames().filter((n): n is MapName => n in mapSpecs && !CARRIED_MAPS.has(n) && !PROGRAM_ONLY_MAPS.has(n))) verifyMapLayout(object.map(name), mapSpecs[name]);
       migrated = copyPinnedInto(object, opts.mapsDir, plan.carried, plan.relaid);
       for (const f of split) movePinnedTranslations(opts.mapsDir, object.map(`lb${f}_nat`), f, false);
     } catch (err) {

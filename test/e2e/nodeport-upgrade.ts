@@ -11,13 +11,15 @@
 //   (c) another layout of the CT entries (nodeport_ct_layout.bpf.o: fields
 //       reordered, one added), and back: converted field by field.
 //
-// Not one request may fail, the long connections keep their pod and their
-// SNAT port, and the maps end as the standard object lays them out.
+// In each tc attach mode. Not one request may fail, the long connections keep
+// their pod and their SNAT port, and the maps end as the standard object lays
+// them out.
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { ECHO_PORT, endpoint, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
+import { ECHO_PORT, endpoint, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, perMode, POD1, POD2, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
+import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { createSandbox, SLOW, type LoadRun, type Sandbox } from '../helpers/sandbox.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -52,18 +54,16 @@ async function serves(t: Test, load: LoadRun, longs: readonly LongRun[], what: s
   t.same(longs.map((l) => l.progress()?.failed ?? -1), [0, 0], `${what}: the long connections answer, none failed`);
 }
 
-t.test('NodePort flows through upgrades that change the tc maps: layout, sizes, the split of SNAT from CT', async (t) => {
-  const sb = await createSandbox(t, { backends: 0, agent: false });
-  const lab: Lab = await makeLab(sb);
-  sb.writeManifest('services.yaml', manifests());
+async function scenario(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
+  const node = [...NODE_ARGS, '--tc-attach', mode];
   const restart = async (args: readonly string[], what: string): Promise<Record<string, unknown>[]> => {
     t.equal(await lab.agent.stop(10_000), 0, `the agent exits 0 on SIGTERM before ${what}`);
-    await lab.agent.start([...NODE_ARGS, ...args]);
+    await lab.agent.start([...node, ...args]);
     return lab.agent.agent!.logs;
   };
 
   // (a) the previous release's layout first
-  await lab.agent.start([...NODE_ARGS, '--tc-object', PREVIOUS]);
+  await lab.agent.start([...node, '--tc-object', PREVIOUS]);
   const load = lab.startLoad({ tcp: [`${NODE1.v4}:${WEB_PORT}@${RATE}`], maxSeconds: 120 * SLOW });
   await load.waitFor((p) => p.ok >= RATE, 'the load to run');
   const localLong = lab.startLong(NODE1.v4, LOCAL_ECHO);
@@ -97,7 +97,7 @@ t.test('NodePort flows through upgrades that change the tc maps: layout, sizes, 
   // (c) another entry layout, and back
   logs = await restart(['--ct-max', '65536', '--nat-max', '32768', '--tc-object', RELAID], 'the change of layout');
   const converted = logs.filter((l) => l.msg === 'tc flows carried into a map of another layout, converted field by field').map((l) => l['map']);
-  t.ok(['lb4_ct', 'lb4_nat'].every((m) => converted.includes(m)), `the flow maps converted to the other layout (${converted.join(', ')})`);
+  t.ok(['lb4_ct', 'lb4_nat'].every((m) => converted.includes(m)), `the flow maps converted to the other layout (${converted.join(', ') || JSON.stringify(logs.filter((l) => /tc|maps/.test(String(l.msg))))})`);
   await serves(t, load, longs, 'on another layout');
   logs = await restart(['--ct-max', '65536', '--nat-max', '32768'], 'the change of layout back');
   t.ok(logs.some((l) => l.msg === 'tc flows carried into a map of another layout, converted field by field' && l['map'] === 'lb4_ct'), 'and converted back');
@@ -116,4 +116,11 @@ t.test('NodePort flows through upgrades that change the tc maps: layout, sizes, 
   const m = await sb.metrics();
   t.equal((m['np_nat_repair'] ?? 0) + (m['np_nat_stolen'] ?? 0), 0, 'no translation was lost on the way (np_nat_repair, np_nat_stolen 0)');
   await lab.agent.stop(10_000);
+}
+
+t.test('NodePort flows through upgrades that change the tc maps: layout, sizes, the split of SNAT from CT, in each attach mode', async (t) => {
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  const lab: Lab = await makeLab(sb);
+  sb.writeManifest('services.yaml', manifests());
+  await perMode(t, lab, (t, mode) => scenario(t, sb, lab, mode));
 });
