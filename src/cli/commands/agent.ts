@@ -319,7 +319,15 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     syncPeriodMs: opts.syncPeriod,
     ...(mesh ? { onNode: (name: string, node: Node | undefined) => mesh.setNode(name, node) } : {}),
   });
-  const health: Health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
+  const health: Health = new Health({
+    view: agent,
+    healthTimeoutMs: 2 * opts.syncPeriod,
+    // Every stall is logged and counted; /livez fails only for a loop that keeps stalling (health.ts, EventLoopMonitor).
+    onEventLoopStall: (lagMs, recent) => {
+      metrics.eventLoopStall(lagMs);
+      log.warn({ stalledMs: Math.round(lagMs), stallsInWindow: recent }, 'event loop stalled');
+    },
+  });
 
   // What is open, closed in reverse order when the agent stops or its start fails.
   const open: Array<{ close(): Promise<void> | void }> = [health];
