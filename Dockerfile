@@ -47,7 +47,7 @@ FROM debian:trixie-slim
 # when /sys/fs/bpf is not (src/datapath/bpffs.ts); iptables (legacy and nft)
 # and nftables are for `lbctl cleanup --kube-proxy`, which removes
 # kube-proxy's rules; iproute2 is for looking at devices and tc from
-# `kubectl exec`.
+# `kubectl exec`; tini is PID 1 (below).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       nodejs=20.19.2+dfsg-1+deb13u3 \
@@ -57,6 +57,7 @@ RUN apt-get update \
       iptables=1.8.11-2 \
       nftables=1.1.3-1 \
       iproute2=6.15.0-1 \
+      tini=0.19.0-3+b8 \
  && rm -rf /var/lib/apt/lists/*
 # Only what the agent and the CLI read at run time: the esbuild bundle is
 # self-contained (no node_modules), the agent loads the objects from
@@ -67,12 +68,17 @@ COPY --from=build /src/dist/bundle/lbctl.js /opt/lbctl/dist/bundle/lbctl.js
 COPY --from=build /src/build/Release/lb_native.node /opt/lbctl/build/Release/lb_native.node
 COPY --from=build /src/bpf/.output/sock.bpf.o /src/bpf/.output/sock_compat.bpf.o /src/bpf/.output/nodeport.bpf.o /src/bpf/.output/sock_destroy.bpf.o /src/bpf/.output/probe.bpf.o /opt/lbctl/bpf/.output/
 RUN ln -s /opt/lbctl/bin/lbctl /usr/local/bin/lbctl
-# The entrypoint is bin/lbctl: its node and malloc settings, and V8's heap
-# cap derived from the container's memory limit (docs/deploy.md, "Memory").
-# It ends in exec, so node itself becomes PID 1 and SIGTERM reaches the
-# agent, which stops and leaves the datapath attached from its pins
-# (src/cli/commands/agent.ts). The ENV below repeats its malloc settings for
-# anything else run in the image.
+# PID 1 is tini, which blocks every signal first thing and forwards it to
+# its child: the kernel drops a signal PID 1 neither handles nor blocks, so
+# with node as PID 1 a SIGTERM in the first few hundred ms (the shell of
+# bin/lbctl, node's own start) was lost and the kubelet waited out the grace
+# period. Its child is bin/lbctl: node and malloc settings, and V8's heap
+# cap derived from the container's memory limit (docs/deploy.md, "Memory");
+# it execs node, which gets SIGTERM from tini: the agent stops and leaves
+# the datapath attached from its pins (src/cli/commands/agent.ts), and a
+# node that has no handler yet just ends. tini-static: no dynamic loader
+# runs before it blocks signals. The ENV below repeats bin/lbctl's malloc
+# settings for anything else run in the image.
 # Debian's node adds /etc/ssl/certs/ca-certificates.crt to its CA store
 # and warns on every TLS use when the file is missing: the agent trusts
 # node's own CA store and the cluster CA its kubeconfig or service account
@@ -82,7 +88,7 @@ ENV MALLOC_ARENA_MAX=1 \
     MALLOC_MMAP_THRESHOLD_=65536 \
     MALLOC_TRIM_THRESHOLD_=1048576 \
     NODE_EXTRA_CA_CERTS=""
-ENTRYPOINT ["/opt/lbctl/bin/lbctl"]
+ENTRYPOINT ["/usr/bin/tini-static", "--", "/opt/lbctl/bin/lbctl"]
 CMD ["agent"]
 STOPSIGNAL SIGTERM
 LABEL org.opencontainers.image.title="lbctl" \

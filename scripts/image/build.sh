@@ -122,7 +122,7 @@ umoci config --image "$layout:$version" --created "$created" --author lbctl \
   --config.env MALLOC_MMAP_THRESHOLD_=65536 \
   --config.env MALLOC_TRIM_THRESHOLD_=1048576 \
   --config.env NODE_EXTRA_CA_CERTS= \
-  --config.entrypoint /opt/lbctl/bin/lbctl \
+  --config.entrypoint /usr/bin/tini-static --config.entrypoint -- --config.entrypoint /opt/lbctl/bin/lbctl \
   --config.cmd agent \
   --config.workingdir / \
   --config.stopsignal SIGTERM \

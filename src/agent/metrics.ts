@@ -43,6 +43,8 @@ export class AgentMetrics {
   private readonly endpointChanges: Counter;
   private readonly healthz: Counter<'code'>;
   private readonly livez: Counter<'code'>;
+  private readonly eventLoopStalls: Counter;
+  private readonly eventLoopLastStall: Gauge;
 
   private readonly syncs: Counter<'type' | 'result'>;
   private readonly services: Gauge;
@@ -83,6 +85,9 @@ export class AgentMetrics {
     this.endpointChanges = new Counter({ name: 'kubeproxy_sync_proxy_rules_endpoint_changes_total', help: 'Cumulative proxy rules Endpoint changes', registers });
     this.healthz = new Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers });
     this.livez = new Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers });
+    // The eventloop check's stalls (src/agent/health.ts), counted whether or not they failed /livez.
+    this.eventLoopStalls = new Counter({ name: 'lbctl_event_loop_stalls_total', help: "Stalls of the event loop longer than the eventloop check's threshold (5 s); /livez fails while 3 fall within 60 s", registers });
+    this.eventLoopLastStall = new Gauge({ name: 'lbctl_event_loop_last_stall_seconds', help: 'How long the last stall of the event loop longer than the threshold lasted', registers });
     // lbctl's
     this.syncs = new Counter({ name: 'lbctl_syncs_total', help: 'Syncs of the desired state into the maps, by type (full or partial) and result (success or error)', labelNames: ['type', 'result'], registers });
     this.services = new Gauge({ name: 'lbctl_services', help: 'Services programmed in the maps', registers });
@@ -270,6 +275,12 @@ export class AgentMetrics {
 
   livezResponse(code: number): void {
     this.livez.inc({ code: String(code) });
+  }
+
+  /** A stall of the event loop past the eventloop check's threshold. */
+  eventLoopStall(lagMs: number): void {
+    this.eventLoopStalls.inc();
+    this.eventLoopLastStall.set(lagMs / 1000);
   }
 }
 

@@ -11,7 +11,10 @@
 //     rootfs (a container without a container engine: /proc, /sys with
 //     bpffs and the cgroup2 mount, /dev), programs a sandbox's service so a
 //     client reaches the backend, answers /readyz, and on SIGTERM exits and
-//     leaves the datapath attached.
+//     leaves the datapath attached;
+//   - a SIGTERM to that PID 1 at any moment from 1 ms after the entrypoint's
+//     exec stops it promptly (the kernel drops a signal PID 1 neither
+//     handles nor blocks: tini blocks them first thing and forwards them).
 // The archive is rebuilt first when make says it is stale.
 import t from 'tap';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
@@ -278,8 +281,9 @@ t.test('the Dockerfile and make image build the same image', async (t) => {
   t.same(c.Entrypoint, dockerfile.entrypoint, `ENTRYPOINT ${JSON.stringify(dockerfile.entrypoint)}`);
   t.same(c.Cmd, dockerfile.cmd, `CMD ${JSON.stringify(dockerfile.cmd)}`);
   t.equal(c.StopSignal, dockerfile.stopSignal, `STOPSIGNAL ${dockerfile.stopSignal}`);
-  t.same(dockerfile.entrypoint, ['/opt/lbctl/bin/lbctl'], 'the entrypoint is bin/lbctl (its node settings and the heap cap from the memory limit), which execs node');
-  t.match(readFileSync(path.join(image.rootfs, 'opt/lbctl/bin/lbctl'), 'utf8'), /^exec node /m, 'so node itself becomes PID 1');
+  t.same(dockerfile.entrypoint, ['/usr/bin/tini-static', '--', '/opt/lbctl/bin/lbctl'], 'PID 1 is tini, which runs bin/lbctl (its node settings and the heap cap from the memory limit)');
+  t.ok(existsSync(path.join(image.rootfs, 'usr/bin/tini-static')), 'tini-static is in the image');
+  t.match(readFileSync(path.join(image.rootfs, 'opt/lbctl/bin/lbctl'), 'utf8'), /^exec node /m, 'bin/lbctl execs node: tini forwards signals to node itself');
   const envOf = Object.fromEntries(imageEnv.map((e) => [e.slice(0, e.indexOf('=')), e.slice(e.indexOf('=') + 1)]));
   for (const [k, v] of Object.entries(dockerfile.env)) t.equal(envOf[k], v, `ENV ${k}=${v}`);
   t.same(c.Labels, dockerfile.labels, 'the same LABELs');
@@ -390,8 +394,10 @@ t.test("the image's lbctl agent programs a service as PID 1 and leaves the datap
   recordPid(sb.runDir, init);
   t.ok(init, 'the agent runs');
   const nspid = /^NSpid:\s+(.*)$/m.exec(readFileSync(`/proc/${init}/status`, 'utf8'))?.[1]?.split(/\s+/);
-  t.equal(nspid?.at(-1), '1', `as PID 1 of its pid namespace (host pid ${init})`);
-  t.match(readFileSync(`/proc/${init}/cmdline`, 'utf8').replace(/\0/g, ' '), /^node .*\/opt\/lbctl\/bin\/\.\.\/dist\/bundle\/lbctl\.js agent /, 'and is node itself (bin/lbctl exec\'d it)');
+  t.equal(nspid?.at(-1), '1', `tini runs as PID 1 of its pid namespace (host pid ${init})`);
+  t.match(readFileSync(`/proc/${init}/cmdline`, 'utf8').replace(/\0/g, ' '), /^\/usr\/bin\/tini-static -- \/opt\/lbctl\/bin\/lbctl agent /, 'the entrypoint as the image gives it');
+  const node = nsInit(init!);
+  t.match(node && readFileSync(`/proc/${node}/cmdline`, 'utf8').replace(/\0/g, ' '), /^node .*\/opt\/lbctl\/bin\/\.\.\/dist\/bundle\/lbctl\.js agent /, 'its child is the agent, node itself (bin/lbctl exec\'d it)');
   t.equal(readlinkSync(`/proc/${init}/root`), image.rootfs, "in the image's rootfs");
 
   const port = Number(agent.logs.find((l) => l.msg === 'serving health, metrics and the local API')?.health);
@@ -408,7 +414,7 @@ t.test("the image's lbctl agent programs a service as PID 1 and leaves the datap
   t.equal(before.code, 0, `a client in the sandbox reaches the service${before.code === 0 ? '' : `: ${before.stderr}`}`);
   t.equal(before.stdout.trim(), `${sb.backends[0]!.v4}:${HTTP_PORT}`, 'served by its backend');
 
-  // SIGTERM from outside the namespace reaches PID 1 only because the agent handles it.
+  // SIGTERM from outside the namespace, to PID 1 as the runtime sends it: tini forwards it to the agent.
   killPid(init, 'SIGTERM');
   const timer = setTimeout(() => killPid(init), 15_000 * SLOW);
   const code = await agent.exited;
@@ -419,4 +425,120 @@ t.test("the image's lbctl agent programs a service as PID 1 and leaves the datap
   const after = await curl();
   t.equal(after.code, 0, `the service still answers with the agent gone${after.code === 0 ? '' : `: ${after.stderr}`}`);
   t.comment(`image test so far ${Math.round(performance.now() - t0)} ms`);
+});
+
+/** Whether the kernel would keep a SIGTERM for `pid` rather than drop it: blocked, handled, or waited for in rt_sigtimedwait (x86-64: 128), whose waited signals /proc shows as unblocked. */
+function takesSigterm(pid: number): boolean {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const mask = (field: string): bigint => BigInt(`0x${new RegExp(`^${field}:\\s+([0-9a-f]+)$`, 'm').exec(status)?.[1] ?? '0'}`);
+  const bit = 1n << 14n; // SIGTERM (15)
+  if ((mask('SigBlk') & bit) !== 0n || (mask('SigCgt') & bit) !== 0n) return true;
+  return readFileSync(`/proc/${pid}/syscall`, 'utf8').split(' ')[0] === '128';
+}
+
+t.test("SIGTERM to the image's PID 1 at once after the entrypoint's exec and later, many times: none lost once PID 1 runs anything", async (t) => {
+  // The kernel drops a signal that a pid namespace's init neither handles
+  // nor blocks, and exec resets every handler. With node as PID 1, a
+  // SIGTERM during bin/lbctl's shell or node's own start (a few hundred ms)
+  // was lost, and the kubelet waited out the grace period. tini blocks
+  // every signal before it starts anything, and forwards them to its child.
+  // Here SIGTERM goes to PID 1 as the runtime sends it, at once as the exec
+  // shows and at delays that span the agent's start (a real agent: sandbox,
+  // manifests). Just before each, PID 1's state is read: whether it would
+  // take the signal (blocked, handled, waited for), and whether it is still
+  // in the entrypoint's first instructions (the program exec'd, nothing
+  // forked or exec'd since). A SIGTERM may be lost only there: no init can
+  // take a signal before its first instructions (exec has just reset the
+  // handlers), and how long those last is the scheduler's to say, not the
+  // image's. Any other SIGTERM must stop it within 5 s.
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  sb.writeManifest('web.yaml', serviceWithBackends({ name: 'web', clusterIPs: [VIP], ports: [{ name: 'http', port: 80 }] }, []));
+  const apiDir = path.join(sb.runDir, 'image-api-sigterm');
+  mkdirSync(apiDir);
+  const args = [
+    ...entrypoint, 'agent',
+    '--source', 'file:/etc/lbctl/manifests', '--cgroup', sb.cgroup, '--bpf-root', sb.bpfRoot,
+    '--health-port', '0', '--health-bind-address', '127.0.0.1', '--metrics-port', '0',
+    '--api-socket', '/run/lbctl/agent.sock', '--no-nodeport', '--health-mesh-port', '0',
+  ];
+  const binds: Array<[string, string]> = [[sb.manifestDir, '/etc/lbctl/manifests'], [apiDir, '/run/lbctl']];
+  /** PID 1 runs the entrypoint as exec'd: its argv[0] (or, for a script, its interpreter's argv[1]). */
+  const isEntrypoint = (argv: readonly string[]): boolean => argv[0] === entrypoint[0] || argv[1] === entrypoint[0];
+  /** PID 1 is still spawnInImage's launcher (unshare's fork, the mount script, env, chroot) or between two execs. */
+  const isLauncher = (argv: readonly string[]): boolean =>
+    argv[0] === '' || argv[0] === 'unshare' || (argv[0] === 'sh' && argv[1] === '-ec') || argv[0] === 'env' || argv[0] === 'chroot';
+  const STOP_BOUND_MS = 5_000 * SLOW;
+  const busyUntil = (at: number): void => {
+    while (performance.now() < at);
+  };
+
+  const delays = [...Array(3).keys()].flatMap(() => [0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 300, 600, 1000]);
+  // Each lost SIGTERM costs the bound; the image before tini lost most of them.
+  t.setTimeout(delays.length * (STOP_BOUND_MS + 3_000 * SLOW) + 60_000);
+  const lost: string[] = [];
+  const first = { tries: 0, lost: 0 };
+  let taken = 0;
+  const ends = new Map<string, number>();
+  for (const d of delays) {
+    const proc = spawnInImage(args, binds);
+    proc.stdout!.resume();
+    proc.stderr!.resume();
+    recordPid(sb.runDir, proc.pid);
+    const closed = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => proc.on('close', (code, signal) => resolve({ code, signal })));
+    // Polled without yielding, so that the signal follows the exec by as little as this loop takes.
+    let init: number | undefined;
+    let execAt: number | undefined;
+    for (const end = performance.now() + 10_000 * SLOW; execAt === undefined && performance.now() < end; ) {
+      init ??= nsInit(proc.pid!);
+      if (init === undefined) continue;
+      try {
+        if (!isLauncher(readFileSync(`/proc/${init}/cmdline`, 'utf8').split('\0'))) execAt = performance.now();
+      } catch {
+        // between two execs
+      }
+    }
+    if (execAt === undefined || init === undefined) {
+      t.fail(`the entrypoint never ran as PID 1 (delay ${d} ms)`);
+      killPid(proc.pid);
+      await closed;
+      continue;
+    }
+    recordPid(sb.runDir, init);
+    busyUntil(execAt + d);
+    let state: { takes: boolean; firstInstructions: boolean; comm: string };
+    try {
+      const takes = takesSigterm(init);
+      const firstInstructions = !takes && isEntrypoint(readFileSync(`/proc/${init}/cmdline`, 'utf8').split('\0')) && readFileSync(`/proc/${init}/task/${init}/children`, 'utf8').trim() === '';
+      state = { takes, firstInstructions, comm: readFileSync(`/proc/${init}/comm`, 'utf8').trim() };
+    } catch (err) {
+      t.fail(`PID 1 ended before the signal (delay ${d} ms): ${(err as Error).message}`);
+      killPid(proc.pid);
+      await closed;
+      continue;
+    }
+    const { takes, firstInstructions, comm } = state;
+    const sentAt = performance.now();
+    killPid(init, 'SIGTERM');
+    let timer: NodeJS.Timeout | undefined;
+    const ended = await Promise.race([closed, new Promise<undefined>((r) => (timer = setTimeout(() => r(undefined), STOP_BOUND_MS)))]);
+    clearTimeout(timer);
+    if (!ended) {
+      killPid(init);
+      await closed;
+    } else {
+      const how = ended.code !== null ? `exit ${ended.code}` : ended.signal!;
+      ends.set(how, (ends.get(how) ?? 0) + 1);
+    }
+    if (takes) taken++;
+    if (firstInstructions) {
+      first.tries++;
+      if (!ended) first.lost++;
+    } else if (!ended) {
+      lost.push(`SIGTERM ${(sentAt - execAt).toFixed(2)} ms after the exec, PID 1 ${comm} ${takes ? 'taking it' : 'not taking it'}: still running ${STOP_BOUND_MS / 1000} s later`);
+    }
+  }
+  t.same(lost, [], `${delays.length} SIGTERMs, at once to ${Math.max(...delays)} ms after the exec: none lost once PID 1 was past its first instructions`);
+  t.ok(taken >= delays.length / 2, `PID 1 took the signal (blocked, handled or waited for) at ${taken} of them, forwarded to the agent`);
+  t.comment(`how they ended: ${[...ends].map(([k, v]) => `${k} ×${v}`).join(', ')}`);
+  t.comment(`sent while PID 1 was in its first instructions: ${first.tries}, of which lost: ${first.lost}`);
 });

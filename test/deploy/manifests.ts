@@ -8,9 +8,12 @@
 // API_ACCESS table, from which its request paths are built) and nothing
 // else; the DaemonSet has what the issue and kube-proxy's own DaemonSet
 // have (host network, priority, tolerations, rolling update, probes,
-// capabilities without privilege, bpffs and cgroup v2 from the host).
+// capabilities without privilege, bpffs and cgroup v2 from the host); the
+// move from kube-proxy node by node, run command by command from
+// docs/deploy.md against the rendered DaemonSets and kubeadm's kube-proxy,
+// never puts kube-proxy and lbctl on one node (their ports are the same).
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
@@ -41,8 +44,14 @@ interface Probe {
   periodSeconds?: number;
   failureThreshold?: number;
 }
+interface NodeSelectorTerm {
+  matchExpressions?: Array<{ key: string; operator: string; values?: string[] }>;
+  matchFields?: unknown[];
+}
 interface PodSpec {
   serviceAccountName?: string;
+  nodeSelector?: Record<string, string>;
+  affinity?: { nodeAffinity?: { requiredDuringSchedulingIgnoredDuringExecution?: { nodeSelectorTerms: NodeSelectorTerm[] } } };
   hostNetwork?: boolean;
   hostPID?: boolean;
   priorityClassName?: string;
@@ -225,4 +234,143 @@ t.test('probes and ports: kube-proxy\'s numbers, the cadence asked for, and path
   }
   const started = sb.agent!.logs.find((l) => l.msg === 'serving health, metrics and the local API');
   t.ok(started, 'the agent started from the ConfigMap');
+});
+
+// ------------------------------------------------ replacing kube-proxy
+
+/**
+ * Whether a DaemonSet's pod runs on a node with these labels: its
+ * nodeSelector and its required node affinity, as the scheduler reads them
+ * (terms ORed, expressions ANDed). Every DaemonSet here tolerates every
+ * taint, so taints do not decide.
+ */
+function runsOn(spec: PodSpec, labels: Record<string, string>): boolean {
+  if (!Object.entries(spec.nodeSelector ?? {}).every(([k, v]) => labels[k] === v)) return false;
+  const terms = spec.affinity?.nodeAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.nodeSelectorTerms;
+  if (!terms) return true;
+  return terms.some((term) => {
+    if (term.matchFields?.length) throw new Error('matchFields is not modelled');
+    return (term.matchExpressions ?? []).every(({ key, operator, values = [] }) => {
+      const v = labels[key];
+      switch (operator) {
+        case 'In': return v !== undefined && values.includes(v);
+        case 'NotIn': return v === undefined || !values.includes(v);
+        case 'Exists': return v !== undefined;
+        case 'DoesNotExist': return v === undefined;
+        default: throw new Error(`operator ${operator} is not modelled`);
+      }
+    });
+  });
+}
+
+/** RFC 7386 JSON merge patch (`kubectl patch --type merge`). */
+function mergePatch(target: unknown, patch: unknown): unknown {
+  if (patch === null || typeof patch !== 'object' || Array.isArray(patch)) return patch;
+  const out: Record<string, unknown> = target !== null && typeof target === 'object' && !Array.isArray(target) ? { ...(target as Record<string, unknown>) } : {};
+  for (const [k, v] of Object.entries(patch)) {
+    if (v === null) delete out[k];
+    else out[k] = mergePatch(out[k], v);
+  }
+  return out;
+}
+
+/** kube-proxy's DaemonSet as kubeadm installs it (cmd/kubeadm/app/phases/addons/proxy/manifests.go): the parts that decide where it runs. */
+const KUBEADM_KUBE_PROXY: { spec: { template: { spec: PodSpec } } } = {
+  spec: {
+    template: {
+      spec: {
+        nodeSelector: { 'kubernetes.io/os': 'linux' },
+        tolerations: [{ operator: 'Exists' }],
+        hostNetwork: true,
+        priorityClassName: 'system-node-critical',
+        containers: [{ name: 'kube-proxy', image: 'registry.k8s.io/kube-proxy' }],
+      },
+    },
+  },
+};
+
+/** The sh and yaml code blocks of a section of docs/deploy.md, in order. */
+function docBlocks(heading: string): Array<{ lang: string; text: string }> {
+  const doc = readFileSync(path.join(ROOT, 'docs/deploy.md'), 'utf8');
+  const at = doc.indexOf(`\n## ${heading}`);
+  if (at < 0) throw new Error(`docs/deploy.md has no section "${heading}"`);
+  const section = doc.slice(at + 1).split(/\n## /)[0]!;
+  // Each block's lines lose the fence's own indentation (a block inside a list item), and no more.
+  return [...section.matchAll(/^( *)```(\w+)\n([\s\S]*?)^ *```/gm)].map((m) => ({ lang: m[2]!, text: m[3]!.replace(new RegExp(`^ {0,${m[1]!.length}}`, 'gm'), '') }));
+}
+
+t.test('replacing kube-proxy node by node, command by command as docs/deploy.md says: never both on a node, never neither', async (t) => {
+  const SECTION = 'Replacing kube-proxy on a running cluster, node by node';
+  const lbctlSpec = (k: string): PodSpec => find<DaemonSet>(rendered.get(k)!, 'DaemonSet').spec.template.spec;
+  const nodes = new Map<string, Record<string, string>>(['node-a', 'node-b', 'node-c'].map((n) => [n, { 'kubernetes.io/os': 'linux', 'kubernetes.io/hostname': n }]));
+  let kubeProxy: PodSpec | undefined = structuredClone(KUBEADM_KUBE_PROXY.spec.template.spec);
+  let lbctl: PodSpec | undefined;
+  let cleanup: PodSpec | undefined;
+  const where = (spec: PodSpec | undefined): string[] => [...nodes].filter(([, labels]) => spec && runsOn(spec, labels)).map(([n]) => n);
+  const states: string[] = [];
+  let steps = 0;
+  let joined = false;
+  const check = (after: string): void => {
+    steps++;
+    const kp = new Set(where(kubeProxy));
+    const lb = new Set(where(lbctl));
+    const both = [...nodes.keys()].filter((n) => kp.has(n) && lb.has(n));
+    const neither = [...nodes.keys()].filter((n) => !kp.has(n) && !lb.has(n) && (lbctl !== undefined || kubeProxy === undefined));
+    const cleanedUnderKubeProxy = where(cleanup).filter((n) => kp.has(n));
+    if (both.length + neither.length + cleanedUnderKubeProxy.length > 0) {
+      t.fail(`after \`${after}\`: ${[both.length ? `both on ${both.join(', ')}` : '', neither.length ? `no proxy on ${neither.join(', ')}` : '', cleanedUnderKubeProxy.length ? `the cleanup under kube-proxy on ${cleanedUnderKubeProxy.join(', ')}` : ''].filter(Boolean).join('; ')}`);
+    }
+    states.push(`${after.slice(0, 40)}…: kube-proxy [${[...kp].join(' ')}], lbctl [${[...lb].join(' ')}]`);
+  };
+
+  const run = (line: string, node: string | undefined): void => {
+    const cmd = line.replace(/\s+#.*$/, '').trim();
+    let m: RegExpExecArray | null;
+    if ((m = /^kubectl label nodes --all ([\w./-]+)=(\S+)$/.exec(cmd))) for (const labels of nodes.values()) labels[m[1]!] = m[2]!;
+    else if ((m = /^kubectl label node NODE ([\w./-]+)-$/.exec(cmd))) delete nodes.get(node!)![m[1]!];
+    else if ((m = /^kubectl -n kube-system patch ds kube-proxy --type merge -p '(.*)'$/.exec(cmd))) {
+      kubeProxy = (mergePatch({ spec: { template: { spec: kubeProxy } } }, JSON.parse(m[1]!)) as typeof KUBEADM_KUBE_PROXY).spec.template.spec;
+    } else if (cmd === 'kubectl apply -k deploy/overlays/mycluster') lbctl = lbctlSpec('deploy/overlays/example');
+    else if (cmd === 'kubectl -n kube-system delete ds kube-proxy') kubeProxy = undefined;
+    else if (cmd === 'kubectl apply -k deploy/kube-proxy-cleanup') cleanup = lbctlSpec('deploy/kube-proxy-cleanup');
+    else if (cmd === 'kubectl delete -k deploy/kube-proxy-cleanup') cleanup = undefined;
+    else if (/^kubectl -n kube-system (rollout status|exec|delete cm kube-proxy)\b/.test(cmd)) return;
+    else return void t.fail(`docs/deploy.md's procedure has a command this test does not model: ${cmd}`);
+    check(node ? cmd.replace('NODE', node) : cmd);
+  };
+
+  check('(the cluster as it is)');
+  const blocks = docBlocks(SECTION).filter((b) => b.lang === 'sh');
+  t.ok(blocks.length >= 4, `${blocks.length} command blocks in "${SECTION}"`);
+  for (const block of blocks) {
+    const lines = block.text.split('\n').filter((l) => l.trim() !== '');
+    // The block that names NODE is done node by node.
+    const order = block.text.includes('NODE') ? [...nodes.keys()] : [undefined];
+    for (const node of order) for (const line of lines) run(line, node);
+    if (kubeProxy?.affinity && !joined) {
+      // A node joins mid-way, unlabelled: it must get a proxy, one only.
+      nodes.set('node-new', { 'kubernetes.io/os': 'linux', 'kubernetes.io/hostname': 'node-new' });
+      joined = true;
+      check('a new node joins');
+    }
+  }
+  t.comment(states.join('\n'));
+  t.ok(steps >= 10, `${steps} states checked: no node had both, none had neither, the cleanup never ran under kube-proxy`);
+  t.equal(kubeProxy, undefined, 'kube-proxy is gone at the end');
+  t.same(where(lbctl), [...nodes.keys()], 'and lbctl runs on every node, answering load balancers on 10256 (the ConfigMap and the healthz port, above)');
+  t.same(where(lbctlSpec('deploy')), [...nodes.keys()], 'the base, unedited, runs on every node of a cluster without the label');
+
+  // A node taken back: lbctl's pins stay, so deploy/uninstall is kept to the labelled nodes by the patch the docs give.
+  const uninstallPatch = docBlocks(SECTION).find((b) => b.lang === 'yaml' && b.text.includes('lbctl-uninstall'));
+  t.ok(uninstallPatch, 'the docs give the uninstall patch for a node taken back');
+  if (!uninstallPatch) return;
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'lbctl-uninstall-'));
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }));
+  // An overlay as a user writes one: deploy/uninstall as its base, and the patch.
+  writeFileSync(path.join(dir, 'kustomization.yaml'), `resources:\n  - ${path.relative(dir, path.join(ROOT, 'deploy/uninstall'))}\n${uninstallPatch.text}`);
+  const text = execFileSync(kubectl, ['kustomize', dir], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+  const uninstall = find<DaemonSet>(parseAllDocuments(text).map((d) => d.toJS() as Obj), 'DaemonSet', 'lbctl-uninstall').spec.template.spec;
+  const back = { 'kubernetes.io/os': 'linux', 'lbctl.io/kube-proxy': 'true' };
+  t.ok(runsOn(uninstall, back) && !runsOn(uninstall, { 'kubernetes.io/os': 'linux' }), 'which removes the datapath only from nodes labelled for kube-proxy');
+  t.ok(runsOn(KUBEADM_KUBE_PROXY.spec.template.spec, back) && !runsOn(lbctlSpec('deploy'), back), 'and the evaluator tells the two apart (a labelled node: kube-proxy, not lbctl)');
 });

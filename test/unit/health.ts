@@ -2,6 +2,7 @@ import t from 'tap';
 import { EventLoopMonitor, Health, formatDuration, startHealthServer } from '../../src/agent/health.js';
 import { AgentMetrics } from '../../src/agent/metrics.js';
 import { FakeView } from '../fakes/fake-view.js';
+import { FakeClock } from '../helpers/fake-clock.js';
 
 type T = { teardown(fn: () => unknown): void };
 
@@ -174,22 +175,34 @@ t.test('healthz reasons for the local API', async (t) => {
   });
 });
 
-t.test('eventloop fails after the loop was blocked past the threshold, then recovers', async (t) => {
+t.test('eventloop: one stall passes with a note, a loop that keeps stalling fails, then recovers', async (t) => {
   const view = new FakeView();
-  const { get } = await serve(t, view, { eventLoopThresholdMs: 50, eventLoopWindowMs: 300 });
+  const stalls: number[] = [];
+  const { get } = await serve(t, view, { eventLoopThresholdMs: 50, eventLoopWindowMs: 1500, onEventLoopStall: (ms) => stalls.push(ms) });
+  const pause = (ms: number) => new Promise((r) => setTimeout(r, ms));
   t.equal((await get('/livez/eventloop')).status, 200);
   busy(200);
+  await pause(50); // the late tick runs first: the stall is over, and counted
+  t.equal(stalls.length, 1, `the stall is reported (${Math.round(stalls[0] ?? 0)} ms)`);
+  t.equal((await get('/livez/eventloop')).status, 200, 'one stall: a restart would only repeat the work');
+  t.match((await get('/livez?verbose')).body, /^\[\+\]eventloop ok \(event loop blocked once in the last 1\.5s, for \d+ms, \d+ms ago; fails at 3\)$/m, 'and /livez?verbose says so');
+  busy(200);
+  await pause(50);
+  busy(200);
+  await pause(50);
+  // A loaded machine may add a stall of its own: at least three.
+  t.ok(stalls.length >= 3, `${stalls.length} stalls reported`);
   const r = await get('/livez/eventloop');
-  t.equal(r.status, 500);
-  t.match(r.body, /^internal server error: event loop (was )?blocked for \d+(\.\d)?(ms|s)/);
+  t.equal(r.status, 500, 'three stalls within the window: it keeps stalling');
+  t.match(r.body, /^internal server error: event loop blocked \d+ times in the last 1\.5s, for up to \d+ms, the last \d+ms ago \(threshold 50ms\)/);
   const all = await get('/livez');
   t.equal(all.status, 500);
-  t.match(all.body, '[-]eventloop failed: event loop');
+  t.match(all.body, '[-]eventloop failed: event loop blocked');
   t.equal((await get('/readyz')).status, 200, 'the event loop is a liveness matter only');
-  // Reported only for the window after the stall (polled: a loaded machine may stall the loop again).
+  // Passes again once the stalls have left the window (polled: a loaded machine may stall the loop again).
   let recovered = false;
-  for (const end = Date.now() + 5000; !recovered && Date.now() < end; ) {
-    await new Promise((r) => setTimeout(r, 100));
+  for (const end = Date.now() + 10_000; !recovered && Date.now() < end; ) {
+    await pause(100);
     recovered = (await get('/livez/eventloop')).status === 200;
   }
   t.ok(recovered, 'passes again once the window has gone by');
@@ -204,6 +217,56 @@ t.test('EventLoopMonitor sees a stall still in progress', async (t) => {
   const c = m.check();
   t.equal(c.ok, false);
   t.match(c.message, /^event loop blocked for/);
+});
+
+t.test("EventLoopMonitor's decision, on a fake clock (the agent's defaults: 5 s, 60 s, 3 stalls)", async (t) => {
+  const clock = new FakeClock();
+  const seen: Array<[number, number]> = [];
+  const m = new EventLoopMonitor({ thresholdMs: 5000, clock, onStall: (lag, recent) => seen.push([Math.round(lag), recent]) });
+  t.teardown(() => m.stop());
+  // The tick is due 1 s (threshold / 5) after the last: a block of 1 s + N makes it N late. Every advance is whole seconds, so a tick has just run.
+  const stall = async (lateMs: number): Promise<void> => {
+    clock.block(1000 + lateMs);
+    await clock.advance(0); // the late tick
+  };
+  await clock.advance(10_000);
+  t.same(m.check(), { ok: true }, 'an idle loop passes with nothing to say');
+
+  clock.block(1000 + 5500);
+  t.same(m.check(), { ok: false, message: 'event loop blocked for 5.5s (threshold 5s)' }, 'blocked right now (the tick 5.5 s overdue): fails');
+  await clock.advance(0);
+  t.same(seen, [[5500, 1]], 'the stall is reported once it ends, the only one in the window');
+  t.same(m.check(), { ok: true, message: 'event loop blocked once in the last 1m0s, for 5.5s, 0ms ago; fails at 3' }, 'one stall (a cold sync at 100,000 services): passes, and says so');
+  await clock.advance(59_000);
+  t.equal(m.check().ok, true, 'and it passes all the while it counts');
+  t.match(m.check().message, /blocked once .* 59s ago/);
+  await clock.advance(2000);
+  t.same(m.check(), { ok: true }, 'until it leaves the window');
+
+  await stall(4900);
+  t.same(m.check(), { ok: true }, 'a tick 4.9 s late is no stall');
+  t.equal(seen.length, 1);
+
+  // Stalls far apart never add up: a periodic big sync is work, not a wedge.
+  for (let i = 0; i < 4; i++) {
+    await stall(7000);
+    t.equal(m.check().ok, true, `stall ${i + 1}, 61 s after the last one: passes`);
+    await clock.advance(61_000);
+  }
+
+  // A loop that keeps stalling: 6 s blocks 2 s apart.
+  await stall(6000);
+  await clock.advance(2000);
+  await stall(6000);
+  t.same(m.check(), { ok: true, message: 'event loop blocked 2 times in the last 1m0s, for 6s at most, 0ms ago; fails at 3' }, 'two stalls: passes');
+  await clock.advance(2000);
+  await stall(8000);
+  t.same(m.check(), { ok: false, message: 'event loop blocked 3 times in the last 1m0s, for up to 8s, the last 0ms ago (threshold 5s)' }, 'the third within 60 s: fails');
+  t.same(seen.slice(-3).map(([, n]) => n), [1, 2, 3], 'each reported with the stalls in the window');
+  await clock.advance(40_000);
+  t.equal(m.check().ok, false, 'fails while three are in the window (40 s later)');
+  await clock.advance(9000);
+  t.same(m.check(), { ok: true, message: 'event loop blocked 2 times in the last 1m0s, for 8s at most, 49s ago; fails at 3' }, 'passes once the first has left it');
 });
 
 t.test('unsupported methods', async (t) => {

@@ -89,6 +89,8 @@ t.test('values after calls', async (t) => {
   m.event('EndpointSlice', 'update');
   m.event('EndpointSlice', 'update');
   m.skipped('Service', 'conflict');
+  m.eventLoopStall(6200);
+  m.eventLoopStall(5400);
   const text = await m.registry.metrics();
   const line = (s: string) => t.ok(text.split('\n').includes(s), s);
   line('kubeproxy_sync_proxy_rules_duration_seconds_count 2');
@@ -113,6 +115,8 @@ t.test('values after calls', async (t) => {
   line('lbctl_source_events_total{kind="Service",type="add"} 1');
   line('lbctl_source_events_total{kind="EndpointSlice",type="update"} 2');
   line('lbctl_skipped_objects_total{kind="Service",reason="conflict"} 1');
+  line('lbctl_event_loop_stalls_total 2');
+  line('lbctl_event_loop_last_stall_seconds 5.4');
   line('lbctl_datapath_events_total{reason="refused_no_backend"} 3');
   line('lbctl_datapath_events_total{reason="translated"} 12345678901234');
 

@@ -254,8 +254,9 @@ async function opening<T>(l: Listener, start: () => Promise<T>): Promise<T> {
 const STOP_DEADLINE_MS = 5_000;
 
 export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
-  // Handlers first: as a container's PID 1 the agent would otherwise ignore
-  // a SIGTERM that arrives while it starts (the kernel drops signals PID 1
+  // Handlers first: run as a container's PID 1 (not in our image, where
+  // tini is PID 1 and forwards signals), the agent would otherwise ignore a
+  // SIGTERM that arrives while it starts (the kernel drops signals PID 1
   // has no handler for), and the kubelet would wait out the grace period.
   // The first signal stops the agent at whatever stage of its start it is;
   // one that comes while it stops (or while a failed start cleans up) ends
@@ -319,7 +320,15 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     syncPeriodMs: opts.syncPeriod,
     ...(mesh ? { onNode: (name: string, node: Node | undefined) => mesh.setNode(name, node) } : {}),
   });
-  const health: Health = new Health({ view: agent, healthTimeoutMs: 2 * opts.syncPeriod });
+  const health: Health = new Health({
+    view: agent,
+    healthTimeoutMs: 2 * opts.syncPeriod,
+    // Every stall is logged and counted; /livez fails only for a loop that keeps stalling (health.ts, EventLoopMonitor).
+    onEventLoopStall: (lagMs, recent) => {
+      metrics.eventLoopStall(lagMs);
+      log.warn({ stalledMs: Math.round(lagMs), stallsInWindow: recent }, 'event loop stalled');
+    },
+  });
 
   // What is open, closed in reverse order when the agent stops or its start fails.
   const open: Array<{ close(): Promise<void> | void }> = [health];
