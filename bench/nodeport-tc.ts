@@ -204,7 +204,7 @@ async function loadAndProgram(object: string, services: readonly NpService[], ns
   const address = Buffer.alloc(16);
   address.writeUInt32BE(ip4(NODE4));
   obj.map('lb_node_addrs').update(lb_node_addr_key.encode({ address, family: 4 }), lb_node_addr.encode({ ifindex: ns.np0, flags: 0 }));
-  obj.map('lb_devices').update(u32.encode(ns.np0), lb_device.encode({ addr4: ip4(NODE4), addr6: Buffer.alloc(16), mtu: 1500 }));
+  obj.map('lb_devices').update(u32.encode(ns.np0), lb_device.encode({ addr4: ip4(NODE4), addr6: Buffer.alloc(16), mtu: 1500, flags: 0 }));
   const set = {} as LbMapSet;
   for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
   const northSouth = new KernelNorthSouthMaps(new KernelMaglevMaps(obj.map('lb_maglev'), M), { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') });

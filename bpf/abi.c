@@ -16,6 +16,7 @@ struct lb_abi_enums {
 	enum lb_ct_dir ct_dir;
 	enum lb_ct_flags ct_flags;
 	enum lb_np_config_flags np_config_flags;
+	enum lb_device_flags device_flags;
 };
 
 struct lb_abi_enums lb_abi_anchor __attribute__((section(".abi"), used));

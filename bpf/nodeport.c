@@ -240,6 +240,15 @@ static __always_inline int np_mtu_check(const struct bpf_fib_lookup *fib, int rc
 	return NP_DO_TOOBIG | mtu;
 }
 
+/* np_fib_redirect() out of the FIB's device, a layer-3 one or not as lb_devices says. */
+static __always_inline int np_forward(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+{
+	__u32 ifindex = fib->ifindex;
+	struct lb_device *dev = bpf_map_lookup_elem(&lb_devices, &ifindex);
+
+	return np_fib_redirect(skb, fib, rc, dev && (dev->flags & LB_DEV_F_L3));
+}
+
 /* ------------------------------------------------------------------ IPv4 */
 
 struct np4_flow {
@@ -853,7 +862,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 /*
@@ -946,7 +955,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 /*
@@ -1584,7 +1593,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 static __always_inline struct lb6_ct_entry *np6_reply_entry(void *map, const struct np6_flow *f, __u64 now)
@@ -1659,7 +1668,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_OK;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 /* As np4_ingress(). */
@@ -1843,15 +1852,14 @@ static __noinline int np_icmp_reply4(struct __sk_buff *skb, __u32 mtu)
 {
 	struct np_icmphdr icmp = { .type = ICMP_DEST_UNREACH, .code = ICMP_PORT_UNREACH };
 	__u8 quote[60 + 8] = {};	/* the longest IPv4 header and 8 bytes */
-	__u8 eth[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
 	struct iphdr ip;
 	__be32 client;
 	__u32 qlen;
 	__s64 sum;
 
-	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(eth)) < 0 || bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0)
+	if (np_l2_reverse(skb) < 0 || bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0)
 		return TC_ACT_SHOT;
-	if (ip.ihl < 5 || (eth[0] & 1) || !np4_unicast(ip.saddr) || !np_icmp_take_token())
+	if (ip.ihl < 5 || !np4_unicast(ip.saddr) || !np_icmp_take_token())
 		return TC_ACT_SHOT;
 	qlen = ip.ihl * 4 + 8;
 	if (bpf_skb_load_bytes(skb, NP_L3_OFF, quote, qlen) < 0)
@@ -1884,10 +1892,7 @@ static __noinline int np_icmp_reply4(struct __sk_buff *skb, __u32 mtu)
 		return TC_ACT_SHOT;
 	icmp.check = np_csum_fold(sum);
 
-	__builtin_memcpy(swapped, eth + ETH_ALEN, ETH_ALEN);
-	__builtin_memcpy(swapped + ETH_ALEN, eth, ETH_ALEN);
 	if (bpf_skb_change_tail(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp) + qlen, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF, &ip, sizeof(ip), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip), &icmp, sizeof(icmp), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp), quote, qlen, 0) < 0)
@@ -1922,14 +1927,13 @@ static __noinline int np_icmp_reply6(struct __sk_buff *skb, __u32 mtu)
 	struct np_icmphdr icmp = { .type = ICMPV6_DEST_UNREACH, .code = ICMPV6_PORT_UNREACH };
 	__u8 quote[NP_ICMP6_QUOTE] = {};
 	struct np6_pseudo ph = {};
-	__u8 eth[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
 	struct ipv6hdr ip;
 	__u32 qlen;
 	__s64 sum;
 
-	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(eth)) < 0 || bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0)
+	if (np_l2_reverse(skb) < 0 || bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0)
 		return TC_ACT_SHOT;
-	if ((eth[0] & 1) || !np6_unicast(ip.saddr.in6_u.u6_addr32) || !np_icmp_take_token())
+	if (!np6_unicast(ip.saddr.in6_u.u6_addr32) || !np_icmp_take_token())
 		return TC_ACT_SHOT;
 	qlen = sizeof(ip) + bpf_ntohs(ip.payload_len);
 	if (qlen > NP_ICMP6_QUOTE)
@@ -1965,10 +1969,7 @@ static __noinline int np_icmp_reply6(struct __sk_buff *skb, __u32 mtu)
 	ip6_copy(ip.saddr.in6_u.u6_addr32, ph.saddr);
 	ip6_copy(ip.daddr.in6_u.u6_addr32, ph.daddr);
 
-	__builtin_memcpy(swapped, eth + ETH_ALEN, ETH_ALEN);
-	__builtin_memcpy(swapped + ETH_ALEN, eth, ETH_ALEN);
 	if (bpf_skb_change_tail(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp) + qlen, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF, &ip, sizeof(ip), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip), &icmp, sizeof(icmp), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, NP_L3_OFF + sizeof(ip) + sizeof(icmp), quote, qlen, 0) < 0)
@@ -2130,7 +2131,7 @@ static __always_inline int np4_icmp_to_backend(struct __sk_buff *skb, const stru
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 /* An error about a request we forwarded to a remote backend: to the client, about its request as it sent it. */
@@ -2163,7 +2164,7 @@ static __always_inline int np4_icmp_to_client(struct __sk_buff *skb, const struc
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 static __noinline int np_icmp_ingress4(struct __sk_buff *skb)
@@ -2332,7 +2333,7 @@ static __always_inline int np6_icmp_to_backend(struct __sk_buff *skb, const stru
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 static __always_inline int np6_icmp_to_client(struct __sk_buff *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
@@ -2364,7 +2365,7 @@ static __always_inline int np6_icmp_to_client(struct __sk_buff *skb, const struc
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
 	}
-	return np_fib_redirect(skb, &fib, rc);
+	return np_forward(skb, &fib, rc);
 }
 
 static __noinline int np_icmp_ingress6(struct __sk_buff *skb)

@@ -22,6 +22,8 @@ need=(
   "dig:dnsutils"
   "dnsmasq:dnsmasq-base"
   "socat:socat"
+  # test/e2e/nodeport-networks.ts: a WireGuard overlay between two node namespaces (its keys)
+  "wg:wireguard-tools"
   # test/deploy/cleanup-kube-proxy.ts: kube-proxy's rules in both iptables backends and nftables
   "iptables-legacy-restore:iptables"
   "iptables-nft-restore:iptables"

@@ -440,6 +440,15 @@ struct lb_node_addr {
 };
 
 /* A device the tc programs run on, keyed by ifindex: its SNAT addresses and MTU. */
+enum lb_device_flags {
+	/*
+	 * A layer-3 device (ipip, sit, ip6tnl, gre, wireguard): its packets
+	 * start with the IP header. Programs of nodeport_l3.bpf.o run on it; a
+	 * packet redirected out of it carries no link-layer header.
+	 */
+	LB_DEV_F_L3 = (1 << 0),
+};
+
 struct lb_device {
 	__be32 addr4;		/* SNAT source for IPv4 (0: none) */
 	__be32 addr6[4];	/* SNAT source for IPv6 (::: none) */
@@ -450,6 +459,7 @@ struct lb_device {
 	 * reserved 0 here): no check.
 	 */
 	__u32 mtu;
+	__u32 flags;		/* enum lb_device_flags */
 };
 
 /* Settings of the tc datapath (lb_np_config[0]), written by the agent before attach. */
@@ -530,7 +540,7 @@ _Static_assert(sizeof(struct lb4_frag_key) == 12, "lb4_frag_key size");
 _Static_assert(sizeof(struct lb6_frag_key) == 40, "lb6_frag_key size");
 _Static_assert(sizeof(struct lb_np_affinity_key) == 24, "lb_np_affinity_key size");
 _Static_assert(sizeof(struct lb_node_addr_key) == 20, "lb_node_addr_key size");
-_Static_assert(sizeof(struct lb_device) == 24, "lb_device size");
+_Static_assert(sizeof(struct lb_device) == 28, "lb_device size");
 _Static_assert(sizeof(struct lb_np_config) == 40, "lb_np_config size");
 _Static_assert(sizeof(struct lb4_src_range_key) == 12, "lb4_src_range_key size");
 _Static_assert(sizeof(struct lb6_src_range_key) == 24, "lb6_src_range_key size");

@@ -30,8 +30,17 @@
 #define TC_ACT_UNSPEC	(-1)
 #endif
 
-/* The devices lbctl attaches to carry Ethernet frames (src/datapath/devices.ts). */
+/*
+ * Where the IP header starts. nodeport.bpf.o serves the devices that carry
+ * Ethernet frames; nodeport_l3.bpf.o, the same source built with
+ * NP_L3_DEVICE, the layer-3 tunnels (ipip, sit, ip6tnl, gre, wireguard),
+ * whose packets start with it (src/datapath/devices.ts).
+ */
+#ifdef NP_L3_DEVICE
+#define NP_L3_OFF	0
+#else
 #define NP_L3_OFF	ETH_HLEN
+#endif
 
 #define IP_DF		0x4000
 #define IP_MF		0x2000
@@ -257,12 +266,48 @@ static __always_inline bool np6_dec_hoplimit(struct __sk_buff *skb, __u8 hl)
 }
 
 /*
+ * The link-layer header of an error sent back out of the device its packet
+ * came in on, to that packet's sender: the Ethernet addresses swapped
+ * (nothing to do on a layer-3 device). <0: a multicast sender, which gets no
+ * error, or a header that cannot be read.
+ */
+static __always_inline int np_l2_reverse(struct __sk_buff *skb)
+{
+#ifdef NP_L3_DEVICE
+	return 0;
+#else
+	__u8 eth[2 * ETH_ALEN], swapped[2 * ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(eth)) < 0 || (eth[0] & 1))
+		return -1;
+	__builtin_memcpy(swapped, eth + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(swapped + ETH_ALEN, eth, ETH_ALEN);
+	return bpf_skb_store_bytes(skb, 0, swapped, sizeof(swapped), 0);
+#endif
+}
+
+/*
  * Sends a translated packet out of the device the FIB names, as the stack
  * would have forwarded it: with the neighbour's address when the FIB knows
  * it, else through the neighbour subsystem (bpf_redirect_neigh resolves it).
+ * Out of a layer-3 device (`l3_out`) there is no link-layer header: the
+ * kernel drops the Ethernet one the packet came with. A packet that came in
+ * on a layer-3 device (NP_L3_DEVICE) has none, and gets one before it
+ * leaves by an Ethernet device (bpf_redirect_neigh, too, wants one).
  */
-static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc, bool l3_out)
 {
+	if (l3_out)
+		return bpf_redirect(fib->ifindex, 0);
+#ifdef NP_L3_DEVICE
+	{
+		__be16 proto = skb->protocol;
+
+		if (bpf_skb_change_head(skb, ETH_HLEN, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto), &proto, sizeof(proto), 0) < 0)
+			return TC_ACT_SHOT;
+	}
+#endif
 	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 		if (bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_dest), fib->dmac, ETH_ALEN, 0) < 0 ||
 		    bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), fib->smac, ETH_ALEN, 0) < 0)

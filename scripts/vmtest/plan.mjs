@@ -54,7 +54,8 @@ const HOST_ONLY = new Set([
 // that carry the flows into new maps): in make test on the host, in the guests by make vmtest
 // only (e2e, all), not in make test's guest split (e2e:K/N), which would
 // outgrow its budget under TCG. The guests of make test still run the tc
-// datapath end to end (nodeport.ts, nodeport-icmp.ts, nodeport-from-node.ts)
+// datapath end to end (nodeport.ts, nodeport-icmp.ts, nodeport-from-node.ts,
+// nodeport-flows.ts, nodeport-networks.ts, nodeport-switch.ts, sctp.ts)
 // and every BPF_PROG_TEST_RUN unit.
 const VMTEST_ONLY_IN_GUESTS = new Set([
   'test/e2e/nodeport-devices.ts',

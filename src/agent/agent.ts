@@ -294,6 +294,7 @@ export class Agent implements AgentView {
     const metrics = this.opts.metrics;
     const agent = new NodePortAgent(dp, { ...opts, ...(metrics ? { onTrafficPressure: (p) => metrics.setMapPressure(p) } : {}) }, log, attach);
     try {
+      await agent.prepare();
       agent.start();
     } catch (err) {
       agent.stop();

@@ -60,7 +60,7 @@ export interface NodePortStatus {
   readonly mode: string;
   /** Why that mode: the flag, and with auto what the kernel has. */
   readonly modeReason: string;
-  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role: string; readonly addresses: readonly string[]; readonly snat: readonly string[] }>;
+  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role: string; readonly addresses: readonly string[]; readonly snat: readonly string[]; readonly l3?: true }>;
   readonly nodeAddresses: readonly string[];
   readonly waiting: readonly string[];
   readonly problems: readonly string[];
@@ -102,6 +102,15 @@ export class NodePortAgent {
     private readonly attach: AttachChoice = { mode: datapath.mode, why: '' },
   ) {
     this.status = { mode: datapath.mode, modeReason: attach.why, devices: [], nodeAddresses: [], waiting: [], problems: [] };
+  }
+
+  /**
+   * Before start(): the programs for layer-3 tunnels are loaded first when
+   * this node has one to serve, so the first switch takes every device.
+   */
+  async prepare(): Promise<void> {
+    const sel = selectDevices(rtnlLinks(), rtnlAddrs(), this.opts.devices, rtnlRoutes());
+    if (sel.devices.some((d) => d.l3)) await this.datapath.loadL3();
   }
 
   /** Throws (ConfigError) when --devices names a device this network namespace does not have. */
@@ -192,11 +201,12 @@ export class NodePortAgent {
         name: d.name,
         index: d.index,
         role: d.role,
+        ...(d.l3 ? { l3: true as const } : {}),
         addresses: d.addresses.map((a) => `${a.address}/${a.prefixLen}`),
         snat: [d.snat[4], d.snat[6]].filter((a): a is string => a !== undefined),
       })),
       nodeAddresses: nodeAddrs.map((a: DeviceAddress) => a.address),
-      waiting: sel.waiting,
+      waiting: [...sel.waiting, ...this.datapath.l3Waiting.map((n) => `${n}: a layer-3 tunnel, attached once its programs (nodeport_l3.bpf.o) are loaded`)],
       problems,
     };
     const names = (s: NodePortStatus): string => s.devices.map((d) => `${d.name}#${d.index}:${d.role}:${d.snat.join('/')}`).join(',');
@@ -220,6 +230,8 @@ export class NodePortAgent {
       this.datapath.committed = undefined;
       this.log.info({ after: committed }, 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
     }
+    // Layer-3 tunnels wait for their programs, loaded once, then attached.
+    if (this.datapath.l3Waiting.length > 0) void this.datapath.loadL3().then(() => this.schedule());
     // A switch rolled back is tried again, whole, until it succeeds.
     if (this.datapath.switchFailed) this.retrySoon();
     else this.retryMs = 0;

@@ -76,7 +76,7 @@ export interface KernelStatus {
     readonly mode?: string;
     readonly modeReason?: string;
     /** role: a front door ('nodeport') or an overlay's device ('tunnel'); snat: the source SNATed flows leave it with, per family. */
-    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[] }>;
+    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[]; readonly l3?: boolean }>;
     readonly nodeAddresses?: readonly string[];
     readonly waiting?: readonly string[];
     readonly problems?: readonly string[];

@@ -153,29 +153,32 @@ export const lb_affinity_val: Codec<LbAffinityVal> = {
   },
 };
 
-/** struct lb_device (24 bytes) */
+/** struct lb_device (28 bytes) */
 export interface LbDevice {
   addr4: number; // network order in the map
   addr6: Buffer;
   mtu: number;
+  flags: number;
 }
 
 export const lb_device: Codec<LbDevice> = {
   name: 'lb_device',
-  size: 24,
-  encode(v, b = Buffer.alloc(24), o = 0) {
-    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb_device: 24 bytes at offset ${o} of ${b.length}`);
+  size: 28,
+  encode(v, b = Buffer.alloc(28), o = 0) {
+    if (!(o >= 0 && o + 28 <= b.length)) throw new RangeError(`lb_device: 28 bytes at offset ${o} of ${b.length}`);
     { const x = v.addr4; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_device.addr4', x, 4294967295); b[o + 3] = x; b[o + 2] = x >>> 8; b[o + 1] = x >>> 16; b[o + 0] = x >>> 24; }
     putBytes(b, o + 4, 16, v.addr6, 'addr6');
     { const x = v.mtu; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_device.mtu', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
+    { const x = v.flags; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_device.flags', x, 4294967295); b[o + 24] = x; b[o + 25] = x >>> 8; b[o + 26] = x >>> 16; b[o + 27] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
-    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb_device: 24 bytes at offset ${o} of ${b.length}`);
+    if (!(o >= 0 && o + 28 <= b.length)) throw new RangeError(`lb_device: 28 bytes at offset ${o} of ${b.length}`);
     return {
       addr4: ((b[o + 3]! | (b[o + 2]! << 8) | (b[o + 1]! << 16) | (b[o + 0]! << 24)) >>> 0),
       addr6: Buffer.from(b.subarray(o + 4, o + 20)),
       mtu: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
+      flags: ((b[o + 24]! | (b[o + 25]! << 8) | (b[o + 26]! << 16) | (b[o + 27]! << 24)) >>> 0),
     };
   },
 };
@@ -1062,6 +1065,11 @@ export const LbCtFlags = {
   LB_CT_F_FIN_ORIG: 32,
   LB_CT_F_FIN_REPLY: 64,
   LB_CT_F_HOST: 128,
+} as const;
+
+/** enum lb_device_flags */
+export const LbDeviceFlags = {
+  LB_DEV_F_L3: 1,
 } as const;
 
 /** enum lb_metric */

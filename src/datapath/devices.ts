@@ -50,6 +50,8 @@ export interface Device {
   readonly addresses: readonly DeviceAddress[];
   /** The source address of flows SNATed out of this device, per family (see snatSource()); absent: none to SNAT to. */
   readonly snat: { readonly 4?: string; readonly 6?: string };
+  /** A layer-3 device (ipip, sit, ip6tnl, wireguard): its packets start with their IP header (nodeport_l3.bpf.o's programs). */
+  readonly l3: boolean;
 }
 
 export interface DeviceSelection {
@@ -115,7 +117,15 @@ export function selectDevices(links: readonly RtnlLink[], addrs: readonly RtnlAd
   const device = (l: RtnlLink, role: DeviceRole): Device => {
     const snat4 = snatSource(l.index, 4, addrs, routes);
     const snat6 = snatSource(l.index, 6, addrs, routes);
-    return { index: l.index, name: l.name, mtu: l.mtu, role, addresses: globalAddresses(addrs, l.index), snat: { ...(snat4 ? { 4: snat4 } : {}), ...(snat6 ? { 6: snat6 } : {}) } };
+    return {
+      index: l.index,
+      name: l.name,
+      mtu: l.mtu,
+      role,
+      addresses: globalAddresses(addrs, l.index),
+      snat: { ...(snat4 ? { 4: snat4 } : {}), ...(snat6 ? { 6: snat6 } : {}) },
+      l3: ARPHRD_L3.has(l.type),
+    };
   };
   const devices: Device[] = [];
   const waiting: string[] = [];
@@ -136,14 +146,28 @@ export function selectDevices(links: readonly RtnlLink[], addrs: readonly RtnlAd
 }
 
 const ARPHRD_ETHER = 1;
+/**
+ * Link types whose packets start with their IP header (include/uapi/linux/
+ * if_arp.h): ipip and vti (TUNNEL), ip6tnl (TUNNEL6), sit, and NONE
+ * (wireguard, tun). Served by nodeport_l3.bpf.o.
+ */
+const ARPHRD_L3 = new Set([768, 769, 776, 65534]);
+/**
+ * Layer-3 tunnels attached: those overlays are made of (Calico's and
+ * Flannel's ipip, sit for IPv6 over IPv4, ip6tnl, WireGuard in Calico,
+ * Cilium and Flannel). Not gre: one without a fixed remote end builds its
+ * outer header as a link-layer header, which its tc egress would see first.
+ */
+const L3_TUNNEL_KINDS = new Set(['ipip', 'sit', 'ip6tnl', 'wireguard']);
 
 /**
  * An overlay's device, up: attached for the flows SNATed through it (see
- * the file's comment). Only those that carry Ethernet frames (vxlan, geneve,
- * gretap): the programs read packets after an Ethernet header.
+ * the file's comment): one that carries Ethernet frames (vxlan, geneve,
+ * gretap), or a layer-3 tunnel (L3_TUNNEL_KINDS).
  */
 export function isTunnel(link: RtnlLink): boolean {
-  return TUNNEL_KINDS.has(link.kind) && link.type === ARPHRD_ETHER && (link.flags & IFF_UP) !== 0 && !(link.flags & IFF_LOOPBACK);
+  if (!(link.flags & IFF_UP) || link.flags & IFF_LOOPBACK) return false;
+  return TUNNEL_KINDS.has(link.kind) && (link.type === ARPHRD_ETHER || (L3_TUNNEL_KINDS.has(link.kind) && ARPHRD_L3.has(link.type)));
 }
 
 /** A --nodeport-addresses CIDR list, parsed; throws naming the bad entry. */

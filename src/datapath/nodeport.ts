@@ -29,7 +29,7 @@ import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMi
 import { links as rtnlLinks } from '../native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
-import { LbCtDir, LbCtFlags, LbNpConfigFlags, lb4_ct_entry, lb4_ct_key, lb6_ct_entry, lb6_ct_key, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
+import { LbCtDir, LbCtFlags, LbDeviceFlags, LbNpConfigFlags, lb4_ct_entry, lb4_ct_key, lb6_ct_entry, lb6_ct_key, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
 import type { Device, DeviceAddress } from './devices.js';
 import { monotonicSeconds } from './ct.js';
 import { verifyMapLayout } from './maps.js';
@@ -37,6 +37,11 @@ import { KernelMaglevMaps, KernelNorthSouthMaps } from './maglev-maps.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const NODEPORT_OBJECT = path.join(ROOT, 'bpf/.output/nodeport.bpf.o');
+
+/** The programs for layer-3 tunnels that go with a tc object: nodeport.bpf.o's are nodeport_l3.bpf.o's (the same source, built with NP_L3_DEVICE). */
+export function l3ObjectFor(file: string): string {
+  return file.replace(/(\.bpf)?\.o$/, '_l3$&');
+}
 
 export const PROGRAMS: Record<TcDirection, string> = { ingress: 'lb_nodeport_ingress', egress: 'lb_nodeport_egress' };
 /** clsact filter handle and priority: "LB", first. */
@@ -169,7 +174,7 @@ function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
 function deviceValue(d: Device): Buffer {
   const v4 = d.snat[4];
   const v6 = d.snat[6];
-  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4) : 0, addr6: v6 ? ipv6Bytes(v6) : Buffer.alloc(16), mtu: d.mtu >>> 0 });
+  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4) : 0, addr6: v6 ? ipv6Bytes(v6) : Buffer.alloc(16), mtu: d.mtu >>> 0, flags: d.l3 ? LbDeviceFlags.LB_DEV_F_L3 : 0 });
 }
 
 export interface NodePortOptions {
@@ -305,6 +310,8 @@ export class NodePortDatapath {
     dp.replacedMaps = plan.remade;
     dp.migrated = migrated;
     dp.mapsDir = opts.mapsDir;
+    dp.file = file;
+    dp.maxEntries = maxEntries;
     if (opts.failAttach) {
       dp.failAttach = opts.failAttach;
       dp.wrongProgFd = opts.sockObject.progFd(opts.sockObject.programNames()[0]!);
@@ -426,20 +433,25 @@ export class NodePortDatapath {
     for (const [hex] of want) this.addrs.update(Buffer.from(hex, 'hex'), value, BPF_ANY);
     for (const [k] of this.addrs.entries()) if (!want.has(k.toString('hex'))) this.addrs.delete(k);
 
+    // Layer-3 devices wait for their programs (loadL3(), which the caller runs when l3Waiting says so).
+    this.l3Waiting = this.l3 || this.l3Error ? [] : devices.filter((d) => d.l3).map((d) => d.name);
+    if (this.l3Error) for (const d of devices.filter((x) => x.l3)) problems.push(`device ${d.name} (ifindex ${d.index}): ${this.l3Error}`);
+    // Every device is in lb_devices (a flow routed out of a layer-3 tunnel is SNATed to its address, and leaves without a link-layer header), attached or not yet.
+    const attachable = this.l3 ? devices : devices.filter((d) => !d.l3);
     const byIndex = new Map(devices.map((d) => [d.index, d]));
     for (const d of devices) this.devices.update(u32.encode(d.index), deviceValue(d), BPF_ANY);
     // Devices already switched: still ours (a filter someone removed is put back), one at a time.
-    for (const d of devices.filter((x) => this.attached.has(x.index))) {
+    for (const d of attachable.filter((x) => this.attached.has(x.index))) {
       try {
         this.repair(d);
       } catch (err) {
         problems.push(`device ${d.name} (ifindex ${d.index}): ${(err as Error).message}`);
       }
     }
-    const round = this.switchRound(devices.filter((x) => !this.attached.has(x.index)));
+    const round = this.switchRound(attachable.filter((x) => !this.attached.has(x.index)));
     problems.push(...round.problems);
     this.switchFailed = round.failed;
-    if (!round.failed && this.pending) this.committed = this.commitMigration();
+    if (!round.failed && this.pending && this.l3Waiting.length === 0) this.committed = this.commitMigration();
     for (const [index, a] of [...this.attached]) {
       if (byIndex.has(index)) continue;
       try {
@@ -527,9 +539,10 @@ export class NodePortDatapath {
         }
         this.attached.set(d.index, { index: d.index, name: d.name, mode: this.mode });
       }
-      // The old programs run nowhere now: what they wrote since the load is
-      // carried too, while the new ones still drop a reply with no entry.
-      if (this.pending) this.committed = this.commitMigration();
+      // The old programs run nowhere now (unless on a layer-3 device still
+      // waiting for its programs): what they wrote since the load is carried
+      // too, while the new ones still drop a reply with no entry.
+      if (this.pending && this.l3Waiting.length === 0) this.committed = this.commitMigration();
       return { problems, failed: false };
     } finally {
       release();
@@ -559,7 +572,7 @@ export class NodePortDatapath {
   /** Attaches this object's program for `dir` on `d` (the failpoint, for tests, refuses the n-th). */
   private attachOne(d: Device, dir: TcDirection, previous: HeldProgram | HeldLink | undefined, position: number): void {
     const fail = this.failAttach && this.rounds <= this.failAttach.rounds && position === this.failAttach.at;
-    const progFd = fail ? this.wrongProgFd : this.object.progFd(PROGRAMS[dir]);
+    const progFd = fail ? this.wrongProgFd : this.objectFor(d).progFd(PROGRAMS[dir]);
     if (this.mode === 'tcx') {
       const pin = tcxPin(this.linksDir, d.index, dir);
       if (previous) {
@@ -591,7 +604,7 @@ export class NodePortDatapath {
         } else {
           const f = filter(d.index, dir);
           if (previous) tcAttach((previous as HeldProgram).fd, f, true);
-          else if (tcQuery(f) === this.progId(dir)) tcDetach(f);
+          else if (tcQuery(f) === this.progId(d, dir)) tcDetach(f);
         }
       } catch (err) {
         failed.push(`${d.name} ${dir}: ${(err as Error).message}`);
@@ -623,7 +636,7 @@ export class NodePortDatapath {
   /** A device switched earlier: its attachments still this object's (a filter removed or replaced by hand is put back). */
   private repair(d: Device): void {
     for (const dir of ['ingress', 'egress'] as const) {
-      const progFd = this.object.progFd(PROGRAMS[dir]);
+      const progFd = this.objectFor(d).progFd(PROGRAMS[dir]);
       if (this.mode === 'tcx') {
         const pin = tcxPin(this.linksDir, d.index, dir);
         if (existsSync(pin)) {
@@ -639,7 +652,7 @@ export class NodePortDatapath {
       } else {
         const f = filter(d.index, dir);
         const have = tcQuery(f);
-        if (have === this.progId(dir)) continue;
+        if (have === this.progId(d, dir)) continue;
         if (have && !isOurs(have)) throw new ConfigError(`a tc ${dir} filter of another program (${describe(have)}) holds handle 0x${TC_HANDLE.toString(16)} priority ${TC_PRIORITY}: not replaced`);
         tcAttach(progFd, f, have !== 0);
       }
@@ -704,12 +717,55 @@ export class NodePortDatapath {
     return [...this.attached.values()].sort((a, b) => a.index - b.index);
   }
 
-  /** Our program's id per direction, the steady state's answer to "is the filter there ours?" without a BTF read. */
-  private progId(dir: TcDirection): number {
-    return (this.progIds[dir] ??= this.object.progInfo(PROGRAMS[dir]).id);
+  /** The object whose programs serve `d`: this one, or for a layer-3 device nodeport_l3.bpf.o's. */
+  private objectFor(d: Device): BpfObject {
+    if (!d.l3) return this.object;
+    if (!this.l3) throw new Error(`device ${d.name} is a layer-3 device and ${path.basename(l3ObjectFor(this.file))} is not loaded`);
+    return this.l3;
   }
 
-  private readonly progIds: Partial<Record<TcDirection, number>> = {};
+  /** Our program's id for `d` and a direction, the steady state's answer to "is the filter there ours?" without a BTF read. */
+  private progId(d: Device, dir: TcDirection): number {
+    return (this.progIds[`${d.l3 ? 'l3' : 'l2'}-${dir}`] ??= this.objectFor(d).progInfo(PROGRAMS[dir]).id);
+  }
+
+  private readonly progIds: Record<string, number> = {};
+
+  /** nodeport_l3.bpf.o, loaded when a layer-3 device is first to be served (loadL3()). */
+  private l3: BpfObject | undefined;
+
+  /** The layer-3 tunnels' object, once loaded. */
+  get layer3(): BpfObject | undefined {
+    return this.l3;
+  }
+  private l3Loading: Promise<void> | undefined;
+  /** Why it could not be loaded: the layer-3 devices' problem. */
+  private l3Error: string | undefined;
+  /** Layer-3 devices the last sync left out until nodeport_l3.bpf.o is loaded. */
+  l3Waiting: readonly string[] = [];
+  private file = '';
+  private maxEntries: Record<string, number> = {};
+
+  /**
+   * Loads the layer-3 tunnels' programs (nodeport_l3.bpf.o, or the
+   * --tc-object's `_l3` sibling) beside this object: the same maps, every one
+   * of them found pinned where this object pinned its own (staged, during a
+   * migration). Once; a failure is kept as the layer-3 devices' problem.
+   */
+  async loadL3(): Promise<void> {
+    if (this.l3 || this.l3Error) return;
+    this.l3Loading ??= (async () => {
+      const file = l3ObjectFor(this.file);
+      try {
+        if (!existsSync(file)) throw new ConfigError(`BPF object ${file} is missing: run \`make build\``);
+        const reuseMaps = Object.fromEntries(this.object.mapNames().filter((n) => !n.includes('.')).map((n) => [n, this.object.map(n).fd]));
+        this.l3 = await BpfObject.openLoaded(file, { pinRoot: this.pending?.staging ?? this.mapsDir, reuseMaps, maxEntries: this.maxEntries });
+      } catch (err) {
+        this.l3Error = `${path.basename(file)} (the programs for layer-3 tunnels) not loaded: ${(err as Error).message}`;
+      }
+    })();
+    await this.l3Loading;
+  }
 
   private detach(index: number): void {
     for (const dir of ['ingress', 'egress'] as const) {
@@ -719,7 +775,7 @@ export class NodePortDatapath {
       } else {
         const f = filter(index, dir);
         const have = tcQuery(f);
-        if (have && (have === this.progId(dir) || isOurs(have))) tcDetach(f);
+        if (have && isOurs(have)) tcDetach(f);
       }
     }
   }
@@ -737,6 +793,7 @@ export class NodePortDatapath {
   }
 
   close(): void {
+    this.l3?.close();
     this.object.close();
   }
 }

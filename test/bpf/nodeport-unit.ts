@@ -164,7 +164,7 @@ async function inNamespace(): Promise<void> {
 
   /** np0's entry in lb_devices, with the MTU the agent would have written (np0's own stays 1500). */
   function setDeviceMtu(mtu: number): void {
-    maps.devices.update(u32.encode(np0), lb_device.encode({ addr4: ip4(NODE4), addr6: ip6(NODE6), mtu }));
+    maps.devices.update(u32.encode(np0), lb_device.encode({ addr4: ip4(NODE4), addr6: ip6(NODE6), mtu, flags: 0 }));
   }
 
   /** Every CPU's bucket of ICMP errors the datapath may send (its own rate limit). */

@@ -12,6 +12,9 @@
 // - a node whose device towards node 2 has a secondary address that sorts
 //   before its primary, and a deprecated IPv6 one: flows are SNATed to what
 //   the kernel would pick, and follow a route's src when it changes;
+// - layer-3 overlays (ipip and ip6tnl; WireGuard): the same, through
+//   devices whose packets have no Ethernet header (in the guests: this
+//   host's kernel makes none of them, and the tests say so as a skip);
 // - --nodeport-addresses narrower than the SNAT address: NodePorts answer on
 //   the client's side only, and the replies to the SNAT address outside it
 //   still come back translated.
@@ -39,8 +42,9 @@ const manifests = (): string =>
       { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
   ]);
 
-async function start(t: Test, mode: AttachMode, extra: readonly string[] = [], prepare?: (lab: Lab) => void): Promise<{ sb: Sandbox; lab: Lab }> {
+async function start(t: Test, mode: AttachMode, extra: readonly string[] = [], prepare?: (lab: Lab) => void, made?: (sb: Sandbox) => void): Promise<{ sb: Sandbox; lab: Lab }> {
   const sb = await createSandbox(t, { backends: 0, agent: false });
+  made?.(sb);
   const lab = await makeLab(sb);
   prepare?.(lab);
   sb.writeManifest('services.yaml', manifests());
@@ -109,6 +113,99 @@ t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address 
   t.ok((m['np_frag_needed'] ?? 0) > 0, `np_frag_needed counted the too-big packets (${m['np_frag_needed']})`);
   await lab.agent.stop(10_000);
 }));
+
+/** Whether this kernel makes a link of `kind` (its module loads on demand in the guests; this project's host kernel has no ipip, ip6tnl nor wireguard). */
+function kernelHas(kind: string): string | undefined {
+  const probe = `lbctl-probe-${process.pid}`;
+  try {
+    ip('netns', 'add', probe);
+    try {
+      ip('-n', probe, 'link', 'add', 'probe0', 'type', kind, ...(kind === 'wireguard' ? [] : ['local', kind === 'ip6tnl' ? 'fd00::1' : '10.0.0.1', 'remote', kind === 'ip6tnl' ? 'fd00::2' : '10.0.0.2']));
+      return undefined;
+    } finally {
+      ip('netns', 'del', probe);
+    }
+  } catch (err) {
+    return `this kernel makes no ${kind} link (${String((err as { stderr?: Buffer }).stderr ?? err).trim()}): run in the guests (make test, make vmtest)`;
+  }
+}
+
+/** A WireGuard key pair (wg genkey, wg pubkey): the private key's file and the public key. */
+function wgKeys(sb: Sandbox, name: string): { file: string; pub: string } {
+  const key = execFileSync('wg', ['genkey'], { encoding: 'utf8' }).trim();
+  const file = path.join(sb.runDir, `${name}.key`);
+  writeFileSync(file, `${key}\n`, { mode: 0o600 });
+  return { file, pub: execFileSync('wg', ['pubkey'], { input: key, encoding: 'utf8' }).trim() };
+}
+
+/**
+ * Node 2's pods through layer-3 tunnels (packets without an Ethernet header:
+ * nodeport_l3.bpf.o's programs there), as Calico's IPIP mode and WireGuard
+ * encryption build them: the remote pod sees node 1's tunnel address, its
+ * replies come back through the tunnel and are translated there, then leave
+ * by the client's Ethernet device; a packet too big for the tunnel gets
+ * fragmentation needed / packet too big, and an upload learns it.
+ */
+async function layer3(t: Test, mode: AttachMode, kind: 'ipip' | 'wireguard'): Promise<void> {
+  const devs = kind === 'ipip' ? ['ipip1', 'ip6t1'] : ['wg1'];
+  let sbRef: Sandbox | undefined;
+  const { sb, lab } = await start(t, mode, [], (lab) => {
+    if (kind === 'ipip') {
+      // IPv4 in IPv4 (ipip) and IPv6 in IPv6 (ip6tnl) over the nodes' link.
+      for (const [ns, n, peer] of [[lab.n1, 1, 2], [lab.n2, 2, 1]] as const) {
+        ip('-n', ns, 'link', 'add', `ipip${n}`, 'type', 'ipip', 'local', `10.251.0.${n}`, 'remote', `10.251.0.${peer}`);
+        ip('-n', ns, 'addr', 'add', `10.253.0.${n}/24`, 'dev', `ipip${n}`);
+        ip('-n', ns, 'link', 'add', `ip6t${n}`, 'type', 'ip6tnl', 'mode', 'ip6ip6', 'local', `fd00:251::${n}`, 'remote', `fd00:251::${peer}`);
+        ip('-n', ns, '-6', 'addr', 'add', `fd00:253::${n}/64`, 'dev', `ip6t${n}`, 'nodad');
+        for (const d of [`ipip${n}`, `ip6t${n}`]) ip('-n', ns, 'link', 'set', d, 'up');
+      }
+      ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'dev', 'ipip1');
+      ip('-n', lab.n1, '-6', 'route', 'replace', 'fd00:252:2::/64', 'dev', 'ip6t1');
+    } else {
+      const keys = [wgKeys(sbRef!, 'wg1'), wgKeys(sbRef!, 'wg2')];
+      for (const [ns, n, peer] of [[lab.n1, 1, 2], [lab.n2, 2, 1]] as const) {
+        const dev = `wg${n}`;
+        ip('-n', ns, 'link', 'add', dev, 'type', 'wireguard');
+        const allowed = n === 1 ? '10.252.2.0/24,fd00:252:2::/64,10.253.0.2/32,fd00:253::2/128' : '10.253.0.1/32,fd00:253::1/128';
+        execFileSync('ip', ['netns', 'exec', ns, 'wg', 'set', dev, 'private-key', keys[n - 1]!.file, 'listen-port', '51820',
+          'peer', keys[peer - 1]!.pub, 'allowed-ips', allowed, 'endpoint', `10.251.0.${peer}:51820`], { stdio: ['ignore', 'ignore', 'pipe'] });
+        ip('-n', ns, 'addr', 'add', `10.253.0.${n}/24`, 'dev', dev);
+        ip('-n', ns, '-6', 'addr', 'add', `fd00:253::${n}/64`, 'dev', dev, 'nodad');
+        ip('-n', ns, 'link', 'set', dev, 'up');
+      }
+      ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'dev', 'wg1');
+      ip('-n', lab.n1, '-6', 'route', 'replace', 'fd00:252:2::/64', 'dev', 'wg1');
+    }
+  }, (sb) => {
+    sbRef = sb;
+  });
+  const d = devicesLog(lab);
+  t.same(d.tunnels, devs, `the ${kind} devices are attached as tunnels beside --devices (${JSON.stringify(d)})`);
+  await ourPrograms(t, lab, devs, mode, `the ${kind} devices`);
+  const status = await run(LBCTL, ['status', '--api-socket', lab.agent.place.apiSocket], CLI_TIMEOUT_MS);
+  t.match(status.stdout, new RegExp(`${devs[0]} \\[tunnel, layer 3\\]`), `lbctl status marks ${devs[0]} a layer-3 tunnel`);
+  for (const f of FAMILIES) {
+    const seen = await through(t, lab, NODE1[f], NP_REMOTE, `IPv${f[1]}, the remote pod through ${kind}`);
+    t.equal(seen, f === 'v4' ? '10.253.0.1' : 'fd00:253::1', `IPv${f[1]}: the remote pod sees node 1's tunnel address (SNAT), not the client`);
+    t.ok(await through(t, lab, NODE1[f], NP_LOCAL, `IPv${f[1]}, the local pod`), 'the local pod still answers');
+  }
+  const mtus = Object.fromEntries(devs.map((dev) => [dev, (JSON.parse(execFileSync('ip', ['-n', lab.n1, '-j', 'link', 'show', dev], { encoding: 'utf8' })) as Array<{ mtu: number }>)[0]!.mtu]));
+  for (const f of FAMILIES) {
+    const dev = devs.length === 1 ? devs[0]! : devs[f === 'v4' ? 0 : 1]!;
+    const u = await upload(sb, lab, NODE1[f], NP_REMOTE);
+    t.ok(u.code === 0 && u.received === 2 << 20, `IPv${f[1]}: a 2 MB upload through ${dev} completes (curl ${u.code}, ${u.received} bytes${u.error ? `, ${u.error}` : ''})`);
+    t.equal(await learnedMtu(lab, NODE1[f]), mtus[dev], `IPv${f[1]}: the client learned ${dev}'s MTU (${mtus[dev]}) from the datapath's error`);
+  }
+  const m = await sb.metrics();
+  t.equal(m['np_fib_fail'] ?? 0, 0, 'nothing dropped for want of a route');
+  await lab.agent.stop(10_000);
+}
+
+for (const kind of ['ipip', 'wireguard'] as const) {
+  const missing = kind === 'ipip' ? (kernelHas('ipip') ?? kernelHas('ip6tnl')) : kernelHas('wireguard');
+  t.test(`layer-3 tunnels (${kind === 'ipip' ? 'ipip and ip6tnl' : 'WireGuard'}): remote pods behind them are SNATed to their address and their replies translated there`,
+    missing ? { skip: missing } : {}, (t) => eachMode(t, (t, mode) => layer3(t, mode, kind)));
+}
 
 t.test('the SNAT source is what the kernel would pick: not a secondary or deprecated address, whatever its text sorts as; a route\'s src is followed', (t) => eachMode(t, async (t, mode) => {
   const { sb, lab } = await start(t, mode, [], (lab) => {

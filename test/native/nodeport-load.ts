@@ -15,7 +15,7 @@ import { ROOT } from '../helpers/sandbox.js';
 import { COMPAT_OBJECT, DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
 import { isOurs, NodePortDatapath, PROGRAMS } from '../../src/datapath/nodeport.js';
 import { BpfObject, openPinnedMap } from '../../src/native/bpf.js';
-import { lb4_ct_entry, lb4_ct_key } from '../../src/datapath/abi.gen.js';
+import { lb4_ct_entry, lb4_ct_key, lb_device } from '../../src/datapath/abi.gen.js';
 
 if (process.getuid?.() !== 0) t.bailout('the native suites need root (BPF): run `make test` as root');
 
@@ -60,7 +60,7 @@ t.test('second load adopts the pins; a pin of another layout is made anew', asyn
   open.push(dp);
   t.equal(dp.object.map('lb4_ct').id, ctId, 'lb4_ct adopted: the flows survive a restart');
   t.same(dp.replacedMaps, ['lb_devices'], 'the lb_devices of another layout was replaced');
-  t.equal(dp.object.map('lb_devices').valueSize, 24, 'by one of the object\'s layout');
+  t.equal(dp.object.map('lb_devices').valueSize, lb_device.size, 'by one of the object\'s layout');
 });
 
 const key = (dport: number, dir: number): Buffer => lb4_ct_key.encode({ saddr: 0x0a000001, daddr: 0x0a000002, sport: 8080, dport, proto: 6, dir });
@@ -79,6 +79,12 @@ t.test('--ct-max changed: the flows are carried into a map of the new size, whic
   t.match(dp.migrated.find((m) => m.map === 'lb4_ct'), { from: 262144, to: 1024, entries: 1, converted: false }, 'its entry carried over');
   t.ok(dp.object.map('lb4_ct').lookup(key(1, 0)), 'the flow is in the new map');
   t.equal(openPinnedMap(path.join(mapsDir, 'lb4_ct')).id, oldId, 'the old map keeps the pin until the switch');
+  // The layer-3 tunnels' programs, loaded now, share every map, the staged ones included.
+  await dp.loadL3();
+  const l3 = dp.layer3;
+  t.ok(l3, `${path.basename(l3?.path ?? 'nodeport_l3.bpf.o')} loaded beside it`);
+  const differ = dp.object.mapNames().filter((n) => !n.includes('.') && l3?.map(n).id !== dp.object.map(n).id);
+  t.same(differ, [], 'every map of it is the tc object\'s own (the staged lb4_ct, the socket object\'s services, the pinned rest)');
   // what the old programs write before the switch is carried too
   const old = openPinnedMap(path.join(mapsDir, 'lb4_ct'));
   old.update(key(2, 0), entry(1 | 4));

@@ -47,6 +47,29 @@ t.test('detected: up, a global address, not loopback, veth, bridge port or tunne
   t.same(why, { lo: 'loopback', eth0: undefined, eth1: 'down', veth1: 'a veth', br0: undefined, brport: 'a bridge port', vxlan0: 'a tunnel (vxlan)', eth2: 'no global address', bond0: undefined });
 });
 
+t.test('layer-3 tunnels (ipip, sit, ip6tnl, wireguard) are attached as tunnels, marked layer 3; gre and down ones are not', async (t) => {
+  const more = [
+    ...links,
+    link(10, 'tunl0', { kind: 'ipip', type: 768 }),
+    link(11, 'wg0', { kind: 'wireguard', type: 65534 }),
+    link(12, 'sit1', { kind: 'sit', type: 776 }),
+    link(13, 'ip6tnl1', { kind: 'ip6tnl', type: 769 }),
+    link(14, 'gre1', { kind: 'gre', type: 778 }),
+    link(15, 'tunl1', { kind: 'ipip', type: 768, flags: 0 }),
+    link(16, 'gretap1', { kind: 'gretap' }),
+  ];
+  const { devices } = selectDevices(more, [...addrs, addr(10, '10.244.1.0', { prefixLen: 32 }), addr(11, '10.99.0.1')]);
+  t.same(
+    devices.filter((d) => d.role === 'tunnel').map((d) => [d.name, d.l3]),
+    [['vxlan0', false], ['tunl0', true], ['wg0', true], ['sit1', true], ['ip6tnl1', true], ['gretap1', false]],
+    'Ethernet overlays and layer-3 tunnels that are up; not gre (its outer header is built as a link-layer one) nor a tunnel that is down',
+  );
+  t.equal(devices.find((d) => d.name === 'tunl0')?.snat[4], '10.244.1.0', 'tunl0 SNATs to its own address (Calico\'s IPIP mode gives it one)');
+  t.ok(devices.filter((d) => d.role === 'nodeport').every((d) => !d.l3), 'the Ethernet front doors are layer 2');
+  t.same(selectDevices(more, addrs, ['wg0']).devices.find((d) => d.name === 'wg0'), { index: 11, name: 'wg0', mtu: 1500, role: 'nodeport', addresses: [], snat: { 4: '192.168.61.1', 6: 'fd00:61::1' }, l3: true },
+    'a layer-3 device named by --devices is a front door served by the layer-3 programs');
+});
+
 t.test('named: exactly those, whatever their kind; missing or down ones wait, by name; tunnels all the same', async (t) => {
   const { devices, waiting } = selectDevices(links, addrs, ['veth1', 'eth1', 'nope']);
   t.same(devices.map((d) => [d.name, d.role]), [['veth1', 'nodeport'], ['vxlan0', 'tunnel']]);

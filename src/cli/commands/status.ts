@@ -47,7 +47,7 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
     if (np) {
       const devices =
         (np.devices ?? [])
-          .map((d) => `${d.name}${d.role === 'tunnel' ? ' [tunnel]' : ''} (${d.addresses.join(' ') || 'no address'}${d.snat && d.snat.length > 0 ? `; SNAT ${d.snat.join(' ')}` : ''})`)
+          .map((d) => `${d.name}${d.role === 'tunnel' ? (d.l3 ? ' [tunnel, layer 3]' : ' [tunnel]') : ''} (${d.addresses.join(' ') || 'no address'}${d.snat && d.snat.length > 0 ? `; SNAT ${d.snat.join(' ')}` : ''})`)
           .join(', ') || 'none';
       const line =
         np.state === 'off' ? 'off (--no-nodeport)'
