@@ -38,9 +38,12 @@ import { KernelMaglevMaps, KernelNorthSouthMaps } from './maglev-maps.js';
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const NODEPORT_OBJECT = path.join(ROOT, 'bpf/.output/nodeport.bpf.o');
 
-/** The programs for layer-3 tunnels that go with a tc object: nodeport.bpf.o's are nodeport_l3.bpf.o's (the same source, built with NP_L3_DEVICE). */
+/** The programs for layer-3 tunnels: nodeport.c built with NP_L3_DEVICE. */
+export const NODEPORT_L3_OBJECT = path.join(ROOT, 'bpf/.output/nodeport_l3.bpf.o');
+
+/** The programs for layer-3 tunnels that go with a tc object: NODEPORT_L3_OBJECT for the built one, X_l3.bpf.o beside another (--tc-object X.bpf.o). */
 export function l3ObjectFor(file: string): string {
-  return file.replace(/(\.bpf)?\.o$/, '_l3$&');
+  return file === NODEPORT_OBJECT ? NODEPORT_L3_OBJECT : file.replace(/(\.bpf)?\.o$/, '_l3$&');
 }
 
 export const PROGRAMS: Record<TcDirection, string> = { ingress: 'lb_nodeport_ingress', egress: 'lb_nodeport_egress' };
