@@ -2442,10 +2442,41 @@ static __noinline int np_egress6(struct __sk_buff *skb)
 	return np6_egress(skb);
 }
 
+#ifdef NP_L3_DEVICE
+/*
+ * A layer-3 device's packet starts with its IP header, whose length is the
+ * packet's. Kernels before 5.14 hand tc an IP-in-IP tunnel's packets (ipip,
+ * sit, ip6tnl) with the outer Ethernet and IP headers still in front
+ * (upstream 7ad136fd288c made them start at the inner one): counted, so
+ * the agent can say why flows through such a tunnel are not translated,
+ * and passed on as they are.
+ */
+static __always_inline bool np_l3_at_start(struct __sk_buff *skb)
+{
+	__u8 h[6];
+
+	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)) < 0)
+		return false;
+	if (skb->protocol == bpf_htons(ETH_P_IP) && (h[0] >> 4) == 4 && ((__u32)h[2] << 8 | h[3]) == skb->len)
+		return true;
+	/* IPv6: 40 bytes and the payload's; 0 is a jumbogram's (BIG TCP) */
+	if (skb->protocol == bpf_htons(ETH_P_IPV6) && (h[0] >> 4) == 6 &&
+	    (((__u32)h[4] << 8 | h[5]) + sizeof(struct ipv6hdr) == skb->len || !(h[4] | h[5])))
+		return true;
+	lb_count(LB_MTR_NP_L3_OUTER);
+	return false;
+}
+#endif
+
 SEC("tc")
 int lb_nodeport_ingress(struct __sk_buff *skb)
 {
 	int rc;
+
+#ifdef NP_L3_DEVICE
+	if (!np_l3_at_start(skb))
+		return TC_ACT_UNSPEC;
+#endif
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		rc = np_ingress4(skb);

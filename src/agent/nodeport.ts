@@ -45,15 +45,21 @@ const SWITCH_RETRY_FIRST_MS = 1000;
 const SWITCH_RETRY_MAX_MS = 60_000;
 
 /**
- * Counters of new flows dropped for want of room, and the flag that makes
- * more: logged when they grow, with how much, once per check.
+ * Counters that say something needs doing (mostly flows dropped for want
+ * of room), and what to do (the flag that makes more): logged when they
+ * grow, with how much, once per check.
  */
-const ROOM_COUNTERS: ReadonlyArray<{ counter: string; what: string; flag: string }> = [
+const WATCHED_COUNTERS: ReadonlyArray<{ counter: string; what: string; flag: string }> = [
   { counter: 'np_snat_exhausted', what: 'new flows to a remote backend found no free SNAT port and were dropped', flag: 'widen --snat-port-range (or give the service more backends)' },
   { counter: 'np_ct_full', what: 'new flows could not be tracked and were dropped', flag: 'raise --ct-max' },
   { counter: 'np_nat_full', what: 'SNATed packets lost their translation and were dropped', flag: 'raise --nat-max' },
   { counter: 'np_nat_repair', what: 'translations of live SNATed flows were evicted (and written again from their flows)', flag: 'raise --nat-max' },
   { counter: 'np_nat_stolen', what: 'SNATed flows lost their port to newer flows (their translation was evicted) and ended', flag: 'raise --nat-max' },
+  {
+    counter: 'np_l3_outer',
+    what: 'packets came out of a layer-3 tunnel with their outer headers still on, and were not translated',
+    flag: 'this kernel hands tc the packets of ipip, sit and ip6tnl tunnels so before Linux 5.14, and flows to pods behind them fail; use a VXLAN, Geneve or WireGuard overlay, or Linux 5.14+',
+  },
 ];
 
 export interface NodePortStatus {
@@ -152,7 +158,7 @@ export class NodePortAgent {
       const before = this.counters;
       this.counters = now;
       if (!before) return;
-      for (const c of ROOM_COUNTERS) {
+      for (const c of WATCHED_COUNTERS) {
         const grew = (now[c.counter] ?? 0n) - (before[c.counter] ?? 0n);
         if (grew > 0n) this.log.warn({ counter: c.counter, count: Number(grew), total: Number(now[c.counter] ?? 0n) }, `${grew} ${c.what} since the last check: ${c.flag}`);
       }

@@ -105,9 +105,9 @@ def cmd_udp(a):
             s.connect((a.host, a.port))
             peer = fmt(s.getpeername())
         for i in range(a.count):
-            msg = f"ping-{i}-".encode()
+            msg = f"ping-{i}".encode()
             if a.size:
-                msg += b"x" * max(0, a.size - len(msg))
+                msg += b"-" + b"x" * max(0, a.size - len(msg) - 1)
             try:
                 if a.mode == "connected":
                     s.send(msg)
