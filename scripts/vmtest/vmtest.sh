@@ -19,10 +19,20 @@
 #   VMTEST_TIMEOUT   seconds one guest may run (default 5700)
 #   VMTEST_REFRESH=1 read Debian's package lists and resolve the kernels again
 #   VMTEST_UPDATE_DOCS=1  rewrite docs/kernels.md's rows from this run instead of checking them
+#   VMTEST_CHECK_ONLY=1   only check that the guests can see this checkout (not under /tmp and the like)
 #   VMTEST_KEYRING, VMTEST_MIRROR  Debian's archive keyring and mirror
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/scripts/vmtest
+# A guest sees the host's root through 9p, but mounts tmpfs of its own on
+# these (scripts/vmtest/init): a checkout there is not in the guest at all.
+case $repo/ in
+  /tmp/*|/run/*|/var/tmp/*|/dev/shm/*)
+    printf 'vmtest: the checkout %s is under a directory the guests mount afresh (/tmp, /run, /var/tmp, /dev/shm): clone it elsewhere\n' "$repo" >&2
+    exit 2 ;;
+esac
+# make test asks this first, before the host's suites.
+[[ ${VMTEST_CHECK_ONLY:-} != 1 ]] || exit 0
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/lbctl/vmtest
 mkdir -p "$cache"/{debs,trees,initramfs,resolved,logs}
 suites=${VMTEST_SUITES:-}
