@@ -5,5 +5,5 @@
 set -euo pipefail
 sed -n 1,3p "$(dirname "$0")/e2e-seconds"
 for d in "$@"; do
-  sed -nE 's/^(not )?ok [0-9]+ - (test\/e2e\/[^ ]+\.ts) # time=([0-9.]+)ms$/\2 \3/p' "$d/tap.log"
+  sed -nE 's/^(not )?ok [0-9]+ - (test\/e2e\/[^ ]+\.ts)( # exit [0-9]+)? # time=([0-9.]+)ms$/\2 \4/p' "$d/tap.log"
 done | awk '{ s = int($2 / 1000 + 0.5); if (s > max[$1]) max[$1] = s } END { for (f in max) printf "%-29s %d\n", f, max[f] }' | sort -k2,2nr
