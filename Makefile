@@ -213,12 +213,17 @@ BENCH_NP_E2E := TS_NODE_TRANSPILE_ONLY=1 taskset -c 1 node --import=@tapjs/types
 # each handler, and with half of them hanging (bench/results/probes.{md,json}).
 BENCH_PROBES := TS_NODE_TRANSPILE_ONLY=1 node --expose-gc --import=@tapjs/typescript/import bench/probes.ts
 
+# The run's record: the figures of docs/benchmarks.md's tables, one JSON
+# file per run in bench/results/runs/ (bench/record.ts).
+BENCH_RECORD := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/record.ts
+
 bench: build bench-deps
 	$(BENCH_RUN) $(BENCH_ARGS)
 	$(BENCH_FILE_LOAD)
 	$(BENCH_NP_TC)
 	$(BENCH_NP_E2E)
 	$(BENCH_PROBES)
+	$(BENCH_RECORD)
 
 bench-quick: build bench-deps
 	$(BENCH_RUN) --quick --out bench/results-quick $(BENCH_ARGS)
@@ -226,6 +231,7 @@ bench-quick: build bench-deps
 	$(BENCH_NP_TC) --quick --out bench/results-quick
 	$(BENCH_NP_E2E) --quick --out bench/results-quick
 	$(BENCH_PROBES) --window 3 --out bench/results-quick
+	$(BENCH_RECORD) --out bench/results-quick
 
 cleanup:
 	./bin/lbctl cleanup

@@ -148,4 +148,7 @@ const lines = [
 ];
 mkdirSync(o.out, { recursive: true });
 writeFileSync(path.join(o.out, 'file-load.md'), lines.join('\n'));
+// Every run, for bench/record.ts.
+const formats = Object.fromEntries((['yaml', 'json'] as const).map((f) => [f, { bytes: texts[f].length, runsMs: results[f], syncMs: syncMs[f] }]));
+writeFileSync(path.join(o.out, 'file-load.json'), `${JSON.stringify({ date: new Date().toISOString(), n, reps, targetMs: TARGET_MS, formats, parseMs: parse }, null, 1)}\n`);
 process.stdout.write(lines.join('\n'));

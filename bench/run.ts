@@ -524,6 +524,7 @@ async function main(): Promise<void> {
   const results: Results = {
     meta: {
       date: new Date().toISOString(),
+      commit: commit(),
       kernel: os.release(),
       cpu: os.cpus()[0]?.model ?? 'unknown',
       cpus: os.cpus().length,
@@ -734,6 +735,17 @@ async function datapathProfile(plan: Plan): Promise<NonNullable<Results['datapat
 /** bench/revnat.ts at this run's size: about 2.5 minutes (20 s in quick mode). */
 function revnatPlan(plan: Plan): { count: number; reps: number; log: (s: string) => void } {
   return { count: plan.quick ? 5000 : 20_000, reps: plan.quick ? 4 : 8, log: (s) => process.stderr.write(s) };
+}
+
+/** The commit this run measures (bench/record.ts names the run's record by it); '+' when the tree has changes. */
+function commit(): string {
+  try {
+    const sha = execFileSync('git', ['-C', ROOT, 'rev-parse', '--short=7', 'HEAD'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    const dirty = execFileSync('git', ['-C', ROOT, 'status', '--porcelain', '--untracked-files=no'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    return dirty ? `${sha}+` : sha;
+  } catch {
+    return 'unknown';
+  }
 }
 
 function versions(): Record<string, string> {
