@@ -9,7 +9,7 @@
 // each, nothing decoded kept; prints the sizes, the first pass and the
 // median. Only the items' payloads: not the runtime.Unknown envelope, the
 // list or watch framing, or turning the messages into the objects the
-// validators read ("Issue 18, seventh part" in docs/benchmarks.md).
+// validators read (docs/benchmarks.md, "Scale (issue 18)").
 //   taskset -c 0 node --import=@tapjs/typescript/import bench/profile/protobuf.ts 10000 100000
 // The field numbers are those of k8s.io/api's core/v1 and discovery/v1 and
 // apimachinery's meta/v1 generated.proto, for the fields written here.

@@ -12,7 +12,7 @@
 // instead (one a pass). --passes N runs it all N times in one process, each
 // on fresh maps: the first pass runs code V8 has not optimized yet, as the
 // agent's one cold sync does, and the later ones show what the same work
-// costs once it has ("Issue 18, seventh part" in docs/benchmarks.md).
+// costs once it has (docs/benchmarks.md, "Programming and changes").
 import { rmSync, mkdirSync } from 'node:fs';
 import { BpfObject } from '../../src/native/bpf.js';
 import { DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';

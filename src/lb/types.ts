@@ -72,7 +72,8 @@ export function formatAddr(address: string, family: Family, port: number): strin
  * but keeps the node; Array.prototype.join allocates its result flat. For
  * the keys the agent keeps for as long as a service exists: at 10,000
  * services they were 89,000 cons nodes and their parts, about 400 bytes a
- * service (a heap snapshot, docs/benchmarks.md).
+ * service (a heap snapshot; docs/architecture.md, "Why the agent is built
+ * for 100,000 services").
  */
 export function joinFlat(...parts: ReadonlyArray<string | number>): string {
   return parts.join('');
@@ -83,7 +84,8 @@ export function joinFlat(...parts: ReadonlyArray<string | number>): string {
  * push() keeps spare room (V8 grows its store to 1.5 times plus 16
  * elements), which a GC never gives back: kept for as long as a service
  * exists, a one-element array built by push costs 128 bytes more than a
- * literal (measured, docs/benchmarks.md "Issue 18"). For the arrays the
+ * literal (measured; docs/architecture.md, "Why the agent is built for
+ * 100,000 services"). For the arrays the
  * agent keeps per service, endpoint or frontend; an empty one is shared.
  */
 export function packed<T>(a: readonly T[]): readonly T[] {

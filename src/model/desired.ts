@@ -48,7 +48,8 @@ export interface Flushed {
  * skips computed from them. One record instead of a Map per kind (services,
  * slices by service, computed) and a Map per service (its slices, its
  * frontends): at 100,000 services those Maps cost about 500 bytes a service
- * (docs/benchmarks.md, "Issue 18"). A record lives while any of its parts
+ * (docs/architecture.md, "Why the agent is built for 100,000 services"). A
+ * record lives while any of its parts
  * does.
  */
 interface ServiceEntry {

@@ -344,8 +344,9 @@ class ValidEndpoint implements Endpoint {
  * EP_SLOTS slots each, instead of an array of endpoint objects (an object
  * and a slot per endpoint: 72 bytes, where three slots are 24). Nearly
  * every Service has a slice, and most slices several endpoints: at 100,000
- * services of 3 endpoints this keeps about 14 MiB less (docs/benchmarks.md,
- * "Issue 18, sixth part"). `endpoints` makes the objects when read. Every
+ * services of 3 endpoints this keeps about 14 MiB less (docs/architecture.md,
+ * "Why the agent is built for 100,000 services"). `endpoints` makes the
+ * objects when read. Every
  * one is made by this constructor: one hidden class.
  */
 class ValidEndpointSlice implements EndpointSlice {
@@ -383,7 +384,8 @@ export interface EndpointSlice {
  * every Service and EndpointSlice that lists it: a cluster repeats a few
  * ports (http/80/TCP, https/443/TCP, dns/53/UDP) over thousands of
  * objects, and each copy cost 48 bytes and a name string (about 96 bytes a
- * service with its slice, docs/benchmarks.md "Issue 18"). The table is
+ * service with its slice, docs/architecture.md "Why the agent is built for
+ * 100,000 services"). The table is
  * bounded (Interner): past 4,096 distinct ports (input built to grow it),
  * ports are made per object again.
  */

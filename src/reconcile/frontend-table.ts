@@ -5,7 +5,7 @@
 // per entry (the entry and its master, 72-88 bytes each without pointer
 // compression) and a slots array per frontend (about 80 bytes with three
 // slots); a row here is 44 bytes of columns, 8 for its address, 8 per slot
-// (docs/benchmarks.md, "Issue 18, fifth part").
+// (docs/architecture.md, "Why the agent is built for 100,000 services").
 //
 // Rows freed by a removal are reused. Slot blocks come in sizes of powers of
 // two (block i holds slots 1..2^i) from one Float64Array, with a free list

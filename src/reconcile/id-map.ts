@@ -2,8 +2,8 @@
 // values, kept in pages of PAGE slots allocated when an id in them is first
 // set and dropped when their last id goes. A Map entry costs 30-50 bytes;
 // a slot here costs 8, so the realized state and the id allocators, which
-// hold several entries per service, shrink with it (docs/benchmarks.md,
-// "Issue 18"). Ids are handed out round-robin over their whole range
+// hold several entries per service, shrink with it (docs/architecture.md,
+// "Why the agent is built for 100,000 services"). Ids are handed out round-robin over their whole range
 // (src/reconcile/ids.ts), so live ids can spread over every page: the worst
 // case is one page per live id, PAGE * 8 bytes each, which at a few live
 // ids is still little, and at many the pages are full.

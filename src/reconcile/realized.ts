@@ -85,7 +85,7 @@ export class RealizedState implements ExpectedMaps {
    * while the address's wildcard entry is held as a plan writes it
    * (WILDCARD_MASTER, no slot). Every cluster IP has such an entry; as a bit
    * here it costs no row, no key string and no second Map entry
-   * (docs/benchmarks.md, "Issue 18, fifth part").
+   * (docs/architecture.md, "Why the agent is built for 100,000 services").
    */
   private readonly addrs = new Map<string, number>();
   /** Entries of lb{4,6}_services (masters, slots and wildcards) and lb{4,6}_backends, by family. */
