@@ -1997,7 +1997,7 @@ static __noinline int np_icmp_reply6(struct __sk_buff *skb, __u32 mtu)
  *   quote becomes the request as the client sent it (client to frontend),
  *   the error goes to the client. Its source stays a router's, but the
  *   backend's own address becomes the frontend's: the client never learns
- *   a backend address (notes/issue14-research.md 8.4, item 5);
+ *   a backend address (issue 14's research, 8.4 item 5: git show f561a95:notes/issue14-research.md);
  * - at egress, about a request we delivered to a local backend (the
  *   backend itself, or this node's stack on the way to it): the REPLY entry
  *   of the local flow. The quote's destination becomes the frontend, and a
