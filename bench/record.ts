@@ -271,27 +271,28 @@ function main(): void {
   };
   const rows = new Rows();
   socketRows(main, rows);
+  const parts: string[] = [];
   const fl = read<FileLoad & { date: string }>('file-load.json');
-  if (fl && ours('file-load.json', fl.date)) fileLoadRows(fl, rows);
+  if (fl && ours('file-load.json', fl.date)) fileLoadRows(fl, rows), parts.push('file-load.ts');
   const tc = read<TcResults>('nodeport-tc.json');
-  if (tc && ours('nodeport-tc.json', tc.meta.date)) tcRows(tc, rows);
+  if (tc && ours('nodeport-tc.json', tc.meta.date)) tcRows(tc, rows), parts.push('nodeport-tc.ts');
   const e2e = read<E2eResults>('nodeport-e2e.json');
-  if (e2e && ours('nodeport-e2e.json', e2e.meta.date)) e2eRows(e2e, rows);
+  if (e2e && ours('nodeport-e2e.json', e2e.meta.date)) e2eRows(e2e, rows), parts.push('nodeport-e2e.ts');
   const pr = read<{ backends: number; window: number; rows: ProbeRow[] }>('probes.json');
-  if (pr && ours('probes.json', undefined)) probeRows(pr, rows);
+  if (pr && ours('probes.json', undefined)) probeRows(pr, rows), parts.push('probes.ts');
 
   const git = (...args: string[]): string => execFileSync('git', ['-C', ROOT, ...args], { encoding: 'utf8' }).trim();
   const commit = o.commit ?? (typeof main.meta.commit === 'string' ? main.meta.commit : git('rev-parse', '--short=7', 'HEAD'));
   const sizes = [...new Set(main.points.map((p) => p.n))].sort((a, b) => a - b);
   const modes = [...new Set(main.points.map((p) => p.mode))];
-  const full = !main.meta.quick && sizes.join() === '1,100,1000,10000,100000' && modes.length === 5;
+  const full = !main.meta.quick && sizes.join() === '1,100,1000,10000,100000' && modes.length === 5 && parts.length === 4;
   const versions = main.meta.versions as Record<string, string> | undefined;
   const record: RunRecord = {
     schema: 1,
     date: String(main.meta.date),
     commit,
     machine: { cpus: Number(main.meta.cpus), cpu: String(main.meta.cpu), kernel: String(main.meta.kernel), ...(versions?.node ? { node: versions.node } : {}) },
-    scope: full ? 'make bench' : `bench/run.ts${main.meta.quick ? ' --quick' : ''} --sizes ${sizes.join(',')} --modes ${modes.join(',')} --reps ${main.meta.reps}`,
+    scope: full ? 'make bench' : [`bench/run.ts${main.meta.quick ? ' --quick' : ''} --sizes ${sizes.join(',')} --modes ${modes.join(',')} --reps ${main.meta.reps}`, ...parts].join('; '),
     source: `the run's own result files (${o.out === path.join(ROOT, 'bench/results') ? 'bench/results' : o.out}), by bench/record.ts`,
     results: rows.out,
   };
