@@ -1,6 +1,6 @@
 // LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
 // moves bytes through the native addon. Nothing here knows a byte offset.
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import { BPF_ANY, BPF_EXIST, type FlatEntries } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
