@@ -29,7 +29,7 @@ TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 BUNDLE    := dist/bundle/lbctl.js
 
-.PHONY: all build bootstrap bpf native ts gen check-gen typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
 
 all: build
 
@@ -156,6 +156,12 @@ $(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES)
 	@bash scripts/bootstrap.sh --image
 	bash scripts/image/build.sh $@ $(IMAGE_FILES)
 
+# src/'s imports against docs/architecture.md's layering table, and no
+# import cycle (scripts/check-layers.mjs, dependency-cruiser): a few seconds
+# and no build, so `make test` runs it first.
+check-layers: bootstrap
+	node scripts/check-layers.mjs
+
 # Type-checks the tests too (tap runs them transpile-only).
 typecheck: $(STAMP)
 	npx --no-install tsc -p tsconfig.test.json
@@ -164,12 +170,12 @@ typecheck: $(STAMP)
 # scripts/vmtest/kernels in qemu (make test: about 60 min under TCG, docs/testing.md).
 test: test-host test-vm
 
-test-vm: build typecheck
+test-vm: check-layers build typecheck
 	VMTEST_SKIP_HOST=1 VMTEST_PROFILE=test bash scripts/vmtest/vmtest.sh
 
 # On a failure the failing assertions are named again at the end, where
 # CI's excerpt of the output (its last lines) shows them.
-test-host: build typecheck image
+test-host: check-layers build typecheck image
 	@mkdir -p .tap
 	set -o pipefail; npx --no-install tap test/unit test/native test/bpf test/e2e test/deploy 2>&1 | tee .tap/host.log || \
 	  { echo '# the failed assertions (the whole output is above):'; grep 'not ok' .tap/host.log | tail -40; exit 1; }

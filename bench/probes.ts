@@ -13,7 +13,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
-import { PROBE_CONCURRENCY } from '../src/defaults.js';
+import { PROBE_CONCURRENCY } from '../src/base/defaults.js';
 import { measureProbes, PROBE_HANDLERS, probeAddr, startProbeServers, type ProbeScaleStats } from '../test/helpers/probe-scale.js';
 import { ROOT } from './world.js';
 

@@ -5,7 +5,7 @@
 // pinned links and maps; only `lbctl cleanup` removes it.
 //
 // The agent is also the AgentView its health checks, metrics and local API
-// read (view.ts).
+// read (src/http/view.ts).
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
@@ -14,22 +14,22 @@ import { linksDir, loadDatapath, mapsDir, tcStagingDir, type Datapath, type Data
 import { chooseAttachMode, NodePortDatapath, type AttachChoice } from '../datapath/nodeport.js';
 import { sctpStatus } from '../datapath/sctp.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
-import { ServiceHealthServers } from './service-health.js';
+import { ServiceHealthServers } from '../http/service-health.js';
 import { UdpTerminator } from '../datapath/terminate.js';
 import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
 import { DesiredModel, type ServiceId } from '../model/desired.js';
-import { Prober, type Executors, type LastResult, type ProbeState } from './prober.js';
+import { Prober, type Executors, type LastResult, type ProbeState } from '../probes/prober.js';
 import type { Skipped } from '../model/from-k8s.js';
 import type { Node } from '../model/k8s.js';
 import type { FrontendKey } from '../lb/types.js';
 import { frontendStatuses } from './drift.js';
 import { LB_MAP_NAMES } from '../datapath/maps.js';
-import { LbError } from '../errors.js';
+import { LbError } from '../base/errors.js';
 import { Reconciler, SyncError, type NotProgrammed, type SyncResult } from '../reconcile/reconciler.js';
 import type { Source, SourceEvent } from '../sources/source.js';
-import type { AgentMetrics } from './metrics.js';
+import type { AgentMetrics } from '../http/metrics.js';
 import { BoundedFrequencyRunner, type RunReason } from './runner.js';
-import type { AgentView, CheckOutcome, FrontendStatus, KernelStatus, SyncStats } from './view.js';
+import type { AgentView, CheckOutcome, FrontendStatus, KernelStatus, SyncStats } from '../http/view.js';
 
 export interface AgentOptions {
   readonly source: Source;

@@ -12,7 +12,7 @@ import type { MapsDump, MasterEntry } from '../datapath/lbmaps.js';
 import { formatAddr, serviceAddrKey, type Backend, type ServiceAddr } from '../lb/types.js';
 import type { Frontend } from '../model/types.js';
 import { masterFlags } from '../reconcile/plan.js';
-import type { FrontendStatus } from './view.js';
+import type { FrontendStatus } from '../http/view.js';
 
 interface Grouped {
   fe: ServiceAddr;

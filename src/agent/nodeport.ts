@@ -7,7 +7,7 @@
 import path from 'node:path';
 import { readFileSync, writeFileSync } from 'node:fs';
 import type { Logger } from 'pino';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import type ipaddr from 'ipaddr.js';
 import { nodePortAddresses, selectDevices, type Device, type DeviceAddress } from '../datapath/devices.js';
 import type { AttachChoice, NodePortDatapath, NodePortSettings, PortRange, TcAttachSetting, TrafficMapSizes, TrafficPressure } from '../datapath/nodeport.js';

@@ -7,9 +7,9 @@
 // - A run that throws is retried with exponential backoff, also `full`.
 // - Never two runs at once. The clock is injectable for tests.
 
-import { systemClock, type Clock } from './clock.js';
+import { systemClock, type Clock } from '../base/clock.js';
 
-export { systemClock, type Clock } from './clock.js';
+export { systemClock, type Clock } from '../base/clock.js';
 
 export type RunReason = 'change' | 'periodic' | 'retry';
 

@@ -10,7 +10,7 @@
 import { readFileSync } from 'node:fs';
 import { InvalidArgumentError, type Command, type Option } from 'commander';
 import yaml from 'js-yaml';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 
 export const CONFIG_API_VERSION = 'lbctl.io/v1alpha1';
 export const CONFIG_KIND = 'AgentConfiguration';

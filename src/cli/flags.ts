@@ -1,6 +1,6 @@
 // Flag values issue 14's agent options take, parsed and checked before
 // anything starts: a bad value refuses the start, naming the flag.
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import type { PortRange } from '../model/north-south.js';
 
 const isPort = (v: number): boolean => Number.isInteger(v) && v >= 1 && v <= 65535;

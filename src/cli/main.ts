@@ -1,6 +1,6 @@
 // lbctl's entry point: parses the command line (program.ts) and runs the
 // command; an LbError is reported as one line, anything else with its stack.
-import { LbError } from '../errors.js';
+import { LbError } from '../base/errors.js';
 import { buildProgram } from './program.js';
 
 export async function main(argv: string[]): Promise<number> {

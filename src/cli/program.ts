@@ -13,7 +13,7 @@ import {
   DEFAULT_METRICS_PORT,
   DEFAULT_NODE_SYNC_TIMEOUT_MS,
   VERSION,
-} from '../defaults.js';
+} from '../base/defaults.js';
 
 function positiveInt(v: string): number {
   const n = Number(v);

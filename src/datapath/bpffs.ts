@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 
 /** Mounts bpffs at /sys/fs/bpf when bpfRoot lives there and it is not mounted yet. */
 export function ensureBpffs(bpfRoot: string, mounts = readFileSync('/proc/mounts', 'utf8')): void {

@@ -19,10 +19,10 @@
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
 import type { Backend, Family, ServiceAddr } from '../lb/types.js';
 import { PROTO_NUM, STATE_NUM, TYPE_NUM, scopeNum } from './codes.js';
-import type { MasterEntry, RevNatEntry } from './lbmaps.js';
+import type { Digest, MasterEntry, RevNatEntry } from './lbmaps.js';
 
 /** A map's digest: the two lanes' sums (int32). */
-export class MapDigest {
+export class MapDigest implements Digest {
   a = 0;
   b = 0;
 
@@ -36,7 +36,7 @@ export class MapDigest {
     this.b = (this.b - h.final2()) | 0;
   }
 
-  equals(o: MapDigest): boolean {
+  equals(o: Digest): boolean {
     return this.a === o.a && this.b === o.b;
   }
 }

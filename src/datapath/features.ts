@@ -14,7 +14,7 @@
 import { mkdirSync, readFileSync, rmdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import { BpfObject, isErrno, linkCreateProbe, unpin } from '../native/bpf.js';
 import { ensureBpffs } from './bpffs.js';
 import { udpTerminationSupport } from './terminate.js';

@@ -16,7 +16,7 @@
 // against `__u16`), of signedness, of kind (an integer that became a
 // struct), a network-order integer that changes width, a bitfield, or a
 // union or opaque type that is not the same on both sides.
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import type { TypeLayout } from '../native/bpf.js';
 
 interface Leaf {

@@ -1,9 +1,23 @@
 // The datapath as the reconciler sees it: typed operations on lbctl's maps,
 // addresses as text. Byte layouts stay in abi.gen.ts; the implementation over
 // pinned kernel maps is in maps.ts, a fake for tests in test/fakes/fake-maps.ts.
+//
+// The bottom of the datapath's map layer: codes.ts, digest.ts and maps.ts
+// import from this file, and it imports none of them.
 import type { Backend, Family, ServiceAddr, ServiceType } from '../lb/types.js';
-import type { LB_MAP_NAMES } from './maps.js';
-import type { MapDigest } from './digest.js';
+import type { MapName } from './abi.gen.js';
+
+/** The maps LbMaps writes; lb_metrics and the socket rev-NAT maps are read elsewhere. */
+export const LB_MAP_NAMES = [
+  'lb4_services',
+  'lb6_services',
+  'lb4_backends',
+  'lb6_backends',
+  'lb4_reverse_nat',
+  'lb6_reverse_nat',
+] as const satisfies readonly MapName[];
+
+export type LbMapName = (typeof LB_MAP_NAMES)[number];
 
 export type MasterType = ServiceType | 'Wildcard';
 
@@ -46,9 +60,15 @@ export interface MapsDump {
  */
 export interface ExpectedMaps {
   /** How many entries each map should hold. */
-  entries(map: (typeof LB_MAP_NAMES)[number]): number;
+  entries(map: LbMapName): number;
   /** The sum of those entries' hashes. */
-  digest(map: (typeof LB_MAP_NAMES)[number]): MapDigest;
+  digest(map: LbMapName): Digest;
+}
+
+/** A map's digest: its entries' hashes summed in two 32-bit lanes (digest.ts's MapDigest). */
+export interface Digest {
+  readonly a: number;
+  readonly b: number;
 }
 
 /** The puts that go in batches: one kind, one map, in one syscall. */

@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError, LbError } from '../errors.js';
+import { ConfigError, LbError } from '../base/errors.js';
 import { BpfObject, holdPinnedLink, isErrno, openPinnedMap, unpin, type AttachResult, type BpfMap, type HeldLink } from '../native/bpf.js';
 import { mapSpecs, type MapName } from './abi.gen.js';
 import { copyPinnedInto, openKept, planMigration, type MapMigration } from './migrate.js';
@@ -26,7 +26,7 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 export const DEFAULT_OBJECT = path.join(ROOT, 'bpf/.output/sock.bpf.o');
 /** The same programs without bpf_set_retval (kernels before 5.18): refusals are EPERM. */
 export const COMPAT_OBJECT = path.join(ROOT, 'bpf/.output/sock_compat.bpf.o');
-export { DEFAULT_BPF_ROOT } from '../defaults.js';
+export { DEFAULT_BPF_ROOT } from '../base/defaults.js';
 
 export interface MapSizes {
   /** Frontends (service address, port, protocol) per family. */

@@ -1,6 +1,6 @@
 // LbMaps over the kernel's maps: encodes with the BTF-generated codecs and
 // moves bytes through the native addon. Nothing here knows a byte offset.
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import { BPF_ANY, BPF_EXIST, type FlatEntries } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
 import type { Backend, BackendState, Family, Protocol } from '../lb/types.js';
@@ -16,10 +16,9 @@ import {
   mapSpecs,
   u32,
   type LbService,
-  type MapName,
   type MapSpec,
 } from './abi.gen.js';
-import { PartialWriteError, putOne, type ExpectedMaps, type LbMaps, type MapsDump, type PutBatch, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
+import { LB_MAP_NAMES, PartialWriteError, putOne, type ExpectedMaps, type LbMaps, type MapsDump, type PutBatch, type LbMapName, type MasterEntry, type MasterType, type RevNatEntry, type ServiceEntry } from './lbmaps.js';
 import type { ServiceAddr } from '../lb/types.js';
 import { PROTO_NAME, PROTO_NUM, STATE_NAME, STATE_NUM, TYPE_NAME, TYPE_NUM, scopeNum } from './codes.js';
 import { EntryHash, MapDigest } from './digest.js';
@@ -40,17 +39,10 @@ export interface ByteMap {
   batchUpdate?(keys: Buffer, values: Buffer, count: number): number;
 }
 
-/** The maps LbMaps writes; lb_metrics and the socket rev-NAT maps are read elsewhere. */
-export const LB_MAP_NAMES = [
-  'lb4_services',
-  'lb6_services',
-  'lb4_backends',
-  'lb6_backends',
-  'lb4_reverse_nat',
-  'lb6_reverse_nat',
-] as const satisfies readonly MapName[];
+/** The map names, defined with the interface (lbmaps.ts) and exported here beside LbMapSet. */
+export { LB_MAP_NAMES };
 
-export type LbMapSet = Record<(typeof LB_MAP_NAMES)[number], ByteMap>;
+export type LbMapSet = Record<LbMapName, ByteMap>;
 
 /** A state no lbctl build writes reads as terminating: never shown as active; a sync rewrites it if the backend is. */
 const stateName = (n: number): BackendState => STATE_NAME.get(n) ?? 'terminating';

@@ -6,7 +6,7 @@
 // (nodeport.ts).
 import { existsSync } from 'node:fs';
 import path from 'node:path';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, type BpfMap } from '../native/bpf.js';
 import { mapSpecs } from './abi.gen.js';
 import { convertPerCpu, converter, type Converter } from './layout.js';

@@ -22,7 +22,7 @@
 import { existsSync, mkdirSync, readdirSync, renameSync, rmdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import { has, type DatapathFeatures } from './features.js';
 import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, holdProgram, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap, type HeldLink, type HeldProgram } from '../native/bpf.js';
 import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMigration } from './migrate.js';

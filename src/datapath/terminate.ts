@@ -44,7 +44,7 @@ import { open, readdir, readFile, readlink, type FileHandle } from 'node:fs/prom
 import { constants } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
 import { backendKey, type Family, type L3n4Addr } from '../lb/types.js';
 import { BpfObject, inetDiagDestroy, inetDiagDump, iterRun, type BpfMap, type InetDiagSocket } from '../native/bpf.js';

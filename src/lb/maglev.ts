@@ -8,7 +8,7 @@
  * the name, the sort and the hash decide every slot, so none of them may
  * change (test/unit/maglev.ts holds a golden digest of a table).
  */
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../base/errors.js';
 
 const M64 = (1n << 64n) - 1n;
 const C1 = 0x87c37b91114253d5n;

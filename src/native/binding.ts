@@ -6,7 +6,7 @@
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { LbError } from '../errors.js';
+import { LbError } from '../base/errors.js';
 import type { NativeBinding } from './native.js';
 
 const require = createRequire(import.meta.url);

@@ -4,7 +4,7 @@
  * errno name ('ENOENT', 'EEXIST', ...) and whose message names the operation
  * and the map/program/path involved.
  */
-import { LbError } from '../errors.js';
+import { LbError } from '../base/errors.js';
 import { loadBinding } from './binding.js';
 import type { DeclaredMapLayout, FlatEntries, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink, RawHeldProgram } from './native.js';
 

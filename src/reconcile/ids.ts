@@ -16,7 +16,7 @@
 // the old entry is named by live slots or sockets until the new one exists),
 // and would make every socket's rev-NAT entry that names it stale. Such ids
 // are never handed out again once released, so they die out.
-import { LbError } from '../errors.js';
+import { LbError } from '../base/errors.js';
 import { IdMap, NumberIdMap } from './id-map.js';
 import { NumberKeyMap } from './number-map.js';
 

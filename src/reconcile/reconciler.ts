@@ -11,7 +11,7 @@
 // written, so it stays unselectable or keeps its previous version). Either
 // way the sync goes on with the others, and the result names what was not
 // programmed and why. Any other write error stops the sync.
-import { LbError } from '../errors.js';
+import { LbError } from '../base/errors.js';
 import type { LbMaps, NorthSouthMaps } from '../datapath/lbmaps.js';
 import { maglevTable } from '../lb/maglev.js';
 import type { SourceRange } from '../model/north-south.js';
@@ -268,7 +268,7 @@ export class Reconciler {
   }
 
   /**
-   * Liveness' write probe (src/agent/health.ts, "canary"), inside the
+   * Liveness' write probe (src/http/health.ts, "canary"), inside the
    * reconciler's accounting rather than beside it: it rewrites one IPv4
    * rev-NAT entry the realized state holds with exactly the bytes it holds
    * (BPF_EXIST): a write the datapath cannot tell from no write, that needs

@@ -74,8 +74,8 @@ import { KubeConfig } from '@kubernetes/client-node';
 import fetch, { type Response } from 'node-fetch';
 import yaml from 'js-yaml';
 import { readFileSync } from 'node:fs';
-import { DEFAULT_NODE_SYNC_TIMEOUT_MS } from '../defaults.js';
-import { ConfigError } from '../errors.js';
+import { DEFAULT_NODE_SYNC_TIMEOUT_MS } from '../base/defaults.js';
+import { ConfigError } from '../base/errors.js';
 import {
   HEADLESS_LABEL,
   show,

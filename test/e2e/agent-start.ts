@@ -14,7 +14,7 @@ import net from 'node:net';
 import { FakeApiServer } from '../helpers/fake-apiserver.js';
 import { serviceWithBackends } from '../helpers/manifests.js';
 import { createSandbox, HTTP_PORT, SLOW, type AgentProcess, type LogLine, type Sandbox } from '../helpers/sandbox.js';
-import { DEFAULT_HEALTH_PORT, DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT } from '../../src/defaults.js';
+import { DEFAULT_HEALTH_PORT, DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT } from '../../src/base/defaults.js';
 
 t.setTimeout(240_000 * SLOW);
 

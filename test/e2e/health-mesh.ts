@@ -10,7 +10,7 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
-import type { MeshStatus } from '../../src/agent/mesh.js';
+import type { MeshStatus } from '../../src/mesh/mesh.js';
 import { AgentSlot } from '../helpers/sandbox/agent.js';
 import { removeBpfRoot, removeCgroup, removeNetns, BPFFS } from '../helpers/sandbox/topology.js';
 import { cgroup2Mount, createSandbox, LBCTL, run, SLOW, type Sandbox } from '../helpers/sandbox.js';

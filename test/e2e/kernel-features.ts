@@ -7,7 +7,7 @@
 import { spawn } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import t from 'tap';
-import { apiGet, type AgentStatus } from '../../src/agent/api.js';
+import { apiGet, type AgentStatus } from '../../src/http/api.js';
 import { missingRequired, probeFeatures } from '../../src/datapath/features.js';
 import { createSandbox, LBCTL, SLOW, CLI_TIMEOUT_MS, run } from '../helpers/sandbox.js';
 

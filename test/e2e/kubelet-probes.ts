@@ -31,7 +31,7 @@ import { FakeApiServer } from '../helpers/fake-apiserver.js';
 import { daemonSetProbes, Kubelet, restartWindowSeconds, type ProbeKind } from '../helpers/kubelet.js';
 import { serviceObject, serviceWithBackends, sliceObject, yamlDocs } from '../helpers/manifests.js';
 import { createSandbox, HTTP_PORT, LBCTL, ROOT, run, SLOW, type AgentProcess, type Sandbox } from '../helpers/sandbox.js';
-import { DEFAULT_EVENT_LOOP_STALLS, DEFAULT_EVENT_LOOP_THRESHOLD_MS, DEFAULT_EVENT_LOOP_WINDOW_MS } from '../../src/agent/health.js';
+import { DEFAULT_EVENT_LOOP_STALLS, DEFAULT_EVENT_LOOP_THRESHOLD_MS, DEFAULT_EVENT_LOOP_WINDOW_MS } from '../../src/http/health.js';
 
 const SCALE = Number(process.env.LBCTL_KUBELET_SCALE ?? 10) || 10;
 const PROBES = daemonSetProbes();

@@ -9,7 +9,7 @@ import { CLI_TIMEOUT_MS, createSandbox, HTTP_PORT, LBCTL, run, SLOW, type LogLin
 
 const WEB = '10.96.0.10';
 const NODE = 'node-a';
-/** The agent's default --node-sync-timeout (src/defaults.ts). */
+/** The agent's default --node-sync-timeout (src/base/defaults.ts). */
 const DEFAULT_GRACE_MS = 5_000;
 
 function service(name: string, ip: string, extra = ''): string {

@@ -11,7 +11,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node
 import path from 'node:path';
 import { CLI_TIMEOUT_MS, CLIENT_PY, createSandbox, HTTP_PORT, LBCTL, ROOT, run, SLOW, type Sandbox } from '../helpers/sandbox.js';
 import { serviceObject, sliceObject, yamlDocs } from '../helpers/manifests.js';
-import type { FrontendStatus } from '../../src/agent/view.js';
+import type { FrontendStatus } from '../../src/http/view.js';
 import { hasSetRetval } from '../../src/datapath/features.js';
 
 const HELPER = path.join(ROOT, 'test/helpers/probe-backend.mjs');

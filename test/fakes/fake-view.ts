@@ -1,6 +1,6 @@
 // An AgentView whose every answer is a field the test sets; counts calls to
 // the checks that touch the datapath.
-import type { AgentView, CheckOutcome, FrontendStatus, KernelStatus, SyncStats } from '../../src/agent/view.js';
+import type { AgentView, CheckOutcome, FrontendStatus, KernelStatus, SyncStats } from '../../src/http/view.js';
 
 export class FakeView implements AgentView {
   startedAt = Date.now();

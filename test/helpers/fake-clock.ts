@@ -1,6 +1,6 @@
 // A clock whose timers fire only when a test advances it: the Clock
-// (src/agent/clock.ts) the mesh and the prober take, for tests with no sleeps.
-import type { Clock } from '../../src/agent/clock.js';
+// (src/base/clock.ts) the mesh and the prober take, for tests with no sleeps.
+import type { Clock } from '../../src/base/clock.js';
 
 /** Lets the promise chains a timer started settle (a few microtask turns). */
 export const settle = async (): Promise<void> => {

@@ -8,9 +8,9 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { GrpcJsHealthClient } from '../../src/agent/grpc-health.js';
-import { defaultExecutors } from '../../src/agent/probe-exec.js';
-import { Prober } from '../../src/agent/prober.js';
+import { GrpcJsHealthClient } from '../../src/probes/grpc-health.js';
+import { defaultExecutors } from '../../src/probes/probe-exec.js';
+import { Prober } from '../../src/probes/prober.js';
 import { PROBE_DEFAULTS, type ProbeHandler, type ProbeTarget } from '../../src/model/probe.js';
 
 const HELPER = path.resolve(path.dirname(new URL(import.meta.url).pathname), 'probe-backend.mjs');

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { LbError } from '../../src/errors.js';
+import { LbError } from '../../src/base/errors.js';
 import {
   BPF_EXIST,
   BPF_NOEXIST,

@@ -10,7 +10,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import t from 'tap';
-import { AgentMetrics } from '../../src/agent/metrics.js';
+import { AgentMetrics } from '../../src/http/metrics.js';
 import { LbMetric } from '../../src/datapath/abi.gen.js';
 import { sumCounters } from '../../src/datapath/counters.js';
 

@@ -4,8 +4,8 @@
 import t from 'tap';
 import net from 'node:net';
 import grpc from '@grpc/grpc-js';
-import { GrpcJsHealthClient, grpcTarget } from '../../src/agent/grpc-health.js';
-import { grpcExecutor } from '../../src/agent/probe-exec.js';
+import { GrpcJsHealthClient, grpcTarget } from '../../src/probes/grpc-health.js';
+import { grpcExecutor } from '../../src/probes/probe-exec.js';
 import { PROBE_DEFAULTS, type ProbeTarget } from '../../src/model/probe.js';
 
 type Mode = 'serving' | 'not-serving' | 'hang' | 'garbage';

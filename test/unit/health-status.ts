@@ -2,7 +2,7 @@
 // form, and the exit status scripts read.
 import t from 'tap';
 import { formatHealth } from '../../src/cli/commands/health.js';
-import type { MeshStatus } from '../../src/agent/mesh.js';
+import type { MeshStatus } from '../../src/mesh/mesh.js';
 
 const ok = (rttMs: number) => ({ status: 'ok', rttMs, lastSuccess: '2026-11-26T08:00:00.000Z' });
 const status = (over: Partial<MeshStatus> = {}): MeshStatus => ({

@@ -1,6 +1,6 @@
 import t from 'tap';
-import { EventLoopMonitor, Health, formatDuration, startHealthServer } from '../../src/agent/health.js';
-import { AgentMetrics } from '../../src/agent/metrics.js';
+import { EventLoopMonitor, Health, formatDuration, startHealthServer } from '../../src/http/health.js';
+import { AgentMetrics } from '../../src/http/metrics.js';
 import { FakeView } from '../fakes/fake-view.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 

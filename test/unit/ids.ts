@@ -1,7 +1,7 @@
 // IdAllocator: stable ids per key, handed out round-robin within a range,
 // adopted on restore, and "no room" when the range is used up.
 import t from 'tap';
-import { LbError } from '../../src/errors.js';
+import { LbError } from '../../src/base/errors.js';
 import { IdAllocator } from '../../src/reconcile/ids.js';
 
 t.test('the same key keeps its id; new keys get the next ids', async (t) => {

@@ -4,7 +4,7 @@
 import t from 'tap';
 import http from 'node:http';
 import { listenError } from '../../src/cli/commands/agent.js';
-import { listen } from '../../src/agent/http.js';
+import { listen } from '../../src/http/http.js';
 
 /** The error a real listen() on host:port gives. */
 async function listenFailure(host: string, port: number): Promise<unknown> {

@@ -2,7 +2,7 @@
 // thread) answering the HTTP probe, and how failures are named.
 import net from 'node:net';
 import t from 'tap';
-import { classify, httpProbe, startHelloServer } from '../../src/agent/mesh-net.js';
+import { classify, httpProbe, startHelloServer } from '../../src/mesh/mesh-net.js';
 
 t.test('/hello answers the probe; other paths do not exist', async (t) => {
   const hello = await startHelloServer({ port: 0, host: '127.0.0.1', node: 'n1' });

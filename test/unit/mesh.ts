@@ -3,7 +3,7 @@
 // the bounded pool, results and node states, nodes added and removed.
 import t from 'tap';
 import { FakeClock } from '../helpers/fake-clock.js';
-import { HealthMesh, periodFor, type Outcome, type Probers } from '../../src/agent/mesh.js';
+import { HealthMesh, periodFor, type Outcome, type Probers } from '../../src/mesh/mesh.js';
 import type { Node } from '../../src/model/k8s.js';
 
 

@@ -1,6 +1,6 @@
 import t from 'tap';
 import { register as globalRegistry } from 'prom-client';
-import { AgentMetrics, startMetricsServer } from '../../src/agent/metrics.js';
+import { AgentMetrics, startMetricsServer } from '../../src/http/metrics.js';
 import { FakeView } from '../fakes/fake-view.js';
 
 /** The exposition's `# TYPE name type` lines. */

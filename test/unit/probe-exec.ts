@@ -1,4 +1,4 @@
-// The probe executors (src/agent/probe-exec.ts) against real servers on
+// The probe executors (src/probes/probe-exec.ts) against real servers on
 // loopback: HTTP and HTTPS (a self-signed certificate: no check, as
 // kubelet), status codes, headers, redirects to the same host only, a
 // bounded body, the abort signal; TCP handshakes; the gRPC mapping and the
@@ -20,8 +20,8 @@ import {
   tcpSocketExecutor,
   USER_AGENT,
   type GrpcHealthClient,
-} from '../../src/agent/probe-exec.js';
-import type { ProbeOutcome } from '../../src/agent/prober.js';
+} from '../../src/probes/probe-exec.js';
+import type { ProbeOutcome } from '../../src/probes/prober.js';
 import { PROBE_DEFAULTS, type HttpHeader, type ProbeTarget } from '../../src/model/probe.js';
 
 const LOOPBACK = '127.0.0.1';

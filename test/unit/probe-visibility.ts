@@ -3,7 +3,7 @@
 import t from 'tap';
 import { formatLbList, lbList } from '../../src/cli/commands/lb-list.js';
 import { formatServiceList, probeColumn } from '../../src/cli/commands/service-list.js';
-import type { FrontendStatus } from '../../src/agent/view.js';
+import type { FrontendStatus } from '../../src/http/view.js';
 import type { MapsDump } from '../../src/datapath/lbmaps.js';
 
 const probed: FrontendStatus = {

@@ -13,7 +13,7 @@ import t, { type Test } from 'tap';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { PROBE_CONCURRENCY } from '../../src/defaults.js';
+import { PROBE_CONCURRENCY } from '../../src/base/defaults.js';
 import type { ProbeHandler } from '../../src/model/probe.js';
 import { measureProbes, PROBE_HANDLERS, probeAddr, startProbeServers } from '../helpers/probe-scale.js';
 

@@ -1,11 +1,11 @@
-// The backend prober (src/agent/prober.ts) on a fake clock with scripted
+// The backend prober (src/probes/prober.ts) on a fake clock with scripted
 // executors, no sleeps: kubelet's counting at the thresholds, timeouts,
 // initial delay, start jitter, workers replaced on a probe change and
 // stopped on removal, one worker for a backend that services share, the
 // bounded pool, and the fail open / fail closed policy.
 import t from 'tap';
 import { FakeClock } from '../helpers/fake-clock.js';
-import { Prober, selectBackends, type Executor, type Executors, type ProbeOutcome, type ProbeState } from '../../src/agent/prober.js';
+import { Prober, selectBackends, type Executor, type Executors, type ProbeOutcome, type ProbeState } from '../../src/probes/prober.js';
 import { PROBE_DEFAULTS, type ProbeSpec, type ProbeTarget } from '../../src/model/probe.js';
 
 

@@ -1,10 +1,10 @@
-// healthCheckNodePort servers (src/agent/service-health.ts) on loopback:
+// healthCheckNodePort servers (src/http/service-health.ts) on loopback:
 // kube-proxy's answer byte for byte, its 200/503 rule, a taken port reported
 // by service and retried, and servers closed with their service.
 import http from 'node:http';
 import net from 'node:net';
 import t from 'tap';
-import { healthBody, ServiceHealthServers } from '../../src/agent/service-health.js';
+import { healthBody, ServiceHealthServers } from '../../src/http/service-health.js';
 
 async function freePort(): Promise<number> {
   const s = net.createServer();

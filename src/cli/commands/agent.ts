@@ -4,19 +4,19 @@ import path from 'node:path';
 import v8 from 'node:v8';
 import { pino, type Logger } from 'pino';
 import { Agent } from '../../agent/agent.js';
-import { MeshAgent } from '../../agent/mesh-agent.js';
+import { MeshAgent } from '../../mesh/mesh-agent.js';
 import type { Node } from '../../model/k8s.js';
-import { startApiServer } from '../../agent/api.js';
-import { Health, startHealthServer } from '../../agent/health.js';
-import { AgentMetrics, startMetricsServer } from '../../agent/metrics.js';
-import { ConfigError } from '../../errors.js';
+import { startApiServer } from '../../http/api.js';
+import { Health, startHealthServer } from '../../http/health.js';
+import { AgentMetrics, startMetricsServer } from '../../http/metrics.js';
+import { ConfigError } from '../../base/errors.js';
 import { cgroup2Root } from '../../datapath/loader.js';
 import { FileSource } from '../../sources/file.js';
-import { defaultExecutors } from '../../agent/probe-exec.js';
-import { GrpcJsHealthClient } from '../../agent/grpc-health.js';
+import { defaultExecutors } from '../../probes/probe-exec.js';
+import { GrpcJsHealthClient } from '../../probes/grpc-health.js';
 import type { Problem, Source } from '../../sources/source.js';
 
-import { DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, PROBE_CONCURRENCY, VERSION } from '../../defaults.js';
+import { DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, PROBE_CONCURRENCY, VERSION } from '../../base/defaults.js';
 import { parseCidrs } from '../../datapath/devices.js';
 import { DEFAULT_CONNTRACK, DEFAULT_SNAT_RETRIES, type PortRange } from '../../datapath/nodeport.js';
 import type { NodePortOptions } from '../../agent/nodeport.js';
@@ -323,7 +323,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
   const health: Health = new Health({
     view: agent,
     healthTimeoutMs: 2 * opts.syncPeriod,
-    // Every stall is logged and counted; /livez fails only for a loop that keeps stalling (health.ts, EventLoopMonitor).
+    // Every stall is logged and counted; /livez fails only for a loop that keeps stalling (src/http/health.ts, EventLoopMonitor).
     onEventLoopStall: (lagMs, recent) => {
       metrics.eventLoopStall(lagMs);
       log.warn({ stalledMs: Math.round(lagMs), stallsInWindow: recent }, 'event loop stalled');

@@ -1,6 +1,6 @@
 // `lbctl cleanup --kube-proxy`: kube-proxy's iptables chains and nftables
 // tables (src/host/kube-proxy-cleanup.ts); lbctl's own datapath is untouched.
-import { LbError } from '../../errors.js';
+import { LbError } from '../../base/errors.js';
 import { cleanupKubeProxy, formatReport, reportFailed } from '../../host/kube-proxy-cleanup.js';
 
 export function cleanupKubeProxyCommand(): void {

@@ -1,7 +1,7 @@
 // `lbctl bpf ct list` and `lbctl bpf nat list`: the tc datapath's flows and
 // SNAT translations, read straight from the pinned CT and NAT maps (the
 // agent need not run), one line per entry in Cilium's format, or a JSON array.
-import { ConfigError } from '../../errors.js';
+import { ConfigError } from '../../base/errors.js';
 import { openPinnedMaps } from '../../datapath/loader.js';
 import { ctLine, decodeCt, natLine, natRecords, type CtRecord } from '../../datapath/ct.js';
 

@@ -1,9 +1,9 @@
 // `lbctl health status`: the health mesh as this node's agent sees it,
 // shaped like `cilium-health status`. Exits 1 when a node is unreachable
 // (or the agent cannot be asked), so scripts can test it.
-import { apiGet } from '../../agent/api.js';
-import { LbError } from '../../errors.js';
-import type { MeshAddressStatus, MeshNodeStatus, MeshStatus } from '../../agent/mesh.js';
+import { apiGet } from '../../http/api.js';
+import { LbError } from '../../base/errors.js';
+import type { MeshAddressStatus, MeshNodeStatus, MeshStatus } from '../../mesh/mesh.js';
 
 function rtt(ms: number | undefined): string {
   if (ms === undefined) return '';

@@ -7,7 +7,7 @@ import { lb_node_addr_key } from '../../datapath/abi.gen.js';
 import { KernelMaglevMaps, tableShares } from '../../datapath/maglev-maps.js';
 import { maglevTableKey } from '../../reconcile/plan.js';
 import { ipFromBytes, uintToIpv4 } from '../../lb/addr.js';
-import { ConfigError } from '../../errors.js';
+import { ConfigError } from '../../base/errors.js';
 
 export { lbList, type LbListEntry, type NodeAddress };
 

@@ -2,9 +2,9 @@
 // next to those in the maps, read from the agent's API socket. Every frontend
 // where they disagree is flagged DRIFT, and then lbctl exits 1 (after printing
 // the whole list), so scripts can wait for the maps to converge.
-import { apiGet } from '../../agent/api.js';
-import type { FrontendStatus } from '../../agent/view.js';
-import { LbError } from '../../errors.js';
+import { apiGet } from '../../http/api.js';
+import type { FrontendStatus } from '../../http/view.js';
+import { LbError } from '../../base/errors.js';
 
 type Side = NonNullable<FrontendStatus['desired']>;
 

@@ -2,10 +2,10 @@
 // --brief prints OK or the failing checks, one per line, like
 // `cilium status --brief`. Both forms fail (exit 1) when anything fails or
 // the agent cannot be reached.
-import { apiGet, type AgentStatus, type GroupStatus } from '../../agent/api.js';
-import { formatDuration } from '../../agent/health.js';
+import { apiGet, type AgentStatus, type GroupStatus } from '../../http/api.js';
+import { formatDuration } from '../../http/health.js';
 import { sctpLine } from '../../datapath/sctp.js';
-import { LbError } from '../../errors.js';
+import { LbError } from '../../base/errors.js';
 
 /** Every failing check once (livez and readyz share some), then /healthz's verdict. */
 export function failingChecks(s: AgentStatus): string[] {

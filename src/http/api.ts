@@ -9,13 +9,13 @@ import http from 'node:http';
 import net from 'node:net';
 import { chmod, lstat, mkdir, mkdtemp, rename, rmdir, unlink } from 'node:fs/promises';
 import path from 'node:path';
-import type { MeshStatus } from './mesh.js';
-import { LbError } from '../errors.js';
+import type { MeshStatus } from '../mesh/mesh.js';
+import { LbError } from '../base/errors.js';
 import { Health, type CheckResult, type HealthOptions } from './health.js';
 import { closeServer } from './http.js';
 import type { AgentView, KernelStatus } from './view.js';
 
-import { DEFAULT_API_SOCKET } from '../defaults.js';
+import { DEFAULT_API_SOCKET } from '../base/defaults.js';
 export { DEFAULT_API_SOCKET };
 
 export interface GroupStatus {

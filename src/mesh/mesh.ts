@@ -18,8 +18,8 @@
 // The probes themselves are injected (Probers): the agent gives ICMP sockets
 // and HTTP, unit tests give fakes and a fake clock.
 import type { Node } from '../model/k8s.js';
-import { wallClock, type Clock } from './clock.js';
-import { Pool } from './pool.js';
+import { wallClock, type Clock } from '../base/clock.js';
+import { Pool } from '../base/pool.js';
 
 export type Path = 'icmp' | 'http';
 export const PATHS: readonly Path[] = ['icmp', 'http'];

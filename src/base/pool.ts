@@ -1,5 +1,5 @@
 // A bound on how many probes run at once, shared by all the workers of a
-// prober: the health mesh's (mesh.ts) and the backends' (prober.ts).
+// prober: the health mesh's (src/mesh/mesh.ts) and the backends' (src/probes/prober.ts).
 export class Pool {
   private readonly waiting: Array<() => void> = [];
   private active = 0;

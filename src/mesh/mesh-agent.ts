@@ -6,9 +6,20 @@
 import type { Logger } from 'pino';
 import type { Node } from '../model/k8s.js';
 import { IcmpProber } from './mesh-icmp.js';
-import { HealthMesh, type Outcome, type Path } from './mesh.js';
+import { HealthMesh, type MeshStatus, type Outcome, type Path } from './mesh.js';
 import { httpProbe, startHelloServer, type HelloServer } from './mesh-net.js';
-import type { AgentMetrics } from './metrics.js';
+
+/**
+ * Where the mesh's results go: the agent's metrics (AgentMetrics, which
+ * imports the mesh's types to export them), named here so that the mesh
+ * imports nothing of the servers.
+ */
+export interface MeshMetrics {
+  /** The mesh whose state the gauges read at scrape time. */
+  setMesh(status: () => MeshStatus, peerSeries: number): void;
+  /** Every probe's result. */
+  meshProbe(path: Path, outcome: Outcome, peer?: string): void;
+}
 
 export interface MeshAgentOptions {
   readonly self: string;
@@ -17,7 +28,7 @@ export interface MeshAgentOptions {
   readonly timeoutMs: number;
   readonly peerMetrics: number;
   readonly log: Logger;
-  readonly metrics?: AgentMetrics;
+  readonly metrics?: MeshMetrics;
 }
 
 export class MeshAgent {

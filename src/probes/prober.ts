@@ -26,12 +26,12 @@
 //     then, whatever the executor answers later.
 // Probes run through one pool of bounded concurrency shared by all workers;
 // nothing here blocks the agent's start, syncs or API. The clock and the
-// executors are injected (as in mesh.ts): unit tests use a fake clock.
+// executors are injected (as in src/mesh/mesh.ts): unit tests use a fake clock.
 import { probeKey, type ProbeSpec, type ProbeTarget } from '../model/probe.js';
-import { wallClock, type Clock } from './clock.js';
-import { Pool } from './pool.js';
+import { wallClock, type Clock } from '../base/clock.js';
+import { Pool } from '../base/pool.js';
 
-export type { Clock } from './clock.js';
+export type { Clock } from '../base/clock.js';
 
 export type ProbeState = 'unknown' | 'healthy' | 'quarantined';
 

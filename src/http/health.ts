@@ -11,7 +11,7 @@
 // belongs in livez only if a restart cures what fails it. The HTTP plumbing
 // shared with the other servers is in http.ts.
 import http from 'node:http';
-import { systemClock, type Clock } from './clock.js';
+import { systemClock, type Clock } from '../base/clock.js';
 import { closeServer, listen, send, type RunningServer } from './http.js';
 import type { AgentMetrics } from './metrics.js';
 import type { AgentView, CheckOutcome } from './view.js';
@@ -50,7 +50,7 @@ export interface HealthzReport {
 /** Go's zero time, which kube-proxy reports when it has never synced. */
 const ZERO_TIME = '0001-01-01T00:00:00Z';
 
-import { DEFAULT_HEALTH_PORT } from '../defaults.js';
+import { DEFAULT_HEALTH_PORT } from '../base/defaults.js';
 export { DEFAULT_HEALTH_PORT };
 export const DEFAULT_EVENT_LOOP_THRESHOLD_MS = 5_000;
 /** How long a stall counts against the eventloop check, and how many fail it (EventLoopMonitor). */

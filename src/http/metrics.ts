@@ -2,13 +2,13 @@
 // its name, help text and buckets (pkg/proxy/metrics/metrics.go), so its
 // dashboards and alerts keep working; the rest are lbctl_*. One Registry per
 // AgentMetrics, never prom-client's global one.
-import type { MeshStatus, Outcome } from './mesh.js';
+import type { MeshStatus, Outcome } from '../mesh/mesh.js';
 import http from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics, exponentialBuckets, linearBuckets } from 'prom-client';
 import { closeServer, listen, type RunningServer } from './http.js';
 import type { AgentView } from './view.js';
 
-import { DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT } from '../defaults.js';
+import { DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT } from '../base/defaults.js';
 export { DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT };
 /** kube-proxy's default --metrics-bind-address is 127.0.0.1:10249. */
 
@@ -85,7 +85,7 @@ export class AgentMetrics {
     this.endpointChanges = new Counter({ name: 'kubeproxy_sync_proxy_rules_endpoint_changes_total', help: 'Cumulative proxy rules Endpoint changes', registers });
     this.healthz = new Counter({ name: 'kubeproxy_proxy_healthz_total', help: 'Cumulative proxy healthz HTTP status', labelNames: ['code'], registers });
     this.livez = new Counter({ name: 'kubeproxy_proxy_livez_total', help: 'Cumulative proxy livez HTTP status', labelNames: ['code'], registers });
-    // The eventloop check's stalls (src/agent/health.ts), counted whether or not they failed /livez.
+    // The eventloop check's stalls (src/http/health.ts), counted whether or not they failed /livez.
     this.eventLoopStalls = new Counter({ name: 'lbctl_event_loop_stalls_total', help: "Stalls of the event loop longer than the eventloop check's threshold (5 s); /livez fails while 3 fall within 60 s", registers });
     this.eventLoopLastStall = new Gauge({ name: 'lbctl_event_loop_last_stall_seconds', help: 'How long the last stall of the event loop longer than the threshold lasted', registers });
     // lbctl's
@@ -117,7 +117,7 @@ export class AgentMetrics {
         for (const [reason, v] of Object.entries(counters)) datapath.inc({ reason }, Number(v));
       },
     });
-    // The health mesh (src/agent/mesh.ts): node counts and probe results.
+    // The health mesh (src/mesh/mesh.ts): node counts and probe results.
     // RTTs are one histogram per path for every peer together; per-peer
     // series exist only for the first --health-mesh-peer-metrics peers (by
     // name), so a 5,000-node cluster does not make 5,000 series per node.
