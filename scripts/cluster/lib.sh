@@ -1,0 +1,77 @@
+# shellcheck shell=bash
+# The cluster's settings and helpers, sourced by every script in scripts/cluster/ and by
+# test/cluster/. Each can be overridden from the environment
+# (docs/cluster.md, "Settings").
+
+CLUSTER_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+# The Kubernetes server binaries: a directory holding kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy and agnhost,
+# each either as NAME.xz or NAME, and a SHA256SUMS of the uncompressed files.
+# A current release's official binaries work the same (a directory of
+# uncompressed binaries and their sums).
+CLUSTER_K8S_DIR=${CLUSTER_K8S_DIR:-$CLUSTER_ROOT/../shared/kubernetes/v1.24.0-alpha.1}
+# Everything built or unpacked (binaries, certificates, images): made again
+# only when its input changes.
+CLUSTER_CACHE=${CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lbctl/cluster}
+# A running cluster's state: etcd's data, the nodes' containerd and kubelet
+# directories, logs, pids. Removed by cluster-down.
+CLUSTER_STATE=${CLUSTER_STATE:-/var/lib/lbctl-cluster}
+
+# Names on the host: network namespaces (/run/netns), cgroups (under each
+# hierarchy of /sys/fs/cgroup). Nothing else the cluster makes is visible in
+# the host's namespaces.
+CLUSTER_NAME=${CLUSTER_NAME:-lbctl-cluster}
+CLUSTER_NODES=(${CLUSTER_NODES:-node1 node2})
+
+# Addresses. The control plane's namespace holds the nodes' bridge and the
+# API server; node i is .(10+i) on it and owns pod CIDR 10.244.i.0/24.
+CLUSTER_NET_PREFIX=${CLUSTER_NET_PREFIX:-10.240.0}
+CLUSTER_APISERVER_IP=$CLUSTER_NET_PREFIX.1
+CLUSTER_APISERVER_PORT=${CLUSTER_APISERVER_PORT:-6443}
+CLUSTER_POD_CIDR=${CLUSTER_POD_CIDR:-10.244.0.0/16}
+CLUSTER_SERVICE_CIDR=${CLUSTER_SERVICE_CIDR:-10.96.0.0/16}
+CLUSTER_SERVICE_IP=10.96.0.1     # the kubernetes Service: the first address of CLUSTER_SERVICE_CIDR
+CLUSTER_DNS_IP=10.96.0.10
+CLUSTER_DOMAIN=cluster.local
+
+# Our own images, imported into each node's containerd (scripts/cluster/images.sh).
+CLUSTER_PAUSE_IMAGE=${CLUSTER_PAUSE_IMAGE:-lbctl.local/pause:1.0}
+CLUSTER_TEST_IMAGE=${CLUSTER_TEST_IMAGE:-lbctl.local/agnhost:1.0}
+
+# Node i (1-based) of CLUSTER_NODES.
+node_index() {
+  local i
+  for i in "${!CLUSTER_NODES[@]}"; do
+    [[ ${CLUSTER_NODES[$i]} == "$1" ]] && { echo $((i + 1)); return; }
+  done
+  return 1
+}
+node_ip() { echo "$CLUSTER_NET_PREFIX.$((10 + $(node_index "$1")))"; }
+node_pod_cidr() { echo "10.244.$(node_index "$1").0/24"; }
+node_netns() { echo "$CLUSTER_NAME-$1"; }
+CLUSTER_CP_NETNS=$CLUSTER_NAME
+
+# The cgroup v1 hierarchies (each mounted on its own, or several at one
+# mount point) and the cgroup2 mount, whatever the host's layout.
+cgroup_v1_mounts() { awk '$3 == "cgroup" { print $2 }' /proc/mounts; }
+cgroup_v2_mount() { awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts; }
+
+log() { echo "cluster: $*" >&2; }
+die() { echo "cluster: $*" >&2; exit 1; }
+
+# Processes the cluster started are recorded as "PID STARTTIME" in
+# $CLUSTER_STATE/pids/NAME: the start time (field 22 of /proc/PID/stat) tells
+# a recorded process from a later one that reuses its PID.
+proc_starttime() { awk '{ sub(/^.*\) /, ""); print $20 }' "/proc/$1/stat" 2>/dev/null; }
+record_pid() { # NAME PID
+  mkdir -p "$CLUSTER_STATE/pids"
+  echo "$2 $(proc_starttime "$2")" >"$CLUSTER_STATE/pids/$1"
+}
+# The recorded process NAME's PID, if it still runs.
+recorded_pid() {
+  local f=$CLUSTER_STATE/pids/$1 pid start
+  [[ -r $f ]] || return 1
+  read -r pid start <"$f"
+  [[ -n $pid && $(proc_starttime "$pid") == "$start" ]] && echo "$pid"
+}
