@@ -23,11 +23,13 @@ log "$node: pid $$, $(readlink /proc/self/ns/net), $(readlink /proc/self/ns/mnt)
 [[ $(readlink /proc/self/ns/net) != $(readlink /proc/1/ns/net) ]] || die "$node: not in a network namespace of its own"
 hostname "$node"
 
-# sysfs of this network namespace (/sys/class/net shows the node's devices),
-# with the host's cgroup mounts moved over from the old /sys, and a bpffs of
-# the node's own (pins of one node are invisible to the others and the host).
+# sysfs of this network namespace (/sys/class/net shows the node's devices)
+# in place of the host's /sys and what is mounted under it, with the host's
+# cgroup mounts carried over, and a bpffs of the node's own (pins of one node
+# are invisible to the others and to the host).
 mkdir -p "$dir/.cgroup"
 mount --rbind /sys/fs/cgroup "$dir/.cgroup"
+umount -l /sys
 mount -t sysfs sysfs /sys
 mount --move "$dir/.cgroup" /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf

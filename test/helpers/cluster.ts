@@ -1,0 +1,162 @@
+// The real cluster of scripts/cluster/ (docs/cluster.md) from the tests: its
+// settings, up and down, kubectl, commands on a node, and snapshots of what
+// the host must keep as it was (sysctls, iptables and nftables, the root
+// cgroups, the host's network and mounts).
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { ROOT } from './sandbox/run.js';
+
+export const SCRIPTS = path.join(ROOT, 'scripts/cluster');
+
+export interface ClusterSettings {
+  readonly name: string;
+  readonly state: string;
+  readonly cache: string;
+  readonly nodes: string[];
+  readonly cpNetns: string;
+  readonly cgroupV2: string;
+  readonly cgroupV1: string[];
+  readonly pauseImage: string;
+  readonly testImage: string;
+  /** node name → [node IP, pod CIDR, netns]. */
+  readonly node: Record<string, { ip: string; podCidr: string; netns: string }>;
+}
+
+/** The settings of scripts/cluster/lib.sh, environment overrides included. */
+export function clusterSettings(): ClusterSettings {
+  const out = execFileSync('bash', ['-c', `source ${SCRIPTS}/lib.sh
+    echo "$CLUSTER_NAME"; echo "$CLUSTER_STATE"; echo "$CLUSTER_CACHE"; echo "$CLUSTER_CP_NETNS"
+    echo "$(cgroup_v2_mount)"; echo $(cgroup_v1_mounts); echo "$CLUSTER_PAUSE_IMAGE"; echo "$CLUSTER_TEST_IMAGE"
+    echo "\${CLUSTER_NODES[*]}"
+    for n in "\${CLUSTER_NODES[@]}"; do echo "$n $(node_ip "$n") $(node_pod_cidr "$n") $(node_netns "$n")"; done`], { encoding: 'utf8' });
+  const [name, state, cache, cpNetns, cgroupV2, v1, pauseImage, testImage, nodes, ...rest] = out.trimEnd().split('\n');
+  const node: ClusterSettings['node'] = {};
+  for (const line of rest) {
+    const [n, ip, podCidr, netns] = line.split(' ');
+    node[n!] = { ip: ip!, podCidr: podCidr!, netns: netns! };
+  }
+  return { name: name!, state: state!, cache: cache!, cpNetns: cpNetns!, cgroupV2: cgroupV2!, cgroupV1: v1!.split(' ').filter(Boolean), pauseImage: pauseImage!, testImage: testImage!, nodes: nodes!.split(' '), node };
+}
+
+/** Runs a script of scripts/cluster/; its stderr goes to ours (the test's log). */
+export function clusterScript(script: string, args: readonly string[] = [], timeoutMs = 600_000): string {
+  return execFileSync('bash', [path.join(SCRIPTS, script), ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: timeoutMs });
+}
+
+/** kubectl against the cluster (scripts/cluster/kubectl.sh); throws with its stderr on failure. */
+export function kubectl(args: readonly string[], input?: string, timeoutMs = 60_000): string {
+  const r = spawnSync('bash', [path.join(SCRIPTS, 'kubectl.sh'), ...args], { encoding: 'utf8', input, timeout: timeoutMs });
+  if (r.status !== 0) throw new Error(`kubectl ${args.join(' ')}: exit ${r.status ?? r.signal}: ${r.stderr.trim()}`);
+  return r.stdout;
+}
+
+/** The pid of a process cluster-up recorded ($CLUSTER_STATE/pids/NAME), if it still runs. */
+export function recordedPid(s: ClusterSettings, name: string): number | undefined {
+  const r = spawnSync('bash', ['-c', `source ${SCRIPTS}/lib.sh; recorded_pid "$1"`, '-', name], { encoding: 'utf8' });
+  return r.status === 0 ? Number(r.stdout.trim()) : undefined;
+}
+
+/** A command in NODE's mount and network namespaces (those of its containerd). */
+export function onNode(s: ClusterSettings, node: string, cmd: readonly string[]): string {
+  const pid = recordedPid(s, `${node}-containerd`);
+  if (!pid) throw new Error(`${node}'s containerd is not running`);
+  return execFileSync('nsenter', ['-t', String(pid), '-m', '-n', '--', ...cmd], { encoding: 'utf8' });
+}
+
+// ------------------------------------------------------------ the host's state
+
+/** Sysctls that change by themselves (counters, random values). */
+const VOLATILE_SYSCTL = /^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr)|fs\.quota\.|kernel\.(ns_last_pid|random\.|pty\.nr)|net\.netfilter\.nf_conntrack_count)/;
+
+/** The root cgroups' settings: what kubelet, runc or a BPF loader would change there. */
+const ROOT_CGROUP_KNOBS = [
+  'cpu.shares', 'cpu.cfs_quota_us', 'cpu.cfs_period_us', 'cpu.rt_runtime_us', 'cpuset.cpus', 'cpuset.mems',
+  'cpuset.cpu_exclusive', 'memory.limit_in_bytes', 'memory.soft_limit_in_bytes', 'memory.swappiness',
+  'memory.use_hierarchy', 'memory.move_charge_at_immigrate', 'memory.memsw.limit_in_bytes', 'devices.list', 'pids.max',
+  'blkio.weight', 'cgroup.clone_children', 'notify_on_release', 'release_agent',
+  // cgroup2
+  'cgroup.subtree_control', 'cgroup.max.depth', 'cgroup.max.descendants', 'memory.max', 'cpu.max', 'pids.max',
+];
+
+export interface HostSnapshot {
+  readonly sysctls: Map<string, string>;
+  /** iptables-legacy, iptables-nft, ip6tables of both, nft: rules without counters or dates. */
+  readonly firewall: Map<string, string>;
+  /** "<mount>/<knob>" → value, and "<mount>/bpf" → the programs attached at the cgroup2 root. */
+  readonly rootCgroups: Map<string, string>;
+  /** Top-level cgroup directories, per mount. */
+  readonly cgroupDirs: Map<string, string[]>;
+  /** The host's network namespace: links (names and flags), addresses, routes, rules. */
+  readonly network: Map<string, string>;
+  /** The host mount namespace's mount points. */
+  readonly mounts: string[];
+}
+
+function tryRun(cmd: string, args: readonly string[]): string {
+  const r = spawnSync(cmd, args, { encoding: 'utf8' });
+  if (r.error) return `(${cmd}: ${r.error.message})`;
+  return `${r.stdout}${r.status === 0 ? '' : `(exit ${r.status}: ${r.stderr.trim()})`}`;
+}
+
+export function hostSnapshot(s: ClusterSettings): HostSnapshot {
+  const sysctls = new Map<string, string>();
+  for (const line of tryRun('sysctl', ['-a']).split('\n')) {
+    const m = /^(\S+) = (.*)$/.exec(line);
+    if (m && !VOLATILE_SYSCTL.test(m[1]!)) sysctls.set(m[1]!, m[2]!);
+  }
+  const firewall = new Map<string, string>();
+  for (const cmd of ['iptables-legacy-save', 'iptables-nft-save', 'ip6tables-legacy-save', 'ip6tables-nft-save']) {
+    firewall.set(cmd, tryRun(cmd, []).split('\n').filter((l) => !l.startsWith('#')).map((l) => l.replace(/\[\d+:\d+\]/g, '')).join('\n'));
+  }
+  firewall.set('nft', tryRun('nft', ['-s', 'list', 'ruleset']));
+
+  const rootCgroups = new Map<string, string>();
+  const cgroupDirs = new Map<string, string[]>();
+  for (const mount of [...s.cgroupV1, s.cgroupV2]) {
+    for (const knob of ROOT_CGROUP_KNOBS) {
+      const f = path.join(mount, knob);
+      if (existsSync(f)) rootCgroups.set(f, readFileSync(f, 'utf8'));
+    }
+    cgroupDirs.set(mount, readdirSync(mount, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name).sort());
+  }
+  rootCgroups.set(`${s.cgroupV2}/bpf`, tryRun('bpftool', ['cgroup', 'show', s.cgroupV2]));
+
+  const network = new Map<string, string>([
+    ['links', tryRun('ip', ['-o', 'link', 'show']).replace(/ link\/.*$/gm, '')],
+    ['addresses', tryRun('ip', ['-o', 'addr', 'show']).replace(/valid_lft.*$/gm, '')],
+    ['routes', tryRun('ip', ['route', 'show', 'table', 'all'])],
+    ['rules', tryRun('ip', ['rule', 'show'])],
+  ]);
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8').trimEnd().split('\n').map((l) => l.split(' ')[4]!);
+  return { sysctls, firewall, rootCgroups, cgroupDirs, network, mounts };
+}
+
+/**
+ * What differs between two snapshots, one line each. Top-level cgroups and
+ * mounts named lbctl-* other than the cluster's are other suites' sandboxes
+ * (tests run beside each other): only the cluster's own and others count.
+ */
+export function hostDiff(s: ClusterSettings, before: HostSnapshot, after: HostSnapshot): string[] {
+  const out: string[] = [];
+  const maps = (what: string, a: Map<string, string>, b: Map<string, string>): void => {
+    for (const [k, v] of a) if (b.get(k) !== v) out.push(`${what} ${k}: ${JSON.stringify(v).slice(0, 200)} -> ${JSON.stringify(b.get(k))?.slice(0, 200)}`);
+    for (const [k, v] of b) if (!a.has(k)) out.push(`${what} ${k}: new, ${JSON.stringify(v).slice(0, 200)}`);
+  };
+  maps('sysctl', before.sysctls, after.sysctls);
+  maps('firewall', before.firewall, after.firewall);
+  maps('root cgroup', before.rootCgroups, after.rootCgroups);
+  maps('host network', before.network, after.network);
+  const others = (name: string): boolean => name !== s.name && name.startsWith('lbctl-');
+  for (const [mount, dirs] of after.cgroupDirs) {
+    const was = new Set(before.cgroupDirs.get(mount));
+    for (const d of dirs) if (!was.has(d) && d !== s.name && !others(d)) out.push(`cgroup ${mount}/${d}: new`);
+  }
+  const was = new Set(before.mounts);
+  for (const m of after.mounts) {
+    if (was.has(m) || /\/lbctl-(test|demo|bench|verify)-/.test(m)) continue;
+    if (m.startsWith('/run/netns/') && path.basename(m).startsWith(s.name)) continue; // the cluster's own namespaces, checked apart
+    out.push(`host mount ${m}: new`);
+  }
+  return out;
+}
