@@ -29,7 +29,7 @@ TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 BUNDLE    := dist/bundle/lbctl.js
 
-.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup cluster-up cluster-down test-cluster
 
 all: build
 
@@ -238,6 +238,25 @@ bench-quick: build bench-deps
 	$(BENCH_NP_E2E) --quick --out bench/results-quick
 	$(BENCH_PROBES) --window 3 --out bench/results-quick
 	$(BENCH_RECORD) --out bench/results-quick
+
+# A Kubernetes cluster on this machine, in namespaces and cgroups of its own
+# (docs/cluster.md): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and two nodes (containerd, kubelet). The binaries come from
+# CLUSTER_K8S_DIR (../shared/kubernetes/v1.24.0-alpha.1); what is unpacked
+# or built is cached in ~/.cache/lbctl/cluster. scripts/cluster/kubectl.sh
+# is kubectl against it.
+cluster-up:
+	@bash scripts/bootstrap.sh --cluster
+	bash scripts/cluster/up.sh
+
+cluster-down:
+	bash scripts/cluster/down.sh
+
+# The suites against the real cluster (test/cluster/): each brings it up
+# and down itself.
+test-cluster: $(STAMP)
+	@bash scripts/bootstrap.sh --cluster
+	npx --no-install tap test/cluster
 
 cleanup:
 	./bin/lbctl cleanup

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what lbctl needs to build, test and demo (and, with --bench, to
-# benchmark; with --image, to build the container image), and only what is
-# missing.
+# benchmark; with --image, to build the container image; with --cluster, to
+# run the real cluster), and only what is missing.
 # Idempotent: a second run on a ready machine installs nothing and touches no
 # network. Debian packages first, then `npm ci` when node_modules is stale.
 set -euo pipefail
@@ -56,6 +56,26 @@ if [[ ${1:-} == --image ]]; then
   )
 fi
 
+# `make cluster-up` (scripts/cluster/, docs/cluster.md): etcd, containerd,
+# runc and the CNI plugins run the cluster; the Kubernetes binaries come
+# from ../shared/kubernetes. openssl makes its certificates; gcc, a static
+# busybox and umoci its pause and test images.
+if [[ ${1:-} == --cluster ]]; then
+  need+=(
+    "etcd:etcd-server"
+    "containerd:containerd"
+    "ctr:containerd"
+    "runc:runc"
+    "/usr/lib/cni/bridge:containernetworking-plugins"
+    "/usr/lib/cni/host-local:containernetworking-plugins"
+    "openssl:openssl"
+    "xz:xz-utils"
+    "cc:gcc"
+    "busybox:busybox-static"
+    "umoci:umoci"
+  )
+fi
+
 missing=()
 for pair in "${need[@]}"; do
   what=${pair%%:*} pkg=${pair#*:}
@@ -77,6 +97,14 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # etcd-server's and containerd's packages start their service where the
+  # machine lets them (no /usr/sbin/policy-rc.d denying it): the cluster
+  # runs its own in namespaces and needs none on the host.
+  if [[ ${1:-} == --cluster ]]; then
+    rc=0
+    [[ -x /usr/sbin/policy-rc.d ]] && { /usr/sbin/policy-rc.d etcd start >/dev/null 2>&1 || rc=$?; }
+    ((rc == 101)) || echo "bootstrap: the packages may have started etcd or containerd on the host; make cluster-up does not use them" >&2
+  fi
 fi
 
 # npm ci only when package-lock.json changed since the last install.

@@ -18,6 +18,8 @@ source "$here/lib.sh"
 for tool in umoci gcc busybox; do
   command -v "$tool" >/dev/null || die "$tool is missing (scripts/bootstrap.sh --cluster installs it)"
 done
+# busybox-static's: the image has no libc for a dynamic one.
+! ldd "$(command -v busybox)" >/dev/null 2>&1 || die "$(command -v busybox) is not static (Debian's busybox-static is)"
 bindir=$("$here/binaries.sh" agnhost)
 out=$CLUSTER_CACHE/images
 mkdir -p "$out"

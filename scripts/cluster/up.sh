@@ -13,8 +13,10 @@
 #
 # Every process it starts is recorded (pid and start time) in
 # $CLUSTER_STATE/pids; cluster-down stops those, then what is left in the
-# cluster's cgroups, and removes the rest. A failed start leaves everything
-# for cluster-down to remove (make cluster-up runs it on failure).
+# cluster's cgroups, and removes the rest. A failed start stops at the
+# first process that exits or does not become ready, and says which: what
+# was made stays for a look (the logs in $CLUSTER_STATE/logs) until
+# cluster-down.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
@@ -103,15 +105,29 @@ spawn() {
   record_pid "$name" $!
 }
 cpx() { nsenter --net="/run/netns/$cp_ns" "$@"; }
-# wait_for WHAT SECONDS CMD...: until CMD succeeds.
+# A recorded process that exited: the start has failed, say which and why.
+check_alive() {
+  local f name dead=()
+  for f in "$CLUSTER_STATE"/pids/*; do
+    name=${f##*/}
+    recorded_pid "$name" >/dev/null || dead+=("$name")
+  done
+  ((${#dead[@]})) || return 0
+  for name in "${dead[@]}"; do
+    tail -n 8 "$CLUSTER_STATE/logs/$name.log" 2>/dev/null | cut -c1-300 | sed "s/^/  $name: /" >&2 || true
+  done
+  die "exited: ${dead[*]} (logs in $CLUSTER_STATE/logs); make cluster-down removes what was made"
+}
+# wait_for WHAT SECONDS CMD...: until CMD succeeds, while every process runs.
 wait_for() {
   local what=$1 secs=$2 i
   shift 2
   for ((i = 0; i < secs * 5; i++)); do
     "$@" >/dev/null 2>&1 && return 0
+    ((i % 5)) || check_alive
     sleep 0.2
   done
-  die "$what not ready after ${secs} s (logs in $CLUSTER_STATE/logs)"
+  die "$what not ready after ${secs} s (logs in $CLUSTER_STATE/logs); make cluster-down removes what was made"
 }
 api_ok() {
   cpx curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
