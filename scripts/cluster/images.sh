@@ -6,8 +6,13 @@
 #   pause    CLUSTER_PAUSE_IMAGE: images/pause.c, static; the sandbox image
 #            every node's containerd names (sandbox_image)
 #   agnhost  CLUSTER_TEST_IMAGE: Kubernetes' agnhost (the shared binary, static)
-#            as /agnhost, the entrypoint, and busybox (static) for a shell,
-#            wget and nc
+#            as /agnhost, the entrypoint, and busybox (static) for a shell
+#            and nc
+#   kube-proxy  CLUSTER_KUBE_PROXY_IMAGE: the shared kube-proxy (static) and
+#            what it runs: iptables (its nft backend, as the nodes' own
+#            iptables is) and conntrack, with their libraries, from Debian
+#            bookworm's packages (mmdebstrap --variant=extract: files only,
+#            no maintainer scripts; the alternatives' links made here)
 #
 # Each is an OCI image layout made with umoci and tarred (an oci-archive),
 # its index naming the image (io.containerd.image.name), so that
@@ -15,12 +20,12 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
-for tool in umoci gcc busybox; do
+for tool in umoci gcc busybox mmdebstrap; do
   command -v "$tool" >/dev/null || die "$tool is missing (scripts/bootstrap.sh --cluster installs it)"
 done
 # busybox-static's: the image has no libc for a dynamic one.
 ! ldd "$(command -v busybox)" >/dev/null 2>&1 || die "$(command -v busybox) is not static (Debian's busybox-static is)"
-bindir=$("$here/binaries.sh" agnhost)
+bindir=$("$here/binaries.sh" agnhost kube-proxy)
 out=$CLUSTER_CACHE/images
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lbctl-cluster-images.XXXXXX")
@@ -81,3 +86,24 @@ agnhost_image() {
     --config.env PATH=/bin:/usr/bin
 }
 build agnhost "$CLUSTER_TEST_IMAGE" "$(sha256sum "$bindir/agnhost" "$(command -v busybox)")" agnhost_image
+
+kube_proxy_image() {
+  local root=$work/kube-proxy-root b
+  mkdir -p "$root"
+  # The machine's apt configuration is not read: the mirror is named here,
+  # the archive keys are the machine's debian-archive-keyring.
+  mmdebstrap --quiet --variant=extract --include=iptables,conntrack --format=tar \
+    --dpkgopt='path-exclude=/usr/share/*' --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*' \
+    bookworm "$work/kube-proxy-rootfs.tar" "deb ${LBCTL_DEBIAN_MIRROR:-http://deb.debian.org/debian} bookworm main"
+  tar -C "$root" -xf "$work/kube-proxy-rootfs.tar" --exclude='./dev/*' --exclude='./usr/share/*' \
+    --exclude='./usr/lib/x86_64-linux-gnu/gconv/*'
+  for b in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+    ln -sf xtables-nft-multi "$root/usr/sbin/$b"
+  done
+  mkdir -p "$root/usr/local/bin" "$root/run" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  install -m 755 "$bindir/kube-proxy" "$root/usr/local/bin/kube-proxy"
+  oci_archive "$1" "$2" "$root" --config.entrypoint /usr/local/bin/kube-proxy \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+}
+build kube-proxy "$CLUSTER_KUBE_PROXY_IMAGE" "$(sha256sum "$bindir/kube-proxy"; echo bookworm iptables conntrack)" kube_proxy_image

@@ -38,6 +38,7 @@ CLUSTER_DOMAIN=cluster.local
 # Our own images, imported into each node's containerd (scripts/cluster/images.sh).
 CLUSTER_PAUSE_IMAGE=${CLUSTER_PAUSE_IMAGE:-lbctl.local/pause:1.0}
 CLUSTER_TEST_IMAGE=${CLUSTER_TEST_IMAGE:-lbctl.local/agnhost:1.0}
+CLUSTER_KUBE_PROXY_IMAGE=${CLUSTER_KUBE_PROXY_IMAGE:-lbctl.local/kube-proxy:v1.24.0-alpha.1}
 
 # Node i (1-based) of CLUSTER_NODES.
 node_index() {
