@@ -59,7 +59,8 @@ fi
 # `make cluster-up` (scripts/cluster/, docs/cluster.md): etcd, containerd,
 # runc and the CNI plugins run the cluster; the Kubernetes binaries come
 # from ../shared/kubernetes. openssl makes its certificates; gcc, a static
-# busybox and umoci its pause and test images.
+# busybox, mmdebstrap (kube-proxy's iptables and conntrack) and umoci its
+# images.
 if [[ ${1:-} == --cluster ]]; then
   need+=(
     "etcd:etcd-server"
@@ -72,6 +73,7 @@ if [[ ${1:-} == --cluster ]]; then
     "xz:xz-utils"
     "cc:gcc"
     "busybox:busybox-static"
+    "mmdebstrap:mmdebstrap"
     "umoci:umoci"
   )
 fi
