@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cluster's own images, built without a container engine or registry
 # and cached: each archive's name holds a hash of its inputs, so it is built
-# again only when they change. Prints one archive path a line.
+# again only when they change. Prints one archive path a line, the pause
+# image's first (node.sh imports it before kubelet starts).
 #
 #   pause    CLUSTER_PAUSE_IMAGE: images/pause.c, static; the sandbox image
 #            every node's containerd names (sandbox_image)

@@ -58,7 +58,7 @@ CLUSTER_CP_NETNS=$CLUSTER_NAME
 cgroup_v1_mounts() { awk '$3 == "cgroup" { print $2 }' /proc/mounts; }
 cgroup_v2_mount() { awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts; }
 
-log() { echo "cluster: $*" >&2; }
+log() { echo "cluster: $(date +%T.%2N) $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
 # Processes the cluster started are recorded as "PID STARTTIME" in

@@ -2,7 +2,8 @@
 # One node: containerd and kubelet, run by up.sh in the node's own network
 # namespace, cgroup (enter.sh) and mount and UTS namespaces (unshare). This
 # script prepares the mount namespace, writes the node's configuration,
-# starts containerd, imports the images, starts kubelet, and waits; SIGTERM
+# starts containerd, imports the images (the pause image before kubelet
+# starts, the others while it registers), starts kubelet, and waits; SIGTERM
 # stops kubelet, then containerd. Everything mounted here lives only in the
 # node's mount namespace (private propagation) and goes with its last process.
 #
@@ -144,10 +145,12 @@ for _ in $(seq 1 100); do
   kill -0 "$containerd_pid" 2>/dev/null || die "$node: containerd exited (logs/$node-containerd.log)"
   sleep 0.1
 done
-for a in $CLUSTER_IMAGE_ARCHIVES; do
-  ctr --address /run/containerd/containerd.sock -n k8s.io images import "$a" >/dev/null
-done
-log "$node: images $(ctr --address /run/containerd/containerd.sock -n k8s.io images ls -q | tr '\n' ' ')"
+# The first archive is the sandbox image (images.sh prints it first): kubelet
+# needs it for the first pod. The others are imported while kubelet
+# registers; up.sh waits for images-ready.
+import_image() { ctr --address /run/containerd/containerd.sock -n k8s.io images import "$1" >/dev/null; }
+read -r -a archives <<<"$CLUSTER_IMAGE_ARCHIVES"
+import_image "${archives[0]}"
 
 # ---------------------------------------------------------------- kubelet
 cat >"$dir/kubelet.yaml" <<YAML
@@ -179,6 +182,10 @@ evictionHard: { memory.available: 100Mi, nodefs.available: 1%, nodefs.inodesFree
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+# How often kubelet checks its node's status; it writes it only when it
+# changed (or every nodeStatusReportFrequency, 5 min). At the default 10 s
+# the node's first status (not Ready: no PLEG relist yet) stood for 10 s.
+nodeStatusUpdateFrequency: 1s
 YAML
 "$CLUSTER_BIN/kubelet" --config="$dir/kubelet.yaml" --kubeconfig="$CLUSTER_PKI/$node.kubeconfig" \
   --container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
@@ -188,6 +195,9 @@ YAML
 kubelet_pid=$!
 record_pid "$node-kubelet" "$kubelet_pid"
 log "$node: containerd $containerd_pid, kubelet $kubelet_pid"
+for a in "${archives[@]:1}"; do import_image "$a"; done
+log "$node: images $(ctr --address /run/containerd/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | tr '\n' ' ')"
+touch "$dir/images-ready"
 wait -n "$containerd_pid" "$kubelet_pid" || true
 log "$node: containerd or kubelet exited"
 stop

@@ -190,6 +190,7 @@ for n in "${CLUSTER_NODES[@]}"; do
 done
 for n in "${CLUSTER_NODES[@]}"; do
   wait_for "node $n (Ready)" 120 k wait --for=condition=Ready "node/$n" --timeout=1s
+  wait_for "node $n (images)" 120 test -e "$CLUSTER_STATE/nodes/$n/images-ready"
 done
 log "cluster up in $(elapsed) s: ${CLUSTER_NODES[*]} Ready"
 log "kubectl: scripts/cluster/kubectl.sh get nodes (KUBECONFIG $CLUSTER_STATE/admin.kubeconfig, from netns $cp_ns)"
