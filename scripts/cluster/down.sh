@@ -87,6 +87,7 @@ kill_cgroup "$v2top"
 for m in $(cgroup_v1_mounts) $(cgroup_v2_mount); do
   top=$m/$CLUSTER_NAME
   [[ -d $top ]] || continue
+  # shellcheck disable=SC2046 # one PID a word
   [[ -z $(cgroup_procs "$top") ]] || { log "killing what is left in $top"; kill -KILL $(cgroup_procs "$top") 2>/dev/null || true; sleep 0.2; }
   find "$top" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   [[ ! -d $top ]] || log "could not remove $top: $(cgroup_procs "$top" | wc -l) processes left"

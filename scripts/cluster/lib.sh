@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # The cluster's settings and helpers, sourced by every script in scripts/cluster/ and by
 # test/cluster/. Each can be overridden from the environment
 # (docs/cluster.md, "Settings").
@@ -22,7 +22,7 @@ CLUSTER_STATE=${CLUSTER_STATE:-/var/lib/lbctl-cluster}
 # hierarchy of /sys/fs/cgroup). Nothing else the cluster makes is visible in
 # the host's namespaces.
 CLUSTER_NAME=${CLUSTER_NAME:-lbctl-cluster}
-CLUSTER_NODES=(${CLUSTER_NODES:-node1 node2})
+read -r -a CLUSTER_NODES <<<"${CLUSTER_NODES:-node1 node2}"
 
 # Addresses. The control plane's namespace holds the nodes' bridge and the
 # API server; node i is .(10+i) on it and owns pod CIDR 10.244.i.0/24.

@@ -16,6 +16,7 @@ rows=()
 total_rss=0 total_procs=0 total_cg=0
 for g in control-plane "${CLUSTER_NODES[@]}"; do
   rss=0 procs=0
+  # shellcheck disable=SC2044 # the files' contents, PIDs, not file names
   for pid in $(find "$v2/$CLUSTER_NAME/$g" -name cgroup.procs -exec cat {} + 2>/dev/null); do
     kb=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || continue
     rss=$((rss + ${kb:-0})) procs=$((procs + 1))

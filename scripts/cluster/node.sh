@@ -126,7 +126,6 @@ disabled_plugins = [
     conf_dir = "/etc/cni/net.d"
 TOML
 
-pids=()
 stop() {
   log "$node: stopping"
   [[ -z ${kubelet_pid:-} ]] || kill -TERM "$kubelet_pid" 2>/dev/null || true
