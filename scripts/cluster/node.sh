@@ -73,6 +73,13 @@ MP
 chmod 755 "$dir/modprobe"
 mount --bind "$dir/modprobe" "$(readlink -f /sbin/modprobe)"
 
+# Shared within the node, as a systemd host's mounts are: a pod's hostPath
+# with mountPropagation HostToContainer or Bidirectional (lbctl's bpffs
+# mount) needs its source on a shared mount (containerd refuses it on a
+# private one). The peer group is the node's own: everything above was made
+# private first, so nothing propagates to or from the host.
+mount --make-rshared /
+
 # The host's resolver is not the node's: no upstream DNS.
 echo "# lbctl cluster node $node: no upstream resolver" >"$dir/resolv.conf"
 

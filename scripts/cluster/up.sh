@@ -192,5 +192,8 @@ for n in "${CLUSTER_NODES[@]}"; do
   wait_for "node $n (Ready)" 120 k wait --for=condition=Ready "node/$n" --timeout=1s
   wait_for "node $n (images)" 120 test -e "$CLUSTER_STATE/nodes/$n/images-ready"
 done
+# Pods can be created once their namespace's default ServiceAccount is
+# (the controller-manager makes it, a moment after it starts).
+wait_for "the default ServiceAccount" 60 k -n default get serviceaccount default
 log "cluster up in $(elapsed) s: ${CLUSTER_NODES[*]} Ready"
 log "kubectl: scripts/cluster/kubectl.sh get nodes (KUBECONFIG $CLUSTER_STATE/admin.kubeconfig, from netns $cp_ns)"

@@ -4,6 +4,8 @@
 //     image, in a sandbox of our own pause image, Running and Ready, with an
 //     address of its node's pod CIDR, its cgroups under its node's subtree;
 //   - each pod reaches the other's HTTP server by pod IP, across the nodes;
+//   - a privileged pod's Bidirectional hostPath mount (lbctl's bpffs mount)
+//     reaches its node's bpffs, not the host's;
 //   - the host keeps its sysctls (kubelet wrote its six into the node's
 //     covering files), iptables and nftables, root cgroups, network and
 //     mounts, while the cluster runs and after;
@@ -88,6 +90,30 @@ if (!IS_ROOT) {
       t.match(reply, /^HTTP\/1\.0 200 OK/, `smoke-${from} reaches smoke-${to} at ${ips.get(to)}:8080`);
       t.equal(reply.split('\r\n\r\n')[1], `smoke-${to}`, `and smoke-${to} answers`);
     }
+  });
+
+  t.test('a pod\'s Bidirectional hostPath mount reaches its node, not the host', async (t) => {
+    // What lbctl's mount-bpf-fs init container does with /sys/fs/bpf; the
+    // node's bpffs is its own.
+    const node = s.nodes[0]!;
+    kubectl(['apply', '-f', '-'], JSON.stringify({
+      apiVersion: 'v1', kind: 'Pod',
+      metadata: { name: 'smoke-propagation' },
+      spec: {
+        nodeSelector: { 'kubernetes.io/hostname': node }, terminationGracePeriodSeconds: 1,
+        containers: [{
+          name: 'c', image: s.testImage, imagePullPolicy: 'Never', securityContext: { privileged: true },
+          command: ['sh', '-c', 'mkdir -p /host-bpf/smoke && mount -t tmpfs smoke /host-bpf/smoke && echo from-the-pod >/host-bpf/smoke/x && touch /ready && exec sleep 3600'],
+          readinessProbe: { exec: { command: ['cat', '/ready'] }, periodSeconds: 1 },
+          volumeMounts: [{ name: 'bpf', mountPath: '/host-bpf', mountPropagation: 'Bidirectional' }],
+        }],
+        volumes: [{ name: 'bpf', hostPath: { path: '/sys/fs/bpf' } }],
+      },
+    }));
+    kubectl(['wait', '--for=condition=Ready', 'pod/smoke-propagation', '--timeout=60s'], undefined, 70_000);
+    t.equal(onNode(s, node, ['cat', '/sys/fs/bpf/smoke/x']).trim(), 'from-the-pod', `${node} sees the pod's mount in its /sys/fs/bpf`);
+    t.notOk(existsSync('/sys/fs/bpf/smoke'), 'the host\'s /sys/fs/bpf does not');
+    kubectl(['delete', 'pod', 'smoke-propagation', '--wait=false']);
   });
 
   t.test('the host is untouched while the cluster runs', async (t) => {
