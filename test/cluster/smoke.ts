@@ -8,12 +8,14 @@
 //     reaches its node's bpffs, not the host's;
 //   - the host keeps its sysctls (kubelet wrote its six into the node's
 //     covering files), iptables and nftables, root cgroups, network and
-//     mounts, while the cluster runs and after;
+//     mounts, while the cluster runs and after, and nothing listens on the
+//     cluster's ports in the host's namespace;
 //   - `cluster-down` leaves no process, cgroup, network namespace, mount
 //     point or state behind.
 // The time to come up, and the cluster's memory (scripts/cluster/mem.sh),
 // are reported as comments.
 import t from 'tap';
+import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { clusterScript, clusterSettings, hostDiff, hostSnapshot, kubectl, onNode } from '../helpers/cluster.js';
@@ -26,6 +28,11 @@ if (!IS_ROOT) {
   const s = clusterSettings();
   if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
   const before = hostSnapshot(s);
+  // The cluster's ports: etcd, the API server, the controllers, kubelet.
+  const clusterPorts = [2379, 2380, 2381, 6443, 10248, 10250, 10257, 10259];
+  const hostListening = (): number[] => execFileSync('ss', ['-Hltn'], { encoding: 'utf8' }).split('\n')
+    .map((l) => Number(l.split(/\s+/)[3]?.split(':').pop())).filter((p) => clusterPorts.includes(p));
+  const listeningBefore = hostListening();
   // Mount points cluster-up makes unless they exist.
   const mountPoints = ['/var/lib/kubelet', '/var/lib/containerd', '/var/lib/cni', '/etc/cni/net.d', '/var/log/pods', '/var/log/containers'];
   const existedBefore = new Set(mountPoints.filter((d) => existsSync(d)));
@@ -128,6 +135,7 @@ if (!IS_ROOT) {
       t.notOk(existsSync(path.join(s.state, 'nodes', node, 'modprobe.log')), `${node}: nothing asked for a kernel module`);
     }
     for (const [k, v] of sysctlBefore) t.equal(readFileSync(`/proc/sys/${k.replace(/\./g, '/')}`, 'utf8').trim(), v, `the host's ${k} is still ${v}`);
+    t.same(hostListening(), listeningBefore, `nothing listens on the cluster's ports (${clusterPorts.join(', ')}) in the host's namespace`);
     const netns = readdirSync('/run/netns').filter((n) => n.startsWith('cni-'));
     t.same(netns, [], 'no pod network namespace is pinned in the host\'s /run/netns');
     t.comment(clusterScript('mem.sh').trimEnd());
