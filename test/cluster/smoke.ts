@@ -16,7 +16,7 @@
 // are reported as comments.
 import t from 'tap';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { clusterScript, clusterSettings, hostDiff, hostSnapshot, kubectl, onNode } from '../helpers/cluster.js';
 
@@ -86,6 +86,9 @@ if (!IS_ROOT) {
       // Every hierarchy, cgroup2 included, puts the pod under its node's subtree.
       const cgroups = kubectl(['exec', `smoke-${node}`, '--', 'cat', '/proc/self/cgroup']).trim().split('\n');
       t.ok(cgroups.length > 0 && cgroups.every((l) => l.split(':')[2]!.startsWith(`/${s.name}/${node}/kubepods/`)), `smoke-${node}'s cgroups are under /${s.name}/${node}/kubepods`, { found: cgroups });
+      // The node's cgroup2 subtree, where lbctl's socket hooks will attach, at its own path in the node.
+      t.equal(Number(onNode(s, node, ['stat', '-c', '%i', '/run/lbctl-cluster/cgroup2']).trim()), statSync(path.join(s.cgroupV2, s.name, node)).ino,
+        `${node}'s /run/lbctl-cluster/cgroup2 is its cgroup2 subtree`);
       // The sandbox is our pause image.
       const sandboxes = onNode(s, node, ['ctr', '--address', '/run/containerd/containerd.sock', '-n', 'k8s.io', 'containers', 'ls']);
       t.ok(sandboxes.split('\n').some((l) => l.split(/\s+/)[1] === s.pauseImage), `${node}'s sandboxes run ${s.pauseImage}`, { found: sandboxes });
