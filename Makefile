@@ -5,6 +5,12 @@
 .SECONDARY:
 SHELL := /bin/bash
 
+# Node.js 24 in its private prefix (scripts/node.env; scripts/bootstrap.sh
+# installs it): first on PATH for every recipe, so node, npm, npx, tap,
+# node-gyp and bin/lbctl run on it and never on a Node the machine has.
+include scripts/node.env
+export PATH := $(LBCTL_NODE_PREFIX)/bin:$(PATH)
+
 CLANG     ?= clang
 BPFTOOL   ?= $(shell command -v bpftool || echo /usr/sbin/bpftool)
 ARCH_INC  := /usr/include/$(shell gcc -dumpmachine)
@@ -100,8 +106,13 @@ $(OUT):
 
 native: $(NATIVE)
 
-$(NATIVE): binding.gyp $(wildcard native/*.cc native/*.h) $(STAMP)
-	npx --no-install node-gyp rebuild --silent
+# Against the headers of the Node.js that runs it (include/node in its
+# prefix): no download, and a Node.js bump (scripts/node.env) rebuilds it.
+# node-gyp lets an npm_config_nodedir in its environment override its
+# --nodedir flag, and npx exports one from an npmrc's nodedir (a machine's
+# ~/.npmrc may name Debian's /usr): so the variable, not the flag.
+$(NATIVE): binding.gyp $(wildcard native/*.cc native/*.h) $(STAMP) scripts/node.env
+	npm_config_nodedir=$(LBCTL_NODE_PREFIX) npx --no-install node-gyp rebuild --silent
 
 ts: dist/.stamp $(BUNDLE)
 
@@ -121,7 +132,7 @@ dist/.stamp: $(TS_SRCS) tsconfig.json $(STAMP)
 # them the source is 2.7 MB of ASCII; the build fails if a character above
 # U+007F comes back (escape it in the source: \u00b5).
 $(BUNDLE): dist/.stamp
-	npx --no-install esbuild dist/cli/main.js --bundle --platform=node --format=esm --target=node20 \
+	npx --no-install esbuild dist/cli/main.js --bundle --platform=node --format=esm --target=node24 \
 	  --minify-whitespace --sourcemap --log-level=warning --outfile=$@ \
 	  --banner:js="import { createRequire as lbctlCreateRequire } from 'node:module'; const require = lbctlCreateRequire(import.meta.url);"
 	@node scripts/check-ascii.mjs $@ || { rm -f $@; exit 1; }
