@@ -392,7 +392,7 @@ export function logMemoryBudget(log: Pick<Logger, 'info' | 'warn'>): void {
   const limit = process.constrainedMemory?.() ?? 0;
   const heapLimit = v8.getHeapStatistics().heap_size_limit;
   const mib = (b: number): number => Math.round(b / 2 ** 20);
-  // libuv answers 0 or (on Node 20) 2^64 when no limit is set.
+  // libuv answers 0, or 2^64 under cgroup v1 (Node 20 and 24 alike), when no limit is set.
   if (!limit || limit >= 2 ** 60) {
     log.info({ heapLimitMiB: mib(heapLimit) }, 'no memory limit (cgroup); V8 heap capped at its default');
     return;
