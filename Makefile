@@ -29,7 +29,10 @@ BPF_TEST_SRCS := $(wildcard bpf/tests/*.c)
 BPF_TEST_OBJS := $(patsubst bpf/tests/%.c,$(OUT)/tests/%.bpf.o,$(BPF_TEST_SRCS))
 # No vmlinux.h: the socket hooks need only UAPI (linux-libc-dev) and libbpf
 # headers, which keeps one object loadable on every kernel we test.
-BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf
+# -ffile-prefix-map: the debug info names sources relative to the checkout,
+# so an object's bytes, and so its build id in `lbctl version` (the SHA-256
+# of the file), depend on the sources and clang, not on where the checkout is.
+BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf -ffile-prefix-map=$(CURDIR)=.
 NATIVE    := build/Release/lb_native.node
 TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
