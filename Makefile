@@ -134,9 +134,22 @@ dist/.stamp: $(TS_SRCS) tsconfig.json $(STAMP)
 # keep all 4 MB of the source at two bytes a character: 7.8 MiB. Without
 # them the source is 2.7 MB of ASCII; the build fails if a character above
 # U+007F comes back (escape it in the source: \u00b5).
-$(BUNDLE): dist/.stamp
+#
+# The commit is baked in (`lbctl version`; the image has no .git): HEAD, with
+# -dirty when tracked files differ from it, or LBCTL_COMMIT for a build
+# without git (the Dockerfile's). dist/commit is rewritten, when make reads
+# this file, only if that changed: the bundle follows HEAD, and make -q still
+# says whether anything is stale.
+COMMIT_FILE := dist/commit
+ifndef LBCTL_COMMIT
+LBCTL_COMMIT := $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null || c=$$c-dirty; echo $$c; } || echo unknown)
+endif
+$(shell mkdir -p dist && { [ "$$(cat $(COMMIT_FILE) 2>/dev/null)" = "$(LBCTL_COMMIT)" ] || echo "$(LBCTL_COMMIT)" >$(COMMIT_FILE); })
+
+$(BUNDLE): dist/.stamp $(COMMIT_FILE)
 	npx --no-install esbuild dist/cli/main.js --bundle --platform=node --format=esm --target=node24 \
 	  --minify-whitespace --sourcemap --log-level=warning --outfile=$@ \
+	  --define:__LBCTL_COMMIT__='"$(shell cat $(COMMIT_FILE))"' \
 	  --banner:js="import { createRequire as lbctlCreateRequire } from 'node:module'; const require = lbctlCreateRequire(import.meta.url);"
 	@node scripts/check-ascii.mjs $@ || { rm -f $@; exit 1; }
 
