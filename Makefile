@@ -170,7 +170,8 @@ check-gen: $(BPF_OBJS)
 VERSION   := $(shell node -p "require('./package.json').version" 2>/dev/null)
 IMAGE     := build/image/lbctl-$(VERSION).oci.tar
 # What the image ships in /opt/lbctl; the Dockerfile COPYs the same paths
-# (test/deploy/image.ts compares). package.json marks the ESM bundle as a
+# (test/deploy/image.ts compares), and build.sh adds the node binary of
+# LBCTL_NODE_PREFIX as /opt/lbctl/node/bin/node. package.json marks the ESM bundle as a
 # module; bin/lbctl is the CLI for `kubectl exec`. The agent loads these five
 # objects (src/datapath/{loader,features,nodeport,terminate}.ts); abi.bpf.o
 # and the test objects never are. No node_modules: the bundle is
@@ -179,7 +180,7 @@ IMAGE_FILES := package.json bin/lbctl $(BUNDLE) $(NATIVE) $(addprefix $(OUT)/,so
 
 image: build $(IMAGE)
 
-$(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES)
+$(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES) scripts/node.env $(LBCTL_NODE_PREFIX)/bin/node
 	@bash scripts/bootstrap.sh --image
 	bash scripts/image/build.sh $@ $(IMAGE_FILES)
 
