@@ -6,8 +6,9 @@
 // bytes after the file changes, and its rows are marked as differing from
 // the client's. With the agent gone, the command still answers (exit 0) and
 // says why there is no agent column.
+import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { copyFileSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import t from 'tap';
@@ -66,6 +67,16 @@ t.test('client and agent side by side: the same build, on Node.js ' + NODE_VERSI
   const bare = await run('env', ['PATH=/usr/sbin:/usr/bin:/sbin:/bin', LBCTL, 'version', '--client', '-o', 'json'], CLI_TIMEOUT_MS);
   t.equal(bare.code, 0, `without the prefix on PATH${bare.code === 0 ? '' : `: ${bare.stderr}`}`);
   t.equal((JSON.parse(bare.stdout) as VersionReport).client.node, `v${NODE_VERSION}`, 'bin/lbctl still runs the Node.js of scripts/node.env');
+
+  // LBCTL_NODE runs another node (make bench's other runtime): the machine's, when it has another.
+  const other = existsSync('/usr/bin/node') ? execFileSync('/usr/bin/node', ['--version'], { encoding: 'utf8' }).trim() : undefined;
+  if (other === undefined || other === `v${NODE_VERSION}`) {
+    t.comment(`LBCTL_NODE not tried: ${other === undefined ? 'no /usr/bin/node' : `/usr/bin/node is ${other} too`}`);
+  } else {
+    const alt = await run('env', ['LBCTL_NODE=/usr/bin/node', LBCTL, 'version', '--client', '-o', 'json'], CLI_TIMEOUT_MS);
+    t.equal(alt.code, 0, `LBCTL_NODE=/usr/bin/node${alt.code === 0 ? '' : `: ${alt.stderr}`}`);
+    t.equal((JSON.parse(alt.stdout) as VersionReport).client.node, other, `runs /usr/bin/node (${other}), and the addon loads there too`);
+  }
 });
 
 t.test("an agent on another object names the bytes it loaded, marked; gone, it is said so", async (t) => {
