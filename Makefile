@@ -38,7 +38,7 @@ TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 BUNDLE    := dist/bundle/lbctl.js
 
-.PHONY: all build bootstrap bpf native ts gen check-gen typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup
+.PHONY: all build bootstrap bpf native ts gen check-gen typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-runtimes bench-deps clean cleanup
 
 all: build
 
@@ -247,6 +247,17 @@ bench: build bench-deps
 	$(BENCH_NP_TC)
 	$(BENCH_NP_E2E)
 	$(BENCH_PROBES)
+
+# The scale rows on two Node.js runtimes, alternated (bench/runtimes.ts):
+# scripts/node.env's and BENCH_OTHER_NODE's. Results:
+# bench/results/runtimes.{json,md}. BENCH_LOCK=FILE runs each bench under
+# flock on FILE; BENCH_RUNTIMES_ARGS: --rounds, --sizes, --work.
+BENCH_OTHER_NODE ?= /usr/bin/node
+bench-runtimes: build bench-deps
+	TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import $(CURDIR)/bench/runtimes.ts \
+	  --runtime node$$($(BENCH_OTHER_NODE) -p 'process.versions.node.split(".")[0]')=$(BENCH_OTHER_NODE) \
+	  --runtime node$$(node -p 'process.versions.node.split(".")[0]')=$(LBCTL_NODE_PREFIX)/bin/node \
+	  $(if $(BENCH_LOCK),--lock $(BENCH_LOCK)) $(BENCH_RUNTIMES_ARGS)
 
 bench-quick: build bench-deps
 	$(BENCH_RUN) --quick --out bench/results-quick $(BENCH_ARGS)
