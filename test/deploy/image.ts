@@ -350,7 +350,10 @@ t.test("the image's lbctl version loads the addon against the image's libbpf", a
   const lines = stdout.split('\n');
   t.equal(lines[0], `lbctl ${VERSION} (libbpf ${libbpf}, node v${NODE_ENV.LBCTL_NODE_VERSION})`, 'prints the image versions');
   t.match(stdout, /^ +CLIENT$/m, 'no agent runs in there: the client column only');
-  t.match(stdout, new RegExp(`^commit +${readFileSync(path.join(ROOT, 'dist/commit'), 'utf8').trim().replace(/^([0-9a-f]{12})[0-9a-f]{28}/, '$1')}$`, 'm'), 'the commit baked into the bundle (the image has no .git)');
+  // The commit baked into the bundle (the image has no .git): the one this checkout's bundle names.
+  const host = JSON.parse(execFileSync(path.join(ROOT, 'bin/lbctl'), ['version', '--client', '-o', 'json'], { encoding: 'utf8' })) as { client: { commit: string } };
+  t.match(host.client.commit, /^[0-9a-f]{40}(-dirty)?$/);
+  t.match(stdout, new RegExp(`^commit +${host.client.commit.replace(/^([0-9a-f]{12})[0-9a-f]{28}/, '$1')}$`, 'm'), `the commit baked into the bundle (${host.client.commit})`);
   const sha = (f: string): string => createHash('sha256').update(readFileSync(f)).digest('hex').slice(0, 12);
   for (const obj of objectsTheAgentLoads()) {
     t.match(stdout, new RegExp(`^${path.basename(obj).replace(/\./g, '\\.')} +${sha(path.join(ROOT, obj))}$`, 'm'), `${path.basename(obj)}: this checkout's build id`);
