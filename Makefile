@@ -5,6 +5,12 @@
 .SECONDARY:
 SHELL := /bin/bash
 
+# Node.js 24 in its private prefix (scripts/node.env; scripts/bootstrap.sh
+# installs it): first on PATH for every recipe, so node, npm, npx, tap,
+# node-gyp and bin/lbctl run on it and never on a Node the machine has.
+include scripts/node.env
+export PATH := $(LBCTL_NODE_PREFIX)/bin:$(PATH)
+
 CLANG     ?= clang
 BPFTOOL   ?= $(shell command -v bpftool || echo /usr/sbin/bpftool)
 ARCH_INC  := /usr/include/$(shell gcc -dumpmachine)
@@ -23,13 +29,16 @@ BPF_TEST_SRCS := $(wildcard bpf/tests/*.c)
 BPF_TEST_OBJS := $(patsubst bpf/tests/%.c,$(OUT)/tests/%.bpf.o,$(BPF_TEST_SRCS))
 # No vmlinux.h: the socket hooks need only UAPI (linux-libc-dev) and libbpf
 # headers, which keeps one object loadable on every kernel we test.
-BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf
+# -ffile-prefix-map: the debug info names sources relative to the checkout,
+# so an object's bytes, and so its build id in `lbctl version` (the SHA-256
+# of the file), depend on the sources and clang, not on where the checkout is.
+BPF_CFLAGS := -O2 -g -target bpf -Wall -Werror -I$(ARCH_INC) -Ibpf -ffile-prefix-map=$(CURDIR)=.
 NATIVE    := build/Release/lb_native.node
 TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 BUNDLE    := dist/bundle/lbctl.js
 
-.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-deps clean cleanup cluster-up cluster-down test-cluster
+.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-runtimes bench-deps clean cleanup cluster-up cluster-down test-cluster
 
 all: build
 
@@ -100,8 +109,13 @@ $(OUT):
 
 native: $(NATIVE)
 
-$(NATIVE): binding.gyp $(wildcard native/*.cc native/*.h) $(STAMP)
-	npx --no-install node-gyp rebuild --silent
+# Against the headers of the Node.js that runs it (include/node in its
+# prefix): no download, and a Node.js bump (scripts/node.env) rebuilds it.
+# node-gyp lets an npm_config_nodedir in its environment override its
+# --nodedir flag, and npx exports one from an npmrc's nodedir (a machine's
+# ~/.npmrc may name Debian's /usr): so the variable, not the flag.
+$(NATIVE): binding.gyp $(wildcard native/*.cc native/*.h) $(STAMP) scripts/node.env
+	npm_config_nodedir=$(LBCTL_NODE_PREFIX) npx --no-install node-gyp rebuild --silent
 
 ts: dist/.stamp $(BUNDLE)
 
@@ -120,9 +134,22 @@ dist/.stamp: $(TS_SRCS) tsconfig.json $(STAMP)
 # keep all 4 MB of the source at two bytes a character: 7.8 MiB. Without
 # them the source is 2.7 MB of ASCII; the build fails if a character above
 # U+007F comes back (escape it in the source: \u00b5).
-$(BUNDLE): dist/.stamp
-	npx --no-install esbuild dist/cli/main.js --bundle --platform=node --format=esm --target=node20 \
+#
+# The commit is baked in (`lbctl version`; the image has no .git): HEAD, with
+# -dirty when tracked files differ from it, or LBCTL_COMMIT for a build
+# without git (the Dockerfile's). dist/commit is rewritten, when make reads
+# this file, only if that changed: the bundle follows HEAD, and make -q still
+# says whether anything is stale.
+COMMIT_FILE := dist/commit
+ifndef LBCTL_COMMIT
+LBCTL_COMMIT := $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null || c=$$c-dirty; echo $$c; } || echo unknown)
+endif
+$(shell mkdir -p dist && { [ "$$(cat $(COMMIT_FILE) 2>/dev/null)" = "$(LBCTL_COMMIT)" ] || echo "$(LBCTL_COMMIT)" >$(COMMIT_FILE); })
+
+$(BUNDLE): dist/.stamp $(COMMIT_FILE)
+	npx --no-install esbuild dist/cli/main.js --bundle --platform=node --format=esm --target=node24 \
 	  --minify-whitespace --sourcemap --log-level=warning --outfile=$@ \
+	  --define:__LBCTL_COMMIT__='"$(shell cat $(COMMIT_FILE))"' \
 	  --banner:js="import { createRequire as lbctlCreateRequire } from 'node:module'; const require = lbctlCreateRequire(import.meta.url);"
 	@node scripts/check-ascii.mjs $@ || { rm -f $@; exit 1; }
 
@@ -143,7 +170,8 @@ check-gen: $(BPF_OBJS)
 VERSION   := $(shell node -p "require('./package.json').version" 2>/dev/null)
 IMAGE     := build/image/lbctl-$(VERSION).oci.tar
 # What the image ships in /opt/lbctl; the Dockerfile COPYs the same paths
-# (test/deploy/image.ts compares). package.json marks the ESM bundle as a
+# (test/deploy/image.ts compares), and build.sh adds the node binary of
+# LBCTL_NODE_PREFIX as /opt/lbctl/node/bin/node. package.json marks the ESM bundle as a
 # module; bin/lbctl is the CLI for `kubectl exec`. The agent loads these five
 # objects (src/datapath/{loader,features,nodeport,terminate}.ts); abi.bpf.o
 # and the test objects never are. No node_modules: the bundle is
@@ -152,7 +180,7 @@ IMAGE_FILES := package.json bin/lbctl $(BUNDLE) $(NATIVE) $(addprefix $(OUT)/,so
 
 image: build $(IMAGE)
 
-$(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES)
+$(IMAGE): Dockerfile scripts/image/build.sh $(IMAGE_FILES) scripts/node.env $(LBCTL_NODE_PREFIX)/bin/node
 	@bash scripts/bootstrap.sh --image
 	bash scripts/image/build.sh $@ $(IMAGE_FILES)
 
@@ -230,6 +258,17 @@ bench: build bench-deps
 	$(BENCH_NP_E2E)
 	$(BENCH_PROBES)
 	$(BENCH_RECORD)
+
+# The scale rows on two Node.js runtimes, alternated (bench/runtimes.ts):
+# scripts/node.env's and BENCH_OTHER_NODE's. Results:
+# bench/results/runtimes.{json,md}. BENCH_LOCK=FILE runs each bench under
+# flock on FILE; BENCH_RUNTIMES_ARGS: --rounds, --sizes, --work.
+BENCH_OTHER_NODE ?= /usr/bin/node
+bench-runtimes: build bench-deps
+	TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import $(CURDIR)/bench/runtimes.ts \
+	  --runtime node$$($(BENCH_OTHER_NODE) -p 'process.versions.node.split(".")[0]')=$(BENCH_OTHER_NODE) \
+	  --runtime node$$(node -p 'process.versions.node.split(".")[0]')=$(LBCTL_NODE_PREFIX)/bin/node \
+	  $(if $(BENCH_LOCK),--lock $(BENCH_LOCK)) $(BENCH_RUNTIMES_ARGS)
 
 bench-quick: build bench-deps
 	$(BENCH_RUN) --quick --out bench/results-quick $(BENCH_ARGS)

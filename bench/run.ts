@@ -57,6 +57,8 @@ interface Plan {
   readonly memoryLimit: number;
   /** lbctl: periodic full resyncs timed per point up to this N (an agent of its own with a short sync period). */
   readonly resyncMax: number;
+  /** lbctl: the datapath and rev-NAT profiles after the points (kernel.bpf_stats_enabled). */
+  readonly profiles: boolean;
 }
 
 function parse(): Plan {
@@ -71,8 +73,9 @@ function parse(): Plan {
     .option('--profile-only', 'add the datapath profile to the results already in --out, and rewrite the report')
     .option('--memory-limit <bytes>', "the agent's memory limit in bytes, set as a cgroup's (0: none; default: deploy/base's DaemonSet limits.memory)")
     .option('--resync-max <n>', 'largest N at which periodic resyncs are timed')
+    .option('--no-profiles', 'leave out the datapath and rev-NAT profiles (they turn the kernel-wide kernel.bpf_stats_enabled on for a while)')
     .parse()
-    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string; profileOnly?: boolean; memoryLimit?: string; resyncMax?: string }>();
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string; profileOnly?: boolean; memoryLimit?: string; resyncMax?: string; profiles: boolean }>();
   const quick = Boolean(o.quick);
   const list = (s: string): number[] => s.split(',').map((x) => Number(x.replace(/_/g, '')));
   const modes = (o.modes?.split(',') ?? [...MODES]) as Mode[];
@@ -92,6 +95,7 @@ function parse(): Plan {
     profileOnly: Boolean(o.profileOnly),
     memoryLimit: o.memoryLimit !== undefined ? Number(o.memoryLimit) : daemonSetMemoryLimit(),
     resyncMax: Number(o.resyncMax ?? 10_000),
+    profiles: o.profiles,
   };
 }
 
@@ -660,7 +664,7 @@ async function main(): Promise<void> {
   } finally {
     run.close();
   }
-  if (plan.modes.includes('lbctl')) {
+  if (plan.modes.includes('lbctl') && plan.profiles) {
     process.stderr.write('datapath profile: kernel.bpf_stats_enabled during 20,000 connects through lbctl\n');
     results.datapathProfile = await datapathProfile(plan);
     process.stderr.write('socket rev-NAT write: the old build against the current one, kernel.bpf_stats_enabled\n');

@@ -3,7 +3,9 @@
 # benchmark; with --image, to build the container image; with --cluster, to
 # run the real cluster), and only what is missing.
 # Idempotent: a second run on a ready machine installs nothing and touches no
-# network. Debian packages first, then `npm ci` when node_modules is stale.
+# network. Debian packages first, then Node.js 24 into its private prefix
+# (scripts/install-node.sh, scripts/node.env; a Node the machine has stays
+# untouched and unused), then `npm ci` with it when node_modules is stale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +21,8 @@ need=(
   "ip:iproute2"
   "tc:iproute2"
   "curl:curl"
+  # scripts/install-node.sh downloads Node.js over https (curl only recommends them)
+  "/etc/ssl/certs/ca-certificates.crt:ca-certificates"
   "dig:dnsutils"
   "dnsmasq:dnsmasq-base"
   "socat:socat"
@@ -108,6 +112,12 @@ if ((${#missing[@]})); then
     ((rc == 101)) || echo "bootstrap: the packages may have started etcd or containerd on the host; make cluster-up does not use them" >&2
   fi
 fi
+
+# Node.js: the version of scripts/node.env in its own prefix; the Makefile
+# puts LBCTL_NODE_PREFIX/bin first on PATH, and so does this script for npm ci.
+bash scripts/install-node.sh
+. scripts/node.env
+export PATH=$LBCTL_NODE_PREFIX/bin:$PATH
 
 # npm ci only when package-lock.json changed since the last install.
 if [[ -f package-lock.json ]]; then

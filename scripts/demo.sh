@@ -102,7 +102,8 @@ if ! awk '$2 == "/sys/fs/bpf" && $3 == "bpf" { found = 1 } END { exit !found }' 
 fi
 # Leftovers of demo or test runs that died without tearing down (owner gone).
 bash "$ROOT/scripts/sandbox-cleanup.sh" | grep -v '^removed 0 ' | sed 's/^/   /' || true
-note "$("$LBCTL" version)"
+# lbctl version --client: its first line (the rest: the Node.js, V8, kernel, commit and build ids).
+note "$("$LBCTL" version --client | sed -n 1p)"
 note "run id $RUN; cgroup $CGROUP; bpf root $BPF_ROOT"
 
 # ------------------------------------------------------------- sandbox

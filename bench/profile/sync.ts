@@ -51,7 +51,7 @@ const round = (x: number): number => Math.round(x * 100) / 100;
  */
 export async function measure(n: number, log: (line: string) => void = () => {}): Promise<SyncProfile> {
   const pin = `/sys/fs/bpf/lbctl-bench-${process.pid}-profile`;
-  // First: on the unmounted /sys/fs/bpf of sysfs, node 20's recursive
+  // First: on the unmounted /sys/fs/bpf of sysfs, node's recursive (20 and 24)
   // mkdirSync spins for ever (mkdir of the child: ENOENT, of the parent:
   // EEXIST), where it should throw.
   ensureBpffs(pin);

@@ -5,17 +5,20 @@
 #   layer 1  Debian trixie minbase + the runtime packages the Dockerfile's
 #            last stage pins (mmdebstrap; cached by the pins, see below)
 #   layer 2  /opt/lbctl: the FILEs, from this checkout's build (make bpf
-#            native ts), i.e. what the Dockerfile COPYs from its build stage
+#            native ts), and the node binary of scripts/node.env's prefix
+#            (scripts/bootstrap.sh installed it), i.e. what the Dockerfile
+#            COPYs from its build stage
 #
 # packed with umoci into an OCI image layout and tarred: OUT (an
 # oci-archive, for `podman load -i`, `skopeo copy oci-archive:OUT:VERSION`
 # and `ctr images import`; docs/image.md).
 #
 # The objects, addon and bundle come from this host (Debian bookworm: libbpf
-# 1.1 headers, node 20) and run on trixie's libbpf 1.5 and node 20: the
-# addon links libbpf.so.1, which both provide, and uses no libbpf API newer
-# than 1.1; test/deploy/image.ts runs the image's `lbctl version` and
-# `lbctl agent` to prove the addon loads and works there.
+# 1.1 headers) and run on trixie's libbpf 1.5: the addon links libbpf.so.1,
+# which both provide, and uses no libbpf API newer than 1.1. Node.js is the
+# same build on both (scripts/node.env). test/deploy/image.ts runs the
+# image's `lbctl version` and `lbctl agent` to prove the addon loads and
+# works there.
 #
 # Usage: build.sh OUT.oci.tar FILE...   (as root; FILEs relative to the checkout)
 set -euo pipefail
@@ -95,12 +98,18 @@ if [[ ! -s $base ]]; then
   find "$cache" -maxdepth 1 -name 'base-*.tar' ! -name "base-$key.tar" -delete
 fi
 
-log "layer 2: /opt/lbctl (${#FILES[@]} files from this checkout)"
+# shellcheck source=scripts/node.env
+. scripts/node.env
+[[ -x $LBCTL_NODE_PREFIX/bin/node ]] || { log "$LBCTL_NODE_PREFIX/bin/node is missing: run scripts/bootstrap.sh"; exit 1; }
+log "layer 2: /opt/lbctl (${#FILES[@]} files from this checkout, node $("$LBCTL_NODE_PREFIX/bin/node" --version) from $LBCTL_NODE_PREFIX)"
 mkdir -p "$work/app/opt/lbctl" "$work/app/usr/local/bin"
 for f in "${FILES[@]}"; do
   install -D -m "$(stat -c %a "$f")" "$f" "$work/app/opt/lbctl/$f"
 done
+install -D -m 755 "$LBCTL_NODE_PREFIX/bin/node" "$work/app/opt/lbctl/node/bin/node"
+install -D -m 644 "$LBCTL_NODE_PREFIX/LICENSE" "$work/app/opt/lbctl/node/LICENSE"
 ln -s /opt/lbctl/bin/lbctl "$work/app/usr/local/bin/lbctl"
+ln -s /opt/lbctl/node/bin/node "$work/app/usr/local/bin/node"
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 tar -C "$work/app" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" -cf "$work/app.tar" .
 
@@ -113,7 +122,7 @@ created=$(date -u -d "@$epoch" +%FT%TZ)
 umoci raw add-layer --image "$layout:$version" --history.created "$created" \
   --history.created_by "mmdebstrap --variant=minbase $suite + ${packages[*]}" "$base"
 umoci raw add-layer --image "$layout:$version" --history.created "$created" \
-  --history.created_by "COPY /opt/lbctl (${FILES[*]})" "$work/app.tar"
+  --history.created_by "COPY /opt/lbctl (${FILES[*]} node/bin/node node/LICENSE)" "$work/app.tar"
 umoci config --image "$layout:$version" --created "$created" --author lbctl \
   --history.created "$created" --history.created_by "the Dockerfile's ENTRYPOINT, CMD, ENV, STOPSIGNAL and LABELs" \
   --os linux --architecture amd64 \
@@ -121,7 +130,6 @@ umoci config --image "$layout:$version" --created "$created" --author lbctl \
   --config.env MALLOC_ARENA_MAX=1 \
   --config.env MALLOC_MMAP_THRESHOLD_=65536 \
   --config.env MALLOC_TRIM_THRESHOLD_=1048576 \
-  --config.env NODE_EXTRA_CA_CERTS= \
   --config.entrypoint /usr/bin/tini-static --config.entrypoint -- --config.entrypoint /opt/lbctl/bin/lbctl \
   --config.cmd agent \
   --config.workingdir / \

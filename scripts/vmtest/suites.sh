@@ -9,8 +9,14 @@ set -uo pipefail
 repo=$1 out=$2
 cd "$repo" || exit 1
 mkdir -p "$out"
+# The host's Node.js (scripts/node.env), which a guest sees over 9p: its
+# prefix is under /opt, not under the guest's own /tmp.
+# shellcheck source=scripts/node.env
+. scripts/node.env
+export PATH=$LBCTL_NODE_PREFIX/bin:$PATH
 
 echo "kernel: $(uname -r) ($(uname -v))"
+echo "node: $(node --version 2>&1) ($(command -v node))"
 # A fresh guest's loopback is down: the API server fake, health and metrics servers need it.
 ip link set lo up
 

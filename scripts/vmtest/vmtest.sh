@@ -27,6 +27,10 @@ cache=${XDG_CACHE_HOME:-$HOME/.cache}/lbctl/vmtest
 mkdir -p "$cache"/{debs,trees,initramfs,resolved,logs}
 suites=${VMTEST_SUITES:-}
 timeout_s=${VMTEST_TIMEOUT:-5700}
+# The Node.js of scripts/node.env (scripts/bootstrap.sh installs it; make build runs that first).
+# shellcheck source=scripts/node.env
+. "$repo/scripts/node.env"
+export PATH=$LBCTL_NODE_PREFIX/bin:$PATH
 
 log() { printf 'vmtest: %s\n' "$*" >&2; }
 

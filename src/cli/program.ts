@@ -12,7 +12,6 @@ import {
   DEFAULT_METRICS_HOST,
   DEFAULT_METRICS_PORT,
   DEFAULT_NODE_SYNC_TIMEOUT_MS,
-  VERSION,
 } from '../base/defaults.js';
 
 function positiveInt(v: string): number {
@@ -188,11 +187,11 @@ export function buildProgram(): Command {
 
   program
     .command('version')
-    .description('print versions')
-    .action(async () => {
-      const { libbpfVersion } = await import('../native/bpf.js');
-      process.stdout.write(`lbctl ${VERSION} (libbpf ${libbpfVersion()}, node ${process.version})\n`);
-    });
+    .description("this lbctl's versions (node, V8, libbpf, kernel, commit, BPF objects' build ids) beside the running agent's")
+    .option('-o, --output <format>', 'text or json', output, 'text')
+    .option('--client', 'only this lbctl\'s: do not ask the agent')
+    .option('--api-socket <path>', "the agent's API socket", DEFAULT_API_SOCKET)
+    .action(async (opts: { output: string; client?: boolean; apiSocket: string }) => (await import('./commands/version.js')).versionCommand(opts));
   return program;
 }
 

@@ -5,6 +5,7 @@
 // `lbctl status` and `lbctl service list` are its clients.
 //   GET /v1/status    every check with its result, syncs, counts, uptime, version
 //   GET /v1/services  desired versus realized per frontend (FrontendStatus[])
+//   GET /v1/version   the agent's versions, read at its start (lbctl version)
 import http from 'node:http';
 import net from 'node:net';
 import { chmod, lstat, mkdir, mkdtemp, rename, rmdir, unlink } from 'node:fs/promises';
@@ -14,6 +15,7 @@ import { LbError } from '../base/errors.js';
 import { Health, type CheckResult, type HealthOptions } from './health.js';
 import { closeServer } from './http.js';
 import type { AgentView, KernelStatus } from './view.js';
+import type { Versions } from '../base/version.js';
 
 import { DEFAULT_API_SOCKET } from '../base/defaults.js';
 export { DEFAULT_API_SOCKET };
@@ -91,6 +93,8 @@ export interface ApiServerOptions extends Partial<Omit<HealthOptions, 'view'>> {
   readonly health?: Health;
   /** The health mesh (`lbctl health status`); absent when --health-mesh-port is 0. */
   readonly mesh?: { status(): MeshStatus };
+  /** What GET /v1/version answers (`lbctl version`). */
+  readonly versions?: Versions;
 }
 
 export interface RunningApiServer {
@@ -129,7 +133,7 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown): void
   res.end(JSON.stringify(body, null, 2) + '\n');
 }
 
-export function apiHandler(view: AgentView, health: Health, version: string, mesh?: { status(): MeshStatus }): http.RequestListener {
+export function apiHandler(view: AgentView, health: Health, version: string, mesh?: { status(): MeshStatus }, versions?: Versions): http.RequestListener {
   return (req, res) => {
     if (req.method !== 'GET' && req.method !== 'HEAD') {
       res.setHeader('Allow', 'GET, HEAD');
@@ -143,10 +147,11 @@ export function apiHandler(view: AgentView, health: Health, version: string, mes
         if (!mesh) return sendJson(res, 404, { error: 'the health mesh is off (--health-mesh-port 0)' });
         return sendJson(res, 200, mesh.status());
       }
+      if (p === '/v1/version' && versions) return sendJson(res, 200, versions);
     } catch (err) {
       return sendJson(res, 500, { error: err instanceof Error ? err.message : String(err) });
     }
-    sendJson(res, 404, { error: `no such endpoint: ${p} (try /v1/status, /v1/services or /v1/health)` });
+    sendJson(res, 404, { error: `no such endpoint: ${p} (try /v1/status, /v1/services, /v1/health or /v1/version)` });
   };
 }
 
@@ -155,7 +160,7 @@ export async function startApiServer(opts: ApiServerOptions): Promise<RunningApi
   await prepareSocketPath(socketPath);
   const owned = opts.health ? undefined : new Health(opts);
   const health = opts.health ?? owned!;
-  const server = http.createServer(apiHandler(opts.view, health, opts.version, opts.mesh));
+  const server = http.createServer(apiHandler(opts.view, health, opts.version, opts.mesh, opts.versions));
   // mkdtemp makes the directory 0700, beside the socket's path (one file
   // system, so the rename is atomic).
   const privateDir = await mkdtemp(path.join(path.dirname(socketPath), `.${path.basename(socketPath)}.`));

@@ -6,7 +6,8 @@
 //     every object the agent loads is shipped, and the bundle needs no
 //     node_modules;
 //   - its `lbctl version` loads the addon against the image's libbpf (the
-//     addon is built on this host, against bookworm's libbpf 1.1 headers);
+//     addon is built on this host, against bookworm's libbpf 1.1 headers)
+//     and runs on the Node.js of scripts/node.env (no Debian nodejs);
 //   - its `lbctl agent`, as PID 1 of a pid namespace in a chroot of the
 //     rootfs (a container without a container engine: /proc, /sys with
 //     bpffs and the cgroup2 mount, /dev), programs a sandbox's service so a
@@ -18,6 +19,7 @@
 // The archive is rebuilt first when make says it is stale.
 import t from 'tap';
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
 import { builtinModules } from 'node:module';
 import os from 'node:os';
@@ -28,6 +30,9 @@ import { killPid, recordPid } from '../helpers/sandbox/run.js';
 import { PREFIX } from '../helpers/sandbox/topology.js';
 
 const VERSION = (JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
+/** scripts/node.env: the Node.js the image ships (/opt/lbctl/node), from this machine's prefix. */
+const NODE_ENV = Object.fromEntries([...readFileSync(path.join(ROOT, 'scripts/node.env'), 'utf8').matchAll(/^(\w+)=(.*)$/gm)].map((m) => [m[1]!, m[2]!]));
+const NODE_PREFIX = NODE_ENV.LBCTL_NODE_PREFIX!;
 const IMAGE_REL = `build/image/lbctl-${VERSION}.oci.tar`;
 const IMAGE = path.join(ROOT, IMAGE_REL);
 const IS_ROOT = process.getuid?.() === 0;
@@ -251,18 +256,21 @@ t.test('the Dockerfile and make image build the same image', async (t) => {
     Object.fromEntries(dockerfile.packages),
     'every package the Dockerfile pins is installed in the image at that version',
   );
-  for (const p of ['nodejs', 'libbpf1', 'libelf1t64', 'iptables', 'nftables']) t.ok(dockerfile.packages.has(p), `${p} is among them`);
+  for (const p of ['libstdc++6', 'libbpf1', 'libelf1t64', 'iptables', 'nftables']) t.ok(dockerfile.packages.has(p), `${p} is among them`);
+  t.notOk(installed.has('nodejs'), "no Debian nodejs: the image's node is scripts/node.env's");
 
   const expected = dockerfile.copied.filter((p) => p.startsWith('/opt/lbctl/')).sort();
   t.same(filesUnder(image.rootfs, '/opt/lbctl'), expected, 'the image has exactly the files the Dockerfile COPYs into /opt/lbctl');
   t.same(dockerfile.copied.filter((p) => !p.startsWith('/opt/lbctl/')), [], 'and COPYs nothing elsewhere');
   for (const obj of objectsTheAgentLoads()) t.ok(expected.includes(`/opt/lbctl/${obj}`), `${obj}, which the agent loads, is shipped`);
   t.ok(expected.includes('/opt/lbctl/build/Release/lb_native.node'), 'so is the addon');
-  // make image copies this checkout's build: the same bytes (a stale archive shows here).
+  t.ok(expected.includes('/opt/lbctl/node/bin/node'), 'and node');
+  // make image copies this checkout's build and its Node.js: the same bytes (a stale archive shows here).
   for (const p of expected) {
     const rel = p.slice('/opt/lbctl/'.length);
     const shipped = path.join(image.rootfs, p);
-    t.ok(existsSync(shipped) && readFileSync(shipped).equals(readFileSync(path.join(ROOT, rel))), `${rel} is this checkout's`);
+    const local = rel.startsWith('node/') ? path.join(NODE_PREFIX, rel.slice('node/'.length)) : path.join(ROOT, rel);
+    t.ok(existsSync(shipped) && readFileSync(shipped).equals(readFileSync(local)), `${rel} is ${rel.startsWith('node/') ? `${NODE_PREFIX}'s` : "this checkout's"}`);
   }
   for (const [target, link] of dockerfile.links) {
     t.equal(readlinkSync(path.join(image.rootfs, link)), target, `${link} -> ${target}`);
@@ -283,7 +291,7 @@ t.test('the Dockerfile and make image build the same image', async (t) => {
   t.equal(c.StopSignal, dockerfile.stopSignal, `STOPSIGNAL ${dockerfile.stopSignal}`);
   t.same(dockerfile.entrypoint, ['/usr/bin/tini-static', '--', '/opt/lbctl/bin/lbctl'], 'PID 1 is tini, which runs bin/lbctl (its node settings and the heap cap from the memory limit)');
   t.ok(existsSync(path.join(image.rootfs, 'usr/bin/tini-static')), 'tini-static is in the image');
-  t.match(readFileSync(path.join(image.rootfs, 'opt/lbctl/bin/lbctl'), 'utf8'), /^exec node /m, 'bin/lbctl execs node: tini forwards signals to node itself');
+  t.match(readFileSync(path.join(image.rootfs, 'opt/lbctl/bin/lbctl'), 'utf8'), /^exec "\$node" /m, 'bin/lbctl execs node: tini forwards signals to node itself');
   const envOf = Object.fromEntries(imageEnv.map((e) => [e.slice(0, e.indexOf('=')), e.slice(e.indexOf('=') + 1)]));
   for (const [k, v] of Object.entries(dockerfile.env)) t.equal(envOf[k], v, `ENV ${k}=${v}`);
   t.same(c.Labels, dockerfile.labels, 'the same LABELs');
@@ -337,14 +345,23 @@ t.test("the image's lbctl version loads the addon against the image's libbpf", a
   const code = await new Promise<number | null>((resolve) => proc.on('close', resolve));
   clearTimeout(timer);
   t.equal(code, 0, `exits 0${code === 0 ? '' : `: ${stderr}`}`);
-  // 1:1.5.0-3 → libbpf 1.5; 20.19.2+dfsg-1+deb13u3 → node v20.19.2: the image's own, not this host's.
+  // 1:1.5.0-3 → libbpf 1.5: the image's own, not this host's; node: scripts/node.env's.
   const libbpf = /^(?:\d+:)?(\d+\.\d+)/.exec(dockerfile.packages.get('libbpf1') ?? '')?.[1];
-  const node = /^(\d+\.\d+\.\d+)/.exec(dockerfile.packages.get('nodejs') ?? '')?.[1];
-  t.equal(stdout.trim(), `lbctl ${VERSION} (libbpf ${libbpf}, node v${node})`, 'prints the image versions');
+  const lines = stdout.split('\n');
+  t.equal(lines[0], `lbctl ${VERSION} (libbpf ${libbpf}, node v${NODE_ENV.LBCTL_NODE_VERSION})`, 'prints the image versions');
+  t.match(stdout, /^ +CLIENT$/m, 'no agent runs in there: the client column only');
+  // The commit baked into the bundle (the image has no .git): the one this checkout's bundle names.
+  const host = JSON.parse(execFileSync(path.join(ROOT, 'bin/lbctl'), ['version', '--client', '-o', 'json'], { encoding: 'utf8' })) as { client: { commit: string } };
+  t.match(host.client.commit, /^[0-9a-f]{40}(-dirty)?$/);
+  t.match(stdout, new RegExp(`^commit +${host.client.commit.replace(/^([0-9a-f]{12})[0-9a-f]{28}/, '$1')}$`, 'm'), `the commit baked into the bundle (${host.client.commit})`);
+  const sha = (f: string): string => createHash('sha256').update(readFileSync(f)).digest('hex').slice(0, 12);
+  for (const obj of objectsTheAgentLoads()) {
+    t.match(stdout, new RegExp(`^${path.basename(obj).replace(/\./g, '\\.')} +${sha(path.join(ROOT, obj))}$`, 'm'), `${path.basename(obj)}: this checkout's build id`);
+  }
   t.equal(stderr, '', 'and nothing on stderr');
 
-  // Debian's node warns on TLS use without a CA bundle file unless NODE_EXTRA_CA_CERTS is empty (Dockerfile).
-  const tls = spawnInImage(['/usr/bin/node', '-e', 'process.stdout.write(String(require("tls").rootCertificates.length))']);
+  // The official node build trusts its own CA store: no system bundle, no warning (Debian's needed NODE_EXTRA_CA_CERTS="").
+  const tls = spawnInImage(['/usr/local/bin/node', '-e', 'process.stdout.write(String(require("tls").rootCertificates.length))']);
   let tlsErr = '';
   tls.stderr!.on('data', (d: Buffer) => (tlsErr += d.toString()));
   tls.stdout!.resume();

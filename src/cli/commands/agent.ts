@@ -22,6 +22,9 @@ import { DEFAULT_CONNTRACK, DEFAULT_SNAT_RETRIES, type PortRange } from '../../d
 import type { NodePortOptions } from '../../agent/nodeport.js';
 import { checkDisjoint, parsePortRange } from '../flags.js';
 import { checkTableSize, DEFAULT_MAGLEV_SEED, DEFAULT_MAGLEV_TABLE_SIZE, parseMaglevSeed } from '../../lb/maglev.js';
+import { libbpfVersion } from '../../native/bpf.js';
+import { collectVersions } from '../../base/version.js';
+import { runtimeObjects } from './version.js';
 
 export interface AgentCommandOptions {
   /** Applied by the CLI before this runs (src/cli/config.ts). */
@@ -330,6 +333,11 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     },
   });
 
+  // `lbctl version`'s AGENT column: read now, before the start loads the
+  // objects, so it names the bytes this agent runs even after a newer build
+  // replaces the files.
+  const versions = collectVersions({ libbpf: libbpfVersion(), objects: runtimeObjects({ bpfObject: opts.bpfObject, tcObject: opts.tcObject, nodeport: nodePort !== undefined }) });
+
   // What is open, closed in reverse order when the agent stops or its start fails.
   const open: Array<{ close(): Promise<void> | void }> = [health];
   let starting: Promise<void> | undefined;
@@ -357,7 +365,7 @@ export async function agentCommand(opts: AgentCommandOptions): Promise<void> {
     );
     open.push(metricsServer);
     open.push(await opening({ flag: '--api-socket', value: opts.apiSocket }, () =>
-      startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION, ...(mesh ? { mesh: mesh.mesh } : {}) }),
+      startApiServer({ view: agent, health, socketPath: opts.apiSocket, version: VERSION, versions, ...(mesh ? { mesh: mesh.mesh } : {}) }),
     ));
     if (mesh) {
       // Probing starts now and runs beside everything else: nothing waits for it.
@@ -392,7 +400,7 @@ export function logMemoryBudget(log: Pick<Logger, 'info' | 'warn'>): void {
   const limit = process.constrainedMemory?.() ?? 0;
   const heapLimit = v8.getHeapStatistics().heap_size_limit;
   const mib = (b: number): number => Math.round(b / 2 ** 20);
-  // libuv answers 0 or (on Node 20) 2^64 when no limit is set.
+  // libuv answers 0, or 2^64 under cgroup v1 (Node 20 and 24 alike), when no limit is set.
   if (!limit || limit >= 2 ** 60) {
     log.info({ heapLimitMiB: mib(heapLimit) }, 'no memory limit (cgroup); V8 heap capped at its default');
     return;
