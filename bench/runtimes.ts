@@ -226,6 +226,8 @@ function main(): void {
       '--sizes', o.sizes, '--modes', 'lbctl', '--reps', '1', '--no-profiles', '--out', dir,
     ];
     const argv = o.lock ? ['flock', o.lock, ...cmd] : cmd;
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(path.join(dir, 'commit'), `${commit()}\n`);
     process.stderr.write(`runtimes: round ${round + 1}/${rounds}, ${rt.label} (${rt.version}): ${argv.join(' ')}\n`);
     const t0 = Date.now();
     const r = spawnSync(argv[0]!, argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
@@ -235,12 +237,15 @@ function main(): void {
   const runs = order.map(({ round, rt, dir }) => {
     const r = JSON.parse(readFileSync(path.join(dir, 'results.json'), 'utf8')) as Results;
     if ((r.meta.versions as Record<string, string>).node !== rt.version) throw new Error(`${dir}: ran on ${String((r.meta.versions as Record<string, string>).node)}, not ${rt.version}`);
-    return { round: round + 1, runtime: rt.label, node: rt.version, date: r.meta.date, metrics: scaleMetrics(r) };
+    const at = existsSync(path.join(dir, 'commit')) ? readFileSync(path.join(dir, 'commit'), 'utf8').trim() : 'unknown';
+    return { round: round + 1, runtime: rt.label, node: rt.version, commit: at, date: r.meta.date, metrics: scaleMetrics(r) };
   });
   const sums = rts.map((rt) => summarize(runs.filter((x) => x.runtime === rt.label).map((x) => x.metrics)));
   const doc = {
     what: "the scale rows of make bench (bench/run.ts --sizes 10000,100000 --modes lbctl --reps 1 --no-profiles) on two Node.js runtimes, alternated; each run's floors on the same runtime; per runtime the median over its runs",
-    commit: commit(),
+    // The checkout that wrote this summary; each run names its own (runs[].commit), and commits lists them.
+    summaryCommit: commit(),
+    commits: [...new Set(runs.map((x) => x.commit))],
     date: new Date().toISOString(),
     kernel: os.release(),
     cpu: os.cpus()[0]?.model ?? 'unknown',
@@ -255,7 +260,7 @@ function main(): void {
   const md = [
     `# Node.js ${rts[0]!.version} and ${rts[1]!.version}: make bench's scale rows`,
     '',
-    `${doc.date}, commit ${doc.commit.slice(0, 12)}, kernel ${doc.kernel}, ${doc.cpus} × ${doc.cpu}. bench/run.ts at ${doc.sizes.map((n) => n.toLocaleString('en')).join(' and ')} services, lbctl and its floors, ${rounds} runs per runtime in the order ${doc.order.join(', ')}; each whole run (the bench, its floors and the agent) on one runtime; ratios to the floors of the same run; medians over each runtime's runs. Raw per run: ${path.basename(o.out)}.json.`,
+    `${doc.date}, ${doc.commits.length === 1 ? `commit ${doc.commits[0]!.slice(0, 12)}` : `commits ${doc.commits.map((c) => c.slice(0, 12)).join(', ')} (per run in the JSON)`}, kernel ${doc.kernel}, ${doc.cpus} × ${doc.cpu}. bench/run.ts at ${doc.sizes.map((n) => n.toLocaleString('en')).join(' and ')} services, lbctl and its floors, ${rounds} runs per runtime in the order ${doc.order.join(', ')}; each whole run (the bench, its floors and the agent) on one runtime; ratios to the floors of the same run; medians over each runtime's runs. Raw per run: ${path.basename(o.out)}.json.`,
     '',
     table(rts, sums),
   ].join('\n');
