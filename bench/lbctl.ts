@@ -259,10 +259,11 @@ export class BenchAgent {
    * it is: the V8 heap in use and reserved, and memory outside it (Buffers),
    * from the agent's own /metrics (prom-client's process metrics).
    */
-  async memory(): Promise<{ rssMiB: number; hwmMiB: number; heapUsedMiB?: number; heapTotalMiB?: number; externalMiB?: number }> {
+  async memory(): Promise<{ rssMiB: number; hwmMiB: number; rssAnonMiB?: number; rssFileMiB?: number; heapUsedMiB?: number; heapTotalMiB?: number; externalMiB?: number }> {
     const status = readFileSync(`/proc/${this.proc.pid}/status`, 'utf8');
     const kb = (field: string): number => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN);
-    const out = { rssMiB: kb('VmRSS') / 1024, hwmMiB: kb('VmHWM') / 1024 };
+    // RssFile: pages of files mapped (the node binary's code and data, the addon, libraries): shared and reclaimable; RssAnon: the process's own.
+    const out = { rssMiB: kb('VmRSS') / 1024, hwmMiB: kb('VmHWM') / 1024, rssAnonMiB: kb('RssAnon') / 1024, rssFileMiB: kb('RssFile') / 1024 };
     if (this.metricsPort === undefined) return out;
     try {
       const text = await (await fetch(`http://127.0.0.1:${this.metricsPort}/metrics`)).text();

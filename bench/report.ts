@@ -48,8 +48,8 @@ export interface Point {
   floorEventToMapMs?: number[] | undefined;
   /** lbctl: the same cold start through bench/cold-floor.ts (the baseline: a bare lister writing the entries), first list request → its last write, and its own split (ms). */
   floorCold?: { fromListMs: number; listMs: number; encodeMs: number; kernelMs: number; entries: number } | undefined;
-  memory?: { rssMiB: number; hwmMiB: number; heapUsedMiB?: number | undefined; heapTotalMiB?: number | undefined; externalMiB?: number | undefined } | undefined;
-  memoryIdle?: { rssMiB: number } | undefined;
+  memory?: { rssMiB: number; hwmMiB: number; rssAnonMiB?: number | undefined; rssFileMiB?: number | undefined; heapUsedMiB?: number | undefined; heapTotalMiB?: number | undefined; externalMiB?: number | undefined } | undefined;
+  memoryIdle?: { rssMiB: number; rssAnonMiB?: number | undefined; rssFileMiB?: number | undefined } | undefined;
   /** lbctl: the agent's CPU (every thread) in each second while nothing changes, after it settled, ms. */
   idleCpuMsPerS?: number[] | undefined;
 }

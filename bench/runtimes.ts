@@ -40,6 +40,12 @@ export interface ScaleMetrics {
   floorCold10kMs: number;
   ready10kMs: number;
   hwm10kMiB: number;
+  /** After the events at 10,000: VmRSS, its anonymous and file-backed parts, V8's heap and external memory (the agent's /metrics). */
+  rss10kMiB: number;
+  rssAnon10kMiB: number;
+  rssFile10kMiB: number;
+  heapTotal10kMiB: number;
+  external10kMiB: number;
   resyncCpu10kMs: number;
   resync10kMs: number;
   floorResyncCpu10kMs: number;
@@ -54,6 +60,8 @@ export interface ScaleMetrics {
   synced100kMs: number;
   coldHwm100kMiB: number;
   steady100kMiB: number;
+  rssAnon100kMiB: number;
+  rssFile100kMiB: number;
   idleCpu100kMsPerS: number;
   connectP50Ratio10kLast: number;
   connectP50Ratio100kLast: number;
@@ -83,6 +91,11 @@ export function scaleMetrics(r: Results): ScaleMetrics {
     floorCold10kMs: num(a?.floorCold?.fromListMs),
     ready10kMs: num(a?.startToReadyMs),
     hwm10kMiB: num(a?.memory?.hwmMiB),
+    rss10kMiB: num(a?.memory?.rssMiB),
+    rssAnon10kMiB: num(a?.memory?.rssAnonMiB),
+    rssFile10kMiB: num(a?.memory?.rssFileMiB),
+    heapTotal10kMiB: num(a?.memory?.heapTotalMiB),
+    external10kMiB: num(a?.memory?.externalMiB),
     resyncCpu10kMs: med(a?.resyncCpuMs),
     resync10kMs: med(a?.resyncMs),
     floorResyncCpu10kMs: med(a?.floorResyncCpuMs),
@@ -97,6 +110,8 @@ export function scaleMetrics(r: Results): ScaleMetrics {
     synced100kMs: num(b?.startToSyncedMs),
     coldHwm100kMiB: num(b?.coldHwmMiB),
     steady100kMiB: num(b?.memoryIdle?.rssMiB),
+    rssAnon100kMiB: num(b?.memory?.rssAnonMiB),
+    rssFile100kMiB: num(b?.memory?.rssFileMiB),
     idleCpu100kMsPerS: med(b?.idleCpuMsPerS),
     connectP50Ratio10kLast: ccRatio(10_000),
     connectP50Ratio100kLast: ccRatio(100_000),
@@ -144,6 +159,8 @@ export function table(rts: readonly Runtime[], sums: readonly Summary[]): string
     ['  the sync itself', '', (s) => ms(s.medians.sync10kMs), m('sync10kMs')],
     ['start → ready at 10,000', '≤ 1.0 s', (s) => ms(s.medians.ready10kMs), m('ready10kMs')],
     ['peak RSS at 10,000 (VmHWM after the events)', '≤ 150 MiB', (s) => mib(s.medians.hwm10kMiB), m('hwm10kMiB')],
+    ['  RSS after the events: anonymous + file-backed', '', (s) => `${mib(s.medians.rss10kMiB)}: ${mib(s.medians.rssAnon10kMiB)} + ${mib(s.medians.rssFile10kMiB)}`, m('rss10kMiB')],
+    ['  V8 heap (total) and external', '', (s) => `${mib(s.medians.heapTotal10kMiB)}, ${mib(s.medians.external10kMiB)}`, m('heapTotal10kMiB')],
     ['CPU of one periodic resync at 10,000', '≤ 50 ms', withFloor('resyncCpu10kMs', 'floorResyncCpu10kMs', 'resyncCpu10k'), m('resyncCpu10kMs')],
     ['event → datapath p99 at 10,000', '≤ 2 ms', withFloor('eventP99_10kMs', 'floorEventP99_10kMs', 'eventP99_10k'), m('eventP99_10kMs')],
     ['event → datapath p50 at 10,000', '', withFloor('eventP50_10kMs', 'floorEventP50_10kMs', 'eventP50_10k'), m('eventP50_10kMs')],
@@ -152,6 +169,7 @@ export function table(rts: readonly Runtime[], sums: readonly Summary[]): string
     ['start → synced at 100,000', '≤ 3 s', (s) => ms(s.medians.synced100kMs), m('synced100kMs')],
     ['peak RSS during the 100,000 cold sync', '≤ 400 MiB', (s) => mib(s.medians.coldHwm100kMiB), m('coldHwm100kMiB')],
     ['steady RSS at 100,000 (idle 15 s)', '≤ 300 MiB', (s) => mib(s.medians.steady100kMiB), m('steady100kMiB')],
+    ['  RSS after the events at 100,000: anonymous + file-backed', '', (s) => `${mib(s.medians.rssAnon100kMiB)} + ${mib(s.medians.rssFile100kMiB)}`, m('rssAnon100kMiB')],
     ['idle CPU at 10,000 (ms a second)', '', (s) => ms(s.medians.idleCpu10kMsPerS), m('idleCpu10kMsPerS')],
     ['idle CPU at 100,000 (ms a second)', '', (s) => ms(s.medians.idleCpu100kMsPerS), m('idleCpu100kMsPerS')],
     ['connect+close p50, last of 10,000 (datapath: no Node.js in it)', '≤ 1.03× the floor', (s) => times(s.medians.connectP50Ratio10kLast), m('connectP50Ratio10kLast')],
@@ -208,6 +226,8 @@ function main(): void {
       '--sizes', o.sizes, '--modes', 'lbctl', '--reps', '1', '--no-profiles', '--out', dir,
     ];
     const argv = o.lock ? ['flock', o.lock, ...cmd] : cmd;
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(path.join(dir, 'commit'), `${commit()}\n`);
     process.stderr.write(`runtimes: round ${round + 1}/${rounds}, ${rt.label} (${rt.version}): ${argv.join(' ')}\n`);
     const t0 = Date.now();
     const r = spawnSync(argv[0]!, argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
@@ -217,12 +237,15 @@ function main(): void {
   const runs = order.map(({ round, rt, dir }) => {
     const r = JSON.parse(readFileSync(path.join(dir, 'results.json'), 'utf8')) as Results;
     if ((r.meta.versions as Record<string, string>).node !== rt.version) throw new Error(`${dir}: ran on ${String((r.meta.versions as Record<string, string>).node)}, not ${rt.version}`);
-    return { round: round + 1, runtime: rt.label, node: rt.version, date: r.meta.date, metrics: scaleMetrics(r) };
+    const at = existsSync(path.join(dir, 'commit')) ? readFileSync(path.join(dir, 'commit'), 'utf8').trim() : 'unknown';
+    return { round: round + 1, runtime: rt.label, node: rt.version, commit: at, date: r.meta.date, metrics: scaleMetrics(r) };
   });
   const sums = rts.map((rt) => summarize(runs.filter((x) => x.runtime === rt.label).map((x) => x.metrics)));
   const doc = {
     what: "the scale rows of make bench (bench/run.ts --sizes 10000,100000 --modes lbctl --reps 1 --no-profiles) on two Node.js runtimes, alternated; each run's floors on the same runtime; per runtime the median over its runs",
-    commit: commit(),
+    // The checkout that wrote this summary; each run names its own (runs[].commit), and commits lists them.
+    summaryCommit: commit(),
+    commits: [...new Set(runs.map((x) => x.commit))],
     date: new Date().toISOString(),
     kernel: os.release(),
     cpu: os.cpus()[0]?.model ?? 'unknown',
@@ -237,7 +260,7 @@ function main(): void {
   const md = [
     `# Node.js ${rts[0]!.version} and ${rts[1]!.version}: make bench's scale rows`,
     '',
-    `${doc.date}, commit ${doc.commit.slice(0, 12)}, kernel ${doc.kernel}, ${doc.cpus} × ${doc.cpu}. bench/run.ts at ${doc.sizes.map((n) => n.toLocaleString('en')).join(' and ')} services, lbctl and its floors, ${rounds} runs per runtime in the order ${doc.order.join(', ')}; each whole run (the bench, its floors and the agent) on one runtime; ratios to the floors of the same run; medians over each runtime's runs. Raw per run: ${path.basename(o.out)}.json.`,
+    `${doc.date}, ${doc.commits.length === 1 ? `commit ${doc.commits[0]!.slice(0, 12)}` : `commits ${doc.commits.map((c) => c.slice(0, 12)).join(', ')} (per run in the JSON)`}, kernel ${doc.kernel}, ${doc.cpus} × ${doc.cpu}. bench/run.ts at ${doc.sizes.map((n) => n.toLocaleString('en')).join(' and ')} services, lbctl and its floors, ${rounds} runs per runtime in the order ${doc.order.join(', ')}; each whole run (the bench, its floors and the agent) on one runtime; ratios to the floors of the same run; medians over each runtime's runs. Raw per run: ${path.basename(o.out)}.json.`,
     '',
     table(rts, sums),
   ].join('\n');
