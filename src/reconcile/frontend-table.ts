@@ -1,3 +1,11 @@
+// Holds `make bench`'s steady RSS at 100,000 services under its 300 MiB
+// target: 270-286 MiB with this table, 302-319 MiB with a Map of plain row
+// objects (a master object and a slots array per entry; 27 MiB more heap in
+// bench/profile/sync.ts). bench/run.ts --sizes 100000 --modes lbctl, the
+// two alternated in one session, 2 repetitions each, 2026-12-06 (2 vCPUs,
+// node 20.20); the time rows (cold sync, resync, add one) moved within the
+// run's noise.
+//
 // The realized entries of lb{4,6}_services (frontends and wildcard entries),
 // kept as the maps keep them: a row of numbers per entry in typed columns,
 // found by key through one Map of row numbers, and each entry's slots in

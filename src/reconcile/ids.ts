@@ -67,8 +67,9 @@ export class MapKeyIds<K> implements KeyIds<K> {
 
 /**
  * Whole-number keys below 2^53 (the IPv4 backends' keys) in typed tables,
- * with no heap number per key (src/reconcile/number-map.ts); any other key
- * (the IPv6 backends' strings) as MapKeyIds.
+ * with no heap number per key (src/reconcile/number-map.ts, which says what
+ * bench target they hold up); any other key (the IPv6 backends' strings)
+ * as MapKeyIds.
  */
 export class NumberKeyIds<K> implements KeyIds<number | K> {
   private readonly byKey = new NumberKeyMap();
