@@ -95,10 +95,11 @@ const NONE: readonly never[] = Object.freeze([]);
 
 /**
  * One object per distinct value, shared by every holder of that value (a
- * port, a frontend's options: a cluster repeats a few over thousands of
- * objects). `make` runs only for a key not seen yet. Bounded: past `max`
- * distinct keys (input built to grow the table) values are made per call
- * again, so the table never holds more than `max`.
+ * port: a cluster repeats a few over thousands of objects; model/k8s.ts's
+ * sharedPorts says which bench target it holds up). `make` runs only for a
+ * key not seen yet. Bounded: past `max` distinct keys (input built to grow
+ * the table) values are made per call again, so the table never holds
+ * more than `max`.
  */
 export class Interner<T> {
   private readonly table = new Map<string, T>();
