@@ -95,8 +95,9 @@ const NONE: readonly never[] = Object.freeze([]);
 
 /**
  * One object per distinct value, shared by every holder of that value (a
- * port: a cluster repeats a few over thousands of objects; model/k8s.ts's
- * sharedPorts says which bench target it holds up). `make` runs only for a
+ * port, a frontend's options, a node's name: a cluster repeats a few over
+ * thousands of objects; each table says which bench target it holds up,
+ * in model/k8s.ts and model/from-k8s.ts). `make` runs only for a
  * key not seen yet. Bounded: past `max` distinct keys (input built to grow
  * the table) values are made per call again, so the table never holds
  * more than `max`.
