@@ -97,6 +97,7 @@ for n in "${CLUSTER_NODES[@]}"; do
   ns=$(node_netns "$n")
   [[ ! -e /run/netns/$ns ]] || ip netns del "$ns"
 done
+[[ ! -e /run/netns/$CLUSTER_EXT_NETNS ]] || ip netns del "$CLUSTER_EXT_NETNS"
 [[ ! -e /run/netns/$CLUSTER_CP_NETNS ]] || ip netns del "$CLUSTER_CP_NETNS"
 
 if [[ -d $CLUSTER_STATE ]]; then

@@ -52,6 +52,11 @@ node_ip() { echo "$CLUSTER_NET_PREFIX.$((10 + $(node_index "$1")))"; }
 node_pod_cidr() { echo "10.244.$(node_index "$1").0/24"; }
 node_netns() { echo "$CLUSTER_NAME-$1"; }
 CLUSTER_CP_NETNS=$CLUSTER_NAME
+# A client outside the nodes, as a load balancer or a user elsewhere on the
+# nodes' network is: a namespace on the nodes' bridge that knows only that
+# network (no route to pods or Services), in cgroup $CLUSTER_NAME/ext.
+CLUSTER_EXT_NETNS=$CLUSTER_NAME-ext
+CLUSTER_EXT_IP=$CLUSTER_NET_PREFIX.250
 
 # The cgroup v1 hierarchies (each mounted on its own, or several at one
 # mount point) and the cgroup2 mount, whatever the host's layout.

@@ -8,7 +8,8 @@
 #                               on (10.240.0.1/24)
 #   netns lbctl-cluster-NODE    a node: containerd, kubelet, its pods on cni0;
 #                               eth0 10.240.0.(10+i), pod CIDR 10.244.i.0/24
-#   cgroup lbctl-cluster/{control-plane,NODE} under every hierarchy: each
+#   netns lbctl-cluster-ext     a client outside the nodes, on br0 (.250)
+#   cgroup lbctl-cluster/{control-plane,NODE,ext} under every hierarchy: each
 #                               node's processes and pods stay in its subtree
 #
 # Every process it starts is recorded (pid and start time) in
@@ -55,7 +56,7 @@ done
 # ---------------------------------------------------------------- cgroups
 # A subtree under every hierarchy. cpuset children start empty: they get
 # the parent's CPUs and memory nodes before any process joins.
-groups=(control-plane "${CLUSTER_NODES[@]}")
+groups=(control-plane "${CLUSTER_NODES[@]}" ext)
 for m in $(cgroup_v1_mounts) "$v2"; do
   mkdir -p "$m/$CLUSTER_NAME"
   for g in "${groups[@]}"; do mkdir -p "$m/$CLUSTER_NAME/$g"; done
@@ -90,6 +91,13 @@ for n in "${CLUSTER_NODES[@]}"; do
   # The control plane reaches pods (webhooks, kubectl proxy) through their node.
   ip -n "$cp_ns" route add "$(node_pod_cidr "$n")" via "$(node_ip "$n")"
 done
+# The external client: on the bridge, with no route beyond its subnet.
+ip netns add "$CLUSTER_EXT_NETNS"
+ip -n "$CLUSTER_EXT_NETNS" link set lo up
+ip -n "$cp_ns" link add ext type veth peer name eth0 netns "$CLUSTER_EXT_NETNS"
+ip -n "$cp_ns" link set ext master br0 up
+ip -n "$CLUSTER_EXT_NETNS" addr add "$CLUSTER_EXT_IP/24" dev eth0
+ip -n "$CLUSTER_EXT_NETNS" link set eth0 up
 for n in "${CLUSTER_NODES[@]}"; do
   for m in "${CLUSTER_NODES[@]}"; do
     [[ $n == "$m" ]] || ip -n "$(node_netns "$n")" route add "$(node_pod_cidr "$m")" via "$(node_ip "$m")"

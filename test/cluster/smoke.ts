@@ -149,7 +149,7 @@ if (!IS_ROOT) {
     teardown();
     t.comment(`cluster-down: ${((performance.now() - t2) / 1000).toFixed(1)} s`);
     t.notOk(existsSync(s.state), `${s.state} is gone`);
-    for (const ns of [s.cpNetns, ...s.nodes.map((n) => s.node[n]!.netns)]) t.notOk(existsSync(`/run/netns/${ns}`), `netns ${ns} is gone`);
+    for (const ns of [s.cpNetns, s.extNetns, ...s.nodes.map((n) => s.node[n]!.netns)]) t.notOk(existsSync(`/run/netns/${ns}`), `netns ${ns} is gone`);
     for (const m of [...s.cgroupV1, s.cgroupV2]) t.notOk(existsSync(path.join(m, s.name)), `${m}/${s.name} is gone`);
     // Zombies still name their cgroup until PID 1 reaps them: only live ones count.
     const live = (p: string): boolean => {
