@@ -292,8 +292,8 @@ cluster-down:
 	bash scripts/cluster/down.sh
 
 # The suites against the real cluster (test/cluster/): each brings it up
-# and down itself.
-test-cluster: $(STAMP)
+# and down itself; lbctl's own run the image `make image` builds.
+test-cluster: $(STAMP) image
 	@bash scripts/bootstrap.sh --cluster
 	npx --no-install tap test/cluster
 
