@@ -34,13 +34,7 @@ if [[ $mode == delete ]]; then
   exit 0
 fi
 [[ -s $archive ]] || die "no image archive $archive: make image"
-# Into each node's containerd, through its own mount namespace (that of its
-# containerd, where /run/containerd is the node's).
-for n in "${CLUSTER_NODES[@]}"; do
-  pid=$(recorded_pid "$n-containerd") || die "$n's containerd is not running"
-  nsenter -t "$pid" -m -n -- ctr --address /run/containerd/containerd.sock -n k8s.io \
-    images import --base-name "$name" "$archive" >/dev/null
-done
+"$here/import.sh" --base-name "$name" "$archive"
 log "imported $archive as $name into ${CLUSTER_NODES[*]}"
 [[ $mode == apply ]] || exit 0
 k apply -k "$overlay" >&2

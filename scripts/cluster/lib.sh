@@ -39,6 +39,7 @@ CLUSTER_DOMAIN=cluster.local
 CLUSTER_PAUSE_IMAGE=${CLUSTER_PAUSE_IMAGE:-lbctl.local/pause:1.0}
 CLUSTER_TEST_IMAGE=${CLUSTER_TEST_IMAGE:-lbctl.local/agnhost:1.0}
 CLUSTER_KUBE_PROXY_IMAGE=${CLUSTER_KUBE_PROXY_IMAGE:-lbctl.local/kube-proxy:v1.24.0-alpha.1}
+CLUSTER_DNS_IMAGE=${CLUSTER_DNS_IMAGE:-lbctl.local/cluster-dns:1.0}
 
 # Node i (1-based) of CLUSTER_NODES.
 node_index() {

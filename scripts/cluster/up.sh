@@ -203,5 +203,9 @@ done
 # Pods can be created once their namespace's default ServiceAccount is
 # (the controller-manager makes it, a moment after it starts).
 wait_for "the default ServiceAccount" 60 k -n default get serviceaccount default
+# The cluster's DNS, behind 10.96.0.10: it answers once a proxy serves
+# Services (kube-proxy.sh, lbctl.sh), as CoreDNS would.
+sed -e "s|@IMAGE@|$CLUSTER_DNS_IMAGE|" -e "s|@APISERVER@|$CLUSTER_APISERVER_IP:$CLUSTER_APISERVER_PORT|" \
+  -e "s|@DOMAIN@|$CLUSTER_DOMAIN|" -e "s|@DNS_IP@|$CLUSTER_DNS_IP|" "$here/manifests/cluster-dns.yaml" | k apply -f - >/dev/null
 log "cluster up in $(elapsed) s: ${CLUSTER_NODES[*]} Ready"
 log "kubectl: scripts/cluster/kubectl.sh get nodes (KUBECONFIG $CLUSTER_STATE/admin.kubeconfig, from netns $cp_ns)"
