@@ -3,7 +3,8 @@
 // the host must keep as it was (sysctls, iptables and nftables, the root
 // cgroups, the host's network and mounts).
 import { type ChildProcess, execFileSync, spawn, spawnSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { ROOT } from './sandbox/run.js';
 
@@ -152,10 +153,90 @@ export async function readyEndpoints(name: string, n: number, secs = 30, namespa
   return false;
 }
 
+// ------------------------------------------------------------ steady load
+
+export interface LoadResult {
+  readonly ok: number;
+  readonly failed: number;
+  /** The first failures, each with its time (epoch ms) and what the client saw. */
+  readonly failures: Array<{ at: number; what: string }>;
+}
+
+/**
+ * A pod on `node` that asks addr:port for /hostname over and over, a fresh
+ * connection each time (busybox nc, one request every 50 ms or so), counting
+ * what succeeds (an answer naming a pod whose name starts with `expect`)
+ * and logging every failure, until stopPodLoad().
+ */
+export function startPodLoad(s: ClusterSettings, name: string, node: string, addr: string, port: number, expect = 'echo-'): void {
+  const script = `ok=0; fail=0
+while [ ! -e /tmp/stop ]; do
+  r=$(printf 'GET /hostname HTTP/1.0\\r\\n\\r\\n' | nc -w 2 ${addr} ${port} 2>&1 | tail -n 1)
+  case "$r" in ${expect}*) ok=$((ok+1)) ;; *) fail=$((fail+1)); echo "fail $(date +%s%N | cut -c1-13) $r" ;; esac
+  usleep 50000
+done
+echo "done ok=$ok fail=$fail"
+exec sleep 3600`;
+  kubectl(['apply', '-f', '-'], JSON.stringify({
+    apiVersion: 'v1', kind: 'Pod', metadata: { name, labels: { role: 'load' } },
+    spec: {
+      nodeSelector: { 'kubernetes.io/hostname': node }, terminationGracePeriodSeconds: 1,
+      containers: [{ name: 'load', image: s.testImage, imagePullPolicy: 'Never', command: ['sh', '-c', script] }],
+    },
+  }));
+}
+
+/** Stops a startPodLoad() pod's loop and reads its counts. */
+export async function stopPodLoad(name: string): Promise<LoadResult> {
+  kubectl(['exec', name, '--', 'touch', '/tmp/stop']);
+  for (let i = 0; i < 100; i++) {
+    const log = kubectl(['logs', name]);
+    const done = /^done ok=(\d+) fail=(\d+)$/m.exec(log);
+    if (done) {
+      const failures = log.split('\n').filter((l) => l.startsWith('fail ')).slice(0, 50).map((l) => ({ at: Number(l.split(' ')[1]), what: l.split(' ').slice(2).join(' ') }));
+      return { ok: Number(done[1]), failed: Number(done[2]), failures };
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`${name}: its loop did not stop`);
+}
+
+/**
+ * client.py load from the external client's namespace: `rate` fresh TCP
+ * connections a second to each target, GET /hostname. stop() ends it and
+ * gives its counts.
+ */
+export function startExtLoad(s: ClusterSettings, targets: readonly string[], rate: number): { stop(): Promise<LoadResult & { raw: unknown }> } {
+  const dir = mkdtempSync(path.join(tmpdir(), 'lbctl-cluster-load-'));
+  const stopFile = path.join(dir, 'stop');
+  const proc = spawnInExt(s, ['python3', path.join(ROOT, 'test/helpers/client.py'), 'load', ...targets.flatMap((x) => ['--tcp', x]), '--rate', String(rate),
+    '--seconds', '3600', '--stop-file', stopFile, '--timeout', '3', '--path', '/hostname']);
+  let out = '';
+  proc.stdout!.on('data', (d: Buffer) => (out += d));
+  proc.stderr!.on('data', (d: Buffer) => (out += d));
+  const exited = new Promise<void>((resolve) => proc.on('exit', () => resolve()));
+  return {
+    async stop() {
+      writeFileSync(stopFile, '');
+      await exited;
+      rmSync(dir, { recursive: true, force: true });
+      const line = out.split('\n').find((l) => l.startsWith('{'));
+      if (!line) throw new Error(`client.py load printed no result: ${out.slice(0, 2000)}`);
+      const r = JSON.parse(line) as { ok: number; failed: number; failures: Array<{ at: number; target: string; phase: string; error: string }> };
+      return { ok: r.ok, failed: r.failed, failures: r.failures.slice(0, 50).map((f) => ({ at: f.at, what: `${f.target} ${f.phase} ${f.error}` })), raw: r };
+    },
+  };
+}
+
 // ------------------------------------------------------------ the host's state
 
-/** Sysctls that change by themselves (counters, random values). */
-const VOLATILE_SYSCTL = /^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr)|fs\.quota\.|kernel\.(ns_last_pid|random\.|pty\.nr)|net\.netfilter\.nf_conntrack_count)/;
+/**
+ * Sysctls that change by themselves (counters, random values), and
+ * kernel.bpf_stats_enabled, which `make bench` turns on while it profiles
+ * programs (bench/run.ts), beside the tests on a shared machine; lbctl never
+ * writes it.
+ */
+const VOLATILE_SYSCTL = /^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr)|fs\.quota\.|kernel\.(ns_last_pid|random\.|pty\.nr|bpf_stats_enabled)|net\.netfilter\.nf_conntrack_count)/;
 
 /** The root cgroups' settings: what kubelet, runc or a BPF loader would change there. */
 const ROOT_CGROUP_KNOBS = [
