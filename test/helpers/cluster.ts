@@ -172,7 +172,7 @@ export function startPodLoad(s: ClusterSettings, name: string, node: string, add
   const script = `ok=0; fail=0
 while [ ! -e /tmp/stop ]; do
   r=$(printf 'GET /hostname HTTP/1.0\\r\\n\\r\\n' | nc -w 2 ${addr} ${port} 2>&1 | tail -n 1)
-  case "$r" in ${expect}*) ok=$((ok+1)) ;; *) fail=$((fail+1)); echo "fail $(date +%s%N | cut -c1-13) $r" ;; esac
+  case "$r" in ${expect}*) ok=$((ok+1)) ;; *) fail=$((fail+1)); echo "fail $(date +%s)000 $r" ;; esac
   usleep 50000
 done
 echo "done ok=$ok fail=$fail"
