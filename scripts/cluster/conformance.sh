@@ -7,7 +7,7 @@
 # ends it if it is left) with the admin kubeconfig, and writes its JUnit
 # report and its log to DIR. Exits with e2e.test's status.
 #
-# Usage: conformance.sh [--focus REGEX] [--skip REGEX] [--report DIR] [--dry-run]
+# Usage: conformance.sh [--focus REGEX] [--skip REGEX] [--report DIR] [--dry-run] [--no-import]
 #   default focus: the 18 '[sig-network] Services ... [Conformance]' specs
 #   default report: $CLUSTER_STATE/conformance (cluster-down keeps the
 #   logs only: pass --report to keep the report)
@@ -18,12 +18,14 @@ focus='\[sig-network\] Services .*\[Conformance\]'
 skip=
 report=$CLUSTER_STATE/conformance
 dry=()
+noimport=
 while (($#)); do
   case $1 in
     --focus) focus=$2; shift 2 ;;
     --skip) skip=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --dry-run) dry=(--ginkgo.dryRun); shift ;;
+    --no-import) noimport=1; shift ;;
     *) die "conformance.sh: unknown argument $1" ;;
   esac
 done
@@ -31,7 +33,7 @@ done
 bin=$("$here/binaries.sh" e2e.test)
 mkdir -p "$report"
 report=$(realpath "$report")
-if ((${#dry[@]} == 0)); then
+if ((${#dry[@]} == 0)) && [[ -z $noimport ]]; then
   mapfile -t archives < <("$here/images.sh" e2e | tail -n 3)
   "$here/import.sh" "${archives[@]}"
   log "imported e2e.test's images: $(for a in "${archives[@]}"; do basename "$a"; done | tr '\n' ' ')"
