@@ -141,12 +141,13 @@ build cluster-dns "$CLUSTER_DNS_IMAGE" "$(sha256sum "$here/images/cluster-dns.mj
 # busybox userland with curl, OpenBSD's nc, iproute2, dig, iperf and bash,
 # /agnhost (and the agnhost-2 link the entrypoint tests run), /uploads for
 # netexec, porter's localhost.crt and .key. Here: Debian bookworm's packages
-# (files only, and their libraries) with dash as /bin/sh, busybox for every
+# (files only, and their libraries) with dash as /bin/sh and GNU wget (Debian's
+# static busybox's wget segfaults on this machine), busybox for every
 # other command.
 e2e_agnhost_image() {
   local root=$work/e2e-agnhost-root a
   mkdir -p "$root"
-  mmdebstrap --quiet --variant=extract --include=dash,bash,curl,netcat-openbsd,iproute2,bind9-dnsutils,iperf --format=tar \
+  mmdebstrap --quiet --variant=extract --include=dash,bash,curl,wget,netcat-openbsd,iproute2,bind9-dnsutils,iperf --format=tar \
     --dpkgopt='path-exclude=/usr/share/*' --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*' \
     bookworm "$work/e2e-agnhost-rootfs.tar" "deb ${LBCTL_DEBIAN_MIRROR:-http://deb.debian.org/debian} bookworm main"
   tar -C "$root" -xf "$work/e2e-agnhost-rootfs.tar" --exclude='./dev/*' --exclude='./usr/share/*' \
