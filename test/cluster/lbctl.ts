@@ -10,6 +10,8 @@
 //   - a client pod on the first node reaches a ClusterIP Service's backends
 //     on both nodes, and the kubernetes Service (the API server, which lbctl
 //     itself reaches by address, as a cluster without kube-proxy needs);
+//   - the pod resolves the Service's name through the cluster's DNS (UDP
+//     to the kube-dns ClusterIP, through lbctl's socket programs);
 //   - a node reaches the ClusterIP too;
 //   - the NodePort answers a client outside the nodes (a namespace on the
 //     nodes' bridge that has no route to the pods) through either node,
@@ -88,6 +90,12 @@ if (!IS_ROOT) {
     // The kubernetes Service: 10.96.0.1:443 is the API server at 10.240.0.1:6443.
     const reply = inPod("printf 'GET /livez HTTP/1.0\\r\\n\\r\\n' | nc -w 3 10.96.0.1 443 | head -1");
     t.match(reply, /^HTTP\/1\.0 400 Bad Request/, `the API server's TLS port answers through 10.96.0.1:443 (plain HTTP to TLS: 400): ${reply.trim()}`);
+  });
+
+  t.test('the client pod resolves the Service\'s name through kube-dns (UDP, through lbctl)', async (t) => {
+    kubectl(['-n', 'kube-system', 'wait', '--for=condition=Available', 'deploy/cluster-dns', '--timeout=60s'], undefined, 70_000);
+    const out = kubectl(['exec', 'client', '--', 'nslookup', 'echo.default.svc.cluster.local', '10.96.0.10']);
+    t.match(out, new RegExp(`Address:\\s+${svc.clusterIP.replace(/\./g, '\\.')}\\b`), `echo.default.svc.cluster.local is ${svc.clusterIP}`, { out });
   });
 
   t.test('a node reaches both backends through the ClusterIP', async (t) => {
