@@ -51,6 +51,10 @@ for d in /var/lib/kubelet /var/lib/containerd /var/lib/cni /var/log/pods /var/lo
     mkdir "$p"
     echo "$p" >>"$CLUSTER_STATE/host-dirs"
   done
+  # A mark of this cluster in the host's view of each (the node's mount
+  # hides it): another cluster's cluster-down, whose rmdir would detach
+  # this cluster's nodes' mounts there, finds it not empty and leaves it.
+  touch "$d/.$CLUSTER_NAME"
 done
 
 # ---------------------------------------------------------------- cgroups
