@@ -34,6 +34,7 @@ done
 bindir=$("$here/binaries.sh" agnhost kube-proxy)
 out=$CLUSTER_CACHE/images
 mkdir -p "$out"
+cache_lock
 work=$(mktemp -d "${TMPDIR:-/tmp}/lbctl-cluster-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
@@ -66,8 +67,8 @@ build() {
   if [[ ! -s $dest ]]; then
     log "image $ref"
     "$4" "$dest" "$ref"
-    find "$out" -maxdepth 1 -name "$name-*.tar" ! -path "$dest" -delete
   fi
+  cache_prune "$dest" "$out" -maxdepth 1 -name "$name-*.tar"
   echo "$dest"
 }
 

@@ -64,6 +64,23 @@ CLUSTER_EXT_IP=$CLUSTER_NET_PREFIX.250
 cgroup_v1_mounts() { awk '$3 == "cgroup" { print $2 }' /proc/mounts; }
 cgroup_v2_mount() { awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts; }
 
+# The cache is shared by every cluster and checkout on the machine: each
+# script that writes it holds this lock, and removes another input's
+# variant (binaries, certificates, an image) only when no run has used it
+# for a day (cache_prune), so that two clusters at once (CLUSTER_NAME) or two
+# checkouts never delete what the other is about to use.
+cache_lock() {
+  mkdir -p "$CLUSTER_CACHE"
+  exec 9>"$CLUSTER_CACHE/.lock"
+  flock 9
+}
+# cache_prune KEEP FIND-ARGS...: marks KEEP used now, removes the others matched unused for a day.
+cache_prune() {
+  local keep=$1; shift
+  touch "$keep"
+  find "$@" ! -path "$keep" -mmin +1440 -exec rm -rf {} +
+}
+
 log() { echo "cluster: $(date +%T.%2N) $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
