@@ -16,7 +16,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { clusterScript, clusterSettings, SCRIPTS } from '../helpers/cluster.js';
+import { clusterScript, clusterUp, clusterSettings, SCRIPTS } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 const SERVICES_CONFORMANCE = 18;
@@ -36,7 +36,7 @@ if (!IS_ROOT) {
     clusterScript('down.sh');
     if (!keep) rmSync(report, { recursive: true, force: true });
   });
-  clusterScript('up.sh');
+  clusterUp();
   clusterScript(proxy === 'lbctl' ? 'lbctl.sh' : 'kube-proxy.sh');
 
   t.test(`e2e.test against the cluster with ${proxy}`, async (t) => {

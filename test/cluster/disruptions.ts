@@ -21,7 +21,7 @@ import t from 'tap';
 import { existsSync, readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { clusterScript, clusterSettings, type ClusterSettings, hostDiff, hostSnapshot, kubectl, type LoadResult, readyEndpoints, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
+import { clusterScript, clusterUp, clusterSettings, type ClusterSettings, hostDiff, hostSnapshot, kubectl, type LoadResult, readyEndpoints, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 const REPLICAS = 4;
@@ -33,7 +33,7 @@ if (!IS_ROOT) {
   if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
   const before = hostSnapshot(s);
   t.teardown(() => { clusterScript('down.sh'); });
-  clusterScript('up.sh');
+  clusterUp();
   clusterScript('kube-proxy.sh');
 
   // ---------------------------------------------------------------- the backends

@@ -14,7 +14,7 @@
 import t from 'tap';
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { answers, clusterScript, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
+import { answers, clusterScript, clusterUp, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -25,7 +25,7 @@ if (!IS_ROOT) {
   if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
   const before = hostSnapshot(s);
   t.teardown(() => { clusterScript('down.sh'); });
-  clusterScript('up.sh');
+  clusterUp();
 
   t.test('kube-proxy runs on both nodes', async (t) => {
     clusterScript('kube-proxy.sh');

@@ -24,7 +24,7 @@ import t from 'tap';
 import { existsSync, statSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { answers, clusterScript, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
+import { answers, clusterScript, clusterUp, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -35,7 +35,7 @@ if (!IS_ROOT) {
   if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
   const before = hostSnapshot(s);
   t.teardown(() => { clusterScript('down.sh'); });
-  clusterScript('up.sh');
+  clusterUp();
 
   interface Pod { metadata: { name: string }; spec: { nodeName: string; containers: Array<Record<string, unknown> & { name: string; securityContext?: { privileged?: boolean; capabilities?: { add?: string[] } } }>; volumes: Array<{ name: string; hostPath?: { path: string } }> }; status: { conditions?: Array<{ type: string; status: string }> } }
   const agents = new Map<string, string>(); // node → agent pod

@@ -21,7 +21,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ROOT } from '../helpers/sandbox/run.js';
-import { clusterScript, clusterSettings, echoService, type EchoService, hostDiff, hostSnapshot, kubectl, type LoadResult, SCRIPTS, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
+import { clusterScript, clusterUp, clusterSettings, echoService, type EchoService, hostDiff, hostSnapshot, kubectl, type LoadResult, SCRIPTS, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
 
 const SECTION = 'Replacing kube-proxy on a running cluster, node by node';
 const IS_ROOT = process.getuid?.() === 0;
@@ -33,7 +33,7 @@ if (!IS_ROOT) {
   if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
   const before = hostSnapshot(s);
   t.teardown(() => { clusterScript('down.sh'); });
-  clusterScript('up.sh');
+  clusterUp();
 
   /** A node's iptables (nft backend, as the nodes' own), every table, without counters or comments. */
   const nodeRules = (node: string): string[] => execFileSync('nsenter', [`--net=/run/netns/${s.node[node]!.netns}`, 'iptables-nft-save'], { encoding: 'utf8' })

@@ -18,7 +18,7 @@ import t from 'tap';
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { clusterScript, clusterSettings, hostDiff, hostSnapshot, kubectl, onNode } from '../helpers/cluster.js';
+import { clusterScript, clusterUp, clusterSettings, hostDiff, hostSnapshot, kubectl, onNode } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -45,7 +45,7 @@ if (!IS_ROOT) {
   t.teardown(teardown);
 
   const t0 = performance.now();
-  clusterScript('up.sh');
+  clusterUp();
   t.comment(`cluster-up: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 
   t.test('both nodes are Ready, with their pod CIDRs', async (t) => {

@@ -48,6 +48,20 @@ export function clusterScript(script: string, args: readonly string[] = [], time
   return execFileSync('bash', [path.join(SCRIPTS, script), ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: timeoutMs });
 }
 
+/**
+ * cluster-up (scripts/cluster/up.sh). An up that fails is taken down at
+ * once: a test file's process dies of the error before its teardown runs,
+ * and a cluster left half up fails every file after it ("a cluster is up").
+ */
+export function clusterUp(): void {
+  try {
+    clusterScript('up.sh');
+  } catch (err) {
+    try { clusterScript('down.sh'); } catch { /* the error that matters is up's */ }
+    throw err;
+  }
+}
+
 /** kubectl against the cluster (scripts/cluster/kubectl.sh); throws with its stderr on failure. */
 export function kubectl(args: readonly string[], input?: string, timeoutMs = 60_000): string {
   const r = spawnSync('bash', [path.join(SCRIPTS, 'kubectl.sh'), ...args], { encoding: 'utf8', input, timeout: timeoutMs });
