@@ -38,7 +38,7 @@ TS_SRCS   := $(shell find src -name '*.ts' 2>/dev/null)
 STAMP     := node_modules/.lbctl-lock-hash
 BUNDLE    := dist/bundle/lbctl.js
 
-.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-runtimes bench-deps clean cleanup cluster-up cluster-down test-cluster
+.PHONY: all build bootstrap bpf native ts gen check-gen check-layers typecheck image vmtest test test-host test-vm test-unit test-bpf test-e2e demo bench bench-quick bench-runtimes bench-deps clean cleanup cluster-up cluster-down test-cluster test-conformance
 
 all: build
 
@@ -292,10 +292,17 @@ cluster-down:
 	bash scripts/cluster/down.sh
 
 # The suites against the real cluster (test/cluster/): each brings it up
-# and down itself.
-test-cluster: $(STAMP)
+# and down itself; lbctl's own run the image `make image` builds.
+test-cluster: $(STAMP) image
 	@bash scripts/bootstrap.sh --cluster
 	npx --no-install tap test/cluster
+
+# Kubernetes' 18 Services conformance specs (e2e.test) against the real
+# cluster with lbctl and no kube-proxy (docs/conformance.md); also part of
+# test-cluster. LBCTL_CONFORMANCE_PROXY=kube-proxy runs the baseline.
+test-conformance: $(STAMP) image
+	@bash scripts/bootstrap.sh --cluster
+	npx --no-install tap test/cluster/conformance.ts
 
 cleanup:
 	./bin/lbctl cleanup

@@ -13,6 +13,7 @@ names=("$@")
 ((${#names[@]})) || names=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy agnhost)
 sums=$CLUSTER_K8S_DIR/SHA256SUMS
 [[ -r $sums ]] || die "no $sums: set CLUSTER_K8S_DIR to a directory of Kubernetes binaries and their SHA256SUMS"
+cache_lock
 dir=$CLUSTER_CACHE/bin/$(sha256sum "$sums" | cut -c1-16)
 mkdir -p "$dir"
 
@@ -35,5 +36,5 @@ for name in "${names[@]}"; do
   mv "$tmp" "$dir/$name"
 done
 # Directories of other sums are binaries nothing uses any more.
-find "$CLUSTER_CACHE/bin" -mindepth 1 -maxdepth 1 -type d ! -path "$dir" -exec rm -rf {} +
+cache_prune "$dir" "$CLUSTER_CACHE/bin" -mindepth 1 -maxdepth 1 -type d
 echo "$dir"

@@ -97,12 +97,22 @@ for n in "${CLUSTER_NODES[@]}"; do
   ns=$(node_netns "$n")
   [[ ! -e /run/netns/$ns ]] || ip netns del "$ns"
 done
+[[ ! -e /run/netns/$CLUSTER_EXT_NETNS ]] || ip netns del "$CLUSTER_EXT_NETNS"
 [[ ! -e /run/netns/$CLUSTER_CP_NETNS ]] || ip netns del "$CLUSTER_CP_NETNS"
 
+# This cluster's marks in the host's mount points (up.sh).
+for d in /var/lib/kubelet /var/lib/containerd /var/lib/cni /var/log/pods /var/log/containers /etc/cni/net.d; do
+  rm -f "$d/.$CLUSTER_NAME"
+done
+# A mount point in some mount namespace: another cluster's node uses it.
+mounted_anywhere() { { cat /proc/[0-9]*/mountinfo 2>/dev/null || true; } | awk -v d="$1" '$5 == d { f = 1 } END { exit !f }'; }
 if [[ -d $CLUSTER_STATE ]]; then
   if [[ -f $CLUSTER_STATE/host-dirs ]]; then
-    # Deepest first (the reverse of their making); only while still empty.
-    tac "$CLUSTER_STATE/host-dirs" | while read -r d; do rmdir "$d" 2>/dev/null || true; done
+    # Deepest first (the reverse of their making); only while still empty
+    # (no other cluster's mark) and mounted in no node.
+    tac "$CLUSTER_STATE/host-dirs" | while read -r d; do
+      mounted_anywhere "$d" || rmdir "$d" 2>/dev/null || true
+    done
   fi
   # Nothing of the cluster is mounted in the host's namespace; refuse to
   # delete through a mount all the same.

@@ -9,6 +9,8 @@
 #   agnhost  CLUSTER_TEST_IMAGE: Kubernetes' agnhost (the shared binary, static)
 #            as /agnhost, the entrypoint, and busybox (static) for a shell
 #            and nc
+#   cluster-dns CLUSTER_DNS_IMAGE: images/cluster-dns.mjs (the cluster's DNS
+#            server) and Debian bookworm's nodejs, with its libraries
 #   kube-proxy  CLUSTER_KUBE_PROXY_IMAGE: the shared kube-proxy (static) and
 #            what it runs: iptables (its nft backend, as the nodes' own
 #            iptables is) and conntrack, with their libraries, from Debian
@@ -21,6 +23,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.sh"
+# images.sh: the cluster's own; images.sh e2e: e2e.test's as well (printed
+# after them).
+set=${1:-}
 for tool in umoci gcc busybox mmdebstrap; do
   command -v "$tool" >/dev/null || die "$tool is missing (scripts/bootstrap.sh --cluster installs it)"
 done
@@ -29,6 +34,7 @@ done
 bindir=$("$here/binaries.sh" agnhost kube-proxy)
 out=$CLUSTER_CACHE/images
 mkdir -p "$out"
+cache_lock
 work=$(mktemp -d "${TMPDIR:-/tmp}/lbctl-cluster-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
@@ -61,8 +67,8 @@ build() {
   if [[ ! -s $dest ]]; then
     log "image $ref"
     "$4" "$dest" "$ref"
-    find "$out" -maxdepth 1 -name "$name-*.tar" ! -path "$dest" -delete
   fi
+  cache_prune "$dest" "$out" -maxdepth 1 -name "$name-*.tar"
   echo "$dest"
 }
 
@@ -108,3 +114,79 @@ kube_proxy_image() {
     --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 }
 build kube-proxy "$CLUSTER_KUBE_PROXY_IMAGE" "$(sha256sum "$bindir/kube-proxy"; echo bookworm iptables conntrack)" kube_proxy_image
+cluster_dns_image() {
+  local root=$work/cluster-dns-root
+  mkdir -p "$root"
+  # Debian's node loads some of its own modules from /usr/share/nodejs.
+  mmdebstrap --quiet --variant=extract --include=nodejs --format=tar \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*' \
+    bookworm "$work/cluster-dns-rootfs.tar" "deb ${LBCTL_DEBIAN_MIRROR:-http://deb.debian.org/debian} bookworm main"
+  tar -C "$root" -xf "$work/cluster-dns-rootfs.tar" --exclude='./dev/*' --exclude='./usr/share/doc/*' \
+    --exclude='./usr/share/man/*' --exclude='./usr/share/locale/*' --exclude='./usr/lib/x86_64-linux-gnu/gconv/*'
+  mkdir -p "$root/tmp"
+  chmod 1777 "$root/tmp"
+  install -m 644 "$here/images/cluster-dns.mjs" "$root/cluster-dns.mjs"
+  oci_archive "$1" "$2" "$root" --config.entrypoint /usr/bin/node --config.cmd /cluster-dns.mjs \
+    --config.env PATH=/usr/sbin:/usr/bin:/sbin:/bin
+}
+build cluster-dns "$CLUSTER_DNS_IMAGE" "$(sha256sum "$here/images/cluster-dns.mjs"; echo bookworm nodejs)" cluster_dns_image
+[[ $set == e2e ]] || exit 0
+
+# ---------------------------------------------------------------- e2e.test's
+# Under the upstream names e2e.test asks for (its --list-images; test/utils/
+# image/manifest.go of v1.24), printed instead of the cluster's own; conformance.sh
+# imports them. Built from the same inputs, not the upstream images.
+
+# agnhost as upstream builds it (test/images/agnhost/Dockerfile): alpine's
+# busybox userland with curl, OpenBSD's nc, iproute2, dig, iperf and bash,
+# /agnhost (and the agnhost-2 link the entrypoint tests run), /uploads for
+# netexec, porter's localhost.crt and .key. Here: Debian bookworm's packages
+# (files only, and their libraries) with dash as /bin/sh and GNU wget (Debian's
+# static busybox's wget segfaults on this machine), busybox for every
+# other command.
+e2e_agnhost_image() {
+  local root=$work/e2e-agnhost-root a
+  mkdir -p "$root"
+  mmdebstrap --quiet --variant=extract --include=dash,bash,curl,wget,netcat-openbsd,iproute2,bind9-dnsutils,iperf --format=tar \
+    --dpkgopt='path-exclude=/usr/share/*' --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*' \
+    bookworm "$work/e2e-agnhost-rootfs.tar" "deb ${LBCTL_DEBIAN_MIRROR:-http://deb.debian.org/debian} bookworm main"
+  tar -C "$root" -xf "$work/e2e-agnhost-rootfs.tar" --exclude='./dev/*' --exclude='./usr/share/*' \
+    --exclude='./usr/lib/x86_64-linux-gnu/gconv/*'
+  # What alternatives would link.
+  ln -sf nc.openbsd "$root/bin/nc"
+  # dash as /bin/sh, as Debian has it: Debian's static busybox runs its own
+  # applets before any on PATH (nc, wget), so it must not be the shell.
+  ln -sf dash "$root/bin/sh"
+  mkdir -p "$root/usr/local/bin" "$root/tmp" "$root/uploads" "$root/etc" "$root/bin"
+  chmod 1777 "$root/tmp"
+  install -m 755 "$(command -v busybox)" "$root/usr/local/bin/busybox"
+  for a in $(busybox --list); do
+    # In /bin, as alpine has them (the tests run /bin/sh): where no package put one.
+    [[ -e $root/bin/$a || -e $root/usr/bin/$a || -e $root/sbin/$a || -e $root/usr/sbin/$a || $a == busybox ]] ||
+      ln -s /usr/local/bin/busybox "$root/bin/$a"
+  done
+  ln -sf /usr/bin/iperf "$root/usr/local/bin/iperf"
+  install -m 755 "$bindir/agnhost" "$root/agnhost"
+  ln -s agnhost "$root/agnhost-2"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=localhost -keyout "$root/localhost.key" -out "$root/localhost.crt" 2>/dev/null
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+  oci_archive "$1" "$2" "$root" --config.entrypoint /agnhost --config.cmd pause \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+}
+build e2e-agnhost k8s.gcr.io/e2e-test-images/agnhost:2.33 "$(sha256sum "$bindir/agnhost" "$(command -v busybox)"; echo bookworm)" e2e_agnhost_image
+# The pause image the tests name (pods that only need to exist).
+build e2e-pause k8s.gcr.io/pause:3.6 "$(sha256sum "$here/images/pause.c"; gcc --version | head -1)" pause_image
+# busybox:1.29: busybox alone.
+e2e_busybox_image() {
+  local root=$work/e2e-busybox-root a
+  mkdir -p "$root"/{bin,etc,tmp}
+  chmod 1777 "$root/tmp"
+  install -m 755 "$(command -v busybox)" "$root/bin/busybox"
+  for a in $(busybox --list); do [[ -e $root/bin/$a ]] || ln -s busybox "$root/bin/$a"; done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+  oci_archive "$1" "$2" "$root" --config.cmd sh --config.env PATH=/bin
+}
+build e2e-busybox k8s.gcr.io/e2e-test-images/busybox:1.29-2 "$(sha256sum "$(command -v busybox)")" e2e_busybox_image

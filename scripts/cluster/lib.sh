@@ -39,6 +39,7 @@ CLUSTER_DOMAIN=cluster.local
 CLUSTER_PAUSE_IMAGE=${CLUSTER_PAUSE_IMAGE:-lbctl.local/pause:1.0}
 CLUSTER_TEST_IMAGE=${CLUSTER_TEST_IMAGE:-lbctl.local/agnhost:1.0}
 CLUSTER_KUBE_PROXY_IMAGE=${CLUSTER_KUBE_PROXY_IMAGE:-lbctl.local/kube-proxy:v1.24.0-alpha.1}
+CLUSTER_DNS_IMAGE=${CLUSTER_DNS_IMAGE:-lbctl.local/cluster-dns:1.0}
 
 # Node i (1-based) of CLUSTER_NODES.
 node_index() {
@@ -52,11 +53,33 @@ node_ip() { echo "$CLUSTER_NET_PREFIX.$((10 + $(node_index "$1")))"; }
 node_pod_cidr() { echo "10.244.$(node_index "$1").0/24"; }
 node_netns() { echo "$CLUSTER_NAME-$1"; }
 CLUSTER_CP_NETNS=$CLUSTER_NAME
+# A client outside the nodes, as a load balancer or a user elsewhere on the
+# nodes' network is: a namespace on the nodes' bridge that knows only that
+# network (no route to pods or Services), in cgroup $CLUSTER_NAME/ext.
+CLUSTER_EXT_NETNS=$CLUSTER_NAME-ext
+CLUSTER_EXT_IP=$CLUSTER_NET_PREFIX.250
 
 # The cgroup v1 hierarchies (each mounted on its own, or several at one
 # mount point) and the cgroup2 mount, whatever the host's layout.
 cgroup_v1_mounts() { awk '$3 == "cgroup" { print $2 }' /proc/mounts; }
 cgroup_v2_mount() { awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts; }
+
+# The cache is shared by every cluster and checkout on the machine: each
+# script that writes it holds this lock, and removes another input's
+# variant (binaries, certificates, an image) only when no run has used it
+# for a day (cache_prune), so that two clusters at once (CLUSTER_NAME) or two
+# checkouts never delete what the other is about to use.
+cache_lock() {
+  mkdir -p "$CLUSTER_CACHE"
+  exec 9>"$CLUSTER_CACHE/.lock"
+  flock 9
+}
+# cache_prune KEEP FIND-ARGS...: marks KEEP used now, removes the others matched unused for a day.
+cache_prune() {
+  local keep=$1; shift
+  touch "$keep"
+  find "$@" ! -path "$keep" -mmin +1440 -exec rm -rf {} +
+}
 
 log() { echo "cluster: $(date +%T.%2N) $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }

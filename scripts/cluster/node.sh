@@ -193,17 +193,30 @@ serializeImagePulls: false
 # the node's first status (not Ready: no PLEG relist yet) stood for 10 s.
 nodeStatusUpdateFrequency: 1s
 YAML
-"$CLUSTER_BIN/kubelet" --config="$dir/kubelet.yaml" --kubeconfig="$CLUSTER_PKI/$node.kubeconfig" \
-  --container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
-  --pod-infra-container-image="$CLUSTER_PAUSE_IMAGE" \
-  --hostname-override="$node" --node-ip="$ip" --v="${CLUSTER_KUBELET_V:-1}" \
-  >>"$CLUSTER_STATE/logs/$node-kubelet.log" 2>&1 &
-kubelet_pid=$!
-record_pid "$node-kubelet" "$kubelet_pid"
+start_kubelet() {
+  "$CLUSTER_BIN/kubelet" --config="$dir/kubelet.yaml" --kubeconfig="$CLUSTER_PKI/$node.kubeconfig" \
+    --container-runtime=remote --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
+    --pod-infra-container-image="$CLUSTER_PAUSE_IMAGE" \
+    --hostname-override="$node" --node-ip="$ip" --v="${CLUSTER_KUBELET_V:-1}" \
+    >>"$CLUSTER_STATE/logs/$node-kubelet.log" 2>&1 &
+  kubelet_pid=$!
+  record_pid "$node-kubelet" "$kubelet_pid"
+}
+start_kubelet
 log "$node: containerd $containerd_pid, kubelet $kubelet_pid"
 for a in "${archives[@]:1}"; do import_image "$a"; done
 log "$node: images $(ctr --address /run/containerd/containerd.sock -n k8s.io images ls -q | grep -v '^sha256:' | tr '\n' ' ')"
 touch "$dir/images-ready"
-wait -n "$containerd_pid" "$kubelet_pid" || true
+# kubelet is started again when it exits with $dir/restart-kubelet present
+# (restart-kubelet.sh: what `systemctl restart kubelet` does on a systemd
+# host); any other exit of kubelet or containerd stops the node.
+while wait -n "$containerd_pid" "$kubelet_pid" || true; do
+  kill -0 "$containerd_pid" 2>/dev/null || break
+  kill -0 "$kubelet_pid" 2>/dev/null && continue
+  [[ -e $dir/restart-kubelet ]] || break
+  rm -f "$dir/restart-kubelet"
+  start_kubelet
+  log "$node: kubelet restarted: $kubelet_pid"
+done
 log "$node: containerd or kubelet exited"
 stop

@@ -26,6 +26,7 @@ source "$(dirname "$0")/lib.sh"
 key=$( (cat "$0"; echo "$CLUSTER_APISERVER_IP $CLUSTER_APISERVER_PORT $CLUSTER_SERVICE_IP $CLUSTER_DOMAIN";
   for n in "${CLUSTER_NODES[@]}"; do echo "$n $(node_ip "$n")"; done) | sha256sum | cut -c1-16)
 dir=$CLUSTER_CACHE/pki-$key
+cache_lock
 if [[ -f $dir/.complete ]]; then echo "$dir"; exit 0; fi
 log "certificates and kubeconfigs in $dir"
 rm -rf "$dir"
@@ -106,5 +107,5 @@ for n in "${CLUSTER_NODES[@]}"; do kubeconfig "$n" "system:node:$n"; done
 
 touch .complete
 # Certificates for other addresses or names are of no further use.
-find "$CLUSTER_CACHE" -mindepth 1 -maxdepth 1 -name 'pki-*' ! -path "$dir" -exec rm -rf {} +
+cache_prune "$dir" "$CLUSTER_CACHE" -mindepth 1 -maxdepth 1 -name 'pki-*'
 echo "$dir"

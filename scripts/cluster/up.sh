@@ -8,7 +8,8 @@
 #                               on (10.240.0.1/24)
 #   netns lbctl-cluster-NODE    a node: containerd, kubelet, its pods on cni0;
 #                               eth0 10.240.0.(10+i), pod CIDR 10.244.i.0/24
-#   cgroup lbctl-cluster/{control-plane,NODE} under every hierarchy: each
+#   netns lbctl-cluster-ext     a client outside the nodes, on br0 (.250)
+#   cgroup lbctl-cluster/{control-plane,NODE,ext} under every hierarchy: each
 #                               node's processes and pods stay in its subtree
 #
 # Every process it starts is recorded (pid and start time) in
@@ -50,12 +51,16 @@ for d in /var/lib/kubelet /var/lib/containerd /var/lib/cni /var/log/pods /var/lo
     mkdir "$p"
     echo "$p" >>"$CLUSTER_STATE/host-dirs"
   done
+  # A mark of this cluster in the host's view of each (the node's mount
+  # hides it): another cluster's cluster-down, whose rmdir would detach
+  # this cluster's nodes' mounts there, finds it not empty and leaves it.
+  touch "$d/.$CLUSTER_NAME"
 done
 
 # ---------------------------------------------------------------- cgroups
 # A subtree under every hierarchy. cpuset children start empty: they get
 # the parent's CPUs and memory nodes before any process joins.
-groups=(control-plane "${CLUSTER_NODES[@]}")
+groups=(control-plane "${CLUSTER_NODES[@]}" ext)
 for m in $(cgroup_v1_mounts) "$v2"; do
   mkdir -p "$m/$CLUSTER_NAME"
   for g in "${groups[@]}"; do mkdir -p "$m/$CLUSTER_NAME/$g"; done
@@ -90,6 +95,13 @@ for n in "${CLUSTER_NODES[@]}"; do
   # The control plane reaches pods (webhooks, kubectl proxy) through their node.
   ip -n "$cp_ns" route add "$(node_pod_cidr "$n")" via "$(node_ip "$n")"
 done
+# The external client: on the bridge, with no route beyond its subnet.
+ip netns add "$CLUSTER_EXT_NETNS"
+ip -n "$CLUSTER_EXT_NETNS" link set lo up
+ip -n "$cp_ns" link add ext type veth peer name eth0 netns "$CLUSTER_EXT_NETNS"
+ip -n "$cp_ns" link set ext master br0 up
+ip -n "$CLUSTER_EXT_NETNS" addr add "$CLUSTER_EXT_IP/24" dev eth0
+ip -n "$CLUSTER_EXT_NETNS" link set eth0 up
 for n in "${CLUSTER_NODES[@]}"; do
   for m in "${CLUSTER_NODES[@]}"; do
     [[ $n == "$m" ]] || ip -n "$(node_netns "$n")" route add "$(node_pod_cidr "$m")" via "$(node_ip "$m")"
@@ -195,5 +207,9 @@ done
 # Pods can be created once their namespace's default ServiceAccount is
 # (the controller-manager makes it, a moment after it starts).
 wait_for "the default ServiceAccount" 60 k -n default get serviceaccount default
+# The cluster's DNS, behind 10.96.0.10: it answers once a proxy serves
+# Services (kube-proxy.sh, lbctl.sh), as CoreDNS would.
+sed -e "s|@IMAGE@|$CLUSTER_DNS_IMAGE|" -e "s|@APISERVER@|$CLUSTER_APISERVER_IP:$CLUSTER_APISERVER_PORT|" \
+  -e "s|@DOMAIN@|$CLUSTER_DOMAIN|" -e "s|@DNS_IP@|$CLUSTER_DNS_IP|" "$here/manifests/cluster-dns.yaml" | k apply -f - >/dev/null
 log "cluster up in $(elapsed) s: ${CLUSTER_NODES[*]} Ready"
 log "kubectl: scripts/cluster/kubectl.sh get nodes (KUBECONFIG $CLUSTER_STATE/admin.kubeconfig, from netns $cp_ns)"

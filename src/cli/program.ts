@@ -110,7 +110,7 @@ export function buildProgram(): Command {
     .option('--log-level <level>', 'trace, debug, info, warn or error', logLevel, 'info')
     .option('--procfs <path>', "where the host's /proc/sys/net is reachable as <path>/sys/net (in a pod: /host/proc, a hostPath mount; the container's own is read-only)", '/proc')
     .option('--no-nodeport', 'do not serve NodePorts, LoadBalancer and external IPs at tc (the socket programs only)')
-    .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth, bridge port or tunnel)')
+    .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth (unless it carries the default route), bridge port or tunnel)')
     .option('--tc-attach <auto|tcx|clsact>', 'how the tc programs attach to the devices: tcx links (Linux 6.6+) or clsact filters; auto: tcx where the kernel has it', tcAttach, 'auto')
     .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
     .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')

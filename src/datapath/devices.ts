@@ -7,8 +7,9 @@
  *
  * Two roles. Front doors ('nodeport') carry clients' traffic and the node
  * addresses NodePorts answer on: detected (no --devices) they are up, not
- * loopback, with at least one global address, and neither a veth, a bridge
- * or bond port, nor a tunnel; named (--devices IF1,IF2) exactly those, each
+ * loopback, with at least one global address, and neither a veth (unless it
+ * carries the default route: kind's nodes), a bridge or bond port, nor a
+ * tunnel; named (--devices IF1,IF2) exactly those, each
  * once it exists and is up (a name that is missing is reported, and
  * attached when it appears). Tunnels ('tunnel': vxlan, geneve, ipip,
  * wireguard, ...) that are up are attached too, whatever --devices says: a
@@ -67,11 +68,21 @@ function globalAddresses(addrs: readonly RtnlAddr[], index: number): DeviceAddre
     .sort((x, y) => x.family - y.family || x.address.localeCompare(y.address));
 }
 
-/** Why a link is not a detected device (undefined: it is one). */
-export function notViable(link: RtnlLink, addrs: readonly RtnlAddr[]): string | undefined {
+/** The main table has a default route (either family) out of device `index`. */
+function hasDefaultRoute(index: number, routes: readonly RtnlRoute[]): boolean {
+  return routes.some((r) => r.table === RT_TABLE_MAIN && r.type === RTN_UNICAST && r.dstLen === 0 && r.oif === index);
+}
+
+/**
+ * Why a link is not a detected device (undefined: it is one). A veth is a
+ * pod's or a container's end, except where it carries the default route:
+ * the node's own uplink in kind and other nodes-in-containers (a container
+ * runtime's eth0 is a veth), as Cilium's detection takes it.
+ */
+export function notViable(link: RtnlLink, addrs: readonly RtnlAddr[], routes: readonly RtnlRoute[] = []): string | undefined {
   if (link.flags & IFF_LOOPBACK) return 'loopback';
   if (!(link.flags & IFF_UP)) return 'down';
-  if (link.kind === 'veth') return 'a veth';
+  if (link.kind === 'veth' && !hasDefaultRoute(link.index, routes)) return 'a veth without the default route';
   if (link.slaveKind !== '' || link.master !== 0) return `a ${link.slaveKind || 'master\'s'} port`;
   if (TUNNEL_KINDS.has(link.kind)) return `a tunnel (${link.kind})`;
   if (globalAddresses(addrs, link.index).length === 0) return 'no global address';
@@ -138,7 +149,7 @@ export function selectDevices(links: readonly RtnlLink[], addrs: readonly RtnlAd
       else devices.push(device(l, 'nodeport'));
     }
   } else {
-    devices.push(...links.filter((l) => notViable(l, addrs) === undefined).map((l) => device(l, 'nodeport')));
+    devices.push(...links.filter((l) => notViable(l, addrs, routes) === undefined).map((l) => device(l, 'nodeport')));
   }
   const taken = new Set(devices.map((d) => d.index));
   for (const l of links) if (!taken.has(l.index) && isTunnel(l)) devices.push(device(l, 'tunnel'));

@@ -18,7 +18,7 @@ import t from 'tap';
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { clusterScript, clusterSettings, hostDiff, hostSnapshot, kubectl, onNode } from '../helpers/cluster.js';
+import { clusterScript, clusterUp, clusterSettings, hostDiff, hostSnapshot, kubectl, onNode } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -45,7 +45,7 @@ if (!IS_ROOT) {
   t.teardown(teardown);
 
   const t0 = performance.now();
-  clusterScript('up.sh');
+  clusterUp();
   t.comment(`cluster-up: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 
   t.test('both nodes are Ready, with their pod CIDRs', async (t) => {
@@ -149,7 +149,7 @@ if (!IS_ROOT) {
     teardown();
     t.comment(`cluster-down: ${((performance.now() - t2) / 1000).toFixed(1)} s`);
     t.notOk(existsSync(s.state), `${s.state} is gone`);
-    for (const ns of [s.cpNetns, ...s.nodes.map((n) => s.node[n]!.netns)]) t.notOk(existsSync(`/run/netns/${ns}`), `netns ${ns} is gone`);
+    for (const ns of [s.cpNetns, s.extNetns, ...s.nodes.map((n) => s.node[n]!.netns)]) t.notOk(existsSync(`/run/netns/${ns}`), `netns ${ns} is gone`);
     for (const m of [...s.cgroupV1, s.cgroupV2]) t.notOk(existsSync(path.join(m, s.name)), `${m}/${s.name} is gone`);
     // Zombies still name their cgroup until PID 1 reaps them: only live ones count.
     const live = (p: string): boolean => {

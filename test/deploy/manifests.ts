@@ -37,7 +37,7 @@ interface Container {
   readinessProbe?: Probe;
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> };
   securityContext?: { privileged?: boolean; capabilities?: { add?: string[] } };
-  volumeMounts?: Array<{ name: string; mountPath: string; mountPropagation?: string }>;
+  volumeMounts?: Array<{ name: string; mountPath: string; mountPropagation?: string; readOnly?: boolean }>;
 }
 interface Probe {
   httpGet: { path: string; port: string | number };
@@ -189,6 +189,7 @@ t.test('the DaemonSet: host network, every node, one at a time, not privileged',
   const config = yaml.load(cm.data['agent.yaml']!) as Record<string, string | number>;
   t.ok(mounts.has(String(config.cgroup)), `the cgroup the ConfigMap names (${config.cgroup}) is mounted`);
   t.equal(volume(mounts.get(String(config.cgroup))!.name), '/sys/fs/cgroup', "from the host's cgroup v2 root");
+  t.notOk(mounts.get(String(config.cgroup))!.readOnly, 'writable: the link probe makes and removes a child cgroup there (EROFS otherwise, and the agent refuses to start)');
   t.equal(volume(mounts.get(`${config.procfs}/sys/net`)!.name), '/proc/sys/net', "--procfs reaches the host's /proc/sys/net");
   t.equal(volume(mounts.get('/etc/lbctl')!.name), undefined);
   t.equal(pod.volumes?.find((v) => v.name === mounts.get('/etc/lbctl')!.name)?.configMap?.name, 'lbctl-config');

@@ -10,7 +10,7 @@ application saw (peer addresses, reply sources, errno names).
   client.py dns HOST PORT NAME [--count N] A query per unconnected sendto/recvfrom
   client.py load --tcp HOST:PORT[@RATE] --udp HOST:PORT[@RATE] [--rate R]
                  [--seconds MAX] [--stop-file F] [--progress F] [--timeout S]
-                                           steady load: per target, RATE (default R)
+                 [--path P]                steady load: per target, RATE (default R)
                                            fresh sockets a second (TCP: connect, GET /,
                                            read to EOF, close; UDP: unconnected sendto,
                                            recvfrom); every failure with errno, phase and
@@ -231,7 +231,7 @@ def split_target(text, default_rate):
     return host.strip("[]"), int(port), float(rate) if rate else default_rate
 
 
-def load_tcp(host, port, timeout):
+def load_tcp(host, port, timeout, path="/"):
     """One connection through the service: None, or (phase, errno name)."""
     s = socket.socket(family_of(host), socket.SOCK_STREAM)
     s.settimeout(timeout)
@@ -244,7 +244,7 @@ def load_tcp(host, port, timeout):
         if peer[0] != host or peer[1] != port:
             return phase, "EPEER:" + fmt(peer)
         phase = "send"
-        s.sendall(b"GET / HTTP/1.0\r\nHost: lbctl-test\r\n\r\n")
+        s.sendall(b"GET " + path.encode() + b" HTTP/1.0\r\nHost: lbctl-test\r\n\r\n")
         phase = "recv"
         chunks = []
         while True:
@@ -310,7 +310,7 @@ def cmd_load(a):
                 return
             proto, host, port, due = item
             t0 = time.monotonic()
-            phase, result = (load_tcp if proto == "tcp" else load_udp)(host, port, a.timeout)
+            phase, result = load_tcp(host, port, a.timeout, a.path) if proto == "tcp" else load_udp(host, port, a.timeout)
             ms = (time.monotonic() - t0) * 1000
             now = time.time()
             key = f"{proto}:{host}:{port}"
@@ -581,6 +581,7 @@ def main():
     ld.add_argument("--progress", help="keep {attempted, ok, failed, failures (the first 10), at} in this file")
     ld.add_argument("--workers", type=int, default=16)
     ld.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds one attempt may take before it counts as failed")
+    ld.add_argument("--path", default="/", help="the path TCP attempts GET (a backend that names itself there: /hostname)")
     ld.set_defaults(fn=cmd_load)
     ul = sub.add_parser("udp-long")
     ul.add_argument("host")

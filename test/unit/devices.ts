@@ -44,7 +44,18 @@ t.test('detected: up, a global address, not loopback, veth, bridge port or tunne
     { family: 6, address: 'fd00:61::1', prefixLen: 64 },
   ], 'global addresses only: no link-local');
   const why = Object.fromEntries(links.map((l) => [l.name, notViable(l, addrs)]));
-  t.same(why, { lo: 'loopback', eth0: undefined, eth1: 'down', veth1: 'a veth', br0: undefined, brport: 'a bridge port', vxlan0: 'a tunnel (vxlan)', eth2: 'no global address', bond0: undefined });
+  t.same(why, { lo: 'loopback', eth0: undefined, eth1: 'down', veth1: 'a veth without the default route', br0: undefined, brport: 'a bridge port', vxlan0: 'a tunnel (vxlan)', eth2: 'no global address', bond0: undefined });
+});
+
+t.test('a veth that carries the default route is the node\'s uplink (kind\'s nodes, as Cilium detects them); other veths are not', async (t) => {
+  const route = (oif: number, o: Partial<RtnlRoute> = {}): RtnlRoute => ({ family: 4, table: 254, type: 1, scope: 0, dst: '', dstLen: 0, oif, gateway: '10.0.4.254', prefsrc: '', priority: 0, ...o });
+  const def = [route(4)];
+  t.same(selectDevices(links, addrs, undefined, def).devices.map((d) => [d.name, d.role]), [['eth0', 'nodeport'], ['veth1', 'nodeport'], ['br0', 'nodeport'], ['vxlan0', 'tunnel'], ['bond0', 'nodeport']]);
+  t.equal(notViable(links[3]!, addrs, def), undefined);
+  t.equal(notViable(links[3]!, addrs, [route(4, { family: 6, gateway: 'fe80::1' })]), undefined, 'an IPv6 default route counts too');
+  t.equal(notViable(links[3]!, addrs, [route(2)]), 'a veth without the default route', 'the default route out of another device does not');
+  t.equal(notViable(links[3]!, addrs, [route(4, { dst: '10.9.0.0', dstLen: 16 })]), 'a veth without the default route', 'nor another route');
+  t.equal(notViable(links[3]!, addrs, [route(4, { table: 100 })]), 'a veth without the default route', 'nor a default route of another table');
 });
 
 t.test('layer-3 tunnels (ipip, sit, ip6tnl, wireguard) are attached as tunnels, marked layer 3; gre and down ones are not', async (t) => {
