@@ -34,6 +34,14 @@ CLUSTER_SERVICE_CIDR=${CLUSTER_SERVICE_CIDR:-10.96.0.0/16}
 CLUSTER_SERVICE_IP=10.96.0.1     # the kubernetes Service: the first address of CLUSTER_SERVICE_CIDR
 CLUSTER_DNS_IP=10.96.0.10
 CLUSTER_DOMAIN=cluster.local
+# How pods reach pods on other nodes. routed: each node routes the other
+# nodes' pod CIDRs through their node addresses (the underlay). vxlan: a
+# flannel-style overlay, vxlan0 on each node (VNI 1, UDP 8472), holding
+# 10.244.i.0/32, the other nodes' pod CIDRs routed through it with static
+# ARP and FDB entries, no underlay routes between nodes, and the pods' MTU
+# that of vxlan0.
+CLUSTER_NETWORK=${CLUSTER_NETWORK:-routed}
+case $CLUSTER_NETWORK in routed | vxlan) ;; *) echo "cluster: CLUSTER_NETWORK=$CLUSTER_NETWORK: routed or vxlan" >&2; exit 1 ;; esac
 
 # Our own images, imported into each node's containerd (scripts/cluster/images.sh).
 CLUSTER_PAUSE_IMAGE=${CLUSTER_PAUSE_IMAGE:-lbctl.local/pause:1.0}
@@ -52,6 +60,10 @@ node_index() {
 node_ip() { echo "$CLUSTER_NET_PREFIX.$((10 + $(node_index "$1")))"; }
 node_pod_cidr() { echo "10.244.$(node_index "$1").0/24"; }
 node_netns() { echo "$CLUSTER_NAME-$1"; }
+# The overlay (CLUSTER_NETWORK=vxlan): node i's vxlan0 address, the
+# gateway the other nodes route its pod CIDR through, and its MAC.
+node_vtep_ip() { echo "10.244.$(node_index "$1").0"; }
+node_vtep_mac() { printf '0e:4c:42:00:%02x:00\n' "$(node_index "$1")"; }
 CLUSTER_CP_NETNS=$CLUSTER_NAME
 # A client outside the nodes, as a load balancer or a user elsewhere on the
 # nodes' network is: a namespace on the nodes' bridge that knows only that

@@ -85,14 +85,19 @@ echo "# lbctl cluster node $node: no upstream resolver" >"$dir/resolv.conf"
 
 # ---------------------------------------------------------------- CNI
 # bridge + host-local on the node's pod CIDR; up.sh routes the other
-# nodes' pod CIDRs through their node addresses.
+# nodes' pod CIDRs through their node addresses, or through vxlan0
+# (CLUSTER_NETWORK=vxlan), whose MTU the pods then get: a full-sized frame
+# from a pod would not fit in the overlay's.
+mtu=1500
+[[ $CLUSTER_NETWORK != vxlan ]] || mtu=$(ip -o link show dev vxlan0 2>/dev/null | sed -n 's/.* mtu \([0-9]*\) .*/\1/p' || true)
+[[ -n $mtu ]] || die "$node: no vxlan0 (CLUSTER_NETWORK=vxlan): up.sh makes it"
 cat >/etc/cni/net.d/10-lbctl.conflist <<CNI
 {
   "cniVersion": "0.4.0",
   "name": "lbctl",
   "plugins": [
     {
-      "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+      "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true, "mtu": $mtu,
       "ipam": { "type": "host-local", "ranges": [[{ "subnet": "$(node_pod_cidr "$node")" }]],
                 "routes": [{ "dst": "0.0.0.0/0" }] }
     },

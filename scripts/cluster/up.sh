@@ -7,7 +7,8 @@
 #                               kube-scheduler; the bridge br0 the nodes hang
 #                               on (10.240.0.1/24)
 #   netns lbctl-cluster-NODE    a node: containerd, kubelet, its pods on cni0;
-#                               eth0 10.240.0.(10+i), pod CIDR 10.244.i.0/24
+#                               eth0 10.240.0.(10+i), pod CIDR 10.244.i.0/24;
+#                               with CLUSTER_NETWORK=vxlan, vxlan0 10.244.i.0/32
 #   netns lbctl-cluster-ext     a client outside the nodes, on br0 (.250)
 #   cgroup lbctl-cluster/{control-plane,NODE,ext} under every hierarchy: each
 #                               node's processes and pods stay in its subtree
@@ -102,11 +103,34 @@ ip -n "$cp_ns" link add ext type veth peer name eth0 netns "$CLUSTER_EXT_NETNS"
 ip -n "$cp_ns" link set ext master br0 up
 ip -n "$CLUSTER_EXT_NETNS" addr add "$CLUSTER_EXT_IP/24" dev eth0
 ip -n "$CLUSTER_EXT_NETNS" link set eth0 up
-for n in "${CLUSTER_NODES[@]}"; do
-  for m in "${CLUSTER_NODES[@]}"; do
-    [[ $n == "$m" ]] || ip -n "$(node_netns "$n")" route add "$(node_pod_cidr "$m")" via "$(node_ip "$m")"
+if [[ $CLUSTER_NETWORK == routed ]]; then
+  # Pod to pod across nodes over the underlay: the other nodes' pod CIDRs
+  # through their node addresses.
+  for n in "${CLUSTER_NODES[@]}"; do
+    for m in "${CLUSTER_NODES[@]}"; do
+      [[ $n == "$m" ]] || ip -n "$(node_netns "$n")" route add "$(node_pod_cidr "$m")" via "$(node_ip "$m")"
+    done
   done
-done
+else
+  # The VXLAN overlay, as flannel's vxlan backend makes it: vxlan0 (VNI 1,
+  # UDP 8472, over eth0) holds 10.244.i.0/32; each other node's pod CIDR
+  # is routed via that node's 10.244.m.0 on vxlan0 (onlink), whose MAC is a
+  # static neighbour entry and whose node address the FDB entry for that
+  # MAC names (no learning). No underlay route between nodes' pod CIDRs.
+  for n in "${CLUSTER_NODES[@]}"; do
+    ns=$(node_netns "$n")
+    ip -n "$ns" link add vxlan0 address "$(node_vtep_mac "$n")" type vxlan id 1 dstport 8472 \
+      local "$(node_ip "$n")" dev eth0 nolearning
+    ip -n "$ns" addr add "$(node_vtep_ip "$n")/32" dev vxlan0
+    ip -n "$ns" link set vxlan0 up
+    for m in "${CLUSTER_NODES[@]}"; do
+      [[ $n != "$m" ]] || continue
+      ip -n "$ns" neigh add "$(node_vtep_ip "$m")" lladdr "$(node_vtep_mac "$m")" dev vxlan0 nud permanent
+      bridge -n "$ns" fdb append "$(node_vtep_mac "$m")" dev vxlan0 dst "$(node_ip "$m")" self permanent
+      ip -n "$ns" route add "$(node_pod_cidr "$m")" via "$(node_vtep_ip "$m")" dev vxlan0 onlink
+    done
+  done
+fi
 
 # spawn NAME GROUP NETNS CMD...: CMD in the background, in the cluster's
 # cgroup GROUP and namespace NETNS, its own session, its pid recorded.
@@ -188,7 +212,7 @@ log "control plane up ($(elapsed) s)"
 
 # ---------------------------------------------------------------- nodes
 for n in "${CLUSTER_NODES[@]}"; do
-  CLUSTER_BIN=$bin CLUSTER_PKI=$pki CLUSTER_IMAGE_ARCHIVES="${archives[*]}" \
+  CLUSTER_BIN=$bin CLUSTER_PKI=$pki CLUSTER_IMAGE_ARCHIVES="${archives[*]}" CLUSTER_NETWORK=$CLUSTER_NETWORK \
     spawn "$n" "$n" "$(node_netns "$n")" unshare --mount --uts --propagation private -- "$here/node.sh" "$n"
 done
 
