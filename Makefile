@@ -194,9 +194,11 @@ check-layers: bootstrap
 typecheck: $(STAMP)
 	npx --no-install tsc -p tsconfig.test.json
 
-# Every suite on this kernel, then the same suites on the other kernels of
-# scripts/vmtest/kernels in qemu (make test: about 60 min under TCG, docs/testing.md).
-test: test-host test-vm
+# Every suite on this kernel, the real cluster (kubelet, containerd, lbctl's
+# image, Kubernetes' conformance specs), then the kernel suites on the other
+# kernels of scripts/vmtest/kernels in qemu (make test: about 70 min under
+# TCG on 2 cores, docs/testing.md).
+test: test-host test-cluster test-vm
 
 test-vm: check-layers build typecheck
 	VMTEST_SKIP_HOST=1 VMTEST_PROFILE=test bash scripts/vmtest/vmtest.sh
@@ -295,7 +297,9 @@ cluster-down:
 # and down itself; lbctl's own run the image `make image` builds.
 test-cluster: $(STAMP) image
 	@bash scripts/bootstrap.sh --cluster
-	npx --no-install tap test/cluster
+	@mkdir -p .tap
+	set -o pipefail; npx --no-install tap test/cluster 2>&1 | tee .tap/cluster.log || \
+	  { echo '# the failed assertions (the whole output is above):'; grep 'not ok' .tap/cluster.log | tail -40; exit 1; }
 
 # Kubernetes' 18 Services conformance specs (e2e.test) against the real
 # cluster with lbctl and no kube-proxy (docs/conformance.md); also part of

@@ -126,6 +126,18 @@ if (!IS_ROOT) {
     }
   });
 
+  // Issue 36's memory budget: the control plane, two nodes, their pods and
+  // lbctl in 6 GiB. mem.sh's cgroup count is the memory controller's (RSS
+  // plus the page cache each cgroup charged: etcd's data, the images'
+  // files), the larger of its two figures.
+  t.test('the cluster with two nodes and lbctl fits in 6 GiB', async (t) => {
+    const mem = JSON.parse(clusterScript('mem.sh', ['--json'])) as Record<string, { processes: number; rssMiB: number; cgroupMiB: number }>;
+    const total = mem.total!;
+    t.comment(Object.entries(mem).map(([g, m]) => `${g}: ${m.processes} processes, RSS ${m.rssMiB} MiB, cgroup ${m.cgroupMiB} MiB`).join('\n'));
+    t.ok(total.rssMiB > 0, 'mem.sh found the cluster\'s processes');
+    t.ok(Math.max(total.rssMiB, total.cgroupMiB) <= 6144, `${Math.max(total.rssMiB, total.cgroupMiB)} MiB ≤ 6,144 MiB`);
+  });
+
   t.test('the host is untouched', async (t) => {
     t.same(hostDiff(s, before, hostSnapshot(s)), [], 'no host sysctl, firewall rule, root cgroup setting or program, host network or host mount changed');
   });
