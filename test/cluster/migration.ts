@@ -92,12 +92,18 @@ if (!IS_ROOT) {
       for (const f of r.failures) by.set(`${Math.floor(f.at / 1000)} ${f.what}`, (by.get(`${Math.floor(f.at / 1000)} ${f.what}`) ?? 0) + 1);
       if (by.size) t.comment([...by].map(([k, n]) => `  ${n} × ${k}`).join('\n'));
       t.ok(r.ok > 100, `${what}: the load ran (${r.ok} answered)`);
-      // NodePort flows that kube-proxy's NAT carries when lbctl's tc programs
-      // attach are taken over mid-flow (lbctl has no entry for them, balances
-      // their next segment as a new flow) and reset: docs/deploy.md, "Existing
-      // connections". Counted, and expected to be fixed (issue 36).
+      // NodePort flows in flight when lbctl's tc programs attach are
+      // kube-proxy's: lbctl leaves a segment of a flow it never saw begin to
+      // the kernel, whose conntrack carries kube-proxy's NAT on
+      // (docs/deploy.md, "Existing connections"; nodeport-handover.ts): none
+      // may be reset. A NodePort connect that times out (a SYN and its
+      // retransmit unanswered: 0 to 3 of ~1,500 in a run, before and after
+      // that change, on a loaded machine) is not explained yet: counted
+      // apart, and expected to be fixed (issue 36).
       const np = what.includes('NodePort');
-      t.equal(r.failed, 0, `${what}: no failed connection`, { failures: r.failures, ...(np ? { todo: 'NodePort flows in flight at the handover are reset (docs/deploy.md)' } : {}) });
+      const timeouts = np ? r.failures.filter((f) => /connect TimeoutError/.test(f.what)) : [];
+      t.equal(r.failed - timeouts.length, 0, `${what}: no connection reset or refused`, { failures: r.failures });
+      if (np) t.equal(timeouts.length, 0, `${what}: no connect timed out`, { failures: timeouts, todo: 'a NodePort connect now and then times out during the move (docs/deploy.md)' });
     }
   });
 
