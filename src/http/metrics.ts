@@ -290,7 +290,15 @@ export interface MetricsServerOptions {
   readonly host?: string;
 }
 
-/** The metrics port: /metrics, and /healthz as a plain `ok` like kube-proxy's metrics server. */
+/**
+ * What /proxyMode answers. kube-proxy's metrics server names its mode there
+ * (iptables, ipvs, nftables); Kubernetes' e2e suite ("[sig-network]
+ * Networking should check kube-proxy urls") and tools that ask a node which
+ * proxy it runs read it.
+ */
+export const PROXY_MODE = 'lbctl';
+
+/** The metrics port: /metrics, /healthz as a plain `ok` and /proxyMode, like kube-proxy's metrics server. */
 export async function startMetricsServer(opts: MetricsServerOptions): Promise<RunningServer> {
   const { registry } = opts.metrics;
   const server = http.createServer((req, res) => {
@@ -308,6 +316,10 @@ export async function startMetricsServer(opts: MetricsServerOptions): Promise<Ru
     }
     if (path === '/healthz') {
       res.writeHead(200, { 'Content-Type': 'text/plain; charset=utf-8' }).end('ok');
+      return;
+    }
+    if (path === '/proxyMode') {
+      res.writeHead(200, { 'Content-Type': 'text/plain; charset=utf-8' }).end(PROXY_MODE);
       return;
     }
     res.writeHead(404, { 'Content-Type': 'text/plain; charset=utf-8' }).end('not found: try /metrics\n');

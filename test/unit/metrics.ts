@@ -149,6 +149,9 @@ t.test('the metrics server', async (t) => {
   t.match(await res.text(), /^lbctl_backends 4$/m);
   const hz = await fetch(`${base}/healthz`);
   t.same([hz.status, await hz.text()], [200, 'ok']);
+  // kube-proxy's /proxyMode: e2e.test's "Networking should check kube-proxy urls" asks it for a 200
+  const pm = await fetch(`${base}/proxyMode`);
+  t.same([pm.status, await pm.text()], [200, 'lbctl'], '/proxyMode names the proxy, as kube-proxy names its mode');
   const nf = await fetch(`${base}/nope`);
   t.equal(nf.status, 404);
   await nf.text();
