@@ -791,10 +791,9 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	__u64 now = np_now();
 	__be16 prev = 0;
 	int rc = 0, mtu;
-	bool changed, known;
+	bool changed;
 
 	ct = bpf_map_lookup_elem(&lb4_ct, &ok);
-	known = ct;
 	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags))) {
 		if (ct->flags & LB_CT_F_SNAT)
 			prev = ct->port2;
@@ -831,16 +830,6 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
 		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
 			return TC_ACT_SHOT;
-		/* A TCP flow begins with a SYN. A later segment of a flow lbctl has no
-		 * entry for at all (not one that expired, lost its backend or its SNAT
-		 * port: those are lbctl's and balanced again) is another proxy's:
-		 * kube-proxy's, whose conntrack entries outlive it at a handover. The
-		 * kernel's conntrack carries it if anything does, where a new backend
-		 * would reset it. */
-		if (!known && f->l4.proto == IPPROTO_TCP && !(f->l4.tcp_flags & TCP_F_SYN)) {
-			lb_count(LB_MTR_NP_MIDFLOW);
-			return TC_ACT_UNSPEC;
-		}
 		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev, &fib);
 		if (rc)
 			return rc;
@@ -1532,12 +1521,11 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	__u64 now = np_now();
 	__be16 prev = 0;
 	int rc = 0, mtu;
-	bool changed, known;
+	bool changed;
 
 	ip6_copy(ok.saddr, f->saddr);
 	ip6_copy(ok.daddr, f->daddr);
 	ct = bpf_map_lookup_elem(&lb6_ct, &ok);
-	known = ct;
 	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags))) {
 		if (ct->flags & LB_CT_F_SNAT)
 			prev = ct->port2;
@@ -1574,16 +1562,6 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
 		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
 			return TC_ACT_SHOT;
-		/* A TCP flow begins with a SYN. A later segment of a flow lbctl has no
-		 * entry for at all (not one that expired, lost its backend or its SNAT
-		 * port: those are lbctl's and balanced again) is another proxy's:
-		 * kube-proxy's, whose conntrack entries outlive it at a handover. The
-		 * kernel's conntrack carries it if anything does, where a new backend
-		 * would reset it. */
-		if (!known && f->l4.proto == IPPROTO_TCP && !(f->l4.tcp_flags & TCP_F_SYN)) {
-			lb_count(LB_MTR_NP_MIDFLOW);
-			return TC_ACT_UNSPEC;
-		}
 		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev, &fib);
 		if (rc)
 			return rc;

@@ -111,8 +111,7 @@ enum lb_metric {
 	LB_MTR_NP_NAT_FULL = 30,	/* a SNAT entry could not be written: dropped */
 	LB_MTR_NP_HOST_CLASH = 31,	/* the node's own flow met a tuple a SNATed flow holds: its packet dropped */
 	LB_MTR_NP_L3_OUTER = 32,	/* a layer-3 tunnel's packet came to tc with its outer headers on (IP-in-IP before 5.14): not translated */
-	LB_MTR_NP_MIDFLOW = 33,		/* a TCP segment without SYN of a flow lbctl never saw begin (kube-proxy's, at a handover): left to the kernel */
-	LB_MTR_MAX = 34,		/* append only: a value is never renumbered */
+	LB_MTR_MAX = 33,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */

@@ -51,8 +51,7 @@ const HOST_ONLY = new Set([
 // The tc datapath's long scenarios (a thousand services, restarts and an
 // upgrade under load, SNAT ports waiting out TIME_WAIT, policy changes, a
 // device re-made, 60 s of new connections at kube-proxy's rate, upgrades
-// that carry the flows into new maps, kube-proxy's flows at a handover: 123 s
-// in a 5.10 guest): in make test on the host, in the guests by make vmtest
+// that carry the flows into new maps): in make test on the host, in the guests by make vmtest
 // only (e2e, all), not in make test's guest split (e2e:K/N), which would
 // outgrow its budget under TCG. The guests of make test still run the tc
 // datapath end to end (nodeport.ts, nodeport-icmp.ts, nodeport-from-node.ts,
@@ -60,7 +59,6 @@ const HOST_ONLY = new Set([
 // and every BPF_PROG_TEST_RUN unit.
 const VMTEST_ONLY_IN_GUESTS = new Set([
   'test/e2e/nodeport-devices.ts',
-  'test/e2e/nodeport-handover.ts',
   'test/e2e/nodeport-policy.ts',
   'test/e2e/nodeport-restart.ts',
   'test/e2e/nodeport-scale.ts',

@@ -1107,8 +1107,7 @@ export const LbMetric = {
   LB_MTR_NP_NAT_FULL: 30,
   LB_MTR_NP_HOST_CLASH: 31,
   LB_MTR_NP_L3_OUTER: 32,
-  LB_MTR_NP_MIDFLOW: 33,
-  LB_MTR_MAX: 34,
+  LB_MTR_MAX: 33,
 } as const;
 
 /** enum lb_np_config_flags */

@@ -1018,36 +1018,6 @@ async function inNamespace(): Promise<void> {
     t.equal(tcp.delta(LbMetric.LB_MTR_NP_REBALANCE), 1n);
   });
 
-  // kube-proxy's flows at a handover (docs/deploy.md): lbctl's programs
-  // attach mid-connection, and the kernel's conntrack, not a new backend,
-  // carries them on.
-  t.test('a TCP segment without SYN of a flow lbctl has no entry for is left to the kernel; the next SYN begins lbctl\'s flow', async (t) => {
-    reset();
-    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 63, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
-    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 64, backends: [{ id: 8, address: REMOTE_BE6, port: 8080 }] });
-    for (const [fam, client, node] of [[4, CLIENT4, NODE4], [6, CLIENT6, NODE6]] as const) {
-      for (const flags of [TCP_ACK, TCP_ACK | TCP_FIN, 0x04 /* RST */]) {
-        const mid = counting(() => ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 46800, dport: NODEPORT, flags })));
-        t.equal(mid.result.rc, TC_ACT_UNSPEC, `IPv${fam}, flags 0x${flags.toString(16)}: to the stack`);
-        t.equal(mid.delta(LbMetric.LB_MTR_NP_MIDFLOW), 1n, 'NP_MIDFLOW counted');
-        t.equal(mid.delta(LbMetric.LB_MTR_NP_NEW), 0n, 'no flow begun');
-      }
-      const key = { sport: 46800, dport: NODEPORT, dir: CT_ORIG };
-      t.equal(fam === 4 ? ct4({ ...key, saddr: ip4(client), daddr: ip4(node) }) : ct6({ ...key, saddr: client, daddr: node }), null, `IPv${fam}: no CT entry written`);
-      const syn = counting(() => ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 46800, dport: NODEPORT, flags: TCP_SYN })));
-      t.equal(syn.result.rc, TC_ACT_REDIRECT, `IPv${fam}: the SYN on that tuple begins a flow of lbctl's`);
-      t.equal(syn.delta(LbMetric.LB_MTR_NP_NEW), 1n);
-      const next = counting(() => ingress(fromClient({ src: client, dst: node, proto: 'tcp', sport: 46800, dport: NODEPORT, flags: TCP_ACK })));
-      t.equal(next.result.rc, TC_ACT_REDIRECT, `IPv${fam}: and its next segment is lbctl's`);
-      t.equal(next.delta(LbMetric.LB_MTR_NP_MIDFLOW), 0n);
-    }
-    // UDP has no beginning to see: a datagram without an entry begins a flow
-    putService({ address: '0.0.0.0', port: NODEPORT, proto: 'udp', type: LbSvcType.LB_SVC_NODEPORT, revNat: 65, backends: [{ id: 9, address: REMOTE_BE4, port: 5353 }] });
-    const udp = counting(() => ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'udp', sport: 46801, dport: NODEPORT })));
-    t.equal(udp.delta(LbMetric.LB_MTR_NP_NEW), 1n, 'UDP: a flow begun');
-    t.equal(udp.delta(LbMetric.LB_MTR_NP_MIDFLOW), 0n, 'UDP: no NP_MIDFLOW');
-  });
-
   t.test('SNAT entries: one the LRU dropped is written again from the flow; one another flow took ends the old flow', async (t) => {
     reset();
     putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 62, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
