@@ -19,10 +19,10 @@
 // reported beside its baseline, and its failures must all fall within 8 s
 // of the kill (lbctl stops sending to the pod once its endpoint goes).
 import t from 'tap';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { clusterScript, clusterUp, clusterSettings, type ClusterSettings, hostDiff, hostSnapshot, kubectl, type LoadResult, readyEndpoints, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
+import { clusterScript, freshCluster, type ClusterSettings, hostDiff, hostSnapshot, kubectl, type LoadResult, readyEndpoints, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 const REPLICAS = 4;
@@ -30,11 +30,7 @@ if (!IS_ROOT) {
   t.bailout('test/cluster/disruptions.ts needs root (namespaces, cgroups, mounts): run it as root');
 } else {
   t.setTimeout(1_800_000);
-  const s = clusterSettings();
-  if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
-  const before = hostSnapshot(s);
-  t.teardown(() => { clusterScript('down.sh'); });
-  clusterUp();
+  const { s, before } = freshCluster(t);
   clusterScript('kube-proxy.sh');
 
   // ---------------------------------------------------------------- the backends

@@ -13,19 +13,15 @@
 //     rules, root cgroups, network and mounts.
 import t from 'tap';
 import { execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { answers, clusterScript, clusterUp, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
+
+import { answers, clusterScript, freshCluster, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
   t.bailout('test/cluster/kube-proxy.ts needs root (namespaces, cgroups, mounts): run it as root');
 } else {
   t.setTimeout(900_000);
-  const s = clusterSettings();
-  if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
-  const before = hostSnapshot(s);
-  t.teardown(() => { clusterScript('down.sh'); });
-  clusterUp();
+  const { s, before } = freshCluster(t);
 
   t.test('kube-proxy runs on both nodes', async (t) => {
     clusterScript('kube-proxy.sh');

@@ -21,21 +21,17 @@
 //   - nothing of kube-proxy's is on the nodes, and the host keeps its
 //     sysctls, firewall rules, root cgroups, network and mounts.
 import t from 'tap';
-import { existsSync, statSync } from 'node:fs';
+import { statSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { answers, clusterScript, clusterUp, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
+import { answers, clusterScript, freshCluster, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
   t.bailout('test/cluster/lbctl.ts needs root (namespaces, cgroups, mounts): run it as root');
 } else {
   t.setTimeout(900_000);
-  const s = clusterSettings();
-  if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
-  const before = hostSnapshot(s);
-  t.teardown(() => { clusterScript('down.sh'); });
-  clusterUp();
+  const { s, before } = freshCluster(t);
 
   interface Pod { metadata: { name: string }; spec: { nodeName: string; containers: Array<Record<string, unknown> & { name: string; securityContext?: { privileged?: boolean; capabilities?: { add?: string[] } } }>; volumes: Array<{ name: string; hostPath?: { path: string } }> }; status: { conditions?: Array<{ type: string; status: string }> } }
   const agents = new Map<string, string>(); // node → agent pod

@@ -18,10 +18,10 @@
 // Each step's time is reported as a comment.
 import t from 'tap';
 import { execFileSync, spawnSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { ROOT } from '../helpers/sandbox/run.js';
-import { clusterScript, clusterUp, clusterSettings, echoService, type EchoService, hostDiff, hostSnapshot, kubectl, type LoadResult, SCRIPTS, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
+import { clusterScript, freshCluster, echoService, type EchoService, hostDiff, hostSnapshot, kubectl, type LoadResult, SCRIPTS, startExtLoad, startPodLoad, stopPodLoad } from '../helpers/cluster.js';
 
 const SECTION = 'Replacing kube-proxy on a running cluster, node by node';
 const IS_ROOT = process.getuid?.() === 0;
@@ -29,11 +29,7 @@ if (!IS_ROOT) {
   t.bailout('test/cluster/migration.ts needs root (namespaces, cgroups, mounts): run it as root');
 } else {
   t.setTimeout(1_200_000);
-  const s = clusterSettings();
-  if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
-  const before = hostSnapshot(s);
-  t.teardown(() => { clusterScript('down.sh'); });
-  clusterUp();
+  const { s, before } = freshCluster(t);
 
   /** A node's iptables (nft backend, as the nodes' own), every table, without counters or comments. */
   const nodeRules = (node: string): string[] => execFileSync('nsenter', [`--net=/run/netns/${s.node[node]!.netns}`, 'iptables-nft-save'], { encoding: 'utf8' })

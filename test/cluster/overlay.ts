@@ -17,10 +17,9 @@
 //   - the host keeps its sysctls, firewall rules, root cgroups, network
 //     and mounts.
 import t from 'tap';
-import { existsSync } from 'node:fs';
 import { execFileSync, spawnSync } from 'node:child_process';
 import path from 'node:path';
-import { answers, clusterScript, clusterSettings, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, SCRIPTS } from '../helpers/cluster.js';
+import { answers, clusterScript, freshCluster, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, SCRIPTS } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -29,11 +28,7 @@ if (!IS_ROOT) {
   t.setTimeout(900_000);
   // Every script this test runs (up.sh, kubectl.sh, lbctl.sh, down.sh) reads it.
   process.env.CLUSTER_NETWORK = 'vxlan';
-  const s = clusterSettings();
-  if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
-  const before = hostSnapshot(s);
-  t.teardown(() => { clusterScript('down.sh'); });
-  clusterScript('up.sh');
+  const { s, before } = freshCluster(t);
 
   const ipIn = (node: string, args: readonly string[]): string => execFileSync('ip', ['-n', s.node[node]!.netns, ...args], { encoding: 'utf8' });
   const ipJson = <T>(node: string, args: readonly string[]): T => JSON.parse(ipIn(node, ['-j', ...args])) as T;

@@ -62,6 +62,21 @@ export function clusterUp(): void {
   }
 }
 
+/**
+ * A test file's own cluster: refuses to start over one that is up, takes
+ * the host's snapshot first (for hostDiff at the end), brings the cluster
+ * up (clusterUp: a failed up is taken down at once) and down at the file's
+ * teardown.
+ */
+export function freshCluster(t: { teardown(fn: () => void): void }): { s: ClusterSettings; before: HostSnapshot } {
+  const s = clusterSettings();
+  if (existsSync(s.state)) throw new Error(`a cluster is up (${s.state}): make cluster-down first`);
+  const before = hostSnapshot(s);
+  t.teardown(() => { clusterScript('down.sh'); });
+  clusterUp();
+  return { s, before };
+}
+
 /** kubectl against the cluster (scripts/cluster/kubectl.sh); throws with its stderr on failure. */
 export function kubectl(args: readonly string[], input?: string, timeoutMs = 60_000): string {
   const r = spawnSync('bash', [path.join(SCRIPTS, 'kubectl.sh'), ...args], { encoding: 'utf8', input, timeout: timeoutMs });
