@@ -14,7 +14,7 @@
 import t from 'tap';
 import { execFileSync } from 'node:child_process';
 
-import { answers, clusterScript, freshCluster, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
+import { answers, clusterScript, freshCluster, serviceReachTests, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, kubectl } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -41,19 +41,7 @@ if (!IS_ROOT) {
     t.same([...seen].sort(), svc.backends, `answers through ${svc.clusterIP}:80`);
   });
 
-  t.test('a node reaches both backends through the ClusterIP', async (t) => {
-    const node = s.nodes[1]!;
-    const seen = answers(() => hostnameVia((sh) => onNode(s, node, ['busybox', 'sh', '-c', sh]), svc.clusterIP, 80), 16);
-    t.same([...seen].sort(), svc.backends, `answers to ${node} through ${svc.clusterIP}:80`);
-  });
-
-  t.test('the NodePort, from outside the nodes, through either node', async (t) => {
-    for (const node of s.nodes) {
-      const ip = s.node[node]!.ip;
-      const seen = answers(() => hostnameVia((sh) => inExt(s, ['busybox', 'sh', '-c', sh]), ip, svc.nodePort), 16);
-      t.same([...seen].sort(), svc.backends, `answers to ${s.extIp} through ${ip}:${svc.nodePort}`);
-    }
-  });
+  serviceReachTests(t, s, () => svc);
 
   t.test('kube-proxy programmed the nodes, not the host', async (t) => {
     for (const node of s.nodes) {

@@ -24,7 +24,7 @@ import t from 'tap';
 import { statSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
-import { answers, clusterScript, freshCluster, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl, onNode } from '../helpers/cluster.js';
+import { answers, clusterScript, freshCluster, serviceReachTests, echoService, type EchoService, hostDiff, hostnameVia, hostSnapshot, inExt, kubectl } from '../helpers/cluster.js';
 
 const IS_ROOT = process.getuid?.() === 0;
 if (!IS_ROOT) {
@@ -94,19 +94,7 @@ if (!IS_ROOT) {
     t.match(out, new RegExp(`Address:\\s+${svc.clusterIP.replace(/\./g, '\\.')}\\b`), `echo.default.svc.cluster.local is ${svc.clusterIP}`, { out });
   });
 
-  t.test('a node reaches both backends through the ClusterIP', async (t) => {
-    const node = s.nodes[1]!;
-    const seen = answers(() => hostnameVia((sh) => onNode(s, node, ['busybox', 'sh', '-c', sh]), svc.clusterIP, 80), 16);
-    t.same([...seen].sort(), svc.backends, `answers to ${node} through ${svc.clusterIP}:80`);
-  });
-
-  t.test('the NodePort, from outside the nodes, through either node: the local and the remote backend', async (t) => {
-    for (const node of s.nodes) {
-      const ip = s.node[node]!.ip;
-      const seen = answers(() => hostnameVia((sh) => inExt(s, ['busybox', 'sh', '-c', sh]), ip, svc.nodePort), 16);
-      t.same([...seen].sort(), svc.backends, `answers to ${s.extIp} through ${ip}:${svc.nodePort}`);
-    }
-  });
+  serviceReachTests(t, s, () => svc);
 
   t.test('each agent shows the Services (lbctl bpf lb list) and is ready (/readyz)', async (t) => {
     for (const node of s.nodes) {

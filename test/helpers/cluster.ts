@@ -77,6 +77,31 @@ export function freshCluster(t: { teardown(fn: () => void): void }): { s: Cluste
   return { s, before };
 }
 
+/**
+ * The checks every proxy of the cluster must pass for the Service `svc()`
+ * returns when they run (echoService, made by an earlier subtest),
+ * as subtests of `t`: a node reaches both backends through the ClusterIP,
+ * and the client outside the nodes reaches both through the NodePort of
+ * each node (the local backend and the remote one).
+ */
+export function serviceReachTests(t: { test(name: string, fn: (t: ReachTest) => Promise<void>): unknown }, s: ClusterSettings, service: () => EchoService): void {
+  t.test('a node reaches both backends through the ClusterIP', async (t) => {
+    const svc = service();
+    const node = s.nodes[1]!;
+    const seen = answers(() => hostnameVia((sh) => onNode(s, node, ['busybox', 'sh', '-c', sh]), svc.clusterIP, 80), 16);
+    t.same([...seen].sort(), svc.backends, `answers to ${node} through ${svc.clusterIP}:80`);
+  });
+  t.test('the NodePort, from outside the nodes, through either node: the local and the remote backend', async (t) => {
+    const svc = service();
+    for (const node of s.nodes) {
+      const ip = s.node[node]!.ip;
+      const seen = answers(() => hostnameVia((sh) => inExt(s, ['busybox', 'sh', '-c', sh]), ip, svc.nodePort), 16);
+      t.same([...seen].sort(), svc.backends, `answers to ${s.extIp} through ${ip}:${svc.nodePort}`);
+    }
+  });
+}
+interface ReachTest { same(found: unknown, wanted: unknown, message: string): unknown }
+
 /** kubectl against the cluster (scripts/cluster/kubectl.sh); throws with its stderr on failure. */
 export function kubectl(args: readonly string[], input?: string, timeoutMs = 60_000): string {
   const r = spawnSync('bash', [path.join(SCRIPTS, 'kubectl.sh'), ...args], { encoding: 'utf8', input, timeout: timeoutMs });
