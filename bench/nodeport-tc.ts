@@ -37,14 +37,14 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
-import { lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32 } from '../src/datapath/abi.gen.js';
+import { lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, u32 } from '../src/datapath/abi.gen.js';
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../src/datapath/maps.js';
 import { KernelMaglevMaps, KernelNorthSouthMaps } from '../src/datapath/maglev-maps.js';
 import { DEFAULT_MAGLEV_SEED, maglevTable, parseMaglevSeed } from '../src/lb/maglev.js';
 import { DesiredModel, serviceId } from '../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../src/model/k8s.js';
 import { Reconciler } from '../src/reconcile/reconciler.js';
-import { BPF_ANY, BpfObject, mapCreate, progTestRun, type BpfMap } from '../src/native/bpf.js';
+import { BpfObject, progTestRun } from '../src/native/bpf.js';
 import { frame, ip4, parseFrame, TCP_ACK, TCP_SYN, type FrameSpec } from '../test/helpers/packet.js';
 import { npServices, serviceObject, sliceObject, type NpService } from './np-services.js';
 import { ROOT } from './world.js';
@@ -207,7 +207,7 @@ async function loadAndProgram(object: string, services: readonly NpService[], ns
   obj.map('lb_devices').update(u32.encode(ns.np0), lb_device.encode({ addr4: ip4(NODE4), addr6: Buffer.alloc(16), mtu: 1500, flags: 0 }));
   const set = {} as LbMapSet;
   for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
-  const northSouth = new KernelNorthSouthMaps(new KernelMaglevMaps(obj.map('lb_maglev'), M), { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') });
+  const northSouth = new KernelNorthSouthMaps(new KernelMaglevMaps(obj.map('lb_maglev'), obj.map('lb_maglev_index'), M), { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') });
   const reconciler = new Reconciler(new KernelLbMaps(set), {
     maxEntries: Object.fromEntries(LB_MAP_NAMES.map((n) => [n, obj.map(n).maxEntries])),
     northSouth: { maps: northSouth, maglevM: M, maglevSeed: SEEDS.table },
@@ -224,7 +224,7 @@ async function loadAndProgram(object: string, services: readonly NpService[], ns
   if (r.notProgrammed.length > 0) throw new Error(`${r.notProgrammed.length} frontends not programmed: ${r.notProgrammed[0]!.frontend}: ${r.notProgrammed[0]!.reason}`);
   const programMs = performance.now() - t0;
   const entries: Record<string, number> = {};
-  for (const name of ['lb4_services', 'lb4_backends', 'lb4_reverse_nat', 'lb_maglev']) entries[name] = obj.map(name).keys().length;
+  for (const name of ['lb4_services', 'lb4_backends', 'lb4_reverse_nat', 'lb_maglev_index']) entries[name] = obj.map(name).keys().length;
   return { obj, reconciler, model, programMs, entries, maxEntries: Object.fromEntries(['lb4_services', 'lb4_backends', 'lb4_reverse_nat', 'lb4_ct'].map((n) => [n, obj.map(n).maxEntries])) };
 }
 
@@ -431,15 +431,9 @@ function summary(s: Record<string, number[]>): string {
 // ----------------------------------------------------------------- Maglev
 
 interface MaglevSteps {
-  /** mapCreate of the inner ARRAY (M slots). */
-  createMs: number;
-  /** BPF_MAP_UPDATE_BATCH of its M slots. */
-  fillMs: number;
-  /** The outer (HASH_OF_MAPS) updates that swap the tables in. */
-  swapMs: number;
+  /** KernelMaglevMaps.put: the table's blocks written in place (and a new frontend's index entry, a new chunk now and then). */
+  writeMs: number;
   tables: number;
-  /** Outer updates (one per table with put, one per batch with putMany). */
-  swaps?: number;
 }
 
 interface MaglevRun {
@@ -449,6 +443,8 @@ interface MaglevRun {
   changeMs: number[];
   changeSteps: MaglevSteps[];
   tables: number;
+  /** The tables' kernel memory after the cold sync (the chunks' memlock), and the rows the chunks hold. */
+  memory?: { bytes: number; rows: number; tables: number };
 }
 
 interface MaglevPoint {
@@ -460,69 +456,21 @@ interface MaglevPoint {
   baseline: MaglevRun[];
   /** maglevTable() for the same backend sets alone, in this process, ms. */
   buildOnlyMs: number;
-  /** What-if, not the agent's path: the same number of inner maps made and filled, then swapped in by one BPF_MAP_UPDATE_BATCH of the outer map. */
-  batchedSwap: { tables: number; createFillMs: number; swapMs: number };
 }
 
-/**
- * KernelMaglevMaps.put and putMany, step by step (the same calls), each
- * step timed: the reconciler writes runs of tables through putMany (one
- * outer BPF_MAP_UPDATE_BATCH per 64), single ones through either.
- */
-function instrument(maglev: KernelMaglevMaps, outer: BpfMap, stepsNow: () => MaglevSteps): void {
-  const inner = mapSpecs.lb_maglev.inner!;
-  const keys = Buffer.alloc(4 * M);
-  for (let i = 0; i < M; i++) keys.writeUInt32LE(i, 4 * i);
-  maglev.putMany = (tables: ReadonlyArray<{ readonly table: number; readonly ids: Uint32Array }>): void => {
-    const steps = stepsNow();
-    const maps: BpfMap[] = [];
-    try {
-      for (const t of tables) {
-        const t0 = performance.now();
-        const map = mapCreate({ type: inner.type, keySize: inner.keySize, valueSize: inner.valueSize, maxEntries: M, flags: inner.flags, name: 'lb_maglev_inner' });
-        maps.push(map);
-        const t1 = performance.now();
-        map.batchUpdate(keys, Buffer.from(t.ids.buffer, t.ids.byteOffset, t.ids.byteLength), M, BPF_ANY);
-        steps.createMs += t1 - t0;
-        steps.fillMs += performance.now() - t1;
-      }
-      const outerKeys = Buffer.alloc(4 * tables.length);
-      const fds = Buffer.alloc(4 * tables.length);
-      tables.forEach((t, i) => {
-        outerKeys.writeUInt32LE(t.table, 4 * i);
-        fds.writeUInt32LE(maps[i]!.fd, 4 * i);
-      });
-      const t2 = performance.now();
-      outer.batchUpdate(outerKeys, fds, tables.length, BPF_ANY);
-      steps.swapMs += performance.now() - t2;
-      steps.tables += tables.length;
-      steps.swaps = (steps.swaps ?? 0) + 1;
-    } finally {
-      for (const map of maps) map.close();
-    }
-  };
+/** KernelMaglevMaps.put, timed (the same call). */
+function instrument(maglev: KernelMaglevMaps, stepsNow: () => MaglevSteps): void {
+  const put = maglev.put.bind(maglev);
   maglev.put = (key: number, table: Uint32Array): void => {
     const t0 = performance.now();
-    const map = mapCreate({ type: inner.type, keySize: inner.keySize, valueSize: inner.valueSize, maxEntries: M, flags: inner.flags, name: 'lb_maglev_inner' });
-    const t1 = performance.now();
-    try {
-      map.batchUpdate(keys, Buffer.from(table.buffer, table.byteOffset, table.byteLength), M, BPF_ANY);
-      const t2 = performance.now();
-      outer.update(u32.encode(key), u32.encode(map.fd), BPF_ANY);
-      const t3 = performance.now();
-      const steps = stepsNow();
-      steps.createMs += t1 - t0;
-      steps.fillMs += t2 - t1;
-      steps.swapMs += t3 - t2;
-      steps.tables++;
-      steps.swaps = (steps.swaps ?? 0) + 1;
-    } finally {
-      map.close();
-    }
+    put(key, table);
+    const steps = stepsNow();
+    steps.writeMs += performance.now() - t0;
+    steps.tables++;
   };
 }
 
-const noSteps = (): MaglevSteps => ({ createMs: 0, fillMs: 0, swapMs: 0, tables: 0 });
+const noSteps = (): MaglevSteps => ({ writeMs: 0, tables: 0 });
 
 async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<MaglevRun> {
   const n = plan.maglevServices;
@@ -532,11 +480,10 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
   try {
     const set = {} as LbMapSet;
     for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
-    const outer = obj.map('lb_maglev');
-    const maglev = new KernelMaglevMaps(outer, M);
+    const maglev = new KernelMaglevMaps(obj.map('lb_maglev'), obj.map('lb_maglev_index'), M);
     let steps = noSteps();
     const current = { steps };
-    instrument(maglev, outer, () => current.steps);
+    instrument(maglev, () => current.steps);
     const reconciler = new Reconciler(new KernelLbMaps(set), {
       maxEntries: Object.fromEntries(LB_MAP_NAMES.map((x) => [x, obj.map(x).maxEntries])),
       northSouth: { maps: new KernelNorthSouthMaps(maglev, { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') }), maglevM: M, maglevSeed: SEEDS.table },
@@ -555,7 +502,8 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     const coldMs = performance.now() - t0;
     if (cold.notProgrammed.length) throw new Error(`Maglev cold: ${cold.notProgrammed.length} not programmed`);
     const coldSteps = steps;
-    const tables = outer.keys().length;
+    const tables = maglev.keys().length;
+    const memory = tables > 0 ? maglev.kernelMemory() : undefined;
     // One service's backend set changes (its third backend replaced, then back), one change sync each.
     const changeMs: number[] = [];
     const changeSteps: MaglevSteps[] = [];
@@ -572,42 +520,13 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
       changeSteps.push(steps);
       if (r.planned === 0) throw new Error('the change sync planned nothing');
     }
-    const run: MaglevRun = { coldMs, phases: { ...cold.phasesMs }, steps: coldSteps, changeMs, changeSteps, tables };
-    process.stderr.write(`maglev (${algorithm}): cold ${coldMs.toFixed(0)} ms (${tables} tables: create ${coldSteps.createMs.toFixed(0)}, fill ${coldSteps.fillMs.toFixed(0)}, swap ${coldSteps.swapMs.toFixed(0)} ms; phases ${JSON.stringify(run.phases)}), change median ${median(changeMs).toFixed(3)} ms\n`);
+    const run: MaglevRun = { coldMs, phases: { ...cold.phasesMs }, steps: coldSteps, changeMs, changeSteps, tables, ...(memory ? { memory } : {}) };
+    process.stderr.write(
+      `maglev (${algorithm}): cold ${coldMs.toFixed(0)} ms (${tables} tables, written in ${coldSteps.writeMs.toFixed(0)} ms; phases ${JSON.stringify(run.phases)}), change median ${median(changeMs).toFixed(3)} ms` +
+        (memory ? `; kernel memory ${(memory.bytes / 2 ** 20).toFixed(1)} MiB for ${memory.tables} tables (${memory.rows} rows)` : '') + '\n',
+    );
     return run;
   } finally {
-    obj.close();
-  }
-}
-
-/** What-if: `tables` inner maps made and filled, then all swapped in by one outer BPF_MAP_UPDATE_BATCH. */
-async function batchedSwap(tables: number): Promise<MaglevPoint['batchedSwap']> {
-  const obj = BpfObject.open(OBJECTS.standard);
-  await obj.load();
-  const inner = mapSpecs.lb_maglev.inner!;
-  const maps: BpfMap[] = [];
-  try {
-    const keys = Buffer.alloc(4 * M);
-    for (let i = 0; i < M; i++) keys.writeUInt32LE(i, 4 * i);
-    const values = Buffer.alloc(4 * M, 1);
-    const t0 = performance.now();
-    for (let i = 0; i < tables; i++) {
-      const map = mapCreate({ type: inner.type, keySize: inner.keySize, valueSize: inner.valueSize, maxEntries: M, flags: inner.flags, name: 'lb_maglev_inner' });
-      maps.push(map);
-      map.batchUpdate(keys, values, M, BPF_ANY);
-    }
-    const t1 = performance.now();
-    const outerKeys = Buffer.alloc(4 * tables);
-    const outerValues = Buffer.alloc(4 * tables);
-    maps.forEach((m, i) => {
-      outerKeys.writeUInt32LE(i + 1, 4 * i);
-      outerValues.writeUInt32LE(m.fd, 4 * i);
-    });
-    obj.map('lb_maglev').batchUpdate(outerKeys, outerValues, tables, BPF_ANY);
-    const t2 = performance.now();
-    return { tables, createFillMs: t1 - t0, swapMs: t2 - t1 };
-  } finally {
-    for (const m of maps) m.close();
     obj.close();
   }
 }
@@ -622,9 +541,8 @@ async function maglevPoint(plan: Plan): Promise<MaglevPoint> {
   const t0 = performance.now();
   for (const b of sets) maglevTable(b, M, SEEDS.table);
   const buildOnlyMs = performance.now() - t0;
-  const what = await batchedSwap(mg.tables);
-  process.stderr.write(`maglev: build alone ${buildOnlyMs.toFixed(0)} ms; what-if one batched swap of ${what.tables}: create+fill ${what.createFillMs.toFixed(0)} ms, swap ${what.swapMs.toFixed(1)} ms\n`);
-  return { services: n, backendsEach: 3, m: M, maglev: mg, baseline: [base1, base2], buildOnlyMs, batchedSwap: what };
+  process.stderr.write(`maglev: build alone ${buildOnlyMs.toFixed(0)} ms\n`);
+  return { services: n, backendsEach: 3, m: M, maglev: mg, baseline: [base1, base2], buildOnlyMs };
 }
 
 // ----------------------------------------------------------------- report
@@ -692,7 +610,7 @@ export function tcReport(r: TcResults): string[] {
   }
   lines.push('', 'Map fill per N (entries / max_entries):', '');
   for (const p of r.sizes) {
-    lines.push(`- N = ${p.n.toLocaleString('en')}: lb4_services ${p.entries.lb4_services} / ${p.maxEntries.lb4_services}, lb4_backends ${p.entries.lb4_backends} / ${p.maxEntries.lb4_backends}, lb4_reverse_nat ${p.entries.lb4_reverse_nat} / ${p.maxEntries.lb4_reverse_nat}, Maglev tables ${p.entries.lb_maglev}`);
+    lines.push(`- N = ${p.n.toLocaleString('en')}: lb4_services ${p.entries.lb4_services} / ${p.maxEntries.lb4_services}, lb4_backends ${p.entries.lb4_backends} / ${p.maxEntries.lb4_backends}, lb4_reverse_nat ${p.entries.lb4_reverse_nat} / ${p.maxEntries.lb4_reverse_nat}, Maglev tables ${p.entries.lb_maglev_index}`);
   }
   if (r.maglev) {
     const m = r.maglev;
@@ -700,8 +618,10 @@ export function tcReport(r: TcResults): string[] {
     const baseCold = median(m.baseline.map((b) => b.coldMs));
     const baseChange = median(m.baseline.flatMap((b) => b.changeMs));
     const ch = median(g.changeMs);
-    const per = (x: number): string => (g.steps.tables ? (x / g.steps.tables).toFixed(2) : '–');
-    const chSwap = median(g.changeSteps.map((s) => s.swapMs));
+    const per = (x: number): string => (g.steps.tables ? (x / g.steps.tables).toFixed(3) : '–');
+    const chWrite = median(g.changeSteps.map((s) => s.writeMs));
+    const mem = g.memory;
+    const perTable = mem ? mem.bytes / mem.tables : NaN;
     lines.push(
       '',
       `## Maglev tables: ${m.services.toLocaleString('en')} NodePort services × ${m.backendsEach} backends, M = ${m.m}, through the reconciler`,
@@ -710,12 +630,12 @@ export function tcReport(r: TcResults): string[] {
       '|---|---:|---:|---:|---:|---|',
       `| cold: model + sync, every table built and written | ${f0(g.coldMs)} ms | ${f0(baseCold)} ms | ${(g.coldMs / baseCold).toFixed(1)}× | ≤ ${MAGLEV_COLD_TARGET_MS} ms | ${g.coldMs <= MAGLEV_COLD_TARGET_MS ? 'met' : `**missed** (${(g.coldMs / MAGLEV_COLD_TARGET_MS).toFixed(1)}×)`} |`,
       `| one service's backend set changed: the change sync (median of ${g.changeMs.length}; p90 ${percentile(g.changeMs, 90).toFixed(2)} ms) | ${ch.toFixed(2)} ms | ${baseChange.toFixed(2)} ms | ${(ch / baseChange).toFixed(0)}× | ≤ ${MAGLEV_CHANGE_TARGET_MS} ms | ${ch <= MAGLEV_CHANGE_TARGET_MS ? 'met' : `**missed** (${(ch / MAGLEV_CHANGE_TARGET_MS).toFixed(1)}×)`} |`,
+      ...(mem ? [`| kernel memory per table (the chunks' memlock / tables) | ${f0(perTable)} B (${(perTable / 1024).toFixed(2)} KiB) | – | – | ≤ 64 KiB | ${perTable <= 65536 ? 'met' : `**missed** (${(perTable / 65536).toFixed(3)}×)`} |`] : []),
       '',
-      `Where the cold sync's time goes (${g.steps.tables} tables, KernelMaglevMaps.put/putMany step by step): making the inner map ${f0(g.steps.createMs)} ms (${per(g.steps.createMs)} per table), ` +
-        `filling its ${m.m} slots in one batch ${f0(g.steps.fillMs)} ms (${per(g.steps.fillMs)}), the ${g.steps.swaps ?? '–'} outer updates that swap them in ${f0(g.steps.swapMs)} ms (${per(g.steps.swapMs)} per table); ` +
+      `Where the cold sync's time goes (${g.steps.tables} tables): writing them in place (KernelMaglevMaps.put) ${f0(g.steps.writeMs)} ms (${per(g.steps.writeMs)} per table); ` +
         `building the same tables alone (maglevTable, in this process) ${f0(m.buildOnlyMs)} ms; the sync's phases ${Object.entries(g.phases).map(([k, v]) => `${k} ${f0(v)}`).join(', ')} ms. ` +
-        `Of a change sync, the swap: ${chSwap.toFixed(2)} ms (median). What-if, not the agent's path: ${m.batchedSwap.tables} inner maps made and filled in ${f0(m.batchedSwap.createFillMs)} ms, ` +
-        `then all swapped in by one BPF_MAP_UPDATE_BATCH of the outer map in ${m.batchedSwap.swapMs.toFixed(1)} ms.`,
+        `Of a change sync, the write: ${chWrite.toFixed(3)} ms (median).` +
+        (mem ? ` Kernel memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB in ${mem.rows / 16} chunks of 16 rows for ${mem.tables} tables.` : ''),
     );
   }
   return lines;

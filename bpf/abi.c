@@ -17,6 +17,7 @@ struct lb_abi_enums {
 	enum lb_ct_flags ct_flags;
 	enum lb_np_config_flags np_config_flags;
 	enum lb_device_flags device_flags;
+	enum lb_maglev_layout maglev_layout;
 };
 
 struct lb_abi_enums lb_abi_anchor __attribute__((section(".abi"), used));

@@ -492,10 +492,30 @@ struct lb_np_config {
 };
 
 /*
- * lb_maglev's key: the frontend's rev-NAT id, with LB_MAGLEV_V6 set for an
- * IPv6 frontend (rev-NAT ids are per family).
+ * lb_maglev_index's key: the frontend's rev-NAT id, with LB_MAGLEV_V6 set
+ * for an IPv6 frontend (rev-NAT ids are per family).
  */
 #define LB_MAGLEV_V6	(1U << 31)
+
+/*
+ * Maglev tables at tc, Katran's flat layout in chunks: a table is M backend
+ * ids (--maglev-table-size) in ceil(M / LB_MAGLEV_BLOCK_SLOTS) blocks, and a
+ * chunk (one inner array of lb_maglev) holds LB_MAGLEV_CHUNK_TABLES tables
+ * back to back. Table row r is chunk r / LB_MAGLEV_CHUNK_TABLES, blocks from
+ * (r % LB_MAGLEV_CHUNK_TABLES) * blocks; lb_maglev_index names a frontend's
+ * row. Tables are written in place, a block per element: no map is made or
+ * swapped per table, and an array value of 1 KiB wastes nothing where one of
+ * a single 4-byte id would take 8 (array values round up to 8 bytes), so a
+ * table of 16,381 takes 64 KiB of kernel memory, not 128.
+ */
+enum lb_maglev_layout {
+	LB_MAGLEV_BLOCK_SLOTS = 256,
+	LB_MAGLEV_CHUNK_TABLES = 16,
+};
+
+struct lb_maglev_block {
+	__u32 backend_id[LB_MAGLEV_BLOCK_SLOTS];
+};
 
 /*
  * loadBalancerSourceRanges (LPM trie): prefixlen counts the rev-NAT id's 32

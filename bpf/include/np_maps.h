@@ -19,7 +19,6 @@
 #define LB_DEVICES_MAX		256
 #define LB_SRC_RANGE_MAX	16384
 #define LB_MAGLEV_MAX		65536
-#define LB_MAGLEV_M		16381	/* the inner template's size; BPF_F_INNER_MAP lets tables have any */
 
 /* the translated flows (see struct lb4_ct_key) */
 struct {
@@ -133,23 +132,33 @@ struct {
 
 /*
  * Maglev lookup tables, one per frontend served at tc (LB_SVC_F_MAGLEV in
- * its master entry): rev-NAT id (| LB_MAGLEV_V6) -> an array of M backend
- * ids. The agent builds each table (every node the same, from the backends'
- * addresses) in a new inner map and swaps it in with one update of the
- * outer entry, so a packet sees the old table or the new one, never a mix.
+ * its master entry; see enum lb_maglev_layout): lb_maglev_index maps the
+ * frontend's rev-NAT id (| LB_MAGLEV_V6) to its table's row, lb_maglev the
+ * row's chunk to an array of blocks. The agent builds each table (every
+ * node the same, from the backends' addresses) and writes it in place; a new
+ * frontend's row is written before its index entry, and a row is reused
+ * only long after its frontend left. A packet may see a table half
+ * rewritten for a moment: every id it names is a live backend's.
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, LB_MAGLEV_MAX);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_maglev_index SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, LB_MAGLEV_MAX / LB_MAGLEV_CHUNK_TABLES);
 	__uint(pinning, LB_MAP_PINNING);
 	__array(values, struct {
 		__uint(type, BPF_MAP_TYPE_ARRAY);
 		__uint(key_size, sizeof(__u32));
-		__uint(value_size, sizeof(__u32));
-		__uint(max_entries, LB_MAGLEV_M);
+		__uint(value_size, sizeof(struct lb_maglev_block));
+		__uint(max_entries, LB_MAGLEV_CHUNK_TABLES * 64); /* the template's; BPF_F_INNER_MAP lets chunks have any */
 		__uint(map_flags, BPF_F_INNER_MAP);
 	});
 } lb_maglev SEC(".maps");

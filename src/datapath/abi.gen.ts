@@ -1072,6 +1072,12 @@ export const LbDeviceFlags = {
   LB_DEV_F_L3: 1,
 } as const;
 
+/** enum lb_maglev_layout */
+export const LbMaglevLayout = {
+  LB_MAGLEV_BLOCK_SLOTS: 256,
+  LB_MAGLEV_CHUNK_TABLES: 16,
+} as const;
+
 /** enum lb_metric */
 export const LbMetric = {
   LB_MTR_XLATE_FWD: 0,
@@ -1208,13 +1214,22 @@ export const mapSpecs = {
   } as MapSpec<number, LbIcmpBucket>,
   lb_maglev: {
     name: 'lb_maglev',
-    type: MapType.HASH_OF_MAPS,
-    flags: 1,
+    type: MapType.ARRAY_OF_MAPS,
+    flags: 0,
+    maxEntries: 4096,
+    key: u32,
+    value: u32,
+    object: 'nodeport.bpf.o',
+    inner: { type: MapType.ARRAY, keySize: 4, valueSize: 1024, maxEntries: 1024, flags: 4096 },
+  } as MapSpec<number, number>,
+  lb_maglev_index: {
+    name: 'lb_maglev_index',
+    type: MapType.HASH,
+    flags: 0,
     maxEntries: 65536,
     key: u32,
     value: u32,
     object: 'nodeport.bpf.o',
-    inner: { type: MapType.ARRAY, keySize: 4, valueSize: 4, maxEntries: 16381, flags: 4096 },
   } as MapSpec<number, number>,
   lb_metrics: {
     name: 'lb_metrics',

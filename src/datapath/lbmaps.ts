@@ -122,14 +122,8 @@ export interface SrcRangeEntry {
  * object is loaded.
  */
 export interface NorthSouthMaps {
-  /** Writes a whole table (M backend ids) as `table`'s, replacing any (one outer update: atomic). */
+  /** Writes a whole table (M backend ids) as `table`'s, in place, replacing any. */
   putMaglev(table: number, ids: Uint32Array): void;
-  /**
-   * Optional: several tables in one outer update (BPF_MAP_UPDATE_BATCH). Every
-   * update of a map of maps waits for an RCU grace period (~18 ms here); a
-   * batch waits once. Throws PartialWriteError naming how many were written.
-   */
-  putMaglevMany?(tables: ReadonlyArray<{ readonly table: number; readonly ids: Uint32Array }>): void;
   deleteMaglev(table: number): void;
   /** The tables the map holds (keys only: reading M entries each is not needed to adopt them). */
   maglevKeys(): number[];

@@ -257,7 +257,7 @@ export class NodePortDatapath {
   ) {
     this.addrs = object.map('lb_node_addrs');
     this.devices = object.map('lb_devices');
-    this.northSouthMaps = new KernelNorthSouthMaps(new KernelMaglevMaps(object.map('lb_maglev'), maglevM), { 4: object.map('lb4_src_range'), 6: object.map('lb6_src_range') });
+    this.northSouthMaps = new KernelNorthSouthMaps(new KernelMaglevMaps(object.map('lb_maglev'), object.map('lb_maglev_index'), maglevM), { 4: object.map('lb4_src_range'), 6: object.map('lb6_src_range') });
   }
 
   static async load(opts: NodePortOptions): Promise<NodePortDatapath> {

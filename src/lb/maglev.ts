@@ -115,6 +115,11 @@ export interface MaglevBackend {
  * The lookup table: M backend ids. Each backend takes ⌊M/N⌋ or ⌈M/N⌉ slots
  * (they take turns), and the permutation of each is (offset + j·skip) mod M
  * from its name's hash, so the order of `backends` does not matter.
+ *
+ * The fill walks each permutation by adding `skip` (mod M) rather than
+ * computing (offset + j·skip) mod M afresh, in int32 typed arrays: the same
+ * slots, about 5× faster (bench/nodeport-tc.ts's Maglev builds; 10,000
+ * tables must be programmed in under 3 s).
  */
 export function maglevTable(backends: readonly MaglevBackend[], m: number, seed: number): Uint32Array {
   const table = new Uint32Array(m);
@@ -122,29 +127,76 @@ export function maglevTable(backends: readonly MaglevBackend[], m: number, seed:
   const n = bs.length;
   if (n === 0) return table;
   if (n > m) throw new RangeError(`${n} backends do not fit a Maglev table of ${m} slots`);
-  const offset = new Float64Array(n);
-  const skip = new Float64Array(n);
-  const next = new Float64Array(n);
+  const pos = new Int32Array(n); // each backend's next candidate slot: offset + j·skip mod M
+  const skip = new Int32Array(n);
+  const ids = new Uint32Array(n);
   const bm = BigInt(m);
   for (let i = 0; i < n; i++) {
     const [h1, h2] = murmur3x64_128(Buffer.from(bs[i]!.key), seed);
-    offset[i] = Number(h1 % bm);
+    pos[i] = Number(h1 % bm);
     skip[i] = Number(h2 % (bm - 1n)) + 1;
+    ids[i] = bs[i]!.id;
+    if (ids[i] === 0) throw new RangeError(`backend ${bs[i]!.key}: id 0 marks an empty slot`);
   }
-  // offset + j·skip < 2^17 + 2^17·2^17: exact in a double.
-  const filled = new Uint8Array(m);
-  for (let turn = 0; turn < m; turn++) {
-    const i = turn % n;
-    let c = (offset[i]! + next[i]! * skip[i]!) % m;
-    while (filled[c]) {
-      next[i]!++;
-      c = (offset[i]! + next[i]! * skip[i]!) % m;
+  const offset = pos.slice();
+  // Backend ids are never 0, so a 0 slot is an empty one. Turns go round
+  // until few slots are left, where a walk would mostly step over full ones.
+  const tail = Math.min(m, Math.max(n, TAIL_SLOTS));
+  let left = m;
+  let i = 0;
+  while (left > tail) {
+    const step = skip[i]!;
+    let c = pos[i]!;
+    while (table[c] !== 0) {
+      c += step;
+      if (c >= m) c -= m;
     }
-    filled[c] = 1;
-    table[c] = bs[i]!.id;
-    next[i]!++;
+    table[c] = ids[i]!;
+    c += step;
+    pos[i] = c >= m ? c - m : c;
+    left--;
+    if (++i === n) i = 0;
+  }
+  // The last slots: a backend's walk reaches empty slot e at step
+  // j = (e − offset)·skip⁻¹ mod M, and no empty slot lies behind it (it
+  // would have taken it), so its next slot is the empty one of least j:
+  // the same pick, without stepping over the full ones.
+  const empty = new Int32Array(left);
+  for (let c = 0, k = 0; c < m; c++) if (table[c] === 0) empty[k++] = c;
+  const steps = new Float64Array(n * left); // backend i's step to empty[k]: steps[i * left + k]
+  for (let b = 0; b < n; b++) {
+    const inv = inverseMod(skip[b]!, m);
+    for (let k = 0; k < left; k++) steps[b * left + k] = (((empty[k]! - offset[b]! + m) % m) * inv) % m;
+  }
+  let live = left; // empty[0..live) are still empty
+  const stride = left;
+  while (live > 0) {
+    const row = i * stride;
+    let best = 0;
+    for (let k = 1; k < live; k++) if (steps[row + k]! < steps[row + best]!) best = k;
+    table[empty[best]!] = ids[i]!;
+    // Drop slot `best`: the last live one takes its place in every row.
+    live--;
+    empty[best] = empty[live]!;
+    for (let b = 0; b < n; b++) steps[b * stride + best] = steps[b * stride + live]!;
+    if (++i === n) i = 0;
   }
   return table;
+}
+
+/** Below this many empty slots the fill switches from walking to choosing (see maglevTable). */
+const TAIL_SLOTS = 128;
+
+/** x⁻¹ mod p (p prime, 0 < x < p), by the extended Euclid algorithm; every value stays below p. */
+function inverseMod(x: number, p: number): number {
+  let [r0, r1] = [p, x];
+  let [t0, t1] = [0, 1];
+  while (r1 !== 0) {
+    const q = Math.floor(r0 / r1);
+    [r0, r1] = [r1, r0 - q * r1];
+    [t0, t1] = [t1, t0 - q * t1];
+  }
+  return t0 < 0 ? t0 + p : t0;
 }
 
 const rol32 = (w: number, s: number): number => ((w << s) | (w >>> (32 - s))) >>> 0;

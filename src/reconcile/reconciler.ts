@@ -150,8 +150,6 @@ export function describeOp(op: MapOp): string {
 
 /** Writes per batch syscall: bounds the buffers (a cold sync of 100,000 services is ~800,000 writes). */
 const MAX_BATCH = 8192;
-/** Maglev tables per outer batch update: 64 tables of 16381 slots are 4 MiB while built. */
-const MAGLEV_BATCH = 64;
 
 /**
  * A backend's identity in the id allocator: address, port and protocol.
@@ -463,40 +461,6 @@ export class Reconciler {
   }
 
   /**
-   * A run of Maglev table writes from `i`, in batches of MAGLEV_BATCH (each
-   * table is 4 × M bytes while it is built): one outer update per batch.
-   * Returns where the run ends.
-   */
-  private putMaglevRun(ops: readonly SingleOp[], i: number, refused: Refusals, count: (kind: MapOp['kind']) => void, applied: () => number): number {
-    const ns = this.northSouth!;
-    let j = i;
-    while (j < ops.length && ops[j]!.kind === 'put-maglev') {
-      const run: Array<Extract<MapOp, { kind: 'put-maglev' }>> = [];
-      while (j < ops.length && ops[j]!.kind === 'put-maglev' && run.length < MAGLEV_BATCH) {
-        const op = ops[j++] as Extract<MapOp, { kind: 'put-maglev' }>;
-        if (this.admit(op, refused) === 'write') run.push(op);
-      }
-      if (run.length === 0) continue;
-      try {
-        ns.maps.putMaglevMany!(run.map((op) => ({ table: op.table, ids: maglevTable(op.backends, ns.maglevM, ns.maglevSeed) })));
-      } catch (err) {
-        const written = err instanceof PartialWriteError ? err.written : 0;
-        for (const op of run.slice(0, written)) {
-          this.note(op);
-          count(op.kind);
-        }
-        const failed = run[written] ?? run[0]!;
-        throw new SyncError(`${describeOp(failed)}: ${(err as Error).message}`, failed, applied(), { cause: err });
-      }
-      for (const op of run) {
-        this.note(op);
-        count(op.kind);
-      }
-    }
-    return j;
-  }
-
-  /**
    * Whether to write single op `op` now: 'skip' when its frontend already
    * failed for want of room, 'defer' for a backend delete that a realized
    * slot still names (it is retried after the puts), 'write' otherwise.
@@ -530,10 +494,6 @@ export class Reconciler {
   private applyOps(ops: readonly SingleOp[], refused: Refusals, deferred: SingleOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
     for (let i = 0; i < ops.length; ) {
       const op = ops[i]!;
-      if (op.kind === 'put-maglev' && this.northSouth?.maps.putMaglevMany) {
-        i = this.putMaglevRun(ops, i, refused, count, applied);
-        continue;
-      }
       i++;
       const verdict = this.admit(op, refused);
       if (verdict === 'defer') deferred.push(op);

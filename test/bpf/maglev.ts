@@ -49,7 +49,7 @@ async function inNamespace(): Promise<void> {
   const svc = obj.map('lb4_services');
   const be = obj.map('lb4_backends');
   const ct = obj.map('lb4_ct');
-  const tables = new KernelMaglevMaps(obj.map('lb_maglev'), M);
+  const tables = new KernelMaglevMaps(obj.map('lb_maglev'), obj.map('lb_maglev_index'), M);
   obj.map('lb_np_config').update(
     u32.encode(0),
     lb_np_config.encode({

@@ -149,15 +149,6 @@ export class FakeNorthSouthMaps implements NorthSouthMaps {
     this.log.push(`put-maglev ${table}`);
   }
 
-  /** The batch the kernel maps write in one outer update; logged per table. */
-  putMaglevMany(tables: ReadonlyArray<{ readonly table: number; readonly ids: Uint32Array }>): void {
-    this.batches.push(tables.length);
-    for (const t of tables) this.putMaglev(t.table, t.ids);
-  }
-
-  /** Tables per putMaglevMany call, in order. */
-  readonly batches: number[] = [];
-
   deleteMaglev(table: number): void {
     this.tables.delete(table);
     this.log.push(`delete-maglev ${table}`);
