@@ -443,8 +443,8 @@ interface MaglevRun {
   changeMs: number[];
   changeSteps: MaglevSteps[];
   tables: number;
-  /** The tables' kernel memory after the cold sync (the chunks' memlock), and the rows the chunks hold. */
-  memory?: { bytes: number; rows: number; tables: number };
+  /** The tables' kernel memory after the cold sync (the chunks' memlock), the chunks, their slots and the tables in them. */
+  memory?: { bytes: number; chunks: number; slots: number; tables: number };
 }
 
 interface MaglevPoint {
@@ -523,7 +523,7 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     const run: MaglevRun = { coldMs, phases: { ...cold.phasesMs }, steps: coldSteps, changeMs, changeSteps, tables, ...(memory ? { memory } : {}) };
     process.stderr.write(
       `maglev (${algorithm}): cold ${coldMs.toFixed(0)} ms (${tables} tables, written in ${coldSteps.writeMs.toFixed(0)} ms; phases ${JSON.stringify(run.phases)}), change median ${median(changeMs).toFixed(3)} ms` +
-        (memory ? `; kernel memory ${(memory.bytes / 2 ** 20).toFixed(1)} MiB for ${memory.tables} tables (${memory.rows} rows)` : '') + '\n',
+        (memory ? `; kernel memory ${(memory.bytes / 2 ** 20).toFixed(1)} MiB for ${memory.tables} tables (${memory.chunks} chunks, ${memory.slots} slots)` : '') + '\n',
     );
     return run;
   } finally {
@@ -635,7 +635,7 @@ export function tcReport(r: TcResults): string[] {
       `Where the cold sync's time goes (${g.steps.tables} tables): writing them in place (KernelMaglevMaps.put) ${f0(g.steps.writeMs)} ms (${per(g.steps.writeMs)} per table); ` +
         `building the same tables alone (maglevTable, in this process) ${f0(m.buildOnlyMs)} ms; the sync's phases ${Object.entries(g.phases).map(([k, v]) => `${k} ${f0(v)}`).join(', ')} ms. ` +
         `Of a change sync, the write: ${chWrite.toFixed(3)} ms (median).` +
-        (mem ? ` Kernel memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB in ${mem.rows / 16} chunks of 16 rows for ${mem.tables} tables.` : ''),
+        (mem ? ` Kernel memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB in ${mem.chunks} chunks (${mem.slots} slots) for ${mem.tables} tables of ${m.m}.` : ''),
     );
   }
   return lines;

@@ -562,24 +562,22 @@ static __always_inline int np4_xlate_fwd(struct __sk_buff *skb, const struct np4
 /*
  * The backend id a flow of hash `hash` takes from the Maglev table of
  * lb_maglev_index key `key` (enum lb_maglev_layout), 0 when the frontend
- * has no table: the index names its row, the row's chunk holds the blocks.
+ * has no table.
  */
-static __always_inline __u32 np_maglev_pick(__u32 key, __u32 hash, const struct lb_np_config *cfg)
+static __always_inline __u32 np_maglev_pick(__u32 key, __u32 hash)
 {
-	__u32 *row = bpf_map_lookup_elem(&lb_maglev_index, &key);
+	const struct lb_maglev_row *row = bpf_map_lookup_elem(&lb_maglev_index, &key);
 	struct lb_maglev_block *b;
-	__u32 slot, chunk_id, block;
+	__u32 slot, block;
 	void *chunk;
 
-	if (!row)
+	if (!row || !row->m)
 		return 0;
-	chunk_id = *row / LB_MAGLEV_CHUNK_TABLES;
-	chunk = bpf_map_lookup_elem(&lb_maglev, &chunk_id);
+	chunk = bpf_map_lookup_elem(&lb_maglev, &row->chunk);
 	if (!chunk)
 		return 0;
-	slot = hash % cfg->maglev_m;
-	block = (*row % LB_MAGLEV_CHUNK_TABLES) * ((cfg->maglev_m + LB_MAGLEV_BLOCK_SLOTS - 1) / LB_MAGLEV_BLOCK_SLOTS) +
-		slot / LB_MAGLEV_BLOCK_SLOTS;
+	slot = row->first + hash % row->m;
+	block = slot / LB_MAGLEV_BLOCK_SLOTS;
 	b = bpf_map_lookup_elem(chunk, &block);
 	return b ? b->backend_id[slot % LB_MAGLEV_BLOCK_SLOTS] : 0;
 }
@@ -599,7 +597,7 @@ static __always_inline struct lb4_backend *np4_select(struct lb4_key *key, const
 	if ((svc->flags & LB_SVC_F_MAGLEV) && !lb_svc_has_affinity(svc) && cfg->maglev_m) {
 		__u32 id = np_maglev_pick(svc->rev_nat_index,
 					  np_jhash_3words(bpf_ntohl(f->saddr), ((__u32)bpf_ntohs(f->dport) << 16) | bpf_ntohs(f->sport),
-							  f->l4.proto, cfg->maglev_seed4), cfg);
+							  f->l4.proto, cfg->maglev_seed4));
 		struct lb4_backend *be = id ? bpf_map_lookup_elem(&lb4_backends, &id) : NULL;
 
 		if (be) {
@@ -1365,7 +1363,7 @@ static __always_inline struct lb6_backend *np6_select(struct lb6_key *key, const
 	if ((svc->flags & LB_SVC_F_MAGLEV) && !lb_svc_has_affinity(svc) && cfg->maglev_m) {
 		__u32 id = np_maglev_pick(svc->rev_nat_index | LB_MAGLEV_V6,
 					  np_jhash_3words(np6_addr_hash(f->saddr), ((__u32)bpf_ntohs(f->dport) << 16) | bpf_ntohs(f->sport),
-							  f->l4.proto, cfg->maglev_seed6), cfg);
+							  f->l4.proto, cfg->maglev_seed6));
 		struct lb6_backend *be = id ? bpf_map_lookup_elem(&lb6_backends, &id) : NULL;
 
 		if (be) {

@@ -498,23 +498,28 @@ struct lb_np_config {
 #define LB_MAGLEV_V6	(1U << 31)
 
 /*
- * Maglev tables at tc, Katran's flat layout in chunks: a table is M backend
- * ids (--maglev-table-size) in ceil(M / LB_MAGLEV_BLOCK_SLOTS) blocks, and a
- * chunk (one inner array of lb_maglev) holds LB_MAGLEV_CHUNK_TABLES tables
- * back to back. Table row r is chunk r / LB_MAGLEV_CHUNK_TABLES, blocks from
- * (r % LB_MAGLEV_CHUNK_TABLES) * blocks; lb_maglev_index names a frontend's
- * row. Tables are written in place, a block per element: no map is made or
- * swapped per table, and an array value of 1 KiB wastes nothing where one of
- * a single 4-byte id would take 8 (array values round up to 8 bytes), so a
- * table of 16,381 takes 64 KiB of kernel memory, not 128.
+ * Maglev tables at tc, Katran's flat layout in chunks: a chunk (one inner
+ * array of lb_maglev) holds tables back to back, M backend ids each
+ * (--maglev-table-size), in blocks of LB_MAGLEV_BLOCK_SLOTS; lb_maglev_index
+ * names a frontend's table as a struct lb_maglev_row. Tables are written in
+ * place: no map is made or swapped per table, a chunk holds as many tables
+ * as the agent needs at once (one map-of-maps update, one RCU grace period,
+ * for all of them), and packing them without gaps takes 4 bytes a slot where
+ * an array of single ids would take 8 (array values round up to 8 bytes).
  */
 enum lb_maglev_layout {
-	LB_MAGLEV_BLOCK_SLOTS = 256,
-	LB_MAGLEV_CHUNK_TABLES = 16,
+	LB_MAGLEV_BLOCK_SLOTS = 1024,
 };
 
 struct lb_maglev_block {
 	__u32 backend_id[LB_MAGLEV_BLOCK_SLOTS];
+};
+
+/* A frontend's Maglev table: lb_maglev_index's value. */
+struct lb_maglev_row {
+	__u32 chunk;	/* lb_maglev's key of the chunk that holds it */
+	__u32 first;	/* its slot 0 in the chunk: slot s is (first + s) / LB_MAGLEV_BLOCK_SLOTS, id (first + s) % ... */
+	__u32 m;	/* its size (the table was built for it; flows hash modulo it) */
 };
 
 /*

@@ -18,7 +18,8 @@
 #define LB_NP_AFFINITY_MAX	65536
 #define LB_DEVICES_MAX		256
 #define LB_SRC_RANGE_MAX	16384
-#define LB_MAGLEV_MAX		65536
+#define LB_MAGLEV_MAX		65536	/* Maglev tables */
+#define LB_MAGLEV_CHUNKS	4096
 
 /* the translated flows (see struct lb4_ct_key) */
 struct {
@@ -133,17 +134,17 @@ struct {
 /*
  * Maglev lookup tables, one per frontend served at tc (LB_SVC_F_MAGLEV in
  * its master entry; see enum lb_maglev_layout): lb_maglev_index maps the
- * frontend's rev-NAT id (| LB_MAGLEV_V6) to its table's row, lb_maglev the
- * row's chunk to an array of blocks. The agent builds each table (every
+ * frontend's rev-NAT id (| LB_MAGLEV_V6) to where its table is, lb_maglev a
+ * chunk's number to an array of blocks. The agent builds each table (every
  * node the same, from the backends' addresses) and writes it in place; a new
- * frontend's row is written before its index entry, and a row is reused
- * only long after its frontend left. A packet may see a table half
- * rewritten for a moment: every id it names is a live backend's.
+ * table is written before its index entry, and its slots are reused only
+ * long after its frontend left. A packet may see a table half rewritten for
+ * a moment: every id it names is a live backend's.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct lb_maglev_row);
 	__uint(max_entries, LB_MAGLEV_MAX);
 	__uint(pinning, LB_MAP_PINNING);
 } lb_maglev_index SEC(".maps");
@@ -152,13 +153,13 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__type(key, __u32);
 	__type(value, __u32);
-	__uint(max_entries, LB_MAGLEV_MAX / LB_MAGLEV_CHUNK_TABLES);
+	__uint(max_entries, LB_MAGLEV_CHUNKS);
 	__uint(pinning, LB_MAP_PINNING);
 	__array(values, struct {
 		__uint(type, BPF_MAP_TYPE_ARRAY);
 		__uint(key_size, sizeof(__u32));
 		__uint(value_size, sizeof(struct lb_maglev_block));
-		__uint(max_entries, LB_MAGLEV_CHUNK_TABLES * 64); /* the template's; BPF_F_INNER_MAP lets chunks have any */
+		__uint(max_entries, 1024); /* the template's; BPF_F_INNER_MAP lets chunks have any */
 		__uint(map_flags, BPF_F_INNER_MAP);
 	});
 } lb_maglev SEC(".maps");

@@ -207,6 +207,33 @@ export const lb_icmp_bucket: Codec<LbIcmpBucket> = {
   },
 };
 
+/** struct lb_maglev_row (12 bytes) */
+export interface LbMaglevRow {
+  chunk: number;
+  first: number;
+  m: number;
+}
+
+export const lb_maglev_row: Codec<LbMaglevRow> = {
+  name: 'lb_maglev_row',
+  size: 12,
+  encode(v, b = Buffer.alloc(12), o = 0) {
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb_maglev_row: 12 bytes at offset ${o} of ${b.length}`);
+    { const x = v.chunk; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_maglev_row.chunk', x, 4294967295); b[o + 0] = x; b[o + 1] = x >>> 8; b[o + 2] = x >>> 16; b[o + 3] = x >>> 24; }
+    { const x = v.first; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_maglev_row.first', x, 4294967295); b[o + 4] = x; b[o + 5] = x >>> 8; b[o + 6] = x >>> 16; b[o + 7] = x >>> 24; }
+    { const x = v.m; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_maglev_row.m', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 12 <= b.length)) throw new RangeError(`lb_maglev_row: 12 bytes at offset ${o} of ${b.length}`);
+    return {
+      chunk: ((b[o + 0]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0),
+      first: ((b[o + 4]! | (b[o + 5]! << 8) | (b[o + 6]! << 16) | (b[o + 7]! << 24)) >>> 0),
+      m: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+    };
+  },
+};
+
 /** struct lb_node_addr (8 bytes) */
 export interface LbNodeAddr {
   ifindex: number;
@@ -1074,8 +1101,7 @@ export const LbDeviceFlags = {
 
 /** enum lb_maglev_layout */
 export const LbMaglevLayout = {
-  LB_MAGLEV_BLOCK_SLOTS: 256,
-  LB_MAGLEV_CHUNK_TABLES: 16,
+  LB_MAGLEV_BLOCK_SLOTS: 1024,
 } as const;
 
 /** enum lb_metric */
@@ -1220,7 +1246,7 @@ export const mapSpecs = {
     key: u32,
     value: u32,
     object: 'nodeport.bpf.o',
-    inner: { type: MapType.ARRAY, keySize: 4, valueSize: 1024, maxEntries: 1024, flags: 4096 },
+    inner: { type: MapType.ARRAY, keySize: 4, valueSize: 4096, maxEntries: 1024, flags: 4096 },
   } as MapSpec<number, number>,
   lb_maglev_index: {
     name: 'lb_maglev_index',
@@ -1228,9 +1254,9 @@ export const mapSpecs = {
     flags: 0,
     maxEntries: 65536,
     key: u32,
-    value: u32,
+    value: lb_maglev_row,
     object: 'nodeport.bpf.o',
-  } as MapSpec<number, number>,
+  } as MapSpec<number, LbMaglevRow>,
   lb_metrics: {
     name: 'lb_metrics',
     type: MapType.PERCPU_ARRAY,

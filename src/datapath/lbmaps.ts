@@ -124,6 +124,8 @@ export interface SrcRangeEntry {
 export interface NorthSouthMaps {
   /** Writes a whole table (M backend ids) as `table`'s, in place, replacing any. */
   putMaglev(table: number, ids: Uint32Array): void;
+  /** Optional: room made at once for the tables about to be written (the kernel's makes its chunks in one update). */
+  reserveMaglev?(tables: readonly number[]): void;
   deleteMaglev(table: number): void;
   /** The tables the map holds (keys only: reading M entries each is not needed to adopt them). */
   maglevKeys(): number[];

@@ -2,30 +2,34 @@
 //
 // Maglev tables in the kernel (bpf/include/lb_types.h enum lb_maglev_layout,
 // Katran's flat layout in chunks): lb_maglev_index maps a frontend's
-// rev-NAT id (| LB_MAGLEV_V6) to a row; row r is the blocks of 256 ids from
-// (r % 16) * blocks in chunk r / 16, an inner array of lb_maglev. A table is
-// written in place, one batch of its blocks; a new frontend's row is written
-// before its index entry, and a freed row is reused only after
-// ROW_QUARANTINE_MS (no packet still reads it for its old frontend). Tables
-// are derived data: the loader never copies them; a restarted agent adopts
-// the rows the index names and rewrites what changed.
+// rev-NAT id (| LB_MAGLEV_V6) to where its table is (chunk, first slot, M);
+// a chunk is an inner array of lb_maglev holding tables back to back in
+// blocks of 1,024 ids (4 KiB). A table is written in place (its blocks in one batch; a
+// block it shares with a neighbour is read and written back whole); a new
+// frontend's table is written before its index entry; a freed place is
+// reused only after QUARANTINE_MS, so no packet still reading it for its old
+// frontend sees another's. Every chunk made is one map-of-maps update, which
+// waits for an RCU grace period (about 10 ms): reserve() makes the chunks a
+// sync needs at once, and chunks are sized to what is needed. Tables are
+// derived data: the loader never copies them; a restarted agent adopts the
+// places the index names and rewrites what changed.
 import { readFileSync } from 'node:fs';
 import { BPF_ANY, isErrno, mapById, mapCreate, type BpfMap } from '../native/bpf.js';
 import { ipFromBytes, ipv4ToUint, ipv6Bytes, uintToIpv4 } from '../lb/addr.js';
-import { lb4_src_range_key, lb6_src_range_key, LbMaglevLayout, mapSpecs, u32 } from './abi.gen.js';
+import { lb4_src_range_key, lb6_src_range_key, lb_maglev_row, LbMaglevLayout, mapSpecs, u32 } from './abi.gen.js';
 import type { Family } from '../lb/types.js';
 import type { NorthSouthMaps, SrcRangeEntry } from './lbmaps.js';
 
 export const LB_MAGLEV_V6 = 0x80000000;
 const BLOCK = LbMaglevLayout.LB_MAGLEV_BLOCK_SLOTS;
-const CHUNK_TABLES = LbMaglevLayout.LB_MAGLEV_CHUNK_TABLES;
-/** How long a freed row waits before another frontend's table is written into it. */
-const ROW_QUARANTINE_MS = 2000;
+/** How long a freed table's place (or a dropped chunk's number) waits before it is used again. */
+const QUARANTINE_MS = 2000;
+/** Slots of the largest chunk made (64 MiB): one vmalloc each. */
+const CHUNK_SLOTS_MAX = 1 << 24;
+/** A chunk made for tables one at a time holds at least this many, or an eighth of those there are. */
+const CHUNK_TABLES_MIN = 16;
 
 export const maglevKey = (revNatId: number, family: Family): number => (family === 6 ? (revNatId | LB_MAGLEV_V6) >>> 0 : revNatId);
-
-/** Blocks of a table of `m` slots. */
-export const maglevBlocks = (m: number): number => Math.ceil(m / BLOCK);
 
 /** What the reconciler needs of the tables (a fake in tests). */
 export interface MaglevMaps {
@@ -39,21 +43,34 @@ export interface MaglevMaps {
   readonly tableBytes: number;
 }
 
+/** Where a table is: lb_maglev_index's value. */
+interface Place {
+  readonly chunk: number;
+  readonly first: number;
+  readonly m: number;
+}
+
+interface Chunk {
+  readonly map: BpfMap;
+  /** Tables in it that a frontend has. */
+  used: number;
+}
+
 export class KernelMaglevMaps implements MaglevMaps {
-  readonly blocks: number;
-  /** frontend key -> row, as lb_maglev_index holds it. */
-  private readonly rows = new Map<number, number>();
-  /** Rows of the chunks made that no frontend has, ready for one. */
-  private readonly free: number[] = [];
-  /** Rows freed lately, with when: reused after ROW_QUARANTINE_MS. */
-  private readonly cooling: Array<{ readonly row: number; readonly at: number }> = [];
-  private readonly chunkMaps = new Map<number, BpfMap>();
+  private readonly rows = new Map<number, Place>();
+  private readonly chunkMaps = new Map<number, Chunk>();
+  /** Places of M slots no frontend has, ready for one. */
+  private free: Place[] = [];
+  /** Places freed lately, with when. */
+  private cooling: Array<{ readonly place: Place; readonly at: number }> = [];
+  /** Chunk numbers dropped lately, with when. */
+  private readonly retired = new Map<number, number>();
   private readonly inner = mapSpecs.lb_maglev.inner!;
 
   /**
-   * Adopts the tables lb_maglev_index names. Chunks of another table size
-   * (--maglev-table-size changed) are dropped with the index: every table is
-   * written anew.
+   * Adopts the tables lb_maglev_index names (an entry naming no chunk is
+   * deleted); the gaps between them in their chunks are free places. Tables
+   * of another size (--maglev-table-size changed) stay until rewritten.
    */
   constructor(
     private readonly chunks: BpfMap,
@@ -61,111 +78,178 @@ export class KernelMaglevMaps implements MaglevMaps {
     readonly m: number,
     private readonly now: () => number = () => performance.now(),
   ) {
-    this.blocks = maglevBlocks(m);
-    const kept = new Map<number, BpfMap>();
-    let mismatch = false;
     for (const [k, v] of chunks.entries()) {
       const map = mapById(v.readUInt32LE(0));
-      if (!map) continue;
-      kept.set(k.readUInt32LE(0), map);
-      if (map.maxEntries !== CHUNK_TABLES * this.blocks || map.valueSize !== this.inner.valueSize) mismatch = true;
+      if (map) this.chunkMaps.set(k.readUInt32LE(0), { map, used: 0 });
     }
-    if (mismatch) {
-      for (const [k] of index.entries()) index.delete(k);
-      for (const [c, map] of kept) {
-        chunks.delete(u32.encode(c));
-        map.close();
-      }
-      return;
-    }
-    for (const [c, map] of kept) this.chunkMaps.set(c, map);
-    const used = new Set<number>();
+    const taken = new Map<number, Place[]>();
     for (const [k, v] of index.entries()) {
-      const row = v.readUInt32LE(0);
-      if (!this.chunkMaps.has(Math.floor(row / CHUNK_TABLES))) {
-        index.delete(k); // names a row of no chunk: not a table
+      const place = lb_maglev_row.decode(v);
+      const chunk = this.chunkMaps.get(place.chunk);
+      if (!chunk || place.m === 0 || place.first + place.m > chunk.map.maxEntries * BLOCK) {
+        index.delete(k); // names no table: new flows pick at random until it is rewritten
         continue;
       }
-      this.rows.set(k.readUInt32LE(0), row);
-      used.add(row);
+      this.rows.set(k.readUInt32LE(0), place);
+      chunk.used++;
+      taken.set(place.chunk, [...(taken.get(place.chunk) ?? []), place]);
     }
-    for (const c of [...this.chunkMaps.keys()].sort((a, b) => b - a)) {
-      for (let r = c * CHUNK_TABLES + CHUNK_TABLES - 1; r >= c * CHUNK_TABLES; r--) if (!used.has(r)) this.free.push(r);
+    for (const [c, chunk] of this.chunkMaps) {
+      const places = (taken.get(c) ?? []).sort((a, b) => a.first - b.first);
+      let at = 0;
+      for (const p of [...places, { first: chunk.map.maxEntries * BLOCK, m: 0 }]) {
+        for (; at + m <= p.first; at += m) this.free.push({ chunk: c, first: at, m });
+        at = Math.max(at, p.first + p.m);
+      }
     }
   }
 
-  /** Bytes of kernel memory one table takes: its blocks (a multiple of 8, so arrays pad nothing). */
+  /** Bytes of ids one table takes in the kernel (tables are packed without gaps). */
   get tableBytes(): number {
-    return this.blocks * BLOCK * 4;
+    return this.m * 4;
   }
 
-  /** The chunks' kernel memory, as the kernel accounts it (fdinfo's memlock), and the rows they hold. */
-  kernelMemory(): { bytes: number; rows: number; tables: number } {
+  /** The chunks' kernel memory, as the kernel accounts it (fdinfo's memlock), their slots and the tables in them. */
+  kernelMemory(): { bytes: number; chunks: number; slots: number; tables: number } {
     let bytes = 0;
-    for (const map of this.chunkMaps.values()) {
+    let slots = 0;
+    for (const { map } of this.chunkMaps.values()) {
       const m = /^memlock:\s*(\d+)/m.exec(readFileSync(`/proc/self/fdinfo/${map.fd}`, 'utf8'));
       bytes += m ? Number(m[1]) : 0;
+      slots += map.maxEntries * BLOCK;
     }
-    return { bytes, rows: this.chunkMaps.size * CHUNK_TABLES, tables: this.rows.size };
+    return { bytes, chunks: this.chunkMaps.size, slots, tables: this.rows.size };
   }
 
-  /** A row for a new table: a free one, a cooled one, else a new chunk's. */
-  private allocRow(): number {
-    const now = this.now();
-    while (this.cooling.length > 0 && now - this.cooling[0]!.at >= ROW_QUARANTINE_MS) this.free.push(this.cooling.shift()!.row);
-    const row = this.free.pop();
-    if (row !== undefined) return row;
-    let c = 0;
-    while (this.chunkMaps.has(c)) c++;
-    if (c >= this.chunks.maxEntries) {
-      throw Object.assign(new Error(`lb_maglev: no room for another chunk of ${CHUNK_TABLES} Maglev tables (${this.chunks.maxEntries} chunks)`), { code: 'E2BIG' });
+  /**
+   * Room for the tables of `keys` that have none of this size yet, made at
+   * once: the chunks they need, added to lb_maglev in one batch (one RCU
+   * grace period for them all).
+   */
+  reserve(keys: readonly number[]): void {
+    this.cool();
+    const need = keys.filter((k) => this.rows.get(k)?.m !== this.m).length - this.free.length;
+    if (need <= 0) return;
+    const perChunk = Math.max(1, Math.floor(CHUNK_SLOTS_MAX / this.m));
+    const made: Array<[number, BpfMap, number]> = [];
+    try {
+      for (let left = need; left > 0; left -= perChunk) made.push(this.makeChunk(Math.min(left, perChunk), made.map(([c]) => c)));
+      const ks = Buffer.alloc(4 * made.length);
+      const fds = Buffer.alloc(4 * made.length);
+      made.forEach(([c, map], i) => {
+        ks.writeUInt32LE(c, 4 * i);
+        fds.writeUInt32LE(map.fd, 4 * i);
+      });
+      this.chunks.batchUpdate(ks, fds, made.length, BPF_ANY);
+    } catch (err) {
+      for (const [, map] of made) map.close();
+      throw err;
     }
-    const map = mapCreate({ type: this.inner.type, keySize: this.inner.keySize, valueSize: this.inner.valueSize, maxEntries: CHUNK_TABLES * this.blocks, flags: this.inner.flags, name: 'lb_maglev_chunk' });
+    for (const [c, map, tables] of made) this.adoptChunk(c, map, tables);
+  }
+
+  /** A chunk map for `tables` tables under the lowest number free (not in `also`); not yet in lb_maglev. */
+  private makeChunk(tables: number, also: readonly number[] = []): [number, BpfMap, number] {
+    const now = this.now();
+    let c = 0;
+    while (this.chunkMaps.has(c) || also.includes(c) || now - (this.retired.get(c) ?? -Infinity) < QUARANTINE_MS) c++;
+    if (c >= this.chunks.maxEntries) {
+      throw Object.assign(new Error(`lb_maglev: all ${this.chunks.maxEntries} chunks in use: no room for another Maglev table`), { code: 'E2BIG' });
+    }
+    const map = mapCreate({ type: this.inner.type, keySize: this.inner.keySize, valueSize: this.inner.valueSize, maxEntries: Math.ceil((tables * this.m) / BLOCK), flags: this.inner.flags, name: 'lb_maglev_chunk' });
+    return [c, map, tables];
+  }
+
+  private adoptChunk(c: number, map: BpfMap, tables: number): void {
+    this.chunkMaps.set(c, { map, used: 0 });
+    this.retired.delete(c);
+    for (let i = tables - 1; i >= 0; i--) this.free.push({ chunk: c, first: i * this.m, m: this.m });
+  }
+
+  private cool(): void {
+    const now = this.now();
+    let i = 0;
+    while (i < this.cooling.length && now - this.cooling[i]!.at >= QUARANTINE_MS) this.free.push(this.cooling[i++]!.place);
+    if (i > 0) this.cooling = this.cooling.slice(i);
+  }
+
+  /** A place for a new table: a free one, else a new chunk's (for an eighth of the tables there are, at least 16). */
+  private allocPlace(): Place {
+    this.cool();
+    const place = this.free.pop();
+    if (place) return place;
+    const tables = Math.min(Math.max(CHUNK_TABLES_MIN, Math.ceil(this.rows.size / 8)), Math.max(1, Math.floor(CHUNK_SLOTS_MAX / this.m)));
+    const [c, map] = this.makeChunk(tables);
     try {
       this.chunks.update(u32.encode(c), u32.encode(map.fd), BPF_ANY);
     } catch (err) {
       map.close();
       throw err;
     }
-    this.chunkMaps.set(c, map);
-    for (let r = c * CHUNK_TABLES + CHUNK_TABLES - 1; r > c * CHUNK_TABLES; r--) this.free.push(r);
-    return c * CHUNK_TABLES;
+    this.adoptChunk(c, map, tables);
+    return this.free.pop()!;
   }
 
-  /** Writes `table` into `row`'s blocks (one batch; the slots past M are 0). */
-  private writeRow(row: number, table: Uint32Array): void {
-    if (table.length !== this.m) throw new RangeError(`a Maglev table has ${this.m} slots, not ${table.length}`);
-    const map = this.chunkMaps.get(Math.floor(row / CHUNK_TABLES))!;
-    const first = (row % CHUNK_TABLES) * this.blocks;
-    const keys = Buffer.alloc(4 * this.blocks);
-    for (let b = 0; b < this.blocks; b++) keys.writeUInt32LE(first + b, 4 * b);
-    const values = Buffer.alloc(this.tableBytes);
-    values.set(new Uint8Array(table.buffer, table.byteOffset, table.byteLength));
-    map.batchUpdate(keys, values, this.blocks, BPF_ANY);
+  /** A place no frontend has any more: reused after the quarantine; a chunk left empty is dropped. */
+  private release(place: Place): void {
+    const chunk = this.chunkMaps.get(place.chunk);
+    if (!chunk) return;
+    if (--chunk.used > 0) {
+      if (place.m === this.m) this.cooling.push({ place, at: this.now() });
+      return;
+    }
+    this.chunks.delete(u32.encode(place.chunk));
+    chunk.map.close();
+    this.chunkMaps.delete(place.chunk);
+    this.retired.set(place.chunk, this.now());
+    this.free = this.free.filter((p) => p.chunk !== place.chunk);
+    this.cooling = this.cooling.filter((p) => p.place.chunk !== place.chunk);
+  }
+
+  /** Writes `table` at `place`: its blocks in one batch, a block shared with a neighbour read first. */
+  private write(place: Place, table: Uint32Array): void {
+    const map = this.chunkMaps.get(place.chunk)!.map;
+    const fb = Math.floor(place.first / BLOCK);
+    const lb = Math.floor((place.first + place.m - 1) / BLOCK);
+    const n = lb - fb + 1;
+    const values = Buffer.alloc(n * BLOCK * 4);
+    if (place.first % BLOCK !== 0) map.lookup(u32.encode(fb))?.copy(values, 0);
+    if ((place.first + place.m) % BLOCK !== 0) map.lookup(u32.encode(lb))?.copy(values, (n - 1) * BLOCK * 4);
+    values.set(new Uint8Array(table.buffer, table.byteOffset, table.byteLength), (place.first % BLOCK) * 4);
+    const keys = Buffer.alloc(4 * n);
+    for (let b = 0; b < n; b++) keys.writeUInt32LE(fb + b, 4 * b);
+    map.batchUpdate(keys, values, n, BPF_ANY);
   }
 
   put(key: number, table: Uint32Array): void {
+    if (table.length !== this.m) throw new RangeError(`a Maglev table has ${this.m} slots, not ${table.length}`);
     const had = this.rows.get(key);
-    const row = had ?? this.allocRow();
+    if (had?.m === this.m) {
+      this.write(had, table);
+      return;
+    }
+    const place = this.allocPlace();
     try {
-      this.writeRow(row, table);
-      if (had === undefined) this.index.update(u32.encode(key), u32.encode(row), BPF_ANY);
+      this.write(place, table);
+      this.index.update(u32.encode(key), lb_maglev_row.encode(place), BPF_ANY);
     } catch (err) {
-      if (had === undefined) this.free.push(row);
+      this.free.push(place);
       throw err;
     }
-    this.rows.set(key, row);
+    this.rows.set(key, place);
+    this.chunkMaps.get(place.chunk)!.used++;
+    if (had) this.release(had);
   }
 
   delete(key: number): void {
-    const row = this.rows.get(key);
     const gone = this.index.delete(u32.encode(key));
-    if (row === undefined) {
+    const place = this.rows.get(key);
+    if (!place) {
       if (!gone) throw Object.assign(new Error(`lb_maglev_index: no table ${key}`), { code: 'ENOENT' });
       return;
     }
     this.rows.delete(key);
-    this.cooling.push({ row, at: this.now() });
+    this.release(place);
   }
 
   keys(): number[] {
@@ -173,34 +257,36 @@ export class KernelMaglevMaps implements MaglevMaps {
   }
 
   read(): Map<number, Uint32Array> {
-    return readMaglevTables(this.chunks, this.index, this.m);
+    return readMaglevTables(this.chunks, this.index);
   }
 }
 
-/** The tables lb_maglev/lb_maglev_index hold, tables of `m` slots: key -> its backend ids. */
-export function readMaglevTables(chunks: BpfMap, index: BpfMap, m: number): Map<number, Uint32Array> {
+/** The tables lb_maglev and lb_maglev_index hold: key -> its backend ids. */
+export function readMaglevTables(chunks: BpfMap, index: BpfMap): Map<number, Uint32Array> {
   const out = new Map<number, Uint32Array>();
-  const blocks = maglevBlocks(m);
-  const chunkMaps = new Map<number, BpfMap>();
-  try {
-    for (const [k, v] of chunks.entries()) {
-      const map = mapById(v.readUInt32LE(0));
-      if (map) chunkMaps.set(k.readUInt32LE(0), map);
-    }
-    for (const [k, v] of index.entries()) {
-      const row = v.readUInt32LE(0);
-      const map = chunkMaps.get(Math.floor(row / CHUNK_TABLES));
+  const blocks = new Map<number, Buffer>(); // a chunk's blocks, read once
+  const chunkIds = new Map<number, number>();
+  for (const [k, v] of chunks.entries()) chunkIds.set(k.readUInt32LE(0), v.readUInt32LE(0));
+  for (const [k, v] of index.entries()) {
+    const place = lb_maglev_row.decode(v);
+    let all = blocks.get(place.chunk);
+    if (!all) {
+      const id = chunkIds.get(place.chunk);
+      const map = id === undefined ? null : mapById(id);
       if (!map) continue;
-      const ids = new Uint32Array(blocks * BLOCK);
-      const first = (row % CHUNK_TABLES) * blocks;
-      for (let b = 0; b < blocks; b++) {
-        const value = map.lookup(u32.encode(first + b));
-        if (value) ids.set(new Uint32Array(value.buffer.slice(value.byteOffset, value.byteOffset + value.byteLength)), b * BLOCK);
+      try {
+        all = Buffer.alloc(map.maxEntries * BLOCK * 4);
+        const { keys, values, count } = map.entriesFlat();
+        for (let i = 0; i < count; i++) values.copy(all, keys.readUInt32LE(4 * i) * BLOCK * 4, i * BLOCK * 4, (i + 1) * BLOCK * 4);
+      } finally {
+        map.close();
       }
-      out.set(k.readUInt32LE(0), ids.slice(0, m));
+      blocks.set(place.chunk, all);
     }
-  } finally {
-    for (const map of chunkMaps.values()) map.close();
+    if ((place.first + place.m) * 4 > all.length) continue;
+    const ids = new Uint32Array(place.m);
+    for (let s = 0; s < place.m; s++) ids[s] = all.readUInt32LE((place.first + s) * 4);
+    out.set(k.readUInt32LE(0), ids);
   }
   return out;
 }
@@ -229,9 +315,8 @@ export class KernelNorthSouthMaps implements NorthSouthMaps {
     this.maglev.put(table, ids);
   }
 
-  /** The Maglev tables' kernel memory (see KernelMaglevMaps.kernelMemory). */
-  maglevMemory(): { bytes: number; rows: number; tables: number } {
-    return this.maglev.kernelMemory();
+  reserveMaglev(tables: readonly number[]): void {
+    this.maglev.reserve(tables);
   }
 
   deleteMaglev(table: number): void {

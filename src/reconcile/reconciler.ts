@@ -166,6 +166,8 @@ export function backendIdKey(b: L3n4Addr): BackendIdKey {
 
 export class Reconciler {
   private realizedState = new RealizedState();
+  /** The last Maglev table built, by its backends' fingerprint (the same backends and ids: the same table). */
+  private lastTable?: { readonly fingerprint: string; readonly ids: Uint32Array };
   /**
    * The maps hold exactly the desired state of the last sync (it wrote
    * everything and pruned, and they were not re-read since): the next sync
@@ -492,6 +494,14 @@ export class Reconciler {
    * ranges), in order: runs of Maglev tables go out together.
    */
   private applyOps(ops: readonly SingleOp[], refused: Refusals, deferred: SingleOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
+    const tables = ops.flatMap((op) => (op.kind === 'put-maglev' ? [op.table] : []));
+    if (tables.length > 0 && this.northSouth?.maps.reserveMaglev) {
+      try {
+        this.northSouth.maps.reserveMaglev(tables);
+      } catch {
+        // Room made at once is a saving, not a need: each put makes what it needs, and one refused says why.
+      }
+    }
     for (let i = 0; i < ops.length; ) {
       const op = ops[i]!;
       i++;
@@ -626,7 +636,9 @@ export class Reconciler {
         return m.deleteMaster(op.fe);
       case 'put-maglev': {
         const ns = this.northSouth!;
-        return ns.maps.putMaglev(op.table, maglevTable(op.backends, ns.maglevM, ns.maglevSeed));
+        // A service's frontends (NodePorts, LoadBalancer and external IPs) share one backend set, and come in a row.
+        if (this.lastTable?.fingerprint !== op.fingerprint) this.lastTable = { fingerprint: op.fingerprint, ids: maglevTable(op.backends, ns.maglevM, ns.maglevSeed) };
+        return ns.maps.putMaglev(op.table, this.lastTable.ids);
       }
       case 'delete-maglev':
         return this.northSouth!.maps.deleteMaglev(op.table);

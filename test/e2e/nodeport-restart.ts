@@ -114,19 +114,27 @@ async function tcReplaced(t: Test, lab: Lab, before: Programs, mode: AttachMode,
 }
 
 /**
- * Every Maglev table's contents, by its key in lb_maglev (the frontend's
- * rev-NAT id): a restart rewrites each table once, and must write the same
- * slots (the same flow goes to the same backend before and after).
+ * Every Maglev table's contents, by its key in lb_maglev_index (the
+ * frontend's rev-NAT id): a restart rewrites each table once, and must write
+ * the same slots (the same flow goes to the same backend before and after).
+ * Read with bpftool, not lbctl: the index names a row, the row's chunk (an
+ * inner map of lb_maglev) holds its blocks.
  */
 async function maglevTables(sb: Sandbox): Promise<Record<string, string>> {
-  const outer = (await sb.mapEntries('lb_maglev')) as Array<{ key: string[]; value: string[] }>;
   const bytes = (hex: string[]): Buffer => Buffer.from(hex.map((h) => parseInt(h, 16)));
+  const index = (await sb.mapEntries('lb_maglev_index')) as Array<{ key: string[]; value: string[] }>;
+  const chunks = new Map<number, Map<number, string>>();
+  for (const e of (await sb.mapEntries('lb_maglev')) as Array<{ key: string[]; value: string[] }>) {
+    const blocks = await sb.bpftool<Array<{ key: string[]; value: string[] }>>(['map', 'dump', 'id', String(bytes(e.value).readUInt32LE(0))]);
+    chunks.set(bytes(e.key).readUInt32LE(0), new Map(blocks.map((b) => [bytes(b.key).readUInt32LE(0), b.value.join('')])));
+  }
   const out: Record<string, string> = {};
-  for (const e of outer) {
-    const id = bytes(e.value).readUInt32LE(0); // the inner map's id
-    const slots = await sb.bpftool<Array<{ key: string[]; value: string[] }>>(['map', 'dump', 'id', String(id)]);
-    const key = bytes(e.key).readUInt32LE(0);
-    out[String(key)] = createHash('sha256').update(slots.map((x) => x.value.join('')).join(',')).digest('hex').slice(0, 16) + `/${slots.length}`;
+  for (const e of index) {
+    const row = bytes(e.value).readUInt32LE(0);
+    const chunk = chunks.get(Math.floor(row / 16));
+    const perTable = chunk ? chunk.size / 16 : 0;
+    const blocks = Array.from({ length: perTable }, (_, b) => chunk!.get((row % 16) * perTable + b) ?? '');
+    out[String(bytes(e.key).readUInt32LE(0))] = createHash('sha256').update(blocks.join(',')).digest('hex').slice(0, 16) + `/${blocks.length}`;
   }
   return out;
 }

@@ -3,7 +3,7 @@
 import { dumpMaps } from '../../datapath/maps.js';
 import { openPinnedMaps, type PinnedMaps } from '../../datapath/loader.js';
 import { lbList, type LbListEntry, type NodeAddress } from '../../datapath/listing.js';
-import { lb_node_addr_key, lb_np_config, u32 } from '../../datapath/abi.gen.js';
+import { lb_node_addr_key } from '../../datapath/abi.gen.js';
 import { readMaglevTables, tableShares } from '../../datapath/maglev-maps.js';
 import { maglevTableKey } from '../../reconcile/plan.js';
 import { ipFromBytes, uintToIpv4 } from '../../lb/addr.js';
@@ -47,20 +47,16 @@ export function pinnedNodeAddresses(pinned: PinnedMaps): NodeAddress[] {
 
 /** Each table's share per backend id (slots it names), by lb_maglev key. */
 function maglevShares(pinned: PinnedMaps): Map<number, Map<number, number>> | undefined {
-  let chunks, index, config;
+  let chunks, index;
   try {
     chunks = pinned.get('lb_maglev');
     index = pinned.get('lb_maglev_index');
-    config = pinned.get('lb_np_config');
   } catch (err) {
     if (err instanceof ConfigError) return undefined;
     throw err;
   }
-  const cfg = config.lookup(u32.encode(0));
-  const m = cfg ? lb_np_config.decode(cfg).maglevM : 0;
   const out = new Map<number, Map<number, number>>();
-  if (m === 0) return out;
-  for (const [key, table] of readMaglevTables(chunks, index, m)) out.set(key, tableShares(table));
+  for (const [key, table] of readMaglevTables(chunks, index)) out.set(key, tableShares(table));
   return out;
 }
 
