@@ -764,7 +764,7 @@ export class Agent implements AgentView {
             maglev: {
               m: this.opts.nodePort.settings.maglev.m,
               tables: this.reconciler?.realized.maglev.size ?? 0,
-              bytes: (this.reconciler?.realized.maglev.size ?? 0) * this.opts.nodePort.settings.maglev.m * 4,
+              bytes: this.nodePort.datapath.northSouthMaps.maglev.kernelMemory().bytes,
             },
           };
     return {

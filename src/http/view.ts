@@ -82,7 +82,7 @@ export interface KernelStatus {
     readonly problems?: readonly string[];
     /** The flows' and SNAT maps' fill: live entries against max_entries. */
     readonly traffic?: ReadonlyArray<{ readonly map: string; readonly entries: number; readonly maxEntries: number }>;
-    /** Maglev tables in the kernel: slots each, how many, and their memory (slots * 4 bytes each). */
+    /** Maglev tables in the kernel: slots each, how many, and the kernel memory of the chunks that hold them. */
     readonly maglev?: { readonly m: number; readonly tables: number; readonly bytes: number };
   };
   /** What SCTP frontends get on this node, and why not (src/datapath/sctp.ts). */
