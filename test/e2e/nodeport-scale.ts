@@ -68,8 +68,8 @@ async function synced(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise
   t.equal(sync.frontends, 2 * SERVICES, `the agent synced ${sync.frontends} frontends (a ClusterIP and a NodePort per service)`);
   t.equal(sync.notProgrammed, 0, 'every one programmed');
   t.comment(`sync of ${SERVICES} NodePort services (${(text.length / 1e6).toFixed(1)} MB of YAML): ${(wallMs / 1000).toFixed(2)} s from the file's rename to "sync done", the sync itself ${(durationMs / 1000).toFixed(2)} s (${sync.planned} writes; phases ${JSON.stringify(sync.phasesMs)})`);
-  // A bound, not a target: 15-33 s here on a quiet 2-core machine, 77 s once beside three emulated VMs. Each of the
-  // 1,000 Maglev tables is one update of lb_maglev, and each such update of a map of maps waits for an RCU grace period.
+  // A bound, not a target (bench/nodeport-tc.ts measures the Maglev tables' cost): 15-33 s here on a quiet 2-core
+  // machine when each table was a map of its own, 77 s once beside three emulated VMs.
   t.ok(wallMs < 90_000 * SLOW, `within 90 s (${(wallMs / 1000).toFixed(2)} s, ${(durationMs / SERVICES).toFixed(1)} ms per service)`);
 }
 
