@@ -64,6 +64,7 @@ export interface RunResult {
 export const IDS: Record<string, string> = {
   'connect-p50': '× floor', // connect()+close() p50, lbctl (or a kube-proxy mode) over the floor of the same N
   'connect-p99': '× floor',
+  'sock-connect-p50': '× direct', // connect()+close() p50 through the last service over a direct connect, interleaved (bench/sock-floor.ts): lbctl, or mode 'sock-floor' (the minimal socket LB); lbctl's floor: the minimal LB's
   cold: 'ms', // programming N services from cold: lbctl's first sync alone; kube-proxy's restore
   'add-first': 'ms', // one more service, the first change after start
   'add-again': 'ms', // the same add in the running agent (median of 5)
@@ -147,6 +148,14 @@ function socketRows(r: Results, rows: Rows): void {
       if (mode !== 'lbctl') {
         rows.add({ id: 'add', n, mode: m, value: median(at(mode, n).map((p) => p.addMs ?? NaN)) });
         continue;
+      }
+      // issue 37: lbctl within 0.02 of the minimal socket LB, both over a direct connect in the same rounds
+      const sf = at('lbctl', n).flatMap((p) => (p.sockFloor ? [p.sockFloor] : []));
+      if (sf.length > 0) {
+        const pooled = (arm: string): number => median(sf.flatMap((x) => x.arms.find((a) => a.arm === arm)?.ratio ?? []));
+        const floorRatio = pooled('floor');
+        rows.add({ id: 'sock-connect-p50', n, mode: 'sock-floor', at: 'last', value: floorRatio });
+        rows.add({ id: 'sock-connect-p50', n, at: 'last', value: pooled('lbctl'), floor: floorRatio }, { max: floorRatio + 0.02, target: '≤ the floor + 0.02' });
       }
       const one = n === 10_000 ? { max: 1, target: '≤ 1 ms' } : undefined;
       rows.add({ id: 'add-first', n, value: med(n, (p) => p.addMs) }, one);

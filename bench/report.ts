@@ -5,6 +5,7 @@ import { execFileSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { revnatTable, type RevnatProfile } from './revnat.js';
+import { sockFloorTable, type SockFloorResult } from './sock-floor.js';
 
 export interface ConnStats {
   p50_us: number;
@@ -22,6 +23,8 @@ export interface Point {
   rep: number;
   /** 'pod' for the floor; 'first' and 'last' service in rule order otherwise. */
   connections: Record<string, { cc: ConnStats; rr: ConnStats }>;
+  /** lbctl: lbctl, the minimal socket LB over the same maps and a direct connect, interleaved (bench/sock-floor.ts). */
+  sockFloor?: SockFloorResult | undefined;
   coldMs: number;
   startToSyncedMs?: number | undefined;
   /** lbctl: spawning the agent → /readyz 200. */
@@ -118,6 +121,17 @@ export function report(r: Results, out: string): void {
       }
     }
     lines.push('');
+  }
+
+  const sf = r.points.flatMap((p) => (p.sockFloor ? [p.sockFloor] : []));
+  if (sf.length > 0) {
+    lines.push('## The socket path against its floor', '');
+    lines.push(
+      'connect()+close() through the last service: lbctl, the minimal socket LB (bench/sock_floor.c: look up, pick, rewrite; over lbctl\'s maps) and a direct connect to the pod, ' +
+        `interleaved in one world (${sf[0]!.rounds} rounds of ${sf[0]!.block} connects per arm and repetition, order rotated); each ratio is the median over every round of the arm\'s p50 over the same round\'s direct p50.`,
+      '',
+    );
+    lines.push(...sockFloorTable(sf), '');
   }
 
   lines.push('## Control plane (ms)', '');

@@ -11,7 +11,9 @@
 // first and the last service (connect+close, and connect+64-byte
 // request/reply+close, by bench/connect.c, pinned to one CPU with the
 // server), one service is added on top (timed), and for lbctl the latency
-// from an EndpointSlice change in the API server to the kernel map, and the
+// from an EndpointSlice change in the API server to the kernel map, the
+// socket path against its floor (bench/sock-floor.ts: lbctl, a minimal
+// socket LB over the same maps and a direct connect, interleaved), and the
 // agent's memory. Results: results.json, results.md, and plots (SVG, PNG).
 import { execFileSync, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -23,6 +25,7 @@ import { iptablesRestoreAdd, iptablesRestoreFull, nftablesAdd, nftablesFull, typ
 import { BenchAgent, MasterProbe, deleteServices, masterKey, putServices, sliceName, sliceObject, startCluster } from './lbctl.js';
 import { report, type ConnStats, type Results } from './report.js';
 import { revnatProfile } from './revnat.js';
+import { buildSockFloor, sockFloor, SOCK_FLOOR_DEFAULTS, SOCK_FLOOR_QUICK } from './sock-floor.js';
 import { makeServices } from './services.js';
 import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, type World } from './world.js';
 import { parseAllDocuments } from 'yaml';
@@ -514,6 +517,7 @@ async function main(): Promise<void> {
   // This process polls the maps and serves the API: keep it off the agent's CPU.
   execFileSync('taskset', ['-a', '-p', '-c', String(BENCH_CPU), String(process.pid)], { stdio: 'ignore' });
   compile();
+  if (plan.modes.includes('lbctl')) buildSockFloor();
   mkdirSync(plan.out, { recursive: true });
   if (plan.profileOnly) {
     const file = path.join(plan.out, 'results.json');
@@ -586,6 +590,11 @@ async function main(): Promise<void> {
                   const port = mode === 'floor' ? POD_PORT : 80;
                   conn[which] = { cc: connect(run, w, addr, port, 'cc', plan.ccCount), rr: connect(run, w, addr, port, 'rr', plan.rrCount) };
                 }
+                // The socket path's floor, interleaved with lbctl and a direct connect, through the last service.
+                const sockFloorResult =
+                  mode === 'lbctl'
+                    ? await sockFloor(run, w, n, services[n - 1]!.clusterIP, plan.quick ? SOCK_FLOOR_QUICK : SOCK_FLOOR_DEFAULTS)
+                    : undefined;
                 await addOne(mode, p, { w, services, n, api });
                 // The added service must work too (20 sanity connects in the client).
                 if (mode !== 'floor') connect(run, w, services[n]!.clusterIP, 80, 'cc', 100);
@@ -625,6 +634,7 @@ async function main(): Promise<void> {
                   n,
                   rep,
                   connections: conn,
+                  ...(sockFloorResult ? { sockFloor: sockFloorResult } : {}),
                   coldMs: p.coldMs,
                   startToSyncedMs: p.startToSyncedMs,
                   startToReadyMs: p.startToReadyMs,

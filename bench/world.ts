@@ -6,6 +6,8 @@
 //                                          in the backend netns, which we also made)
 //   backend netns lbctl-bench-<run>-s<k>  veth lbbs<k>  10.244.0.2, .3, .4 (the measured services' pods)
 //   child cgroup  <cgroup2>/lbctl-bench-<run>   lbctl attaches here; only the bench client joins it
+//   side cgroups  <cgroup2>/lbctl-bench-<run>-<name>   beside it: bench/sock-floor.ts's direct clients
+//                                          and the datapaths it compares with lbctl's
 //   bpf root      /sys/fs/bpf/lbctl-bench-<run>-<k>
 //   memory cgroup <memory>/lbctl-bench-<run>-mem   the agent of a memory-limited point (v1's memory
 //                                          hierarchy where it is mounted, else cgroup2 with memory enabled)
@@ -169,6 +171,7 @@ export class BenchRun {
   private readonly worlds = new Set<World>();
   private readonly procs = new Set<ChildProcess>();
   private readonly memCgroups = new Set<MemoryCgroup>();
+  private readonly sideCgroups = new Set<string>();
   private next = 0;
 
   constructor() {
@@ -190,6 +193,21 @@ export class BenchRun {
     const m = MemoryCgroup.make(this.id, limitBytes);
     if (m) this.memCgroups.add(m);
     return m;
+  }
+
+  /**
+   * A cgroup beside the run's (not below it, so nothing attached to the
+   * run's cgroup applies in it), `<cgroup2>/<run id>-<name>`, made once and
+   * removed at close: bench/sock-floor.ts's direct clients and its other
+   * datapaths.
+   */
+  sideCgroup(name: string): string {
+    const cg = `${this.cgroup}-${name}`;
+    if (!this.sideCgroups.has(cg)) {
+      mkdirSync(cg);
+      this.sideCgroups.add(cg);
+    }
+    return cg;
   }
 
   world(): World {
@@ -218,6 +236,8 @@ export class BenchRun {
     this.procs.clear();
     for (const w of this.worlds) w.close();
     removeCgroup(this.cgroup);
+    for (const cg of this.sideCgroups) removeCgroup(cg);
+    this.sideCgroups.clear();
     for (const m of this.memCgroups) m.close();
     this.memCgroups.clear();
   }

@@ -84,22 +84,93 @@ static __always_inline int sys_refuse(int err)
 }
 
 /*
- * A UDP socket's rev-NAT entry is written only when it is missing or says
- * something else, as Cilium's sock4_update_revnat does. An unconnected UDP
- * socket records the same entry for every datagram it sends to a backend,
- * and an LRU hash update replaces the element even when the value is the
- * same (a new element from the free list, the old one freed). The lookup
- * itself marks the entry as recently used, so the LRU keeps it as before.
- * A TCP socket connects once (again only after a failed connect, which
- * BPF_ANY covers), so its entry is always missing: the lookup would only
- * add its cost (bench/revnat.ts measured connect4 1.13x slower with it),
- * and the entry is written straight away. LB_REVNAT_ALWAYS_WRITE=1 builds
- * the old unconditional write for UDP as well: the benchmark's baseline,
- * never loaded by lbctl.
+ * Where a socket's rev-NAT goes. A TCP socket connects to one backend,
+ * once (again only after a failed connect, which overwrites it): its entry
+ * is a slot of lb*_sock_peer, an array indexed by the socket's cookie,
+ * written at connect and cleared at sock_release in place, without a lock.
+ * An LRU entry costs an update at connect and a delete at close, each
+ * under the bucket's and the LRU's irq-saving spin locks, and socket-local
+ * storage an allocation and a free under such locks: on this 6.18 build
+ * (a nested guest) the LRU pair was the whole of lbctl's cost over a
+ * minimal socket LB, and socket storage saved a fifth of it
+ * (bench/sock-floor.ts, docs/benchmarks.md).
+ *
+ * A socket has two candidate slots: its cookie's low bits (cookies are
+ * handed out in sequence, so live sockets seldom meet there) and a
+ * multiplicative hash of it (so a socket that outlives LB_SOCK_PEER_SLOTS
+ * newer ones is not pushed out by the one that wraps onto it). It takes a
+ * free one, else the one whose socket is older. A reader accepts a slot
+ * only while it holds its own cookie before and after the copy; a writer
+ * frees the slot first and names the socket last.
+ *
+ * UDP keeps the LRU (lb*_sock_revnat, keyed by socket cookie and backend):
+ * an unconnected socket sends to several backends, and the agent finds the
+ * connected sockets of a removed backend by their entries (sock_diag gives
+ * it cookies, not sockets). An entry is written only when it is missing or
+ * says something else, as Cilium's sock4_update_revnat does: an
+ * unconnected UDP socket records the same entry for every datagram it
+ * sends to a backend, and an LRU hash update replaces the element even
+ * when the value is the same (a new element from the free list, the old
+ * one freed). The lookup itself marks the entry as recently used, so the
+ * LRU keeps it as before. LB_REVNAT_ALWAYS_WRITE=1 builds the old
+ * unconditional write: the benchmark's baseline, never loaded by lbctl.
  */
 #ifndef LB_REVNAT_ALWAYS_WRITE
 #define LB_REVNAT_ALWAYS_WRITE 0
 #endif
+
+/* Orders the slot's cookie against its other fields (both sides run on one CPU each). */
+#define lb_barrier()	asm volatile("" ::: "memory")
+
+/* A socket's two candidate slots in lb*_sock_peer. */
+static __always_inline __u32 sock_peer_slot(__u64 cookie, int way)
+{
+	if (!way)
+		return (__u32)cookie & (LB_SOCK_PEER_SLOTS - 1);
+	return (__u32)((cookie * 0x9e3779b97f4a7c15ULL) >> 32) & (LB_SOCK_PEER_SLOTS - 1);
+}
+
+/*
+ * The slot a socket's entry goes to: its first slot when that is free or
+ * its own, else its second when that is, else the one of the older socket
+ * (smaller cookie). The first slots of sockets made one after the other
+ * are neighbours, so the common case touches memory the last connect
+ * touched; the second slot is a cache (and TLB) miss, paid only when the
+ * first is taken. Works for either family's array (the cookie is every
+ * value's first field).
+ */
+static __always_inline __u64 *sock_peer_claim(void *map, __u64 cookie)
+{
+	__u32 a = sock_peer_slot(cookie, 0), b = sock_peer_slot(cookie, 1);
+	__u64 *pa, *pb;
+
+	pa = bpf_map_lookup_elem(map, &a);
+	if (!pa)
+		return NULL;
+	if (!*pa || *pa == cookie)
+		return pa;
+	pb = bpf_map_lookup_elem(map, &b);
+	if (!pb)
+		return NULL;
+	if (!*pb || *pb == cookie)
+		return pb;
+	return *pa < *pb ? pa : pb;
+}
+
+/* The slot holding the socket's entry, or NULL. */
+static __always_inline __u64 *sock_peer_find(void *map, __u64 cookie)
+{
+	__u32 a = sock_peer_slot(cookie, 0), b = sock_peer_slot(cookie, 1);
+	__u64 *p;
+
+	p = bpf_map_lookup_elem(map, &a);
+	if (p && *p == cookie)
+		return p;
+	p = bpf_map_lookup_elem(map, &b);
+	if (p && *p == cookie)
+		return p;
+	return NULL;
+}
 
 /* ------------------------------------------------------------------ IPv4 */
 
@@ -114,11 +185,10 @@ static __always_inline bool sock4_revnat_same(const struct lb4_sock_revnat *a, c
  * getpeername() report: the frontend's own address, or for a NodePort the
  * node or loopback address it was dialled on (never the surrogate's 0.0.0.0).
  */
-static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_backend *backend, __be32 dialled,
+static __always_inline int sock4_record_revnat(void *ctx, const struct lb4_backend *backend, __be32 dialled,
 					       const struct lb4_key *svc_key, __u32 rev_nat_index)
 {
 	struct lb4_sock_key key = {
-		.cookie = cookie,
 		.address = backend->address,
 		.port = backend->port,
 	};
@@ -128,8 +198,25 @@ static __always_inline int sock4_record_revnat(__u64 cookie, const struct lb4_ba
 		.rev_nat_index = rev_nat_index,
 	};
 	struct lb4_sock_revnat *old;
+	struct lb4_sock_peer *peer;
 
-	if (!LB_REVNAT_ALWAYS_WRITE && svc_key->proto == IPPROTO_UDP) {
+	key.cookie = lb_sock_cookie(ctx);
+	if (svc_key->proto == IPPROTO_TCP) {
+		peer = (struct lb4_sock_peer *)sock_peer_claim(&lb4_sock_peer, key.cookie);
+		if (!peer)
+			return -ENOMEM;
+		peer->cookie = 0;
+		lb_barrier();
+		peer->backend = backend->address;
+		peer->backend_port = backend->port;
+		peer->address = dialled;
+		peer->port = svc_key->dport;
+		peer->rev_nat_index = rev_nat_index;
+		lb_barrier();
+		peer->cookie = key.cookie;
+		return 0;
+	}
+	if (!LB_REVNAT_ALWAYS_WRITE) {
 		old = bpf_map_lookup_elem(&lb4_sock_revnat, &key);
 		if (old && sock4_revnat_same(old, &val))
 			return 0;
@@ -218,7 +305,7 @@ static __always_inline int __sock4_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 	 * from this entry. Without it a UDP client would drop every reply, so
 	 * UDP refuses rather than proceed; TCP only loses getpeername.
 	 */
-	if (sock4_record_revnat(lb_sock_cookie(ctx), backend, dialled, &key,
+	if (sock4_record_revnat(ctx, backend, dialled, &key,
 				svc->rev_nat_index) < 0) {
 		lb_count(LB_MTR_REVNAT_UPDATE_FAIL);
 		if (proto == IPPROTO_UDP)
@@ -266,8 +353,34 @@ static __always_inline int __sock4_xlate_rev(void *ctx, __u32 proto, __be32 *add
 		.address = *addr,
 		.port = *port,
 	};
-	struct lb4_sock_revnat *val;
+	struct lb4_sock_revnat *val, peer_val;
+	struct lb4_sock_peer *peer;
+	__be32 backend;
+	__be16 backend_port;
 
+	if (proto == IPPROTO_TCP) {
+		peer = (struct lb4_sock_peer *)sock_peer_find(&lb4_sock_peer, key.cookie);
+		if (peer) {
+			backend = peer->backend;
+			backend_port = peer->backend_port;
+			peer_val.address = peer->address;
+			peer_val.port = peer->port;
+			peer_val.rev_nat_index = peer->rev_nat_index;
+			lb_barrier();
+			if (peer->cookie != key.cookie || backend != *addr || backend_port != *port)
+				return -ENOENT;
+			if (!sock4_revnat_live(&peer_val, proto)) {
+				peer->cookie = 0;
+				lb_count(LB_MTR_REVNAT_STALE);
+				return -ENOENT;
+			}
+			*addr = peer_val.address;
+			*port = peer_val.port;
+			lb_count(LB_MTR_XLATE_REV);
+			return 0;
+		}
+		/* else: a socket connected before lb4_sock_peer existed, in the LRU */
+	}
 	val = bpf_map_lookup_elem(&lb4_sock_revnat, &key);
 	if (!val)
 		return -ENOENT;
@@ -294,11 +407,10 @@ static __always_inline bool sock6_revnat_same(const struct lb6_sock_revnat *a, c
 }
 
 /* As sock4_record_revnat. */
-static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_backend *backend, const __be32 *dialled,
+static __always_inline int sock6_record_revnat(void *ctx, const struct lb6_backend *backend, const __be32 *dialled,
 					       const struct lb6_key *svc_key, __u32 rev_nat_index)
 {
 	struct lb6_sock_key key = {
-		.cookie = cookie,
 		.port = backend->port,
 	};
 	struct lb6_sock_revnat val = {
@@ -306,10 +418,27 @@ static __always_inline int sock6_record_revnat(__u64 cookie, const struct lb6_ba
 		.rev_nat_index = rev_nat_index,
 	};
 	struct lb6_sock_revnat *old;
+	struct lb6_sock_peer *peer;
 
+	key.cookie = lb_sock_cookie(ctx);
+	if (svc_key->proto == IPPROTO_TCP) {
+		peer = (struct lb6_sock_peer *)sock_peer_claim(&lb6_sock_peer, key.cookie);
+		if (!peer)
+			return -ENOMEM;
+		peer->cookie = 0;
+		lb_barrier();
+		ip6_copy(peer->backend, backend->address);
+		ip6_copy(peer->address, dialled);
+		peer->backend_port = backend->port;
+		peer->port = svc_key->dport;
+		peer->rev_nat_index = rev_nat_index;
+		lb_barrier();
+		peer->cookie = key.cookie;
+		return 0;
+	}
 	ip6_copy(key.address, backend->address);
 	ip6_copy(val.address, dialled);
-	if (!LB_REVNAT_ALWAYS_WRITE && svc_key->proto == IPPROTO_UDP) {
+	if (!LB_REVNAT_ALWAYS_WRITE) {
 		old = bpf_map_lookup_elem(&lb6_sock_revnat, &key);
 		if (old && sock6_revnat_same(old, &val))
 			return 0;
@@ -387,7 +516,7 @@ static __always_inline int __sock6_xlate_fwd(void *ctx, __u32 proto, __be32 *add
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return -ECONNREFUSED;
 	}
-	if (sock6_record_revnat(lb_sock_cookie(ctx), backend, dialled, &key,
+	if (sock6_record_revnat(ctx, backend, dialled, &key,
 				svc->rev_nat_index) < 0) {
 		lb_count(LB_MTR_REVNAT_UPDATE_FAIL);
 		if (proto == IPPROTO_UDP)
@@ -423,8 +552,34 @@ static __always_inline int __sock6_xlate_rev(void *ctx, __u32 proto, __be32 *add
 		.cookie = lb_sock_cookie(ctx),
 		.port = *port,
 	};
-	struct lb6_sock_revnat *val;
+	struct lb6_sock_revnat *val, peer_val;
+	struct lb6_sock_peer *peer;
+	__be32 backend[4];
+	__be16 backend_port;
 
+	if (proto == IPPROTO_TCP) {
+		peer = (struct lb6_sock_peer *)sock_peer_find(&lb6_sock_peer, key.cookie);
+		if (peer) {
+			ip6_copy(backend, peer->backend);
+			backend_port = peer->backend_port;
+			ip6_copy(peer_val.address, peer->address);
+			peer_val.port = peer->port;
+			peer_val.rev_nat_index = peer->rev_nat_index;
+			lb_barrier();
+			if (peer->cookie != key.cookie || backend_port != *port || backend[0] != addr[0] ||
+			    backend[1] != addr[1] || backend[2] != addr[2] || backend[3] != addr[3])
+				return -ENOENT;
+			if (!sock6_revnat_live(&peer_val, proto)) {
+				peer->cookie = 0;
+				lb_count(LB_MTR_REVNAT_STALE);
+				return -ENOENT;
+			}
+			ip6_copy(addr, peer_val.address);
+			*port = peer_val.port;
+			lb_count(LB_MTR_XLATE_REV);
+			return 0;
+		}
+	}
 	ip6_copy(key.address, addr);
 	val = bpf_map_lookup_elem(&lb6_sock_revnat, &key);
 	if (!val)
@@ -638,19 +793,33 @@ int lb_post_bind6(struct bpf_sock *sk)
 }
 
 /*
- * A closing socket takes its rev-NAT entry with it. The kernel shows the
- * connected destination here, which is the backend, so connected sockets
- * (all TCP, connected UDP) are covered. An unconnected UDP socket has no
- * destination at close: its entries (one per backend it sent to) are left
- * to LRU eviction and to the stale check in recvmsg.
+ * A closing socket takes its rev-NAT entry with it. A TCP socket frees its
+ * lb*_sock_peer slot (in place: a cookie compared, a word written; the LRU
+ * entry of one connected before those arrays existed is left to
+ * eviction). For UDP the kernel shows the connected destination here,
+ * which is the backend, so connected sockets are covered. An unconnected
+ * UDP socket has no destination at close: its entries (one per backend it
+ * sent to) are left to LRU eviction and to the stale check in recvmsg.
  */
 SEC("cgroup/sock_release")
 int lb_sock_release(struct bpf_sock *sk)
 {
 	__u32 family = sk->family;
-	__u64 cookie;
+	__u64 cookie, *peer;
 
-	if (!proto_is_balanced(sk->protocol))
+	if (sk->protocol == IPPROTO_TCP) {
+		cookie = bpf_get_socket_cookie(sk);
+		/* an IPv6 socket's is in the IPv4 array when it dialled ::ffff:a.b.c.d */
+		peer = sock_peer_find(&lb4_sock_peer, cookie);
+		if (!peer && family == AF_INET6)
+			peer = sock_peer_find(&lb6_sock_peer, cookie);
+		if (peer) {
+			*peer = 0;
+			lb_count(LB_MTR_SOCK_RELEASE);
+		}
+		return SYS_PROCEED;
+	}
+	if (sk->protocol != IPPROTO_UDP)
 		return SYS_PROCEED;
 
 	if (family == AF_INET) {

@@ -21,6 +21,7 @@
 #define LB_BACKENDS_MAX		262144
 #define LB_REVNAT_MAX		65536
 #define LB_SOCK_REVNAT_MAX	262144
+#define LB_SOCK_PEER_SLOTS	262144	/* a power of two */
 #define LB_AFFINITY_MAX		65536
 #define LB_NODE_ADDRS_MAX	1024
 
@@ -91,7 +92,11 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_reverse_nat SEC(".maps");
 
-/* (socket, backend) -> the service that socket asked for */
+/*
+ * (socket, backend) -> the service that socket asked for: UDP sockets (an
+ * unconnected one may send to several backends), and TCP sockets connected
+ * before lb*_sock_peer existed.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb4_sock_key);
@@ -107,6 +112,28 @@ struct {
 	__uint(max_entries, LB_SOCK_REVNAT_MAX);
 	__uint(pinning, LB_MAP_PINNING);
 } lb6_sock_revnat SEC(".maps");
+
+/*
+ * TCP socket (cookie) -> the backend it was sent to and the service it
+ * asked for: slot cookie % LB_SOCK_PEER_SLOTS, or a hash of the cookie
+ * (bpf/sock.c, sock_peer_slot). Written and cleared in place, no lock; a
+ * fixed size (a power of two), not resized by the agent.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb4_sock_peer);
+	__uint(max_entries, LB_SOCK_PEER_SLOTS);
+	__uint(pinning, LB_MAP_PINNING);
+} lb4_sock_peer SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb6_sock_peer);
+	__uint(max_entries, LB_SOCK_PEER_SLOTS);
+	__uint(pinning, LB_MAP_PINNING);
+} lb6_sock_peer SEC(".maps");
 
 /* (client netns, frontend) -> the backend it sticks to */
 struct {

@@ -84,7 +84,7 @@ enum lb_metric {
 	LB_MTR_XLATE_REV = 4,		/* a reply or peer name was rewritten back */
 	LB_MTR_REVNAT_STALE = 5,	/* stale socket rev-NAT entry removed */
 	LB_MTR_REVNAT_UPDATE_FAIL = 6,	/* socket rev-NAT entry could not be written */
-	LB_MTR_SOCK_RELEASE = 7,	/* socket rev-NAT entry removed at close */
+	LB_MTR_SOCK_RELEASE = 7,	/* socket rev-NAT entry (TCP: slot) removed at close */
 	LB_MTR_AFFINITY_HIT = 8,	/* session affinity kept a client's backend */
 	/* tc (bpf/nodeport.c): NodePort, LoadBalancer and external IPs */
 	LB_MTR_NP_NEW = 9,		/* a new flow got a backend (CT entries written) */
@@ -246,6 +246,29 @@ struct lb6_sock_revnat {
 	__be32 address[4];	/* service IPv6 address */
 	__be16 port;		/* service port */
 	__u8 pad[2];
+	__u32 rev_nat_index;	/* rev-NAT id of the service when recorded */
+};
+
+/*
+ * A TCP socket's rev-NAT, in a slot of lb4_sock_peer (an array indexed by
+ * the socket's cookie, two ways): the socket, the backend connect() sent
+ * it to, and the service it asked for. cookie 0 is a free slot.
+ */
+struct lb4_sock_peer {
+	__u64 cookie;		/* bpf_get_socket_cookie(); 0: free */
+	__be32 backend;		/* backend IPv4 address */
+	__be16 backend_port;	/* backend port */
+	__be16 port;		/* service port */
+	__be32 address;		/* service IPv4 address */
+	__u32 rev_nat_index;	/* rev-NAT id of the service when recorded */
+};
+
+struct lb6_sock_peer {
+	__u64 cookie;		/* bpf_get_socket_cookie(); 0: free */
+	__be32 backend[4];	/* backend IPv6 address */
+	__be32 address[4];	/* service IPv6 address */
+	__be16 backend_port;	/* backend port */
+	__be16 port;		/* service port */
 	__u32 rev_nat_index;	/* rev-NAT id of the service when recorded */
 };
 
@@ -555,6 +578,8 @@ _Static_assert(sizeof(struct lb4_sock_key) == 16, "lb4_sock_key size");
 _Static_assert(sizeof(struct lb6_sock_key) == 32, "lb6_sock_key size");
 _Static_assert(sizeof(struct lb4_sock_revnat) == 12, "lb4_sock_revnat size");
 _Static_assert(sizeof(struct lb6_sock_revnat) == 24, "lb6_sock_revnat size");
+_Static_assert(sizeof(struct lb4_sock_peer) == 24, "lb4_sock_peer size");
+_Static_assert(sizeof(struct lb6_sock_peer) == 48, "lb6_sock_peer size");
 
 _Static_assert(sizeof(struct lb4_ct_key) == 16, "lb4_ct_key size");
 _Static_assert(sizeof(struct lb6_ct_key) == 40, "lb6_ct_key size");

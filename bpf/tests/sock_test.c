@@ -74,6 +74,12 @@ static __always_inline void clear4(void)
 	bpf_map_delete_elem(&lb4_backends, &id2);
 }
 
+/* This test socket's TCP rev-NAT slot (lb4_sock_peer), or NULL. */
+static __always_inline struct lb4_sock_peer *peer4_of(struct __sk_buff *skb)
+{
+	return (struct lb4_sock_peer *)sock_peer_find(&lb4_sock_peer, bpf_get_socket_cookie(skb));
+}
+
 SEC("tc")
 int test_fwd_not_a_service(struct __sk_buff *skb)
 {
@@ -90,7 +96,7 @@ SEC("tc")
 int test_fwd_translates_and_records_revnat(struct __sk_buff *skb)
 {
 	struct lb4_sock_key skey = { .address = BE1_IP, .port = BE_PORT };
-	struct lb4_sock_revnat *rev;
+	struct lb4_sock_peer *peer;
 	__be32 addr = SVC_IP;
 	__be16 port = SVC_PORT;
 
@@ -100,9 +106,17 @@ int test_fwd_translates_and_records_revnat(struct __sk_buff *skb)
 	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
 	CHECK(addr == BE1_IP && port == BE_PORT);
 
+	peer = peer4_of(skb);
+	CHECK(peer && peer->backend == BE1_IP && peer->backend_port == BE_PORT);
+	CHECK(peer->address == SVC_IP && peer->port == SVC_PORT && peer->rev_nat_index == REVNAT);
+	/* a TCP socket's entry is its slot, not an LRU entry */
 	skey.cookie = bpf_get_socket_cookie(skb);
-	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
-	CHECK(rev && rev->address == SVC_IP && rev->port == SVC_PORT && rev->rev_nat_index == REVNAT);
+	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
+
+	/* another backend's address on this socket is not translated */
+	addr = BE2_IP;
+	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == -ENOENT);
+	addr = BE1_IP;
 
 	/* and back: the reply's source becomes the service */
 	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == 0);
@@ -193,7 +207,6 @@ int pick_one_of_two(struct __sk_buff *skb)
 SEC("tc")
 int test_rev_removes_stale_entry(struct __sk_buff *skb)
 {
-	struct lb4_sock_key skey = { .address = BE1_IP, .port = BE_PORT };
 	__be32 addr = SVC_IP;
 	__be16 port = SVC_PORT;
 
@@ -204,8 +217,7 @@ int test_rev_removes_stale_entry(struct __sk_buff *skb)
 	clear4(); /* the service goes away */
 	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == -ENOENT);
 	CHECK(addr == BE1_IP && port == BE_PORT);
-	skey.cookie = bpf_get_socket_cookie(skb);
-	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
+	CHECK(!peer4_of(skb)); /* the stale slot was freed */
 	return 0;
 }
 
@@ -216,8 +228,7 @@ int test_rev_removes_stale_entry(struct __sk_buff *skb)
 SEC("tc")
 int test_wide_revnat_id_is_recorded_whole(struct __sk_buff *skb)
 {
-	struct lb4_sock_key skey = { .address = BE1_IP, .port = BE_PORT };
-	struct lb4_sock_revnat *rev;
+	struct lb4_sock_peer *peer;
 	__be32 addr = SVC_IP;
 	__be16 port = SVC_PORT;
 
@@ -225,9 +236,8 @@ int test_wide_revnat_id_is_recorded_whole(struct __sk_buff *skb)
 	put_backend4(1, 1, BE1_IP);
 	put_master4_id(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP, 0, 0, WIDE_REVNAT);
 	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
-	skey.cookie = bpf_get_socket_cookie(skb);
-	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
-	CHECK(rev && rev->rev_nat_index == WIDE_REVNAT);
+	peer = peer4_of(skb);
+	CHECK(peer && peer->rev_nat_index == WIDE_REVNAT);
 	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == 0);
 	CHECK(addr == SVC_IP && port == SVC_PORT);
 
@@ -236,7 +246,7 @@ int test_wide_revnat_id_is_recorded_whole(struct __sk_buff *skb)
 	port = BE_PORT;
 	CHECK(__sock4_xlate_rev(skb, IPPROTO_TCP, &addr, &port) == -ENOENT);
 	CHECK(addr == BE1_IP && port == BE_PORT);
-	CHECK(!bpf_map_lookup_elem(&lb4_sock_revnat, &skey));
+	CHECK(!peer4_of(skb));
 	clear4();
 	return 0;
 }
@@ -518,25 +528,70 @@ int test_revnat_rewritten_when_it_differs(struct __sk_buff *skb)
 	return 0;
 }
 
-/* TCP: a socket connects once, so its entry is written without a lookup, and written right. */
+/* TCP: a connect again (after a failed one) overwrites the socket's slot, and right. */
 SEC("tc")
 int test_revnat_tcp_written_on_connect(struct __sk_buff *skb)
 {
-	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = BE1_IP, .port = BE_PORT };
-	struct lb4_sock_revnat stale = { .address = SVC2_IP, .port = SVC_PORT, .rev_nat_index = REVNAT2 };
-	struct lb4_sock_revnat *rev;
+	__u64 cookie = bpf_get_socket_cookie(skb);
+	struct lb4_sock_peer *peer = (struct lb4_sock_peer *)sock_peer_claim(&lb4_sock_peer, cookie);
 	__be32 addr = SVC_IP;
 	__be16 port = SVC_PORT;
 
+	CHECK(peer);
+	peer->cookie = cookie;
+	peer->backend = BE2_IP;
+	peer->backend_port = BE_PORT;
+	peer->address = SVC2_IP;
+	peer->rev_nat_index = REVNAT2;
 	clear4();
 	put_backend4(1, 1, BE1_IP);
 	put_master4(SVC_IP, SVC_PORT, IPPROTO_TCP, 1, LB_SVC_CLUSTER_IP);
-	bpf_map_update_elem(&lb4_sock_revnat, &skey, &stale, BPF_ANY);
 	CHECK(__sock4_xlate_fwd(skb, IPPROTO_TCP, &addr, &port) == 0);
-	rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
-	CHECK(rev && rev->address == SVC_IP && rev->port == SVC_PORT && rev->rev_nat_index == REVNAT);
-	bpf_map_delete_elem(&lb4_sock_revnat, &skey);
+	CHECK(peer4_of(skb) == peer);
+	CHECK(peer->backend == BE1_IP && peer->address == SVC_IP && peer->port == SVC_PORT &&
+	      peer->rev_nat_index == REVNAT);
+	peer->cookie = 0;
 	clear4();
+	return 0;
+}
+
+/*
+ * The slots: a socket takes its first slot when free, its second when the
+ * first holds a live socket, and when both do, the older socket's (smaller
+ * cookie) is taken over. Cookies chosen so the first slots meet.
+ */
+SEC("tc")
+int test_sock_peer_slots(struct __sk_buff *skb)
+{
+	__u64 c1 = 0x100000005ULL, c2 = c1 + LB_SOCK_PEER_SLOTS, c3 = c2 + LB_SOCK_PEER_SLOTS;
+	__u64 *p1, *p2, *p3, *q;
+
+	CHECK(sock_peer_slot(c1, 0) == sock_peer_slot(c2, 0));
+	CHECK(sock_peer_slot(c2, 1) != sock_peer_slot(c2, 0));
+	p1 = sock_peer_claim(&lb4_sock_peer, c1);
+	CHECK(p1 && !*p1);
+	*p1 = c1;
+	CHECK(sock_peer_find(&lb4_sock_peer, c1) == p1);
+	CHECK(sock_peer_claim(&lb4_sock_peer, c1) == p1); /* its own again */
+	p2 = sock_peer_claim(&lb4_sock_peer, c2);
+	CHECK(p2 && p2 != p1);
+	*p2 = c2;
+	CHECK(sock_peer_find(&lb4_sock_peer, c1) == p1 && sock_peer_find(&lb4_sock_peer, c2) == p2);
+	/* c3's first slot is c1's and, unless its second meets c2's, that is free */
+	p3 = sock_peer_claim(&lb4_sock_peer, c3);
+	CHECK(p3 && p3 != p1);
+	q = p3;
+	if (*q == 0) {
+		/* occupy it, then a fourth socket meeting c1 and c3 evicts the older, c1 */
+		*q = c3;
+		if (sock_peer_slot(c3 + LB_SOCK_PEER_SLOTS, 1) == sock_peer_slot(c3, 1)) {
+			CHECK(sock_peer_claim(&lb4_sock_peer, c3 + LB_SOCK_PEER_SLOTS) == p1);
+		}
+	}
+	*p1 = 0;
+	*p2 = 0;
+	*p3 = 0;
+	CHECK(!sock_peer_find(&lb4_sock_peer, c1) && !sock_peer_find(&lb4_sock_peer, c2));
 	return 0;
 }
 
@@ -682,10 +737,10 @@ static __always_inline int np4_connect(struct __sk_buff *skb, __be32 dst, __be32
 /* The socket's rev-NAT entry for backend `be` says the address it dialled. */
 static __always_inline bool revnat4_says(struct __sk_buff *skb, __be32 be, __be32 svc, __u32 id)
 {
-	struct lb4_sock_key skey = { .cookie = bpf_get_socket_cookie(skb), .address = be, .port = BE_PORT };
-	struct lb4_sock_revnat *rev = bpf_map_lookup_elem(&lb4_sock_revnat, &skey);
+	struct lb4_sock_peer *p = peer4_of(skb);
 
-	return rev && rev->address == svc && rev->port == NODEPORT && rev->rev_nat_index == id;
+	return p && p->backend == be && p->backend_port == BE_PORT && p->address == svc && p->port == NODEPORT &&
+	       p->rev_nat_index == id;
 }
 
 /* recvmsg/getpeername for a socket sent to backend `be`: 0 and the address reported, or -errno. */

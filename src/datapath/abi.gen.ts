@@ -657,6 +657,42 @@ export const lb4_sock_key: Codec<Lb4SockKey> = {
   },
 };
 
+/** struct lb4_sock_peer (24 bytes) */
+export interface Lb4SockPeer {
+  cookie: bigint;
+  backend: number; // network order in the map
+  backendPort: number; // network order in the map
+  port: number; // network order in the map
+  address: number; // network order in the map
+  revNatIndex: number;
+}
+
+export const lb4_sock_peer: Codec<Lb4SockPeer> = {
+  name: 'lb4_sock_peer',
+  size: 24,
+  encode(v, b = Buffer.alloc(24), o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb4_sock_peer: 24 bytes at offset ${o} of ${b.length}`);
+    b.writeBigUInt64LE(v.cookie, o + 0);
+    { const x = v.backend; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_sock_peer.backend', x, 4294967295); b[o + 11] = x; b[o + 10] = x >>> 8; b[o + 9] = x >>> 16; b[o + 8] = x >>> 24; }
+    { const x = v.backendPort; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_sock_peer.backend_port', x, 65535); b[o + 13] = x; b[o + 12] = x >>> 8; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_sock_peer.port', x, 65535); b[o + 15] = x; b[o + 14] = x >>> 8; }
+    { const x = v.address; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_sock_peer.address', x, 4294967295); b[o + 19] = x; b[o + 18] = x >>> 8; b[o + 17] = x >>> 16; b[o + 16] = x >>> 24; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_sock_peer.rev_nat_index', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 24 <= b.length)) throw new RangeError(`lb4_sock_peer: 24 bytes at offset ${o} of ${b.length}`);
+    return {
+      cookie: b.readBigUInt64LE(o + 0),
+      backend: ((b[o + 11]! | (b[o + 10]! << 8) | (b[o + 9]! << 16) | (b[o + 8]! << 24)) >>> 0),
+      backendPort: (b[o + 13]! | (b[o + 12]! << 8)),
+      port: (b[o + 15]! | (b[o + 14]! << 8)),
+      address: ((b[o + 19]! | (b[o + 18]! << 8) | (b[o + 17]! << 16) | (b[o + 16]! << 24)) >>> 0),
+      revNatIndex: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
+    };
+  },
+};
+
 /** struct lb4_sock_revnat (12 bytes) */
 export interface Lb4SockRevnat {
   address: number; // network order in the map
@@ -936,6 +972,42 @@ export const lb6_sock_key: Codec<Lb6SockKey> = {
       cookie: b.readBigUInt64LE(o + 0),
       address: Buffer.from(b.subarray(o + 8, o + 24)),
       port: (b[o + 25]! | (b[o + 24]! << 8)),
+    };
+  },
+};
+
+/** struct lb6_sock_peer (48 bytes) */
+export interface Lb6SockPeer {
+  cookie: bigint;
+  backend: Buffer;
+  address: Buffer;
+  backendPort: number; // network order in the map
+  port: number; // network order in the map
+  revNatIndex: number;
+}
+
+export const lb6_sock_peer: Codec<Lb6SockPeer> = {
+  name: 'lb6_sock_peer',
+  size: 48,
+  encode(v, b = Buffer.alloc(48), o = 0) {
+    if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb6_sock_peer: 48 bytes at offset ${o} of ${b.length}`);
+    b.writeBigUInt64LE(v.cookie, o + 0);
+    putBytes(b, o + 8, 16, v.backend, 'backend');
+    putBytes(b, o + 24, 16, v.address, 'address');
+    { const x = v.backendPort; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_sock_peer.backend_port', x, 65535); b[o + 41] = x; b[o + 40] = x >>> 8; }
+    { const x = v.port; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_sock_peer.port', x, 65535); b[o + 43] = x; b[o + 42] = x >>> 8; }
+    { const x = v.revNatIndex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_sock_peer.rev_nat_index', x, 4294967295); b[o + 44] = x; b[o + 45] = x >>> 8; b[o + 46] = x >>> 16; b[o + 47] = x >>> 24; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb6_sock_peer: 48 bytes at offset ${o} of ${b.length}`);
+    return {
+      cookie: b.readBigUInt64LE(o + 0),
+      backend: Buffer.from(b.subarray(o + 8, o + 24)),
+      address: Buffer.from(b.subarray(o + 24, o + 40)),
+      backendPort: (b[o + 41]! | (b[o + 40]! << 8)),
+      port: (b[o + 43]! | (b[o + 42]! << 8)),
+      revNatIndex: ((b[o + 44]! | (b[o + 45]! << 8) | (b[o + 46]! << 16) | (b[o + 47]! << 24)) >>> 0),
     };
   },
 };
@@ -1365,6 +1437,15 @@ export const mapSpecs = {
     value: lb_service,
     object: 'sock.bpf.o',
   } as MapSpec<Lb4Key, LbService>,
+  lb4_sock_peer: {
+    name: 'lb4_sock_peer',
+    type: MapType.ARRAY,
+    flags: 0,
+    maxEntries: 262144,
+    key: u32,
+    value: lb4_sock_peer,
+    object: 'sock.bpf.o',
+  } as MapSpec<number, Lb4SockPeer>,
   lb4_sock_revnat: {
     name: 'lb4_sock_revnat',
     type: MapType.LRU_HASH,
@@ -1437,6 +1518,15 @@ export const mapSpecs = {
     value: lb_service,
     object: 'sock.bpf.o',
   } as MapSpec<Lb6Key, LbService>,
+  lb6_sock_peer: {
+    name: 'lb6_sock_peer',
+    type: MapType.ARRAY,
+    flags: 0,
+    maxEntries: 262144,
+    key: u32,
+    value: lb6_sock_peer,
+    object: 'sock.bpf.o',
+  } as MapSpec<number, Lb6SockPeer>,
   lb6_sock_revnat: {
     name: 'lb6_sock_revnat',
     type: MapType.LRU_HASH,
