@@ -111,27 +111,41 @@ struct np_l4 {
 #define NP_HDR_OFF_MAX	0x3000
 
 /*
- * `len` bytes at `off` in the packet, in its linear part: pulled in
- * (bpf_skb_pull_data) when they are not there yet, as a GRO'd or
- * header-split skb may hold them in its pages. NULL when the packet is
- * shorter. A pull invalidates every packet pointer the caller held; this
- * one is good until the next helper that may change the packet.
+ * Makes the packet's first `len` bytes (all of it, when it is shorter)
+ * linear, pulling them in (bpf_skb_pull_data) only when they are not: a
+ * GRO'd or header-split skb may hold its headers in its pages. The parse
+ * calls it once with the most its headers can take, before it reads any:
+ * one pull on one path, rather than one at every header (each doubled the
+ * verifier's paths: 910,000 instructions verified instead of 120,000).
+ * Every packet pointer is invalid after it.
+ */
+static __always_inline void np_pull(struct __sk_buff *skb, __u32 len)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+
+	if (len > skb->len)
+		len = skb->len;
+	if (len > NP_HDR_OFF_MAX)
+		return;
+	if (data + len > end)
+		bpf_skb_pull_data(skb, len);
+}
+
+/*
+ * `len` bytes at `off` in the packet's linear part (np_pull() made the
+ * headers so), read and at ingress written in place; NULL when they are
+ * not there (the packet is shorter). Good until the next helper that may
+ * change the packet.
  */
 static __always_inline void *np_header(struct __sk_buff *skb, __u32 off, __u32 len)
 {
-	void *data, *end, *p;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	void *p;
 
 	if (off > NP_HDR_OFF_MAX)
 		return NULL;
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	p = data + off;
-	if (p + len <= end)
-		return p;
-	if (bpf_skb_pull_data(skb, off + len) < 0)
-		return NULL;
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
 	p = data + off;
 	if (p + len > end)
 		return NULL;
