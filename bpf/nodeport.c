@@ -591,17 +591,29 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
  * `ports`, the port changes' (none to a CHECKSUM_PARTIAL field, which
  * holds the pseudo header's sum only): two updates at most, however many
  * words changed. SCTP's CRC32c follows its ports instead (no pseudo
- * header); a later fragment has no transport header.
+ * header); a later fragment has no transport header: where no transport
+ * checksum covers the addresses (`recsum`, IPv6), a CHECKSUM_COMPLETE
+ * skb's csum follows them instead (bpf_csum_update(); a no-op for any
+ * other skb; IPv4's header checksum keeps its sum). Called after every
+ * write in place: these helpers may move the packet. What they need is
+ * taken first, so that little stays live across them (each value that
+ * does is a stack slot, and a frame more than 32 bytes put IPv6's call
+ * chain over 5.10's 512).
  */
-static __always_inline int np_l4_csum_update(struct __sk_buff *skb, const struct np_l4 *l4, __u64 addrs, __u64 ports)
+static __always_inline int np_l4_csum_update(struct __sk_buff *skb, const struct np_l4 *l4, __u64 addrs, __u64 ports, bool recsum)
 {
+	__u32 off = l4->has_ports ? l4->csum_off : 0;
 	__u64 flags = np_csum_flags(l4);
+	__u32 a = np_csum_fold32(addrs), p = np_csum_fold32(ports);
 
-	if (!l4->has_ports || !l4->csum_off)
+	if (!off) {
+		if (recsum && a)
+			bpf_csum_update(skb, a);
 		return 0;
-	if (addrs && bpf_l4_csum_replace(skb, l4->csum_off, 0, np_csum_fold32(addrs), BPF_F_PSEUDO_HDR | flags) < 0)
+	}
+	if (a && bpf_l4_csum_replace(skb, off, 0, a, BPF_F_PSEUDO_HDR | flags) < 0)
 		return -1;
-	if (ports && bpf_l4_csum_replace(skb, l4->csum_off, 0, np_csum_fold32(ports), flags) < 0)
+	if (p && bpf_l4_csum_replace(skb, off, 0, p, flags) < 0)
 		return -1;
 	return 0;
 }
@@ -609,7 +621,7 @@ static __always_inline int np_l4_csum_update(struct __sk_buff *skb, const struct
 /*
  * The ports of a flow's packet at ingress, in place: the sum of the change
  * for np_l4_csum_update() in *sum. SCTP's go through
- * lb_sctp_rewrite_port() (its CRC32c) after the checksum update.
+ * np_rewrite_sctp_ports() instead.
  */
 static __always_inline int np_rewrite_ports(struct __sk_buff *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
 					    __be16 sport, __be16 dport, __u64 *sum)
@@ -652,7 +664,10 @@ enum {
  * port only where it changes, and decrements the TTL of one this program
  * forwards itself (checked above 1 before): in place, the IP header's
  * checksum computed here over every changed word, the transport checksum
- * by np_l4_csum_update(). A function of its own (each inlined copy cost
+ * by np_l4_csum_update(); SCTP's ports are the caller's to rewrite after
+ * it (np_rewrite_sctp_ports(): its CRC32c's global function would be a
+ * fourth frame on the call chain, over 512 bytes on 5.10, which counts
+ * at least 32 for each). A function of its own (each inlined copy cost
  * the callers' frames 100 bytes of spills). Ingress only: a program that
  * writes packets in place has every cloned skb it sees uncloned first (the
  * kernel's prologue for direct writes), and at egress every TCP segment of
@@ -700,10 +715,9 @@ static __noinline int np4_xlate(struct __sk_buff *skb, const struct np4_flow *f,
 	}
 	if (l3)
 		ip->check = np_csum_apply(ip->check, l3);
-	if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, sport, dport, &ports) < 0 ||
-	    np_l4_csum_update(skb, &f->l4, addrs, ports) < 0)
+	if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, sport, dport, &ports) < 0)
 		return -1;
-	return np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, sport, dport);
+	return np_l4_csum_update(skb, &f->l4, addrs, ports, false);
 }
 
 /*
@@ -1000,7 +1014,8 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np4_xlate(skb, f, ct, NP_XLATE_FWD) < 0) {
+	if (np4_xlate(skb, f, ct, NP_XLATE_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, (ct->flags & LB_CT_F_SNAT) ? ct->port2 : f->sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
@@ -1077,7 +1092,8 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 		}
 	}
 	/* the source becomes the frontend, the destination the client again; forwarded by us unless the client is this node */
-	if (np4_xlate(skb, f, ct, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? NP_XLATE_REV : NP_XLATE_REV_FWD) < 0) {
+	if (np4_xlate(skb, f, ct, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? NP_XLATE_REV : NP_XLATE_REV_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, ct->port1, ct->port2) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
@@ -1489,45 +1505,37 @@ static __always_inline void np6_set_addr(__be32 *at, const __be32 *old, const __
 
 /*
  * As np4_xlate(), the hop limit for the TTL. IPv6 has no header checksum:
- * only the transport checksum covers the addresses (its pseudo header).
- * Where none does (SCTP, a later fragment), a CHECKSUM_COMPLETE skb's csum
- * follows the new bytes instead (bpf_csum_update(); a no-op for any other
- * skb).
+ * only the transport checksum covers the addresses (its pseudo header),
+ * or where none does (SCTP, a later fragment) a CHECKSUM_COMPLETE skb's
+ * csum (np_l4_csum_update()).
  */
 static __noinline int np6_xlate(struct __sk_buff *skb, const struct np6_flow *f, const struct lb6_ct_entry *ct, int how)
 {
-	bool snat = how != NP_XLATE_FWD || (ct->flags & LB_CT_F_SNAT);
-	const __be32 *saddr = f->saddr, *daddr = f->daddr;
-	__be16 sport = f->sport, dport = f->dport;
+	bool fwd = how == NP_XLATE_REV_FWD || (how == NP_XLATE_FWD && (ct->flags & LB_CT_F_SNAT));
 	__u64 addrs = 0, ports = 0;
 	struct ipv6hdr *ip;
 
+	/* the ports first, then the addresses: fewer values live at once (see np_l4_csum_update()) */
 	if (how == NP_XLATE_FWD) {
-		daddr = ct->addr1;
-		dport = ct->port1;
-		if (snat) {
-			saddr = ct->addr2;
-			sport = ct->port2;
-		}
-	} else {
-		saddr = ct->addr1;
-		sport = ct->port1;
-		daddr = ct->addr2;
-		dport = ct->port2;
+		if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, fwd ? ct->port2 : f->sport, ct->port1, &ports) < 0)
+			return -1;
+	} else if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, ct->port1, ct->port2, &ports) < 0) {
+		return -1;
 	}
 	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
 	if (!ip)
 		return -1;
-	np6_set_addr(ip->saddr.in6_u.u6_addr32, f->saddr, saddr, &addrs);
-	np6_set_addr(ip->daddr.in6_u.u6_addr32, f->daddr, daddr, &addrs);
-	if (how == NP_XLATE_REV_FWD || (how == NP_XLATE_FWD && snat))
+	if (how == NP_XLATE_FWD) {
+		if (fwd)
+			np6_set_addr(ip->saddr.in6_u.u6_addr32, f->saddr, ct->addr2, &addrs);
+		np6_set_addr(ip->daddr.in6_u.u6_addr32, f->daddr, ct->addr1, &addrs);
+	} else {
+		np6_set_addr(ip->saddr.in6_u.u6_addr32, f->saddr, ct->addr1, &addrs);
+		np6_set_addr(ip->daddr.in6_u.u6_addr32, f->daddr, ct->addr2, &addrs);
+	}
+	if (fwd)
 		ip->hop_limit = f->hop_limit - 1;
-	if (addrs && (!f->l4.has_ports || !f->l4.csum_off))
-		bpf_csum_update(skb, np_csum_fold32(addrs));
-	if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, sport, dport, &ports) < 0 ||
-	    np_l4_csum_update(skb, &f->l4, addrs, ports) < 0)
-		return -1;
-	return np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, sport, dport);
+	return np_l4_csum_update(skb, &f->l4, addrs, ports, true);
 }
 
 static __always_inline __u32 np6_addr_hash(const __be32 *a)
@@ -1783,7 +1791,8 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np6_xlate(skb, f, ct, NP_XLATE_FWD) < 0) {
+	if (np6_xlate(skb, f, ct, NP_XLATE_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, (ct->flags & LB_CT_F_SNAT) ? ct->port2 : f->sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
@@ -1853,7 +1862,8 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np6_xlate(skb, f, ct, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? NP_XLATE_REV : NP_XLATE_REV_FWD) < 0) {
+	if (np6_xlate(skb, f, ct, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? NP_XLATE_REV : NP_XLATE_REV_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, ct->port1, ct->port2) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
