@@ -222,14 +222,13 @@ static __always_inline void np_ct_pair(const struct lb_np_config *cfg, __u64 *ex
  * learned the path's MTU. `seglen` is np_seglen()'s (GSO-aware); the MTU is
  * lb_devices' copy of the egress device's (5.10's bpf_fib_lookup reports
  * none, bpf_check_mtu is 5.12+), or the one bpf_fib_lookup reports (5.12+)
- * when its own check failed. Called before any rewrite: the error built
+ * when its own check failed; `dev` is lb_devices' entry of the FIB's
+ * device (np_fib_dev()). Called before any rewrite: the error built
  * over the packet then quotes it as its sender sent it. 0: it fits (or no
  * MTU is known); else NP_DO_TOOBIG | the MTU.
  */
-static __always_inline int np_mtu_check(const struct bpf_fib_lookup *fib, int rc, __u32 seglen)
+static __always_inline int np_mtu_check(const struct lb_device *dev, const struct bpf_fib_lookup *fib, int rc, __u32 seglen)
 {
-	__u32 ifindex = fib->ifindex;
-	struct lb_device *dev = bpf_map_lookup_elem(&lb_devices, &ifindex);
 	__u32 mtu = dev ? dev->mtu : 0;
 
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED && fib->mtu_result)
@@ -240,13 +239,23 @@ static __always_inline int np_mtu_check(const struct bpf_fib_lookup *fib, int rc
 	return NP_DO_TOOBIG | mtu;
 }
 
-/* np_fib_redirect() out of the FIB's device, a layer-3 one or not as lb_devices says. */
-static __always_inline int np_forward(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+/* lb_devices' entry of the device the FIB named, if it is one of ours. */
+static __always_inline const struct lb_device *np_fib_dev(const struct bpf_fib_lookup *fib)
 {
 	__u32 ifindex = fib->ifindex;
-	struct lb_device *dev = bpf_map_lookup_elem(&lb_devices, &ifindex);
 
+	return bpf_map_lookup_elem(&lb_devices, &ifindex);
+}
+
+/* np_fib_redirect() out of the FIB's device (`dev`, np_fib_dev()'s), a layer-3 one or not as lb_devices says. */
+static __always_inline int np_forward_dev(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc, const struct lb_device *dev)
+{
 	return np_fib_redirect(skb, fib, rc, dev && (dev->flags & LB_DEV_F_L3));
+}
+
+static __always_inline int np_forward(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+{
+	return np_forward_dev(skb, fib, rc, np_fib_dev(fib));
 }
 
 /* ------------------------------------------------------------------ IPv4 */
@@ -264,42 +273,89 @@ struct np4_flow {
 	struct np_l4 l4;
 };
 
+/* The most of a transport header the parse reads: TCP's up to its flags. */
+#define NP_L4_PARSED	offsetof(struct tcphdr, window)
+
+/*
+ * A transport header's ports (and TCP's flags, UDP's checksum) into `l4`
+ * and the flow's ports: read in place, as much of the header as the
+ * protocol's parse reads (TCP: up to its flags; UDP: its 8 bytes; SCTP:
+ * its ports, then its first chunk). <0: the packet is shorter.
+ */
+static __always_inline int np_parse_l4(struct __sk_buff *skb, struct np_l4 *l4, __be16 *sport, __be16 *dport)
+{
+	__u32 ports;
+
+	if (l4->proto == IPPROTO_TCP) {
+		__u8 *th = np_header(skb, l4->l4_off, NP_L4_PARSED);
+
+		if (!th)
+			return -1;
+		ports = *(__u32 *)th;
+		l4->tcp_flags = th[13];
+	} else if (l4->proto == IPPROTO_UDP) {
+		struct udphdr *uh = np_header(skb, l4->l4_off, sizeof(*uh));
+
+		if (!uh)
+			return -1;
+		ports = *(__u32 *)uh;
+		l4->udp_zero_csum = uh->check == 0;
+	} else {
+		__u32 *p = np_header(skb, l4->l4_off, sizeof(ports));
+
+		if (!p)
+			return -1;
+		ports = *p;
+		l4->tcp_flags = np_sctp_flags(skb, l4->l4_off, l4->l4_len);
+	}
+	*sport = (__be16)ports;
+	*dport = (__be16)(ports >> 16);
+	l4->has_ports = true;
+	return 0;
+}
+
 /*
  * 0: a TCP or UDP packet (fragment) whose addresses and ports are in `f`;
  * NP_PARSE_ICMP: an ICMP packet (nothing in `f`); <0: not ours to look at.
+ * Read in place, the longest headers made linear first (np_pull()).
  */
 static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 {
-	struct iphdr ip;
+	struct iphdr *ip;
+	__u32 hlen;
 	__u16 frag;
-	__u32 ports;
+	__u8 proto;
 
-	if (bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0 || ip.ihl < 5 || ip.version != 4)
+	np_pull(skb, NP_L3_OFF + 60 + NP_L4_PARSED);
+	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
+	if (!ip || ip->ihl < 5 || ip->version != 4)
 		return -1;
-	if (ip.protocol == IPPROTO_ICMP)
+	proto = ip->protocol;
+	if (proto == IPPROTO_ICMP)
 		return NP_PARSE_ICMP;
-	if (ip.protocol != IPPROTO_TCP && ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_SCTP)
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
 		return -1;
-	frag = bpf_ntohs(ip.frag_off);
+	frag = bpf_ntohs(ip->frag_off);
 	/* a fragment's CRC32c covers the reassembled packet: no update can follow a port change in it */
-	if (ip.protocol == IPPROTO_SCTP && (frag & (IP_MF | IP_OFFSET)))
+	if (proto == IPPROTO_SCTP && (frag & (IP_MF | IP_OFFSET)))
 		return -1;
-	f->saddr = ip.saddr;
-	f->daddr = ip.daddr;
-	f->tot_len = bpf_ntohs(ip.tot_len);
-	f->id = ip.id;
-	f->ttl = ip.ttl;
-	f->l4.proto = ip.protocol;
-	f->l4.l4_off = NP_L3_OFF + ip.ihl * 4;
-	f->l4.csum_off = np_l4_csum_off(ip.protocol, f->l4.l4_off);
-	f->l4.l4_len = f->tot_len - ip.ihl * 4;
+	hlen = ip->ihl * 4;
+	f->saddr = ip->saddr;
+	f->daddr = ip->daddr;
+	f->tot_len = bpf_ntohs(ip->tot_len);
+	f->id = ip->id;
+	f->ttl = ip->ttl;
+	f->l4.proto = proto;
+	f->l4.l4_off = NP_L3_OFF + hlen;
+	f->l4.csum_off = np_l4_csum_off(proto, f->l4.l4_off);
+	f->l4.l4_len = f->tot_len - hlen;
 	f->l4.tcp_flags = 0;
 	f->l4.udp_zero_csum = false;
 	f->frag_first = (frag & IP_MF) && !(frag & IP_OFFSET);
 	f->df = frag & IP_DF;
 	if (frag & IP_OFFSET) {
 		/* a later fragment: its ports are those its first fragment recorded */
-		struct lb4_frag_key fk = { .saddr = ip.saddr, .daddr = ip.daddr, .id = ip.id, .proto = ip.protocol };
+		struct lb4_frag_key fk = { .saddr = f->saddr, .daddr = f->daddr, .id = f->id, .proto = proto };
 		struct lb4_frag_ports *fp = bpf_map_lookup_elem(&lb4_frag, &fk);
 
 		if (!fp)
@@ -310,24 +366,7 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 		f->l4.csum_off = 0;
 		return 0;
 	}
-	if (bpf_skb_load_bytes(skb, f->l4.l4_off, &ports, sizeof(ports)) < 0)
-		return -1;
-	f->sport = (__be16)ports;
-	f->dport = (__be16)(ports >> 16);
-	f->l4.has_ports = true;
-	if (ip.protocol == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, f->l4.l4_off + 13, &f->l4.tcp_flags, 1) < 0)
-			return -1;
-	} else if (ip.protocol == IPPROTO_SCTP) {
-		f->l4.tcp_flags = np_sctp_flags(skb, f->l4.l4_off, f->l4.l4_len);
-	} else {
-		__u16 csum;
-
-		if (bpf_skb_load_bytes(skb, f->l4.csum_off, &csum, sizeof(csum)) < 0)
-			return -1;
-		f->l4.udp_zero_csum = csum == 0;
-	}
-	return 0;
+	return np_parse_l4(skb, &f->l4, &f->sport, &f->dport);
 }
 
 static __always_inline void np4_frag_record(const struct np4_flow *f)
@@ -545,16 +584,36 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
 	return 0;
 }
 
-/* Rewrites the packet's destination to the backend and, with SNAT, its source to ours. */
-static __always_inline int np4_xlate_fwd(struct __sk_buff *skb, const struct np4_flow *f, const struct lb4_ct_entry *ct)
+/*
+ * The transport checksum after a rewrite at ingress: `addrs`, the sum of
+ * the address changes, through the pseudo header (the kernel keeps a
+ * CHECKSUM_PARTIAL field and a CHECKSUM_COMPLETE skb's csum right), and
+ * `ports`, the port changes' (none to a CHECKSUM_PARTIAL field, which
+ * holds the pseudo header's sum only): two updates at most, however many
+ * words changed. SCTP's CRC32c follows its ports instead (no pseudo
+ * header); a later fragment has no transport header: where no transport
+ * checksum covers the addresses (`recsum`, IPv6), a CHECKSUM_COMPLETE
+ * skb's csum follows them instead (bpf_csum_update(); a no-op for any
+ * other skb; IPv4's header checksum keeps its sum). Called after every
+ * write in place: these helpers may move the packet. What they need is
+ * taken first, so that little stays live across them (each value that
+ * does is a stack slot, and a frame more than 32 bytes put IPv6's call
+ * chain over 5.10's 512).
+ */
+static __always_inline int np_l4_csum_update(struct __sk_buff *skb, const struct np_l4 *l4, __u64 addrs, __u64 ports, bool recsum)
 {
-	if (np4_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct iphdr, daddr), f->daddr, ct->addr1) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, dest), f->dport, ct->port1) < 0)
-		return -1;
-	if (!(ct->flags & LB_CT_F_SNAT))
+	__u32 off = l4->has_ports ? l4->csum_off : 0;
+	__u64 flags = np_csum_flags(l4);
+	__u32 a = np_csum_fold32(addrs), p = np_csum_fold32(ports);
+
+	if (!off) {
+		if (recsum && a)
+			bpf_csum_update(skb, a);
 		return 0;
-	if (np4_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct iphdr, saddr), f->saddr, ct->addr2) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, source), f->sport, ct->port2) < 0)
+	}
+	if (a && bpf_l4_csum_replace(skb, off, 0, a, BPF_F_PSEUDO_HDR | flags) < 0)
+		return -1;
+	if (p && bpf_l4_csum_replace(skb, off, 0, p, flags) < 0)
 		return -1;
 	return 0;
 }
@@ -562,9 +621,10 @@ static __always_inline int np4_xlate_fwd(struct __sk_buff *skb, const struct np4
 /*
  * The backend id a flow of hash `hash` takes from the Maglev table of
  * lb_maglev_index key `key` (enum lb_maglev_layout), 0 when the frontend
- * has no table.
+ * has no table. A function of its own: inlined, its keys and pointers cost
+ * the callers' frames 40 bytes, which put IPv6's call chain over 5.10's 512.
  */
-static __always_inline __u32 np_maglev_pick(__u32 key, __u32 hash)
+static __noinline __u32 np_maglev_pick(__u32 key, __u32 hash)
 {
 	const struct lb_maglev_row *row = bpf_map_lookup_elem(&lb_maglev_index, &key);
 	struct lb_maglev_block *b;
@@ -580,6 +640,108 @@ static __always_inline __u32 np_maglev_pick(__u32 key, __u32 hash)
 	block = slot / LB_MAGLEV_BLOCK_SLOTS;
 	b = bpf_map_lookup_elem(chunk, &block);
 	return b ? b->backend_id[slot % LB_MAGLEV_BLOCK_SLOTS] : 0;
+}
+
+/*
+ * The ports of a flow's packet at ingress, in place: the sum of the change
+ * for np_l4_csum_update() in *sum. SCTP's go through
+ * np_rewrite_sctp_ports() instead.
+ */
+static __always_inline int np_rewrite_ports(struct __sk_buff *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
+					    __be16 sport, __be16 dport, __u64 *sum)
+{
+	__be16 *p;
+	__u32 old;
+
+	if (!l4->has_ports || l4->proto == IPPROTO_SCTP || (sport == old_sport && dport == old_dport))
+		return 0;
+	p = np_header(skb, l4->l4_off, 2 * sizeof(__be16));
+	if (!p)
+		return -1;
+	old = *(__u32 *)p;
+	p[0] = sport;
+	p[1] = dport;
+	*sum = np_csum_add32(0, old, *(__u32 *)p);
+	return 0;
+}
+
+static __always_inline int np_rewrite_sctp_ports(struct __sk_buff *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
+						 __be16 sport, __be16 dport)
+{
+	if (!l4->has_ports || l4->proto != IPPROTO_SCTP)
+		return 0;
+	if (lb_sctp_rewrite_port(skb, l4->l4_off, l4->l4_len, offsetof(struct lb_sctphdr, source), old_sport, sport) < 0 ||
+	    lb_sctp_rewrite_port(skb, l4->l4_off, l4->l4_len, offsetof(struct lb_sctphdr, dest), old_dport, dport) < 0)
+		return -1;
+	return 0;
+}
+
+/* How np4_xlate()/np6_xlate() rewrite a flow's packet by its CT entry. */
+enum {
+	NP_XLATE_FWD,		/* a client's: to the backend, and from our SNAT address and port (then forwarded by us) */
+	NP_XLATE_REV,		/* a reply: from the frontend, to the client (a client on this node: up the stack) */
+	NP_XLATE_REV_FWD,	/* a reply forwarded by us */
+};
+
+/*
+ * Rewrites a flow's packet at ingress (`how`: NP_XLATE_*), each address and
+ * port only where it changes, and decrements the TTL of one this program
+ * forwards itself (checked above 1 before): in place, the IP header's
+ * checksum computed here over every changed word, the transport checksum
+ * by np_l4_csum_update(); SCTP's ports are the caller's to rewrite after
+ * it (np_rewrite_sctp_ports(): its CRC32c's global function would be a
+ * fourth frame on the call chain, over 512 bytes on 5.10, which counts
+ * at least 32 for each). A function of its own (each inlined copy cost
+ * the callers' frames 100 bytes of spills). Ingress only: a program that
+ * writes packets in place has every cloned skb it sees uncloned first (the
+ * kernel's prologue for direct writes), and at egress every TCP segment of
+ * the node's own is a clone.
+ */
+static __noinline int np4_xlate(struct __sk_buff *skb, const struct np4_flow *f, const struct lb4_ct_entry *ct, int how)
+{
+	bool snat = how != NP_XLATE_FWD || (ct->flags & LB_CT_F_SNAT);
+	__be32 saddr = f->saddr, daddr = f->daddr;
+	__be16 sport = f->sport, dport = f->dport;
+	__u64 addrs = 0, l3, ports = 0;
+	struct iphdr *ip;
+
+	if (how == NP_XLATE_FWD) {
+		daddr = ct->addr1;
+		dport = ct->port1;
+		if (snat) {
+			saddr = ct->addr2;
+			sport = ct->port2;
+		}
+	} else {
+		saddr = ct->addr1;
+		sport = ct->port1;
+		daddr = ct->addr2;
+		dport = ct->port2;
+	}
+	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
+	if (!ip)
+		return -1;
+	if (saddr != f->saddr) {
+		addrs = np_csum_add32(addrs, f->saddr, saddr);
+		ip->saddr = saddr;
+	}
+	if (daddr != f->daddr) {
+		addrs = np_csum_add32(addrs, f->daddr, daddr);
+		ip->daddr = daddr;
+	}
+	l3 = addrs;
+	if (how == NP_XLATE_REV_FWD || (how == NP_XLATE_FWD && snat)) {
+		/* the checksum covers the TTL as the high byte of the ttl/protocol word */
+		__u16 old = *(__u16 *)&ip->ttl;
+
+		ip->ttl = f->ttl - 1;
+		l3 = np_csum_add16(l3, old, *(__u16 *)&ip->ttl);
+	}
+	if (l3)
+		ip->check = np_csum_apply(ip->check, l3);
+	if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, sport, dport, &ports) < 0)
+		return -1;
+	return np_l4_csum_update(skb, &f->l4, addrs, ports, false);
 }
 
 /*
@@ -803,6 +965,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 {
 	struct lb4_ct_key ok = { .saddr = f->saddr, .daddr = f->daddr, .sport = f->sport, .dport = f->dport,
 				 .proto = f->l4.proto, .dir = LB_CT_ORIG };
+	const struct lb_device *dev = NULL;
 	struct lb4_ct_entry fresh = {};
 	struct lb4_ct_entry *ct;
 	struct bpf_fib_lookup fib;
@@ -861,7 +1024,8 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			return TC_ACT_SHOT;
 		}
 		rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
-		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		dev = np_fib_dev(&fib);
+		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
 			return np4_too_big(f, mtu);
 		if (!np_fib_routed(rc)) {
@@ -869,33 +1033,15 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np4_xlate_fwd(skb, f, ct) < 0) {
+	if (np4_xlate(skb, f, ct, NP_XLATE_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, (ct->flags & LB_CT_F_SNAT) ? ct->port2 : f->sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_FWD);
 	if (!(ct->flags & LB_CT_F_SNAT))
 		return TC_ACT_OK;
-	if (!np4_dec_ttl(skb, f->ttl)) {
-		lb_count(LB_MTR_NP_TTL);
-		return TC_ACT_OK;
-	}
-	return np_forward(skb, &fib, rc);
-}
-
-/*
- * A reply entry's translation: the source becomes the frontend and, after
- * SNAT, the destination the client again.
- */
-static __always_inline int np4_xlate_rev(struct __sk_buff *skb, const struct np4_flow *f, const struct lb4_ct_entry *ct)
-{
-	if (np4_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct iphdr, saddr), f->saddr, ct->addr1) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, source), f->sport, ct->port1) < 0)
-		return -1;
-	if (np4_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct iphdr, daddr), f->daddr, ct->addr2) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, dest), f->dport, ct->port2) < 0)
-		return -1;
-	return 0;
+	return np_forward_dev(skb, &fib, rc, dev);
 }
 
 /* A reply as it arrives, in `map` (lb4_nat after SNAT, lb4_ct for a local backend's), if alive. */
@@ -935,6 +1081,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 {
 	__u64 now = np_now();
 	struct lb4_ct_entry *ct = np4_reply_entry(&lb4_nat, f, now);
+	const struct lb_device *dev = NULL;
 	struct bpf_fib_lookup fib;
 	int rc, mtu;
 
@@ -954,7 +1101,8 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 	/* the way to the client, and whether the reply fits it (an error goes to the backend, from our SNAT address) */
 	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
-		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		dev = np_fib_dev(&fib);
+		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
 			return np4_too_big(f, mtu);
 		if (!np_fib_routed(rc)) {
@@ -962,18 +1110,16 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np4_xlate_rev(skb, f, ct) < 0) {
+	/* the source becomes the frontend, the destination the client again; forwarded by us unless the client is this node */
+	if (np4_xlate(skb, f, ct, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? NP_XLATE_REV : NP_XLATE_REV_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, ct->port1, ct->port2) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
-	if (!np4_dec_ttl(skb, f->ttl)) {
-		lb_count(LB_MTR_NP_TTL);
-		return TC_ACT_OK;
-	}
-	return np_forward(skb, &fib, rc);
+	return np_forward_dev(skb, &fib, rc, dev);
 }
 
 /*
@@ -1098,6 +1244,26 @@ struct np6_flow {
 };
 
 /*
+ * IPv6's transport header at `off`, after the extension headers' walk:
+ * the packet made linear up to its parsed part (np_pull()), and `off`
+ * returned. A global function, verified once apart from its callers, and
+ * called on every path: its result is a number the verifier knows nothing
+ * about, the same on every path, where `off` itself differs with each walk
+ * (and, used for packet pointers, is tracked precisely back to it: every
+ * walk then went through the rest of the program on its own, 231,000
+ * instructions verified instead of 120,000). The caller holds no packet
+ * pointer across it (before 6.13 the verifier does not know that a global
+ * function may move the packet).
+ */
+__attribute__((noinline)) int np6_l4_pull(struct __sk_buff *skb, __u32 off)
+{
+	if (!skb || off > NP_HDR_OFF_MAX)
+		return -1;
+	np_pull(skb, off + NP_L4_PARSED);
+	return off;
+}
+
+/*
  * 0: a TCP or UDP packet (a first or later fragment among them) whose
  * addresses and ports are in `f`, after at most NP_IPV6_EXT_MAX extension
  * headers (a later fragment's ports are those its first recorded);
@@ -1106,18 +1272,25 @@ struct np6_flow {
  */
 static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 {
-	struct ipv6hdr ip;
 	__u32 off = NP_L3_OFF + sizeof(struct ipv6hdr);
+	struct ipv6hdr *ip;
 	bool later = false;
-	__u32 ports;
+	__u16 payload_len;
+	int i, l4_off;
 	__u8 nh;
-	int i;
 
-	if (bpf_skb_load_bytes(skb, NP_L3_OFF, &ip, sizeof(ip)) < 0 || ip.version != 6)
+	np_pull(skb, NP_L3_OFF + sizeof(struct ipv6hdr) + NP_L4_PARSED);
+	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
+	if (!ip || ip->version != 6)
 		return -1;
+	/* everything of the header now: a pull after the walk below may move the packet */
+	ip6_copy(f->saddr, ip->saddr.in6_u.u6_addr32);
+	ip6_copy(f->daddr, ip->daddr.in6_u.u6_addr32);
+	payload_len = bpf_ntohs(ip->payload_len);
+	f->hop_limit = ip->hop_limit;
+	nh = ip->nexthdr;
 	f->frag_first = false;
 	f->id = 0;
-	nh = ip.nexthdr;
 #pragma unroll
 	for (i = 0; i < NP_IPV6_EXT_MAX; i++) {
 		/* next header, length (or reserved), and a fragment header's offset, flags and id */
@@ -1150,10 +1323,12 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 		return -1;
 	if (nh == IPPROTO_SCTP && (later || f->frag_first))
 		return -1; /* as np4_parse(): a fragment's CRC32c cannot follow a port change */
-	ip6_copy(f->saddr, ip.saddr.in6_u.u6_addr32);
-	ip6_copy(f->daddr, ip.daddr.in6_u.u6_addr32);
-	f->tot_len = bpf_ntohs(ip.payload_len) + sizeof(struct ipv6hdr);
-	f->hop_limit = ip.hop_limit;
+	/* after extension headers the transport header may be further in than the first pull took */
+	l4_off = np6_l4_pull(skb, off);
+	if (l4_off < 0)
+		return -1;
+	off = l4_off;
+	f->tot_len = payload_len + sizeof(struct ipv6hdr);
 	f->l4.proto = nh;
 	f->l4.l4_off = off;
 	f->l4.csum_off = np_l4_csum_off(nh, off);
@@ -1175,16 +1350,7 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 		f->l4.csum_off = 0;
 		return 0;
 	}
-	f->l4.has_ports = true;
-	if (bpf_skb_load_bytes(skb, off, &ports, sizeof(ports)) < 0)
-		return -1;
-	f->sport = (__be16)ports;
-	f->dport = (__be16)(ports >> 16);
-	if (nh == IPPROTO_TCP && bpf_skb_load_bytes(skb, off + 13, &f->l4.tcp_flags, 1) < 0)
-		return -1;
-	if (nh == IPPROTO_SCTP)
-		f->l4.tcp_flags = np_sctp_flags(skb, off, f->l4.l4_len);
-	return 0;
+	return np_parse_l4(skb, &f->l4, &f->sport, &f->dport);
 }
 
 static __always_inline void np6_frag_record(const struct np6_flow *f)
@@ -1336,17 +1502,59 @@ static __always_inline int np6_snat_reserve(const struct lb_np_config *cfg, cons
 	return 0;
 }
 
-static __always_inline int np6_xlate_fwd(struct __sk_buff *skb, const struct np6_flow *f, const struct lb6_ct_entry *ct)
+/*
+ * An IPv6 address in place, when it changes; the sum of its change added
+ * to *sum. Without a branch per word: each one doubled the verifier's
+ * paths through np6_xlate().
+ */
+static __always_inline void np6_set_addr(__be32 *at, const __be32 *old, const __be32 *new, __u64 *sum)
 {
-	if (np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, daddr), f->daddr, ct->addr1) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, dest), f->dport, ct->port1) < 0)
+	__u64 s = 0;
+	int i;
+
+	if (!((old[0] ^ new[0]) | (old[1] ^ new[1]) | (old[2] ^ new[2]) | (old[3] ^ new[3])))
+		return;
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		s = np_csum_add32(s, old[i], new[i]);
+		at[i] = new[i];
+	}
+	*sum += s;
+}
+
+/*
+ * As np4_xlate(), the hop limit for the TTL. IPv6 has no header checksum:
+ * only the transport checksum covers the addresses (its pseudo header),
+ * or where none does (SCTP, a later fragment) a CHECKSUM_COMPLETE skb's
+ * csum (np_l4_csum_update()).
+ */
+static __noinline int np6_xlate(struct __sk_buff *skb, const struct np6_flow *f, const struct lb6_ct_entry *ct, int how)
+{
+	bool fwd = how == NP_XLATE_REV_FWD || (how == NP_XLATE_FWD && (ct->flags & LB_CT_F_SNAT));
+	__u64 addrs = 0, ports = 0;
+	struct ipv6hdr *ip;
+
+	/* the ports first, then the addresses: fewer values live at once (see np_l4_csum_update()) */
+	if (how == NP_XLATE_FWD) {
+		if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, fwd ? ct->port2 : f->sport, ct->port1, &ports) < 0)
+			return -1;
+	} else if (np_rewrite_ports(skb, &f->l4, f->sport, f->dport, ct->port1, ct->port2, &ports) < 0) {
 		return -1;
-	if (!(ct->flags & LB_CT_F_SNAT))
-		return 0;
-	if (np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f->saddr, ct->addr2) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, source), f->sport, ct->port2) < 0)
+	}
+	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
+	if (!ip)
 		return -1;
-	return 0;
+	if (how == NP_XLATE_FWD) {
+		if (fwd)
+			np6_set_addr(ip->saddr.in6_u.u6_addr32, f->saddr, ct->addr2, &addrs);
+		np6_set_addr(ip->daddr.in6_u.u6_addr32, f->daddr, ct->addr1, &addrs);
+	} else {
+		np6_set_addr(ip->saddr.in6_u.u6_addr32, f->saddr, ct->addr1, &addrs);
+		np6_set_addr(ip->daddr.in6_u.u6_addr32, f->daddr, ct->addr2, &addrs);
+	}
+	if (fwd)
+		ip->hop_limit = f->hop_limit - 1;
+	return np_l4_csum_update(skb, &f->l4, addrs, ports, true);
 }
 
 static __always_inline __u32 np6_addr_hash(const __be32 *a)
@@ -1528,6 +1736,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 				   const struct lb_service *svc, const struct lb_np_config *cfg)
 {
 	struct lb6_ct_key ok = { .sport = f->sport, .dport = f->dport, .proto = f->l4.proto, .dir = LB_CT_ORIG };
+	const struct lb_device *dev = NULL;
 	struct lb6_ct_entry fresh = {};
 	struct lb6_ct_entry *ct;
 	struct bpf_fib_lookup fib;
@@ -1587,7 +1796,8 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			return TC_ACT_SHOT;
 		}
 		rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
-		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		dev = np_fib_dev(&fib);
+		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
 			return mtu;
 		if (!np_fib_routed(rc)) {
@@ -1595,18 +1805,15 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np6_xlate_fwd(skb, f, ct) < 0) {
+	if (np6_xlate(skb, f, ct, NP_XLATE_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, (ct->flags & LB_CT_F_SNAT) ? ct->port2 : f->sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_FWD);
 	if (!(ct->flags & LB_CT_F_SNAT))
 		return TC_ACT_OK;
-	if (!np6_dec_hoplimit(skb, f->hop_limit)) {
-		lb_count(LB_MTR_NP_TTL);
-		return TC_ACT_OK;
-	}
-	return np_forward(skb, &fib, rc);
+	return np_forward_dev(skb, &fib, rc, dev);
 }
 
 static __always_inline struct lb6_ct_entry *np6_reply_entry(void *map, const struct np6_flow *f, __u64 now)
@@ -1642,6 +1849,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 {
 	__u64 now = np_now();
 	struct lb6_ct_entry *ct = np6_reply_entry(&lb6_nat, f, now);
+	const struct lb_device *dev = NULL;
 	struct bpf_fib_lookup fib;
 	int rc, mtu;
 
@@ -1659,7 +1867,8 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 	}
 	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
-		mtu = np_mtu_check(&fib, rc, np_seglen(skb, &f->l4, f->tot_len));
+		dev = np_fib_dev(&fib);
+		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
 			return mtu;
 		if (!np_fib_routed(rc)) {
@@ -1667,21 +1876,15 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 			return TC_ACT_SHOT;
 		}
 	}
-	if (np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f->saddr, ct->addr1) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, source), f->sport, ct->port1) < 0 ||
-	    np6_rewrite_addr(skb, &f->l4, NP_L3_OFF + offsetof(struct ipv6hdr, daddr), f->daddr, ct->addr2) < 0 ||
-	    np_rewrite_port(skb, &f->l4, offsetof(struct tcphdr, dest), f->dport, ct->port2) < 0) {
+	if (np6_xlate(skb, f, ct, rc == BPF_FIB_LKUP_RET_NOT_FWDED ? NP_XLATE_REV : NP_XLATE_REV_FWD) < 0 ||
+	    np_rewrite_sctp_ports(skb, &f->l4, f->sport, f->dport, ct->port1, ct->port2) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_REV);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
-	if (!np6_dec_hoplimit(skb, f->hop_limit)) {
-		lb_count(LB_MTR_NP_TTL);
-		return TC_ACT_OK;
-	}
-	return np_forward(skb, &fib, rc);
+	return np_forward_dev(skb, &fib, rc, dev);
 }
 
 /* As np4_ingress(). */

@@ -63,6 +63,10 @@ function describe(types, id) {
 
 const structs = new Map(); // name -> { name, size, fields }
 const enums = new Map();
+// The kernel's own enums an object names only to ask the running kernel
+// about (CO-RE: bpf/lib/np.h's np_now() asks for a helper by its id): not
+// the agent's ABI.
+const KERNEL_ENUMS = new Set(['bpf_func_id']);
 const maps = new Map();
 
 function addStruct(types, t) {
@@ -114,7 +118,7 @@ function innerOf(types, arrayId, outer) {
 for (const obj of objs) {
   const types = loadBtf(obj);
   for (const t of types.values()) {
-    if (t.kind === 'ENUM' && t.name && t.name !== '(anon)') {
+    if (t.kind === 'ENUM' && t.name && t.name !== '(anon)' && !KERNEL_ENUMS.has(t.name)) {
       enums.set(t.name, t.values.map((v) => [v.name, v.val]));
     }
     if (t.kind !== 'DATASEC' || t.name !== '.maps') continue;

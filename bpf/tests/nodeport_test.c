@@ -17,3 +17,26 @@ int np_test_now(struct __sk_buff *skb)
 {
 	return (int)np_now();
 }
+
+/*
+ * test/bpf/nodeport-nonlinear.ts: how much of each packet arriving on a
+ * device sits in the skb's linear part (data_end - data) when tc sees it,
+ * last packet first, so the test can show the datapath got its headers out
+ * of the skb's pages. Attached before lb_nodeport_ingress; passes every
+ * packet on.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} np_test_headlen SEC(".maps");
+
+SEC("tc")
+int np_test_record_headlen(struct __sk_buff *skb)
+{
+	__u32 zero = 0, len = skb->data_end - skb->data;
+
+	bpf_map_update_elem(&np_test_headlen, &zero, &len, BPF_ANY);
+	return TC_ACT_UNSPEC;
+}

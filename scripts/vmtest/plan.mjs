@@ -126,8 +126,8 @@ export function expand(groups, host = false) {
     if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
     else if (g === 'kernel') out.push('test/native', 'test/bpf');
     else if (g === 'bpf-unit') {
-      out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/nodeport-budget.ts', 'test/bpf/maglev.ts',
-        'test/bpf/sctp-csum.ts', 'test/bpf/verify-objects.ts');
+      out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/nodeport-nonlinear.ts', 'test/bpf/nodeport-budget.ts',
+        'test/bpf/maglev.ts', 'test/bpf/sctp-csum.ts', 'test/bpf/verify-objects.ts');
     }
     else if (g === 'e2e') out.push(...e2eFiles());
     else {

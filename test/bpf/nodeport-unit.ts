@@ -613,6 +613,94 @@ async function inNamespace(): Promise<void> {
     }
   });
 
+  // The headers are read and written in place (bpf/nodeport.c: np4_parse, np4_xlate): the transport
+  // header is where the IPv4 header's length says, past options, and past IPv6's extension headers.
+  t.test('IPv4 options: the ports past them are translated both ways (remote, local, UDP), the options intact, checksums valid', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 61, backends: [{ id: 3, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 62, backends: [{ id: 4, address: LOCAL_BE4, port: 8080 }] });
+    putService({ address: LB4, port: 53, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 63, proto: 'udp', backends: [{ id: 5, address: LOCAL_BE4, port: 5353 }] });
+    // a record route option (7, 39 bytes: the longest header there is, 60 bytes), and a shorter one (router alert, 4)
+    const rr = Buffer.concat([Buffer.from([7, 39, 4]), Buffer.alloc(36)]);
+    const ra = Buffer.from([0x94, 4, 0, 0]);
+    const optionsIntact = (out: Buffer, input: Buffer, what: string): void => {
+      const len = (input[14]! & 0x0f) * 4;
+      t.ok(out.subarray(14 + 20, 14 + len).equals(input.subarray(14 + 20, 14 + len)), `${what}: the options intact`);
+    };
+    let sport = 46000;
+    for (const [what, options] of [['record route, 60-byte header', rr], ['router alert', ra]] as const) {
+      const syn = fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: ++sport, dport: NODEPORT, options, payload: Buffer.from('options') });
+      const r = ingress(syn);
+      t.equal(r.rc, TC_ACT_REDIRECT, `${what}: remote, redirected`);
+      const snatPort = r.p.sport ?? 0;
+      t.match(r.p, { src: NODE4, dst: REMOTE_BE4, dport: 8080, ttl: 63, l4Offset: 14 + (syn[14]! & 0x0f) * 4 }, `${what}: DNAT+SNAT past the options`);
+      t.ok(snatPort >= CONFIG.snatMin && snatPort <= CONFIG.snatMax, `${what}: a SNAT port`);
+      checksumsValid(t, r.p, `${what}: DNAT+SNAT`);
+      optionsIntact(r.out, syn, what);
+      const synAck = fromPeer({ src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: snatPort, flags: TCP_SYN | TCP_ACK, options });
+      const back = ingress(synAck);
+      t.equal(back.rc, TC_ACT_REDIRECT, `${what}: the reply, redirected`);
+      t.match(back.p, { src: NODE4, sport: NODEPORT, dst: CLIENT4, dport: sport, ttl: 63 }, `${what}: rev-SNAT+rev-DNAT`);
+      checksumsValid(t, back.p, `${what}: the reply`);
+      optionsIntact(back.out, synAck, `${what}: the reply`);
+
+      const local = fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport, dport: 80, options });
+      const l = ingress(local);
+      t.equal(l.rc, TC_ACT_OK, `${what}: local, up the stack`);
+      t.match(l.p, { src: CLIENT4, sport, dst: LOCAL_BE4, dport: 8080, ttl: 64 }, `${what}: DNAT`);
+      checksumsValid(t, l.p, `${what}: DNAT`);
+      const out = fromPod({ src: LOCAL_BE4, dst: CLIENT4, proto: 'tcp', sport: 8080, dport: sport, flags: TCP_SYN | TCP_ACK, options });
+      const e = egress(out);
+      t.equal(e.rc, TC_ACT_UNSPEC, `${what}: the local reply at egress`);
+      t.match(e.p, { src: LB4, sport: 80, dst: CLIENT4, dport: sport }, `${what}: rev-DNAT`);
+      checksumsValid(t, e.p, `${what}: rev-DNAT`);
+      optionsIntact(e.out, out, `${what}: rev-DNAT`);
+
+      const udp = fromClient({ src: CLIENT4, dst: LB4, proto: 'udp', sport, dport: 53, options });
+      const u = ingress(udp);
+      t.equal(u.rc, TC_ACT_OK, `${what}: UDP, up the stack`);
+      t.match(u.p, { dst: LOCAL_BE4, dport: 5353 }, `${what}: UDP DNAT`);
+      checksumsValid(t, u.p, `${what}: UDP`);
+    }
+  });
+
+  t.test('IPv6 extension headers: a remote flow and its reply, and UDP, translated past them, checksums valid', async (t) => {
+    reset();
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 64, backends: [{ id: 6, address: REMOTE_BE6, port: 8080 }] });
+    putService({ address: LB6, port: 53, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 65, proto: 'udp', backends: [{ id: 7, address: LOCAL_BE6, port: 5353 }] });
+    const ext = [{ type: NEXTHDR_HOP }, { type: NEXTHDR_DEST, body: Buffer.alloc(28) }];
+    const syn = fromClient({ src: CLIENT6, dst: NODE6, proto: 'tcp', sport: 47000, dport: NODEPORT, ext });
+    const r = ingress(syn);
+    t.equal(r.rc, TC_ACT_REDIRECT, 'remote: redirected');
+    const snatPort = r.p.sport ?? 0;
+    t.match(r.p, { src: NODE6, dst: REMOTE_BE6, dport: 8080, ttl: 63, l4Offset: parseFrame(syn).l4Offset }, 'DNAT+SNAT past the extension headers');
+    checksumsValid(t, r.p, 'DNAT+SNAT');
+    const back = ingress(fromPeer({ src: REMOTE_BE6, dst: NODE6, proto: 'tcp', sport: 8080, dport: snatPort, flags: TCP_SYN | TCP_ACK, ext }));
+    t.equal(back.rc, TC_ACT_REDIRECT, 'the reply: redirected');
+    t.match(back.p, { src: NODE6, sport: NODEPORT, dst: CLIENT6, dport: 47000, ttl: 63 }, 'rev-SNAT+rev-DNAT');
+    checksumsValid(t, back.p, 'the reply');
+    const u = ingress(fromClient({ src: CLIENT6, dst: LB6, proto: 'udp', sport: 47001, dport: 53, ext }));
+    t.equal(u.rc, TC_ACT_OK, 'UDP: up the stack');
+    t.match(u.p, { dst: LOCAL_BE6, dport: 5353 }, 'UDP DNAT');
+    checksumsValid(t, u.p, 'UDP');
+  });
+
+  t.test('a transport header cut short of what the parse reads passes untouched (both families, TCP and UDP)', async (t) => {
+    reset();
+    putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 66, backends: [{ id: 1, address: LOCAL_BE4, port: 8080 }] });
+    putService({ address: LB4, port: 53, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 67, proto: 'udp', backends: [{ id: 2, address: LOCAL_BE4, port: 5353 }] });
+    putService({ address: LB6, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 68, backends: [{ id: 3, address: LOCAL_BE6, port: 8080 }] });
+    // TCP's flags are its 14th byte, UDP's checksum its 7th and 8th: a frame ending before them
+    for (const [what, input, keep] of [
+      ['TCP, 13 bytes', fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 48000, dport: 80 }), 14 + 20 + 13],
+      ['UDP, 6 bytes', fromClient({ src: CLIENT4, dst: LB4, proto: 'udp', sport: 48000, dport: 53 }), 14 + 20 + 6],
+      ['TCP over IPv6, 13 bytes', fromClient({ src: CLIENT6, dst: LB6, proto: 'tcp', sport: 48000, dport: 80 }), 14 + 40 + 13],
+    ] as const) {
+      const cut = input.subarray(0, keep);
+      untouched(t, ingress(cut), cut, what);
+    }
+  });
+
   t.test('IPv4 fragments: the first records the ports, a later one follows it (address only)', async (t) => {
     reset();
     putService({ address: EXT4, port: 53, proto: 'udp', type: LbSvcType.LB_SVC_EXTERNAL_IP, revNat: 70, backends: [{ id: 1, address: LOCAL_BE4B, port: 5353 }] });

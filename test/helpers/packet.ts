@@ -138,6 +138,8 @@ export interface FrameSpec extends L4Spec {
   df?: boolean;
   /** IPv6: extension headers before the transport header, outermost first */
   ext?: Array<{ type: number; body?: Buffer }>;
+  /** IPv4: header options (padded with end-of-options to a multiple of 4 bytes; at most 40) */
+  options?: Buffer;
 }
 
 const DEFAULT_SRC_MAC = '02:00:00:00:00:fe';
@@ -192,12 +194,17 @@ export interface Ip4HeaderSpec {
   moreFragments?: boolean;
   /** fragment offset in 8-byte units */
   fragOffset?: number;
+  /** header options, padded to a multiple of 4 bytes (ihl above 5) */
+  options?: Buffer;
 }
 
 export function ip4Header(h: Ip4HeaderSpec): Buffer {
-  const b = Buffer.alloc(20);
-  b[0] = 0x45;
-  b.writeUInt16BE(20 + h.payloadLen, 2);
+  const optLen = Math.ceil((h.options?.length ?? 0) / 4) * 4;
+  if (optLen > 40) throw new RangeError(`IPv4 options of ${optLen} bytes: at most 40`);
+  const b = Buffer.alloc(20 + optLen);
+  b[0] = 0x40 | (b.length / 4);
+  h.options?.copy(b, 20);
+  b.writeUInt16BE(b.length + h.payloadLen, 2);
   b.writeUInt16BE(h.id ?? 0x1234, 4);
   b.writeUInt16BE((h.df ? 0x4000 : 0) | (h.moreFragments ? 0x2000 : 0) | (h.fragOffset ?? 0), 6);
   b[8] = h.ttl ?? 64;
@@ -217,6 +224,7 @@ export function frame(spec: FrameSpec): Buffer {
     if (spec.ttl !== undefined) ipSpec.ttl = spec.ttl;
     if (spec.id !== undefined) ipSpec.id = spec.id;
     if (spec.df !== undefined) ipSpec.df = spec.df;
+    if (spec.options !== undefined) ipSpec.options = spec.options;
     return Buffer.concat([eth(ETH_P_IP, spec.srcMac, spec.dstMac), ip4Header(ipSpec), seg]);
   }
   return ip6Frame(spec.src, spec.dst, proto, seg, spec.ext ?? [], spec.ttl ?? 64, spec.srcMac, spec.dstMac);
