@@ -48,6 +48,19 @@ function refusal(err) {
 const list = process.argv.length > 2 ? process.argv.slice(2) : objects();
 const pinRoot = `/sys/fs/bpf/lbctl-verify-${process.pid}`;
 ensureBpffs(pinRoot);
+// Stopped by a signal (a run cut short), the pins and the probe's cgroup go too.
+let probeCgroup;
+for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.on(sig, () => {
+    rmSync(pinRoot, { recursive: true, force: true });
+    try {
+      if (probeCgroup) rmdirSync(probeCgroup);
+    } catch {
+      // still has a process, or gone already
+    }
+    process.exit(128 + (sig === 'SIGINT' ? 2 : sig === 'SIGTERM' ? 15 : 1));
+  });
+}
 let failed = 0;
 let passed = 0;
 const outcome = new Map();
@@ -102,6 +115,7 @@ const cgroupRoot = readFileSync('/proc/mounts', 'utf8').split('\n').map((l) => l
 if (list.some((f) => f.endsWith(PROBE_OBJECT)) && cgroupRoot) {
   const cgroup = path.join(cgroupRoot, `lbctl-verify-${process.pid}`);
   mkdirSync(cgroup, { recursive: true });
+  probeCgroup = cgroup;
   try {
     const features = await probeFeatures({ cgroup, bpfRoot: pinRoot });
     console.log(`features: ${featureLine(features)}`);
