@@ -284,9 +284,8 @@ export function readMaglevTables(chunks: BpfMap, index: BpfMap): Map<number, Uin
       blocks.set(place.chunk, all);
     }
     if ((place.first + place.m) * 4 > all.length) continue;
-    const ids = new Uint32Array(place.m);
-    for (let s = 0; s < place.m; s++) ids[s] = all.readUInt32LE((place.first + s) * 4);
-    out.set(k.readUInt32LE(0), ids);
+    // A copy (the ids are little-endian, as this host's Uint32Array).
+    out.set(k.readUInt32LE(0), new Uint32Array(all.buffer.slice(all.byteOffset + place.first * 4, all.byteOffset + (place.first + place.m) * 4)));
   }
   return out;
 }
