@@ -113,11 +113,11 @@ struct np_l4 {
 /*
  * Makes the packet's first `len` bytes (all of it, when it is shorter)
  * linear, pulling them in (bpf_skb_pull_data) only when they are not: a
- * GRO'd or header-split skb may hold its headers in its pages. The parse
- * calls it once with the most its headers can take, before it reads any:
- * one pull on one path, rather than one at every header (each doubled the
- * verifier's paths: 910,000 instructions verified instead of 120,000).
- * Every packet pointer is invalid after it.
+ * GRO'd or header-split skb may hold its headers in its pages. Never more
+ * than the headers the parse reads: a pull into a cloned skb copies its
+ * head, and at egress every TCP segment of the node's own is a clone whose
+ * head holds its headers and nothing more. Every packet pointer is invalid
+ * after it.
  */
 static __always_inline void np_pull(struct __sk_buff *skb, __u32 len)
 {
