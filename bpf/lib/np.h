@@ -378,7 +378,7 @@ static __always_inline int np_l2_reverse(struct __sk_buff *skb)
  * kernel drops the Ethernet one the packet came with. A packet that came in
  * on a layer-3 device (NP_L3_DEVICE) has none, and gets one before it
  * leaves by an Ethernet device (bpf_redirect_neigh, too, wants one).
- * Ingress only: the MACs are written in place (see np4_rewrite()).
+ * Ingress only: the MACs are written in place (see np4_xlate()).
  */
 static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc, bool l3_out)
 {
