@@ -276,6 +276,32 @@ struct np4_flow {
 /* The most of a transport header the parse reads: TCP's up to its flags. */
 #define NP_L4_PARSED	offsetof(struct tcphdr, window)
 
+/* What np_parse_l4() reads of a transport header: TCP's up to its flags, UDP's 8 bytes, SCTP's ports. */
+static __always_inline __u32 np_l4_parsed(__u8 proto)
+{
+	return proto == IPPROTO_TCP ? NP_L4_PARSED : proto == IPPROTO_UDP ? sizeof(struct udphdr) : 2 * sizeof(__be16);
+}
+
+/*
+ * The transport header at `off`: the packet made linear up to what the
+ * parse reads of it (np_pull(), `len` bytes), and `off` returned. A global
+ * function, verified once apart from its callers, and called on every
+ * path: its result is a number the verifier knows nothing about, the same
+ * on every path, where `off` itself differs with IPv6's walk over its
+ * extension headers (and, used for packet pointers, is tracked precisely
+ * back to it: every walk then went through the rest of the program on its
+ * own, 231,000 instructions verified instead of 120,000). The caller holds
+ * no packet pointer across it (before 6.13 the verifier does not know that
+ * a global function may move the packet).
+ */
+__attribute__((noinline)) int np_l4_pull(struct __sk_buff *skb, __u32 off, __u32 len)
+{
+	if (!skb || off > NP_HDR_OFF_MAX || len > NP_L4_PARSED)
+		return -1;
+	np_pull(skb, off + len);
+	return off;
+}
+
 /*
  * A transport header's ports (and TCP's flags, UDP's checksum) into `l4`
  * and the flow's ports: read in place, as much of the header as the
@@ -317,16 +343,17 @@ static __always_inline int np_parse_l4(struct __sk_buff *skb, struct np_l4 *l4, 
 /*
  * 0: a TCP or UDP packet (fragment) whose addresses and ports are in `f`;
  * NP_PARSE_ICMP: an ICMP packet (nothing in `f`); <0: not ours to look at.
- * Read in place, the longest headers made linear first (np_pull()).
+ * Read in place, each header made linear first where it is not (np_pull()).
  */
 static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 {
 	struct iphdr *ip;
+	int l4_off;
 	__u32 hlen;
 	__u16 frag;
 	__u8 proto;
 
-	np_pull(skb, NP_L3_OFF + 60 + NP_L4_PARSED);
+	np_pull(skb, NP_L3_OFF + sizeof(*ip));
 	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
 	if (!ip || ip->ihl < 5 || ip->version != 4)
 		return -1;
@@ -366,6 +393,11 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 		f->l4.csum_off = 0;
 		return 0;
 	}
+	/* the options, if any, and the transport header */
+	l4_off = np_l4_pull(skb, f->l4.l4_off, np_l4_parsed(proto));
+	if (l4_off < 0)
+		return -1;
+	f->l4.l4_off = l4_off;
 	return np_parse_l4(skb, &f->l4, &f->sport, &f->dport);
 }
 
@@ -1244,26 +1276,6 @@ struct np6_flow {
 };
 
 /*
- * IPv6's transport header at `off`, after the extension headers' walk:
- * the packet made linear up to its parsed part (np_pull()), and `off`
- * returned. A global function, verified once apart from its callers, and
- * called on every path: its result is a number the verifier knows nothing
- * about, the same on every path, where `off` itself differs with each walk
- * (and, used for packet pointers, is tracked precisely back to it: every
- * walk then went through the rest of the program on its own, 231,000
- * instructions verified instead of 120,000). The caller holds no packet
- * pointer across it (before 6.13 the verifier does not know that a global
- * function may move the packet).
- */
-__attribute__((noinline)) int np6_l4_pull(struct __sk_buff *skb, __u32 off)
-{
-	if (!skb || off > NP_HDR_OFF_MAX)
-		return -1;
-	np_pull(skb, off + NP_L4_PARSED);
-	return off;
-}
-
-/*
  * 0: a TCP or UDP packet (a first or later fragment among them) whose
  * addresses and ports are in `f`, after at most NP_IPV6_EXT_MAX extension
  * headers (a later fragment's ports are those its first recorded);
@@ -1279,7 +1291,7 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	int i, l4_off;
 	__u8 nh;
 
-	np_pull(skb, NP_L3_OFF + sizeof(struct ipv6hdr) + NP_L4_PARSED);
+	np_pull(skb, NP_L3_OFF + sizeof(*ip));
 	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
 	if (!ip || ip->version != 6)
 		return -1;
@@ -1323,8 +1335,7 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 		return -1;
 	if (nh == IPPROTO_SCTP && (later || f->frag_first))
 		return -1; /* as np4_parse(): a fragment's CRC32c cannot follow a port change */
-	/* after extension headers the transport header may be further in than the first pull took */
-	l4_off = np6_l4_pull(skb, off);
+	l4_off = np_l4_pull(skb, off, np_l4_parsed(nh));
 	if (l4_off < 0)
 		return -1;
 	off = l4_off;

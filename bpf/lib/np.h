@@ -113,11 +113,11 @@ struct np_l4 {
 /*
  * Makes the packet's first `len` bytes (all of it, when it is shorter)
  * linear, pulling them in (bpf_skb_pull_data) only when they are not: a
- * GRO'd or header-split skb may hold its headers in its pages. The parse
- * calls it once with the most its headers can take, before it reads any:
- * one pull on one path, rather than one at every header (each doubled the
- * verifier's paths: 910,000 instructions verified instead of 120,000).
- * Every packet pointer is invalid after it.
+ * GRO'd or header-split skb may hold its headers in its pages. Never more
+ * than the headers the parse reads: a pull into a cloned skb copies its
+ * head, and at egress every TCP segment of the node's own is a clone whose
+ * head holds its headers and nothing more. Every packet pointer is invalid
+ * after it.
  */
 static __always_inline void np_pull(struct __sk_buff *skb, __u32 len)
 {
@@ -378,7 +378,7 @@ static __always_inline int np_l2_reverse(struct __sk_buff *skb)
  * kernel drops the Ethernet one the packet came with. A packet that came in
  * on a layer-3 device (NP_L3_DEVICE) has none, and gets one before it
  * leaves by an Ethernet device (bpf_redirect_neigh, too, wants one).
- * Ingress only: the MACs are written in place (see np4_rewrite()).
+ * Ingress only: the MACs are written in place (see np4_xlate()).
  */
 static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc, bool l3_out)
 {

@@ -66,12 +66,9 @@ except socket.timeout:
     print(json.dumps({'len': 0}))
 `;
 
-// The tap driver: loaded on demand, and its device node made where /dev lacks it (the vmtest guests' devtmpfs
-// holds only the nodes of drivers loaded; the host's /dev has it).
-if (!existsSync('/dev/net/tun')) {
-  execFileSync('modprobe', ['tun']);
-  if (!existsSync('/dev/net/tun')) execFileSync('sh', ['-c', 'mkdir -p /dev/net && mknod /dev/net/tun c 10 200']);
-}
+// The tap driver's device node, made where /dev lacks it (a vmtest guest's devtmpfs has the nodes of the
+// drivers loaded only): its first open loads the driver (char-major-10-200) through the kernel's modprobe.
+if (!existsSync('/dev/net/tun')) execFileSync('sh', ['-c', 'mkdir -p /dev/net && mknod /dev/net/tun c 10 200']);
 
 const nsIp = (...args: string[]): string => execFileSync('ip', ['-n', ns, ...args], { encoding: 'utf8' });
 execFileSync('ip', ['netns', 'add', ns]);
