@@ -82,6 +82,7 @@ export const IDS: Record<string, string> = {
   'memory-limit': 'MiB', // the largest peak under the DaemonSet's limit; parts.oomKills
   'idle-cpu': 'ms/s', // the agent's CPU a second with nothing to do
   'file-load': 'ms', // 10,000 Services and slices renamed into the directory → programmed
+  'np-packet': 'ns', // tc, ns over the header wrapper's baseline, per packet (a)-(d'): the runs before issue 37 (to 2026-11-28)
   'np-packet-ns': 'ns', // tc, ns over the empty program per packet (a)-(d'), issue 37's targets; parts.wrapper: the header restore's share (in the value)
   'maglev-cold': 'ms', // 10,000 NodePort services × 3 backends, M = 16,381, from cold; parts.baseline: lb-algorithm random
   'maglev-change': 'ms', // one service's backend set changed: its change sync

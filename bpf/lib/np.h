@@ -438,9 +438,10 @@ static __always_inline bool np_fib_routed(int rc)
 /*
  * The datapath's clock, in seconds of CLOCK_MONOTONIC (the agent reads CT
  * expiries against its own). The coarse clock (5.11+) reads the
- * timekeeper's last tick instead of the TSC: 3 instead of 27 ns here
- * (bench/nodeport-tc.ts), and a tick behind at most, nothing at a
- * resolution of seconds. Which one is decided at load time, from the
+ * timekeeper's last tick instead of the TSC: 3 ns in every run of
+ * bench/nodeport-tc.ts, where bpf_ktime_get_ns cost 3 to 27 on the same
+ * machine (the TSC's read in a VM) and 30 on another; a tick behind at
+ * most, nothing at a resolution of seconds. Which one is decided at load time, from the
  * kernel's BTF (CO-RE): the other call is dead code the verifier never
  * walks, so 5.10 loads the same object.
  */
