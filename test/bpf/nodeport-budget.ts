@@ -56,9 +56,9 @@ const BPFTOOL = process.env['BPFTOOL'] ?? 'bpftool';
  * prunes the parse's paths less: 6.18's count went down), ingress on 6.18;
  * both stay far below the verifier's limit.
  *
- *   program               translated: 5.10 / 6.1 / 6.18    verified: 6.1 / 6.18
- *   lb_nodeport_ingress   8,804 / 8,804 / 9,476           75,404 / 103,895
- *   lb_nodeport_egress    2,786 / 2,786 / 2,891           11,453 /   7,985
+ *   program               translated: 5.10 / 6.1 / 6.12 / 6.18   verified: 6.1 / 6.12 / 6.18
+ *   lb_nodeport_ingress   8,804 / 8,804 / 9,476 / 9,476         75,404 / 77,458 / 103,895
+ *   lb_nodeport_egress    2,786 / 2,786 / 2,891 / 2,891         11,453 /  7,818 /   7,985
  */
 const BUDGETS: Record<string, { measured: { xlated: number; verified: number }; xlated: number; verified: number }> = {
   lb_nodeport_ingress: { measured: { xlated: 9476, verified: 103895 }, xlated: 11900, verified: 129900 },
