@@ -20,7 +20,6 @@ import { lb4_src_range_key, lb6_src_range_key, lb_maglev_row, LbMaglevLayout, ma
 import type { Family } from '../lb/types.js';
 import type { NorthSouthMaps, SrcRangeEntry } from './lbmaps.js';
 
-export const LB_MAGLEV_V6 = 0x80000000;
 const BLOCK = LbMaglevLayout.LB_MAGLEV_BLOCK_SLOTS;
 /** How long a freed table's place (or a dropped chunk's number) waits before it is used again. */
 const QUARANTINE_MS = 2000;
@@ -28,20 +27,6 @@ const QUARANTINE_MS = 2000;
 const CHUNK_SLOTS_MAX = 1 << 24;
 /** A chunk made for tables one at a time holds at least this many, or an eighth of those there are. */
 const CHUNK_TABLES_MIN = 16;
-
-export const maglevKey = (revNatId: number, family: Family): number => (family === 6 ? (revNatId | LB_MAGLEV_V6) >>> 0 : revNatId);
-
-/** What the reconciler needs of the tables (a fake in tests). */
-export interface MaglevMaps {
-  /** Writes `table` (M backend ids) as the frontend's table, replacing any. */
-  put(key: number, table: Uint32Array): void;
-  delete(key: number): void;
-  /** The tables the map holds now: key -> its backend ids. */
-  read(): Map<number, Uint32Array>;
-  keys(): number[];
-  /** Bytes one table takes in the kernel. */
-  readonly tableBytes: number;
-}
 
 /** Where a table is: lb_maglev_index's value. */
 interface Place {
@@ -56,7 +41,7 @@ interface Chunk {
   used: number;
 }
 
-export class KernelMaglevMaps implements MaglevMaps {
+export class KernelMaglevMaps {
   private readonly rows = new Map<number, Place>();
   private readonly chunkMaps = new Map<number, Chunk>();
   /** Places of M slots no frontend has, ready for one. */
@@ -92,7 +77,9 @@ export class KernelMaglevMaps implements MaglevMaps {
       }
       this.rows.set(k.readUInt32LE(0), place);
       chunk.used++;
-      taken.set(place.chunk, [...(taken.get(place.chunk) ?? []), place]);
+      const inChunk = taken.get(place.chunk);
+      if (inChunk) inChunk.push(place);
+      else taken.set(place.chunk, [place]);
     }
     for (const [c, chunk] of this.chunkMaps) {
       const places = (taken.get(c) ?? []).sort((a, b) => a.first - b.first);
@@ -102,11 +89,6 @@ export class KernelMaglevMaps implements MaglevMaps {
         at = Math.max(at, p.first + p.m);
       }
     }
-  }
-
-  /** Bytes of ids one table takes in the kernel (tables are packed without gaps). */
-  get tableBytes(): number {
-    return this.m * 4;
   }
 
   /** The chunks' kernel memory, as the kernel accounts it (fdinfo's memlock), their slots and the tables in them. */

@@ -58,7 +58,7 @@ export interface MaglevEntry {
   readonly id: number;
 }
 
-/** lb_maglev's key of a frontend: its rev-NAT id, the top bit set for IPv6 (bpf/include/lb_types.h LB_MAGLEV_V6). */
+/** lb_maglev_index's key of a frontend: its rev-NAT id, the top bit set for IPv6 (bpf/include/lb_types.h LB_MAGLEV_V6). */
 export const maglevTableKey = (revNatId: number, family: Family): number => (family === 6 ? (revNatId | 0x80000000) >>> 0 : revNatId);
 
 const rangeText = (r: SourceRange): string => `${r.address}/${r.prefixLen}`;
