@@ -63,13 +63,13 @@ export class KernelMaglevMaps {
     readonly m: number,
     private readonly now: () => number = () => performance.now(),
   ) {
-    for (const [k, v] of chunks.entries()) {
-      const map = mapById(v.readUInt32LE(0));
-      if (map) this.chunkMaps.set(k.readUInt32LE(0), { map, used: 0 });
+    const rows = index.entries().map(([k, v]) => [k, lb_maglev_row.decode(v)] as const);
+    for (const [c, id] of namedChunks(chunks, rows.map(([, place]) => place.chunk))) {
+      const map = mapById(id);
+      if (map) this.chunkMaps.set(c, { map, used: 0 });
     }
     const taken = new Map<number, Place[]>();
-    for (const [k, v] of index.entries()) {
-      const place = lb_maglev_row.decode(v);
+    for (const [k, place] of rows) {
       const chunk = this.chunkMaps.get(place.chunk);
       if (!chunk || place.m === 0 || place.first + place.m > chunk.map.maxEntries * BLOCK) {
         index.delete(k); // names no table: new flows pick at random until it is rewritten
@@ -243,14 +243,37 @@ export class KernelMaglevMaps {
   }
 }
 
+/**
+ * The inner map ids of the chunks `named` (lb_maglev_index's rows name them),
+ * by chunk number; a number lb_maglev has no map under is left out.
+ *
+ * lb_maglev is looked up only where the index points, never walked: before
+ * Linux 6.8 every lookup of a map-of-maps from user space waits for an RCU
+ * grace period (bpf_map_copy_value ends in maybe_wait_bpf_programs), about
+ * 10 ms on a 5.10 or 6.1 node and 16 ms under emulation, so a walk of its
+ * 4,096 entries took over a minute at every start and every `lbctl bpf lb
+ * list`. A chunk no row names (the agent stopped between making it and
+ * writing a table there) is not found this way; it holds memory until its
+ * number is made again, which replaces it, and the lowest free number is
+ * always made first.
+ */
+function namedChunks(chunks: BpfMap, named: Iterable<number>): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const c of new Set(named)) {
+    if (c >= chunks.maxEntries) continue;
+    const v = chunks.lookup(u32.encode(c));
+    if (v) out.set(c, v.readUInt32LE(0));
+  }
+  return out;
+}
+
 /** The tables lb_maglev and lb_maglev_index hold: key -> its backend ids. */
 export function readMaglevTables(chunks: BpfMap, index: BpfMap): Map<number, Uint32Array> {
   const out = new Map<number, Uint32Array>();
   const blocks = new Map<number, Buffer>(); // a chunk's blocks, read once
-  const chunkIds = new Map<number, number>();
-  for (const [k, v] of chunks.entries()) chunkIds.set(k.readUInt32LE(0), v.readUInt32LE(0));
-  for (const [k, v] of index.entries()) {
-    const place = lb_maglev_row.decode(v);
+  const rows = index.entries().map(([k, v]) => [k, lb_maglev_row.decode(v)] as const);
+  const chunkIds = namedChunks(chunks, rows.map(([, place]) => place.chunk));
+  for (const [k, place] of rows) {
     let all = blocks.get(place.chunk);
     if (!all) {
       const id = chunkIds.get(place.chunk);
