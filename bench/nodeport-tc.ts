@@ -44,6 +44,7 @@ import { lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, u32 } from '..
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../src/datapath/maps.js';
 import { KernelMaglevMaps, KernelNorthSouthMaps } from '../src/datapath/maglev-maps.js';
 import { DEFAULT_MAGLEV_SEED, maglevTable, parseMaglevSeed } from '../src/lb/maglev.js';
+import { MaglevPool } from '../src/lb/maglev-pool.js';
 import { DesiredModel, serviceId } from '../src/model/desired.js';
 import { validateEndpointSlice, validateService } from '../src/model/k8s.js';
 import { Reconciler } from '../src/reconcile/reconciler.js';
@@ -492,6 +493,11 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
   const n = plan.maglevServices;
   const services = npServices(n, { type: 'NodePort', nodePorts: NODEPORTS, measured: [], ...(algorithm === 'random' ? { fillerAlgorithm: 'random' as const } : {}) });
   const obj = BpfObject.open(OBJECTS.standard);
+  // As the agent builds them: on this thread and the pool's (the cores there
+  // are, less one; the DaemonSet sets no CPU limit), so this run is let onto
+  // every core and pinned back after.
+  pinTo(`0-${os.cpus().length - 1}`);
+  const pool = new MaglevPool();
   await obj.load();
   try {
     const set = {} as LbMapSet;
@@ -502,7 +508,7 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     instrument(maglev, () => current.steps);
     const reconciler = new Reconciler(new KernelLbMaps(set), {
       maxEntries: Object.fromEntries(LB_MAP_NAMES.map((x) => [x, obj.map(x).maxEntries])),
-      northSouth: { maps: new KernelNorthSouthMaps(maglev, { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') }), maglevM: M, maglevSeed: SEEDS.table },
+      northSouth: { maps: new KernelNorthSouthMaps(maglev, { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') }), maglevM: M, maglevSeed: SEEDS.table, maglevPool: pool },
     });
     reconciler.restore();
     const model = new DesiredModel({ nodePortRange: NODEPORTS });
@@ -543,8 +549,16 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     );
     return run;
   } finally {
+    pool.close();
     obj.close();
+    pinTo(String(plan.cpu));
   }
+}
+
+/** Every thread of this process onto `cpus` (taskset's list). */
+function pinTo(cpus: string): void {
+  const r = spawnSync('taskset', ['-a', '-p', '-c', cpus, String(process.pid)], { stdio: ['ignore', 'ignore', 'pipe'] });
+  if (r.status !== 0) throw new Error(`taskset -a -p -c ${cpus}: ${r.stderr?.toString().trim() || `exit ${r.status}`}`);
 }
 
 async function maglevPoint(plan: Plan): Promise<MaglevPoint> {

@@ -26,6 +26,7 @@ import { frontendStatuses } from './drift.js';
 import { LB_MAP_NAMES } from '../datapath/maps.js';
 import { LbError } from '../base/errors.js';
 import { Reconciler, SyncError, type NotProgrammed, type SyncResult } from '../reconcile/reconciler.js';
+import { MaglevPool } from '../lb/maglev-pool.js';
 import type { Source, SourceEvent } from '../sources/source.js';
 import type { AgentMetrics } from '../http/metrics.js';
 import { BoundedFrequencyRunner, type RunReason } from './runner.js';
@@ -119,6 +120,8 @@ export class Agent implements AgentView {
   readonly startedAt = Date.now();
   private datapath: Datapath | undefined;
   private reconciler: Reconciler | undefined;
+  /** Maglev tables of a sync built on several cores (the workers start at the first run of tables). */
+  private readonly maglevPool = new MaglevPool();
   private terminator: UdpTerminator | undefined;
   private features: DatapathFeatures | undefined;
   private nodePort: NodePortAgent | undefined;
@@ -233,7 +236,7 @@ export class Agent implements AgentView {
     this.reconciler = new Reconciler(this.datapath.maps, {
       maxEntries,
       ...(np && this.opts.nodePort
-        ? { northSouth: { maps: np.datapath.northSouthMaps, maglevM: this.opts.nodePort.settings.maglev.m, maglevSeed: this.opts.nodePort.maglevTableSeed } }
+        ? { northSouth: { maps: np.datapath.northSouthMaps, maglevM: this.opts.nodePort.settings.maglev.m, maglevSeed: this.opts.nodePort.maglevTableSeed, maglevPool: this.maglevPool } }
         : {}),
     });
     const restored = this.reconciler.restore();
@@ -368,6 +371,7 @@ export class Agent implements AgentView {
     // A termination in progress stops at its next step; the maps it reads
     // stay open until it has.
     this.terminator?.close();
+    this.maglevPool.close();
     await this.terminator?.idle();
     this.datapath?.close();
     this.opts.log.info('agent stopped; the datapath stays attached (lbctl cleanup removes it)');

@@ -123,25 +123,48 @@ export interface MaglevBackend {
  */
 export function maglevTable(backends: readonly MaglevBackend[], m: number, seed: number): Uint32Array {
   const table = new Uint32Array(m);
+  const p = maglevPermutations(backends, m, seed);
+  if (p.ids.length > 0) fillMaglev(table, p.offset, p.skip, p.ids, m, TAIL_SLOTS);
+  return table;
+}
+
+/** Each backend's permutation (offset + j·skip mod M) and id, in the order of their names. */
+export interface MaglevPermutations {
+  readonly offset: Int32Array;
+  readonly skip: Int32Array;
+  readonly ids: Uint32Array;
+}
+
+/** The permutations of `backends` in a table of `m`: what fillMaglev needs, and all that is hashed. */
+export function maglevPermutations(backends: readonly MaglevBackend[], m: number, seed: number): MaglevPermutations {
   const bs = [...backends].sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
   const n = bs.length;
-  if (n === 0) return table;
   if (n > m) throw new RangeError(`${n} backends do not fit a Maglev table of ${m} slots`);
-  const pos = new Int32Array(n); // each backend's next candidate slot: offset + j·skip mod M
+  const offset = new Int32Array(n);
   const skip = new Int32Array(n);
   const ids = new Uint32Array(n);
   const bm = BigInt(m);
   for (let i = 0; i < n; i++) {
     const [h1, h2] = murmur3x64_128(Buffer.from(bs[i]!.key), seed);
-    pos[i] = Number(h1 % bm);
+    offset[i] = Number(h1 % bm);
     skip[i] = Number(h2 % (bm - 1n)) + 1;
     ids[i] = bs[i]!.id;
     if (ids[i] === 0) throw new RangeError(`backend ${bs[i]!.key}: id 0 marks an empty slot`);
   }
-  const offset = pos.slice();
+  return { offset, skip, ids };
+}
+
+/**
+ * Fills `table` (M zeroed slots) from the permutations: backends take turns,
+ * each its next empty slot. Self-contained (no names from outside it, not
+ * even helpers): src/lb/maglev-pool.ts runs its source in worker threads.
+ */
+export function fillMaglev(table: Uint32Array, offset: Int32Array, skip: Int32Array, ids: Uint32Array, m: number, tailSlots: number): void {
+  const n = ids.length;
+  const pos = offset.slice(); // each backend's next candidate slot
   // Backend ids are never 0, so a 0 slot is an empty one. Turns go round
   // until few slots are left, where a walk would mostly step over full ones.
-  const tail = Math.min(m, Math.max(n, TAIL_SLOTS));
+  const tail = Math.min(m, Math.max(n, tailSlots));
   let left = m;
   let i = 0;
   while (left > tail) {
@@ -165,7 +188,21 @@ export function maglevTable(backends: readonly MaglevBackend[], m: number, seed:
   for (let c = 0, k = 0; c < m; c++) if (table[c] === 0) empty[k++] = c;
   const steps = new Float64Array(n * left); // backend i's step to empty[k]: steps[i * left + k]
   for (let b = 0; b < n; b++) {
-    const inv = inverseMod(skip[b]!, m);
+    // skip⁻¹ mod M (M prime) by the extended Euclid algorithm; every value stays below M.
+    let r0 = m;
+    let r1 = skip[b]!;
+    let t0 = 0;
+    let t1 = 1;
+    while (r1 !== 0) {
+      const q = Math.floor(r0 / r1);
+      const r = r0 - q * r1;
+      r0 = r1;
+      r1 = r;
+      const t = t0 - q * t1;
+      t0 = t1;
+      t1 = t;
+    }
+    const inv = t0 < 0 ? t0 + m : t0;
     for (let k = 0; k < left; k++) steps[b * left + k] = (((empty[k]! - offset[b]! + m) % m) * inv) % m;
   }
   let live = left; // empty[0..live) are still empty
@@ -181,23 +218,10 @@ export function maglevTable(backends: readonly MaglevBackend[], m: number, seed:
     for (let b = 0; b < n; b++) steps[b * stride + best] = steps[b * stride + live]!;
     if (++i === n) i = 0;
   }
-  return table;
 }
 
 /** Below this many empty slots the fill switches from walking to choosing (see maglevTable). */
-const TAIL_SLOTS = 128;
-
-/** x⁻¹ mod p (p prime, 0 < x < p), by the extended Euclid algorithm; every value stays below p. */
-function inverseMod(x: number, p: number): number {
-  let [r0, r1] = [p, x];
-  let [t0, t1] = [0, 1];
-  while (r1 !== 0) {
-    const q = Math.floor(r0 / r1);
-    [r0, r1] = [r1, r0 - q * r1];
-    [t0, t1] = [t1, t0 - q * t1];
-  }
-  return t0 < 0 ? t0 + p : t0;
-}
+export const TAIL_SLOTS = 128;
 
 const rol32 = (w: number, s: number): number => ((w << s) | (w >>> (32 - s))) >>> 0;
 

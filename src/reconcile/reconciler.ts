@@ -14,6 +14,7 @@
 import { LbError } from '../base/errors.js';
 import type { LbMaps, NorthSouthMaps } from '../datapath/lbmaps.js';
 import { maglevTable } from '../lb/maglev.js';
+import type { MaglevPool } from '../lb/maglev-pool.js';
 import type { SourceRange } from '../model/north-south.js';
 import { PartialWriteError, putOne } from '../datapath/lbmaps.js';
 import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family, type FrontendKey, type L3n4Addr, type ServiceAddr } from '../lb/types.js';
@@ -21,7 +22,7 @@ import { type DesiredState, type Frontend } from '../model/types.js';
 import { ipv4ToUint } from '../lb/addr.js';
 import { IdAllocator, NumberKeyIds } from './ids.js';
 import { IdSet } from './id-map.js';
-import { opMapName, plan, PutRun, type MapOp, type PlanStep, type SingleOp } from './plan.js';
+import { opMapName, plan, PutRun, type MaglevEntry, type MapOp, type PlanStep, type SingleOp } from './plan.js';
 import { NO_ROW, RealizedState, type LbMapName } from './realized.js';
 
 export interface SyncOptions {
@@ -87,8 +88,17 @@ export interface ReconcilerOptions {
    * `maglevM` slots (permutations seeded by `maglevSeed`, the same on every
    * node) and source ranges, written through `maps`.
    */
-  readonly northSouth?: { readonly maps: NorthSouthMaps; readonly maglevM: number; readonly maglevSeed: number };
+  readonly northSouth?: {
+    readonly maps: NorthSouthMaps;
+    readonly maglevM: number;
+    readonly maglevSeed: number;
+    /** Builds runs of tables on several threads (without it, each is built as it is written, on this one). */
+    readonly maglevPool?: MaglevPool;
+  };
 }
+
+/** Tables a pool builds at once: 256 × 64 KiB at M = 16,381, whatever the sync's size. */
+const MAGLEV_POOL_BATCH = 256;
 
 /** The kernel's (or an allocator's) answer when a map has no room for a new key. */
 export function isNoRoom(err: unknown): boolean {
@@ -168,6 +178,8 @@ export class Reconciler {
   private realizedState = new RealizedState();
   /** The last Maglev table built, by its backends' fingerprint (the same backends and ids: the same table). */
   private lastTable?: { readonly fingerprint: string; readonly ids: Uint32Array };
+  /** Tables the pool built ahead for the put-maglev ops that follow, by fingerprint. */
+  private prebuilt = new Map<string, Uint32Array>();
   /**
    * The maps hold exactly the desired state of the last sync (it wrote
    * everything and pruned, and they were not re-read since): the next sync
@@ -504,6 +516,7 @@ export class Reconciler {
     }
     for (let i = 0; i < ops.length; ) {
       const op = ops[i]!;
+      if (op.kind === 'put-maglev' && !this.prebuilt.has(op.fingerprint)) this.prebuild(ops, i);
       i++;
       const verdict = this.admit(op, refused);
       if (verdict === 'defer') deferred.push(op);
@@ -519,6 +532,26 @@ export class Reconciler {
       }
       count(op.kind);
     }
+    this.prebuilt.clear();
+  }
+
+  /**
+   * With a pool: the tables of the put-maglev ops from `from` on (up to
+   * MAGLEV_POOL_BATCH distinct backend sets), built at once on its threads.
+   */
+  private prebuild(ops: readonly SingleOp[], from: number): void {
+    const ns = this.northSouth;
+    if (!ns?.maglevPool) return;
+    this.prebuilt.clear();
+    const jobs = new Map<string, readonly MaglevEntry[]>();
+    for (let k = from; k < ops.length && jobs.size < MAGLEV_POOL_BATCH; k++) {
+      const op = ops[k]!;
+      if (op.kind === 'put-maglev' && op.fingerprint !== this.lastTable?.fingerprint) jobs.set(op.fingerprint, op.backends);
+    }
+    if (jobs.size < 2) return;
+    const tables = ns.maglevPool.buildMany([...jobs.values()].map((backends) => ({ backends })), ns.maglevM, ns.maglevSeed);
+    let k = 0;
+    for (const fingerprint of jobs.keys()) this.prebuilt.set(fingerprint, tables[k++]!);
   }
 
   /**
@@ -637,7 +670,9 @@ export class Reconciler {
       case 'put-maglev': {
         const ns = this.northSouth!;
         // A service's frontends (NodePorts, LoadBalancer and external IPs) share one backend set, and come in a row.
-        if (this.lastTable?.fingerprint !== op.fingerprint) this.lastTable = { fingerprint: op.fingerprint, ids: maglevTable(op.backends, ns.maglevM, ns.maglevSeed) };
+        if (this.lastTable?.fingerprint !== op.fingerprint) {
+          this.lastTable = { fingerprint: op.fingerprint, ids: this.prebuilt.get(op.fingerprint) ?? maglevTable(op.backends, ns.maglevM, ns.maglevSeed) };
+        }
         return ns.maps.putMaglev(op.table, this.lastTable.ids);
       }
       case 'delete-maglev':

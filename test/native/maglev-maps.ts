@@ -18,6 +18,7 @@ import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../../src/datapath/ma
 import { KernelMaglevMaps, KernelNorthSouthMaps, readMaglevTables } from '../../src/datapath/maglev-maps.js';
 import { uintToIpv4 } from '../../src/lb/addr.js';
 import { maglevTable } from '../../src/lb/maglev.js';
+import { MaglevPool } from '../../src/lb/maglev-pool.js';
 import { BpfObject } from '../../src/native/bpf.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
 import { frontend, state } from '../fakes/frontends.js';
@@ -130,15 +131,17 @@ t.test('two agents, the same services in another order: the same tables, slot fo
   const services = Array.from({ length: 30 }, (_, s) =>
     frontend(`192.168.${s >> 8}.${s & 255}`, 80, Array.from({ length: 2 + (s % 5) }, (_, i) => `10.244.${s}.${i + 1}`), [], { type: 'LoadBalancer', maglev: true }),
   );
-  const agent = async (order: typeof services) => {
+  const agent = async (order: typeof services, pool?: MaglevPool) => {
     const obj = await loaded(t);
     const set = {} as LbMapSet;
     for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
     const ns = new KernelNorthSouthMaps(new KernelMaglevMaps(obj.map('lb_maglev'), obj.map('lb_maglev_index'), M2), { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') });
-    const rec = new Reconciler(new KernelLbMaps(set), { northSouth: { maps: ns, maglevM: M2, maglevSeed: SEED } });
+    const rec = new Reconciler(new KernelLbMaps(set), { northSouth: { maps: ns, maglevM: M2, maglevSeed: SEED, ...(pool ? { maglevPool: pool } : {}) } });
     rec.restore();
     // Backends programmed one service at a time, in this agent's order: ids differ between the agents.
-    for (let i = 1; i <= order.length; i++) rec.sync(state(...order.slice(0, i)), { prune: true });
+    // With a pool, all at once: one sync, whose tables the pool builds on two threads.
+    if (pool) rec.sync(state(...order), { prune: true });
+    else for (let i = 1; i <= order.length; i++) rec.sync(state(...order.slice(0, i)), { prune: true });
     // Each table as the backends it names, by frontend address.
     const addr = new Map<number, string>();
     for (const [k, v] of obj.map('lb4_backends').entries()) {
@@ -162,4 +165,9 @@ t.test('two agents, the same services in another order: the same tables, slot fo
   t.ok(services.every((fe) => a.byFrontend.get(fe.address)!.equals(b.byFrontend.get(fe.address)!)), 'agent B\'s tables name the same backend in every slot of every table');
   const c = await agent(services);
   t.ok([...a.ids].every(([k, v]) => same(c.ids.get(k), v)), 'a third agent fed the same order writes the same bytes');
+  const pool = new MaglevPool(1);
+  t.teardown(() => pool.close());
+  const d = await agent(reversed, pool);
+  t.ok(pool.byWorkers > 0, `a fourth agent's pool built ${pool.byWorkers} of its tables on a worker thread`);
+  t.ok(services.every((fe) => a.byFrontend.get(fe.address)!.equals(d.byFrontend.get(fe.address)!)), 'and its tables name the same backend in every slot of every table');
 });
