@@ -181,6 +181,15 @@ BpfObject::BpfObject(const Napi::CallbackInfo& info)
     c.log = cap.tail();
     throwBpfError(env, "bpf_object__open_file", errFromErrno(), c);
   }
+  if (st_->pinRoot.empty()) {
+    // No pin root: nothing is pinned. libbpf would pin a map declared with
+    // LIBBPF_PIN_BY_NAME under /sys/fs/bpf itself, where another agent's or
+    // another run's maps are, and leave it there after the process ends.
+    struct bpf_map* m;
+    bpf_object__for_each_map(m, st_->obj) {
+      if (bpf_map__pin_path(m) != nullptr) bpf_map__set_pin_path(m, nullptr);
+    }
+  }
   for (const auto& [name, n] : maxEntries) {
     struct bpf_map* m = bpf_object__find_map_by_name(st_->obj, name.c_str());
     ErrCtx c;

@@ -193,6 +193,16 @@ if (process.getuid?.() !== 0) {
     t.ok(pi.id > 0);
   });
 
+  t.test('without a pin root nothing is pinned (not under /sys/fs/bpf itself, as libbpf would)', async (t) => {
+    const atRoot = '/sys/fs/bpf/nt_hash';
+    const before = fs.existsSync(atRoot);
+    const o = BpfObject.open(testObj);
+    t.teardown(() => o.close());
+    await o.load();
+    t.ok(o.map('nt_hash').fd >= 0, 'the map is made');
+    t.notOk(!before && fs.existsSync(atRoot), 'and not pinned at the bpffs root');
+  });
+
   t.test('hash map round trips', async (t) => {
     const h = obj1.map('nt_hash');
     t.equal(h.lookup(u32(5)), null);
