@@ -20,7 +20,7 @@ export const HEADER = [
   '|---|---|---|---|---|---|---|---|---|',
 ];
 
-const GROUP_WORDS = { all: 'native, bpf, e2e', kernel: 'native, bpf', 'bpf-unit': 'BPF_PROG_TEST_RUN units', e2e: 'e2e' };
+const GROUP_WORDS = { all: 'native, bpf, e2e', kernel: 'native, bpf', native: 'native', bpf: 'bpf', 'bpf-unit': 'BPF_PROG_TEST_RUN units', e2e: 'e2e' };
 const groupsText = (groups) => groups.split(',').map((g) => GROUP_WORDS[g] ?? g.replace(/^e2e:(\d+)\/(\d+)$/, 'e2e part $1 of $2')).join(', ');
 
 function matrix() {

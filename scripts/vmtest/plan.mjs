@@ -6,13 +6,17 @@
 //   kernel     test/native and test/bpf: the addon, BPF_PROG_TEST_RUN units,
 //              the real datapath object (the verifier runs on every kernel
 //              anyway, before the suites)
+//   native     test/native alone
+//   bpf        test/bpf alone
 //   bpf-unit   the BPF_PROG_TEST_RUN unit suites, the verifier's own test and
 //              the tc object's instruction budget: what every kernel must
 //              run even where make test runs no more
 //   e2e        every end-to-end file (in a guest, but the host-only ones below)
 //   e2e:K/N    the K-th of N parts of those (but the long tc scenarios below),
 //              balanced by the seconds each
-//              file took in a guest (scripts/vmtest/e2e-seconds): make test
+//              file took in a guest (scripts/vmtest/e2e-seconds), counting
+//              what each part's row runs besides (its test/native and
+//              test/bpf files, by the same table): make test
 //              splits the slow end-to-end files between the 5.10 and 6.1
 //              guests so they run side by side within its budget, while
 //              make vmtest runs them all on both.
@@ -72,13 +76,15 @@ const VMTEST_ONLY_IN_GUESTS = new Set([
 // what other files already prove in the guests: backend probes (probes.ts:
 // the agent's TCP/HTTP/gRPC/exec checks and the maps they change, 237 s of
 // the 5.10 guest), drift and `lbctl status` (status-drift.ts), `lbctl
-// version` (version.ts), `make demo` (demo.ts: the socket path that
+// version` (version.ts), malformed manifests (bad-input.ts: how the agent
+// reads its files; full maps, the kernel's part, are map-full.ts's), `make demo` (demo.ts: the socket path that
 // tcp-clusterip.ts, udp.ts and dns.ts run) and the Kubernetes source against
 // the fake API server (kubernetes.ts: the maps it writes are the file
 // source's). make test runs them on the host and make vmtest in every guest;
 // make test's guest split leaves them out, to make room within its 80
 // minutes for the real cluster (test/cluster, about 12 minutes).
 const VMTEST_ONLY_AGENT = new Set([
+  'test/e2e/bad-input.ts',
   'test/e2e/demo.ts',
   'test/e2e/kubernetes.ts',
   'test/e2e/probes.ts',
@@ -106,10 +112,14 @@ function seconds() {
   return table;
 }
 
-/** Longest first onto the least loaded part: deterministic, within 4/3 of the best split. */
-export function split(files, weights, parts) {
-  const unknown = Math.max(0, ...weights.values());
-  const bins = Array.from({ length: parts }, () => ({ load: 0, files: [] }));
+/**
+ * Longest first onto the least loaded part: deterministic, within 4/3 of the
+ * best split. `preload`: seconds each part's guest spends on its other
+ * suites (test/native, test/bpf), so the guests end together.
+ */
+export function split(files, weights, parts, preload = []) {
+  const unknown = Math.max(0, ...[...weights].filter(([f]) => f.startsWith('test/e2e/')).map(([, w]) => w));
+  const bins = Array.from({ length: parts }, (_, k) => ({ load: preload[k] ?? 0, files: [] }));
   const byWeight = [...files].sort((a, b) => (weights.get(b) ?? unknown) - (weights.get(a) ?? unknown) || a.localeCompare(b));
   for (const f of byWeight) {
     const bin = bins.reduce((min, b) => (b.load < min.load ? b : min), bins[0]);
@@ -119,23 +129,63 @@ export function split(files, weights, parts) {
   return bins.map((b) => ({ load: b.load, files: b.files.sort() }));
 }
 
+const BPF_UNIT = ['test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/nodeport-nonlinear.ts', 'test/bpf/nodeport-budget.ts',
+  'test/bpf/maglev.ts', 'test/bpf/sctp-csum.ts', 'test/bpf/verify-objects.ts'];
+
+/** The paths a group other than an e2e split stands for. */
+function paths(g) {
+  if (g === 'all') return ['test/native', 'test/bpf', ...e2eFiles()];
+  if (g === 'kernel') return ['test/native', 'test/bpf'];
+  if (g === 'native') return ['test/native'];
+  if (g === 'bpf') return ['test/bpf'];
+  if (g === 'bpf-unit') return BPF_UNIT;
+  if (g === 'e2e') return e2eFiles();
+  return undefined;
+}
+
+/** The seconds a guest spends on `groups` but its e2e split: the files of test/native and test/bpf, by e2e-seconds. */
+function otherSeconds(groups, weights) {
+  let sum = 0;
+  for (const p of groups.flatMap((g) => paths(g) ?? [])) {
+    const files = p.endsWith('.ts') ? [p] : readdirSync(path.join(root, p)).filter((f) => f.endsWith('.ts')).map((f) => `${p}/${f}`);
+    for (const f of files) sum += weights.get(f) ?? 0;
+  }
+  return sum;
+}
+
+/**
+ * What the other parts of an N-way split run besides it, from the matrix's
+ * column in use (VMTEST_PROFILE=test: MAKE-TEST, else VMTEST): each part's
+ * head start in seconds.
+ */
+function preloads(n, weights) {
+  const out = Array.from({ length: n }, () => 0);
+  const column = process.env.VMTEST_PROFILE === 'test' ? 3 : 2;
+  for (const line of readFileSync(path.join(root, 'scripts/vmtest/kernels'), 'utf8').split('\n')) {
+    if (!line.trim() || line.startsWith('#')) continue;
+    const groups = (line.trim().split(/\s+/)[column] ?? '').split(',');
+    for (const g of groups) {
+      const m = /^e2e:(\d+)\/(\d+)$/.exec(g);
+      if (m && Number(m[2]) === n && Number(m[1]) <= n) out[Number(m[1]) - 1] = otherSeconds(groups.filter((x) => x !== g), weights);
+    }
+  }
+  return out;
+}
+
 export function expand(groups, host = false) {
   onHost = host;
   const out = [];
   for (const g of groups) {
-    if (g === 'all') out.push('test/native', 'test/bpf', ...e2eFiles());
-    else if (g === 'kernel') out.push('test/native', 'test/bpf');
-    else if (g === 'bpf-unit') {
-      out.push('test/bpf/sock-unit.ts', 'test/bpf/sock-destroy.ts', 'test/bpf/nodeport-unit.ts', 'test/bpf/nodeport-nonlinear.ts', 'test/bpf/nodeport-budget.ts',
-        'test/bpf/maglev.ts', 'test/bpf/sctp-csum.ts', 'test/bpf/verify-objects.ts');
+    const p = paths(g);
+    if (p) {
+      out.push(...p);
+      continue;
     }
-    else if (g === 'e2e') out.push(...e2eFiles());
-    else {
-      const m = /^e2e:(\d+)\/(\d+)$/.exec(g);
-      if (!m || Number(m[1]) < 1 || Number(m[1]) > Number(m[2])) throw new Error(`unknown suite group '${g}' (all, kernel, bpf-unit, e2e, e2e:K/N)`);
-      const files = e2eFiles().filter((f) => onHost || (!VMTEST_ONLY_IN_GUESTS.has(f) && !VMTEST_ONLY_AGENT.has(f)));
-      out.push(...split(files, seconds(), Number(m[2]))[Number(m[1]) - 1].files);
-    }
+    const m = /^e2e:(\d+)\/(\d+)$/.exec(g);
+    if (!m || Number(m[1]) < 1 || Number(m[1]) > Number(m[2])) throw new Error(`unknown suite group '${g}' (all, kernel, native, bpf, bpf-unit, e2e, e2e:K/N)`);
+    const files = e2eFiles().filter((f) => onHost || (!VMTEST_ONLY_IN_GUESTS.has(f) && !VMTEST_ONLY_AGENT.has(f)));
+    const weights = seconds();
+    out.push(...split(files, weights, Number(m[2]), preloads(Number(m[2]), weights))[Number(m[1]) - 1].files);
   }
   return [...new Set(out)];
 }
