@@ -549,7 +549,12 @@ export class Reconciler {
       if (op.kind === 'put-maglev' && op.fingerprint !== this.lastTable?.fingerprint) jobs.set(op.fingerprint, op.backends);
     }
     if (jobs.size < 2) return;
-    const tables = ns.maglevPool.buildMany([...jobs.values()].map((backends) => ({ backends })), ns.maglevM, ns.maglevSeed);
+    let tables: Uint32Array[];
+    try {
+      tables = ns.maglevPool.buildMany([...jobs.values()].map((backends) => ({ backends })), ns.maglevM, ns.maglevSeed);
+    } catch {
+      return; // a set no table can hold: its own put builds it again and fails, naming its frontend
+    }
     let k = 0;
     for (const fingerprint of jobs.keys()) this.prebuilt.set(fingerprint, tables[k++]!);
   }

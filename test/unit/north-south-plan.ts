@@ -10,6 +10,7 @@ import { DEFAULT_MAGLEV_TABLE_SIZE, maglevTable } from '../../src/lb/maglev.js';
 import { maglevTableKey, plan, type MapOp } from '../../src/reconcile/plan.js';
 import { RealizedState } from '../../src/reconcile/realized.js';
 import { Reconciler } from '../../src/reconcile/reconciler.js';
+import { MaglevPool } from '../../src/lb/maglev-pool.js';
 import { FakeLbMaps, FakeNorthSouthMaps } from '../fakes/fake-maps.js';
 import { frontend, state } from '../fakes/frontends.js';
 
@@ -141,4 +142,32 @@ t.test('resync: with the service maps as written, Maglev tables and source range
   ns.putSrcRange({ family: 4, revNatId: 42, address: '10.9.0.0', prefixLen: 16 });
   t.ok(periodic().includes('delete-range 4/42/10.9.0.0/16'), 'a source range nothing wrote is deleted');
   t.same(periodic(), [], 'and then all is left alone');
+});
+
+t.test('with a pool: the same tables, and a backend set no table holds fails its sync as without one', async (t) => {
+  const pool = new MaglevPool(1);
+  t.teardown(() => pool.close());
+  const fes = Array.from({ length: 40 }, (_, s) =>
+    frontend(`192.168.8.${s + 1}`, 80, Array.from({ length: 1 + (s % 4) }, (_, i) => `10.8.${s}.${i + 1}`), [], { type: 'LoadBalancer', maglev: true }),
+  );
+  const one = new FakeNorthSouthMaps();
+  const many = new FakeNorthSouthMaps();
+  new Reconciler(new FakeLbMaps(), { northSouth: { maps: one, maglevM: M, maglevSeed: SEED } }).sync(state(...fes), { prune: true });
+  new Reconciler(new FakeLbMaps(), { northSouth: { maps: many, maglevM: M, maglevSeed: SEED, maglevPool: pool } }).sync(state(...fes), { prune: true });
+  t.equal(many.tables.size, 40, '40 tables');
+  t.ok(pool.byWorkers > 0, `the pool's worker built ${pool.byWorkers} of them`);
+  t.ok([...one.tables].every(([k, v]) => Buffer.from(v.buffer, v.byteOffset, v.byteLength).equals(Buffer.from(many.tables.get(k)!.buffer, many.tables.get(k)!.byteOffset, many.tables.get(k)!.byteLength))), 'each the table built on one thread');
+
+  const huge = frontend('192.168.9.1', 80, Array.from({ length: M + 1 }, (_, i) => `10.9.${i >> 8}.${(i & 255) + 1}`), [], { type: 'LoadBalancer', maglev: true });
+  const errorOf = (pooled: boolean): string => {
+    const rec = new Reconciler(new FakeLbMaps(), { northSouth: { maps: new FakeNorthSouthMaps(), maglevM: M, maglevSeed: SEED, ...(pooled ? { maglevPool: pool } : {}) } });
+    try {
+      rec.sync(state(...fes.slice(0, 20), huge), { prune: true });
+      return 'no error';
+    } catch (err) {
+      return `${(err as Error).name}: ${(err as Error).message}`;
+    }
+  };
+  t.match(errorOf(true), /backends do not fit a Maglev table/, `${M + 1} backends at M = ${M}: the sync fails naming why`);
+  t.equal(errorOf(true), errorOf(false), 'the same error as without a pool');
 });
