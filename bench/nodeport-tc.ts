@@ -460,6 +460,8 @@ interface MaglevRun {
   changeMs: number[];
   changeSteps: MaglevSteps[];
   tables: number;
+  /** Of the cold sync's tables, those the pool's workers built, and how many workers it had besides this thread. */
+  pool: { byWorkers: number; workers: number };
   /** The tables' kernel memory after the cold sync (the chunks' memlock), the chunks, their slots and the tables in them. */
   memory?: { bytes: number; chunks: number; slots: number; tables: number };
 }
@@ -542,7 +544,8 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
       changeSteps.push(steps);
       if (r.planned === 0) throw new Error('the change sync planned nothing');
     }
-    const run: MaglevRun = { coldMs, phases: { ...cold.phasesMs }, steps: coldSteps, changeMs, changeSteps, tables, ...(memory ? { memory } : {}) };
+    const poolUse = { byWorkers: pool.byWorkers, workers: pool.threads };
+    const run: MaglevRun = { coldMs, phases: { ...cold.phasesMs }, steps: coldSteps, changeMs, changeSteps, tables, pool: poolUse, ...(memory ? { memory } : {}) };
     process.stderr.write(
       `maglev (${algorithm}): cold ${coldMs.toFixed(0)} ms (${tables} tables, written in ${coldSteps.writeMs.toFixed(0)} ms; phases ${JSON.stringify(run.phases)}), change median ${median(changeMs).toFixed(3)} ms` +
         (memory ? `; kernel memory ${(memory.bytes / 2 ** 20).toFixed(1)} MiB for ${memory.tables} tables (${memory.chunks} chunks, ${memory.slots} slots)` : '') + '\n',
@@ -667,7 +670,7 @@ export function tcReport(r: TcResults): string[] {
       ...(mem ? [`| kernel memory per table (the chunks' memlock / tables) | ${f0(perTable)} B (${(perTable / 1024).toFixed(2)} KiB) | – | – | ≤ 64 KiB | ${perTable <= 65536 ? 'met' : `**missed** (${(perTable / 65536).toFixed(3)}×)`} |`] : []),
       '',
       `Where the cold sync's time goes (${g.steps.tables} tables): writing them in place (KernelMaglevMaps.put) ${f0(g.steps.writeMs)} ms (${per(g.steps.writeMs)} per table); ` +
-        `building the same tables alone (maglevTable, in this process) ${f0(m.buildOnlyMs)} ms; the sync's phases ${Object.entries(g.phases).map(([k, v]) => `${k} ${f0(v)}`).join(', ')} ms. ` +
+        `building them (the sync on ${g.pool.workers + 1} threads, ${g.pool.byWorkers} of the tables by its ${g.pool.workers} worker${g.pool.workers === 1 ? '' : 's'}); building the same tables alone on one thread (maglevTable, in this process) ${f0(m.buildOnlyMs)} ms; the sync's phases ${Object.entries(g.phases).map(([k, v]) => `${k} ${f0(v)}`).join(', ')} ms. ` +
         `Of a change sync, the write: ${chWrite.toFixed(3)} ms (median).` +
         (mem ? ` Kernel memory: ${(mem.bytes / 2 ** 20).toFixed(1)} MiB in ${mem.chunks} chunks (${mem.slots} slots) for ${mem.tables} tables of ${m.m}.` : ''),
     );
