@@ -72,7 +72,8 @@ export class MaglevPool {
     const perms: MaglevPermutations[] = jobs.map((j) => maglevPermutations(j.backends, m, seed));
     const out = new SharedArrayBuffer(jobs.length * m * 4);
     const tables: Uint32Array[] = perms.map((_, k) => new Uint32Array(out, k * m * 4, m));
-    const helpers = Math.min(this.start(), Math.floor(jobs.length / MIN_PER_WORKER) - 1);
+    const want = Math.floor(jobs.length / MIN_PER_WORKER) - 1; // workers worth a message (none: no thread is started)
+    const helpers = want > 0 ? Math.min(this.start(), want) : 0;
     const parts = Math.max(1, helpers + 1);
     const per = Math.ceil(jobs.length / parts);
     const done = new Int32Array(new SharedArrayBuffer(4 * Math.max(1, helpers)));
