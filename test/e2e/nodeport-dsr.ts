@@ -29,7 +29,7 @@ import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSo
 import { AgentSlot } from '../helpers/sandbox/agent.js';
 import { BPFFS, removeBpfRoot, removeCgroup } from '../helpers/sandbox/topology.js';
 import { cgroup2Mount, CLIENT_PY, createSandbox, SLOW, type LoadResult, type Sandbox } from '../helpers/sandbox.js';
-import { datapathMetrics } from '../helpers/sandbox/agent.js';
+import { datapathMetrics, lbctl } from '../helpers/sandbox/agent.js';
 
 const HTTP = 8080;
 const UDP = 9000;
@@ -153,6 +153,9 @@ async function serveBothWays(t: Test, sb: Sandbox, d: Dsr, mode: 'dsr' | 'hybrid
       t.ok(delta(m2, m2b, 'np_dsr_rev') >= 3 * N, `node 2 restored the frontend on the replies (np_dsr_rev +${delta(m2, m2b, 'np_dsr_rev')})`);
       t.ok(ext1b - ext1 >= 3 * N, `the client received the replies on ext1, from node 2 (${ext1b - ext1} packets)`);
       t.ok(n1eb - n1e <= 4, `node 1 sent the client (almost) nothing on n1e (${n1eb - n1e} packets: neighbour discovery at most)`);
+      const ct2 = JSON.parse((await lbctl(node2.bpfRoot, ['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ direction: string; destination: string; translatedTo: string; flags: string[] }>;
+      const recorded = ct2.filter((c) => c.direction === 'OUT' && hostOf(c.destination) === client && c.translatedTo === (fam === 4 ? `${front}:${REMOTE}` : `[${front}]:${REMOTE}`));
+      t.ok(recorded.length >= N && recorded.every((c) => c.flags.includes('dsr') && c.flags.includes('local')), `lbctl bpf ct list on node 2: the flows' reply entries, flagged dsr, hold the frontend (${recorded.length})`);
 
       await requests(t, lab, front, LOCAL, pod1, client, 3, 'local backend on node 1');
       await requests(t, lab, front, WEB, fam === 4 ? '10.252.' : 'fd00:252:', client, 6, 'both pods');
