@@ -111,7 +111,10 @@ enum lb_metric {
 	LB_MTR_NP_NAT_FULL = 30,	/* a SNAT entry could not be written: dropped */
 	LB_MTR_NP_HOST_CLASH = 31,	/* the node's own flow met a tuple a SNATed flow holds: its packet dropped */
 	LB_MTR_NP_L3_OUTER = 32,	/* a layer-3 tunnel's packet came to tc with its outer headers on (IP-in-IP before 5.14): not translated */
-	LB_MTR_MAX = 33,		/* append only: a value is never renumbered */
+	LB_MTR_NP_DSR_FWD = 33,		/* --nodeport-mode dsr|hybrid: a packet sent to a remote backend with the frontend in its DSR option */
+	LB_MTR_NP_DSR_FLOW = 34,	/* the backend's node: a DSR flow to a local backend recorded from its option */
+	LB_MTR_NP_DSR_REV = 35,		/* the backend's node: a local backend's reply to a DSR flow left from the frontend */
+	LB_MTR_MAX = 36,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -331,6 +334,15 @@ enum lb_ct_flags {
 	LB_CT_F_FIN_ORIG = (1 << 5),	/* TCP: the client sent a FIN (half closed until the backend's) */
 	LB_CT_F_FIN_REPLY = (1 << 6),	/* TCP: the backend sent a FIN */
 	LB_CT_F_HOST = (1 << 7),	/* lb*_nat: the node's own flow from a SNAT address, a port kept from SNAT (never translated) */
+	/*
+	 * Direct server return (--nodeport-mode dsr|hybrid). ORIG on the node
+	 * the client reached: the flow goes to a remote backend DNATed only,
+	 * the frontend carried in a DSR option (bpf/lib/dsr.h), and its
+	 * replies never come back here. REPLY (with LB_CT_F_LOCAL) on the
+	 * backend's node: recorded from that option, its replies leave from
+	 * the frontend.
+	 */
+	LB_CT_F_DSR = (1 << 8),
 };
 
 struct lb4_ct_key {
@@ -496,6 +508,14 @@ enum lb_np_config_flags {
 	 * retransmits, rather than reset by the stack or taken for a new flow.
 	 */
 	LB_NP_F_MIGRATING = (1 << 1),
+	/*
+	 * --nodeport-mode dsr or hybrid: new TCP flows to a remote backend go
+	 * by direct server return (DNAT only, the frontend in a DSR option),
+	 * and DSR options on packets to local backends are honoured (their
+	 * replies leave from the frontend). Every node must run the same mode.
+	 */
+	LB_NP_F_DSR = (1 << 2),
+	LB_NP_F_DSR_UDP = (1 << 3),	/* --nodeport-mode dsr: UDP flows too (hybrid SNATs them) */
 };
 
 struct lb_np_config {

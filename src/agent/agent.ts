@@ -765,6 +765,7 @@ export class Agent implements AgentView {
         : {
             state: 'serving',
             ...this.nodePort.view(),
+            forwarding: this.opts.nodePort.settings.mode ?? 'snat',
             maglev: {
               m: this.opts.nodePort.settings.maglev.m,
               tables: this.reconciler?.realized.maglev.size ?? 0,

@@ -1164,6 +1164,7 @@ export const LbCtFlags = {
   LB_CT_F_FIN_ORIG: 32,
   LB_CT_F_FIN_REPLY: 64,
   LB_CT_F_HOST: 128,
+  LB_CT_F_DSR: 256,
 } as const;
 
 /** enum lb_device_flags */
@@ -1211,13 +1212,18 @@ export const LbMetric = {
   LB_MTR_NP_NAT_FULL: 30,
   LB_MTR_NP_HOST_CLASH: 31,
   LB_MTR_NP_L3_OUTER: 32,
-  LB_MTR_MAX: 33,
+  LB_MTR_NP_DSR_FWD: 33,
+  LB_MTR_NP_DSR_FLOW: 34,
+  LB_MTR_NP_DSR_REV: 35,
+  LB_MTR_MAX: 36,
 } as const;
 
 /** enum lb_np_config_flags */
 export const LbNpConfigFlags = {
   LB_NP_F_EXTERNAL_CLUSTERIP: 1,
   LB_NP_F_MIGRATING: 2,
+  LB_NP_F_DSR: 4,
+  LB_NP_F_DSR_UDP: 8,
 } as const;
 
 /** enum lb_scope */

@@ -35,6 +35,7 @@ function flagNames(f: number): string[] {
   if (f & LbCtFlags.LB_CT_F_CLOSING) out.push('closed');
   if (f & LbCtFlags.LB_CT_F_TIME_WAIT) out.push('time-wait');
   if (f & LbCtFlags.LB_CT_F_HOST) out.push('host');
+  if (f & LbCtFlags.LB_CT_F_DSR) out.push('dsr');
   return out;
 }
 

@@ -69,6 +69,15 @@ export interface ConntrackTimeouts {
 /** The datapath's own defaults (bpf/nodeport.c's CT_LIFETIME_*). */
 export const DEFAULT_CONNTRACK: ConntrackTimeouts = { tcpEstablished: 21600, tcpCloseWait: 3600, udp: 60 };
 
+export type NodePortMode = 'snat' | 'dsr' | 'hybrid';
+
+/** lb_np_config's flags for a --nodeport-mode. */
+export function nodePortModeFlags(mode: NodePortMode | undefined): number {
+  if (mode === 'dsr') return LbNpConfigFlags.LB_NP_F_DSR | LbNpConfigFlags.LB_NP_F_DSR_UDP;
+  if (mode === 'hybrid') return LbNpConfigFlags.LB_NP_F_DSR;
+  return 0;
+}
+
 export interface NodePortSettings {
   readonly nodePortRange: PortRange;
   readonly snatRange: PortRange;
@@ -76,6 +85,14 @@ export interface NodePortSettings {
   readonly snatRetries: number;
   /** --external-clusterip: ClusterIPs are served to packets from outside too. */
   readonly externalClusterIP: boolean;
+  /**
+   * --nodeport-mode: how flows to remote backends go. snat (the default):
+   * DNAT and SNAT, replies back through this node. dsr: direct server
+   * return, DNAT only with the frontend carried in an IPv4 option / IPv6
+   * destination option, the backend's node answering the client itself.
+   * hybrid: DSR for TCP, SNAT for UDP. Every node must run the same mode.
+   */
+  readonly mode?: NodePortMode;
   /** --maglev-table-size (a prime) and the flow hash seeds of --maglev-hash-seed. */
   readonly maglev: { readonly m: number; readonly seed4: number; readonly seed6: number };
   readonly conntrack: ConntrackTimeouts;
@@ -403,7 +420,10 @@ export class NodePortDatapath {
       nodeportMax: s.nodePortRange.last,
       snatMin: s.snatRange.first,
       snatMax: s.snatRange.last,
-      flags: (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) | (this.pending && this.switching ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
+      flags:
+        (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) |
+        nodePortModeFlags(s.mode) |
+        (this.pending && this.switching ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
       snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
       maglevM: s.maglev.m,
       maglevSeed4: s.maglev.seed4,

@@ -75,6 +75,8 @@ export interface KernelStatus {
     /** tcx or clsact, and why (--tc-attach, and with auto what the kernel has). */
     readonly mode?: string;
     readonly modeReason?: string;
+    /** --nodeport-mode: snat, dsr or hybrid. */
+    readonly forwarding?: string;
     /** role: a front door ('nodeport') or an overlay's device ('tunnel'); snat: the source SNATed flows leave it with, per family. */
     readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[]; readonly l3?: boolean }>;
     readonly nodeAddresses?: readonly string[];

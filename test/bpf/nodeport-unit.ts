@@ -54,6 +54,9 @@ const CT_F_LOCAL = 8;
 const CT_F_FIN_ORIG = 32;
 const CT_F_FIN_REPLY = 64;
 const NP_F_EXTERNAL_CLUSTERIP = 1;
+const NP_F_DSR = 4;
+const NP_F_DSR_UDP = 8;
+const CT_F_DSR = 256;
 
 // The namespace's layout (see the header).
 const NP0_MAC = '02:00:00:00:01:01';
@@ -499,6 +502,104 @@ async function inNamespace(): Promise<void> {
     t.equal(e.rc, TC_ACT_UNSPEC);
     t.match(e.p, { src: LB6, sport: 80, dst: CLIENT6, dport: 42002 });
     checksumsValid(t, e.p, 'IPv6 rev-DNAT');
+  });
+
+  t.test('DSR (--nodeport-mode dsr): a remote backend gets the flow DNATed only, the frontend in an IPv4 option or IPv6 destination option; hybrid SNATs UDP', async (t) => {
+    reset();
+    setConfig({ flags: NP_F_DSR | NP_F_DSR_UDP });
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 33, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: '0.0.0.0', port: NODEPORT, proto: 'udp', type: LbSvcType.LB_SVC_NODEPORT, revNat: 34, backends: [{ id: 10, address: REMOTE_BE4, port: 9000 }] });
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 35, backends: [{ id: 8, address: REMOTE_BE6, port: 8080 }] });
+    const syn = fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42100, dport: NODEPORT, ttl: 64, df: true, payload: Buffer.from('dsr') });
+    const { result: r, delta } = counting(() => ingress(syn));
+    t.equal(r.rc, TC_ACT_REDIRECT, 'TC_ACT_REDIRECT');
+    t.match(r.p, { src: CLIENT4, sport: 42100, dst: REMOTE_BE4, dport: 8080, ttl: 63, srcMac: NP0_MAC, dstMac: PEER_MAC }, 'DNAT only: the client stays the source; TTL decremented');
+    checksumsValid(t, r.p, 'DSR, IPv4');
+    t.equal(r.out.length, syn.length + 8, '8 bytes longer');
+    t.equal(r.out[14], 0x47, 'IHL 7: the option after the fixed header');
+    t.equal(r.out.readUInt16BE(16), syn.readUInt16BE(16) + 8, 'total length grew by 8');
+    t.same([...r.out.subarray(34, 38)], [0x9a, 8, NODEPORT >> 8, NODEPORT & 0xff], 'option 0x9a, length 8, the frontend port');
+    t.equal(r.out.readUInt32BE(38), ip4(NODE4), 'the frontend address (the node address dialled)');
+    t.equal(delta(LbMetric.LB_MTR_NP_DSR_FWD), 1n, 'np_dsr_fwd counted');
+    t.match(ct4({ saddr: ip4(CLIENT4), daddr: ip4(NODE4), sport: 42100, dport: NODEPORT, dir: CT_ORIG }), { addr1: ip4(REMOTE_BE4), port1: 8080, addr2: 0, port2: 0, flags: CT_F_DSR }, 'CT ORIG: DSR, no SNAT source');
+    t.equal(maps.nat4.keys().length, 0, 'no SNAT reservation');
+    const ack = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42100, dport: NODEPORT, flags: TCP_ACK }));
+    t.equal(ack.rc, TC_ACT_REDIRECT, 'the next packet: the same');
+    t.equal(ack.out[14], 0x47, 'with the option too');
+    checksumsValid(t, ack.p, 'DSR, second packet');
+
+    // Too big with the option: frag-needed with the MTU less the option
+    setDeviceMtu(1400);
+    const big = fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42100, dport: NODEPORT, df: true, flags: TCP_ACK, payload: Buffer.alloc(1400 - 40 - 4, 1) });
+    const tb = ingress(big);
+    t.match(tb.p.icmp, { type: ICMP_DEST_UNREACH, code: ICMP_FRAG_NEEDED, rest: 1392 }, 'a packet that fits 1400 but not with the option: fragmentation needed, the MTU 1400 less the option');
+    setDeviceMtu(1500);
+
+    const udp = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'udp', sport: 42101, dport: NODEPORT }));
+    t.match(udp.p, { src: CLIENT4, dst: REMOTE_BE4, dport: 9000 }, 'dsr mode: UDP by DSR too');
+    t.equal(udp.out[14], 0x47, 'UDP: with the option');
+    checksumsValid(t, udp.p, 'DSR, UDP');
+
+    const r6 = counting(() => ingress(fromClient({ src: CLIENT6, dst: NODE6, proto: 'tcp', sport: 42102, dport: NODEPORT })));
+    t.equal(r6.result.rc, TC_ACT_REDIRECT, 'IPv6: TC_ACT_REDIRECT');
+    t.match(r6.result.p, { src: CLIENT6, sport: 42102, dst: REMOTE_BE6, dport: 8080, ttl: 63 }, 'IPv6: DNAT only, hop limit decremented');
+    checksumsValid(t, r6.result.p, 'DSR, IPv6');
+    const o6 = r6.result.out;
+    t.equal(o6[20], NEXTHDR_DEST, 'IPv6: a Destination Options header next');
+    t.same([...o6.subarray(54, 58)], [IPPROTO_TCP, 2, 0x1b, 20], 'next header TCP, 24 bytes, option 0x1b of 20');
+    t.equal(ip6(NODE6).compare(o6.subarray(58, 74)), 0, 'the frontend address');
+    t.equal(o6.readUInt16BE(74), NODEPORT, 'the frontend port');
+    t.equal(r6.delta(LbMetric.LB_MTR_NP_DSR_FWD), 1n, 'np_dsr_fwd counted');
+
+    setConfig({ flags: NP_F_DSR });
+    const u2 = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'udp', sport: 42103, dport: NODEPORT }));
+    t.match(u2.p, { src: NODE4, dst: REMOTE_BE4, dport: 9000 }, 'hybrid: UDP is SNATed');
+    t.equal(u2.out[14], 0x45, 'hybrid UDP: no option');
+    const t2 = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42104, dport: NODEPORT }));
+    t.match(t2.p, { src: CLIENT4, dst: REMOTE_BE4 }, 'hybrid: TCP by DSR');
+    setConfig();
+    const s = ingress(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42105, dport: NODEPORT }));
+    t.match(s.p, { src: NODE4, dst: REMOTE_BE4 }, 'snat mode (the default): SNATed as ever');
+    t.equal(s.out[14], 0x45, 'snat mode: no option');
+  });
+
+  t.test('DSR, the backend\'s node: a packet with the option to a local backend records the frontend; the reply leaves from it', async (t) => {
+    reset();
+    const opt4 = Buffer.alloc(8);
+    opt4[0] = 0x9a;
+    opt4[1] = 8;
+    opt4.writeUInt16BE(80, 2);
+    opt4.writeUInt32BE(ip4(LB4), 4);
+    const inbound = fromPeer({ src: CLIENT4, dst: LOCAL_BE4, proto: 'tcp', sport: 42200, dport: 8080, flags: TCP_SYN, options: opt4 });
+    untouched(t, ingress(inbound), inbound, 'snat mode: the option is ignored');
+    t.equal(maps.ct4.keys().length, 0, 'snat mode: nothing recorded');
+
+    setConfig({ flags: NP_F_DSR });
+    const { result: r, delta } = counting(() => ingress(inbound));
+    untouched(t, r, inbound, 'DSR mode: up the stack, the option left in');
+    t.equal(delta(LbMetric.LB_MTR_NP_DSR_FLOW), 1n, 'np_dsr_flow counted');
+    const rkey = { saddr: ip4(LOCAL_BE4), daddr: ip4(CLIENT4), sport: 8080, dport: 42200, dir: CT_REPLY };
+    t.match(ct4(rkey), { addr1: ip4(LB4), port1: 80, addr2: ip4(CLIENT4), port2: 42200, flags: CT_F_LOCAL | CT_F_DSR }, 'CT REPLY: the frontend from the option');
+    const again = counting(() => ingress(inbound));
+    t.equal(again.delta(LbMetric.LB_MTR_NP_DSR_FLOW), 0n, 'the next packet: the entry is kept, not written again');
+    const e = counting(() => egress(fromPod({ src: LOCAL_BE4, dst: CLIENT4, proto: 'tcp', sport: 8080, dport: 42200, flags: TCP_SYN | TCP_ACK })));
+    t.equal(e.result.rc, TC_ACT_UNSPEC);
+    t.match(e.result.p, { src: LB4, sport: 80, dst: CLIENT4, dport: 42200 }, 'the reply leaves from the frontend');
+    checksumsValid(t, e.result.p, 'DSR reply, IPv4');
+    t.equal(e.delta(LbMetric.LB_MTR_NP_DSR_REV), 1n, 'np_dsr_rev counted');
+    t.equal(e.delta(LbMetric.LB_MTR_NP_REV), 0n, 'not np_rev');
+
+    const body6 = Buffer.alloc(22);
+    body6[0] = 0x1b;
+    body6[1] = 20;
+    ip6(LB6).copy(body6, 2);
+    body6.writeUInt16BE(80, 18);
+    const in6 = fromPeer({ src: CLIENT6, dst: LOCAL_BE6, proto: 'tcp', sport: 42201, dport: 8080, flags: TCP_SYN, ext: [{ type: NEXTHDR_DEST, body: body6 }] });
+    untouched(t, ingress(in6), in6, 'IPv6, DSR mode: up the stack');
+    t.match(ct6({ saddr: LOCAL_BE6, daddr: CLIENT6, sport: 8080, dport: 42201, dir: CT_REPLY }), { port1: 80, port2: 42201, flags: CT_F_LOCAL | CT_F_DSR }, 'IPv6 CT REPLY');
+    const e6 = egress(fromPod({ src: LOCAL_BE6, dst: CLIENT6, proto: 'tcp', sport: 8080, dport: 42201, flags: TCP_SYN | TCP_ACK }));
+    t.match(e6.p, { src: LB6, sport: 80, dst: CLIENT6, dport: 42201 }, 'IPv6: the reply leaves from the frontend');
+    checksumsValid(t, e6.p, 'DSR reply, IPv6');
   });
 
   t.test('SNAT ports: the client’s own port when free; run out, the flow is dropped and counted; expired and closed ports are taken over', async (t) => {

@@ -146,3 +146,12 @@ t.test('--tc-attach: auto (the default), tcx or clsact, from the command line or
   t.equal((await optionsOf(['--config', file(`${HEADER}tcAttach: tcx\nsource: file:/x\n`)])).tcAttach, 'tcx');
   await t.rejects(optionsOf(['--config', file(`${HEADER}tcAttach: xdp\nsource: file:/x\n`)]), /tcAttach: "xdp": expected auto, tcx or clsact/);
 });
+
+t.test('--nodeport-mode: snat (the default), dsr or hybrid, from the command line or the file, handed to the tc datapath', async (t) => {
+  const o = await optionsOf(['--source', 'file:/x']);
+  t.equal(nodePortOptions(o)?.settings.mode, 'snat');
+  for (const mode of ['dsr', 'hybrid'] as const) t.equal(nodePortOptions(await optionsOf(['--source', 'file:/x', '--nodeport-mode', mode]))?.settings.mode, mode);
+  await t.rejects(optionsOf(['--source', 'file:/x', '--nodeport-mode', 'ipip']), /expected snat, dsr or hybrid/);
+  t.equal(nodePortOptions(await optionsOf(['--config', file(`${HEADER}nodeportMode: dsr\nsource: file:/x\n`)]))?.settings.mode, 'dsr');
+  await t.rejects(optionsOf(['--config', file(`${HEADER}nodeportMode: direct\nsource: file:/x\n`)]), /nodeportMode: "direct": expected snat, dsr or hybrid/);
+});

@@ -237,6 +237,13 @@ t.test('status: the tc datapath line says the attach mode and why', async (t) =>
   });
   t.match(formatStatus(status({ kernel: kernel('clsact', '--tc-attach auto: the kernel has no tcx') })).text, 'NodePort:    nodeport.bpf.o at tc (clsact; --tc-attach auto: the kernel has no tcx) on eth0 (10.0.0.5/24); NodePorts on 10.0.0.5\n');
   t.match(formatStatus(status({ kernel: kernel('clsact', '--tc-attach clsact') })).text, 'at tc (clsact; --tc-attach clsact) on eth0');
+  const dsr = (forwarding: string): string => {
+    const k = kernel('clsact', '--tc-attach clsact')!;
+    return formatStatus(status({ kernel: { ...k, nodePort: { ...k.nodePort!, forwarding } } })).text;
+  };
+  t.match(dsr('dsr'), 'NodePorts on 10.0.0.5; remote backends by DSR (--nodeport-mode dsr)\n', '--nodeport-mode dsr is said');
+  t.match(dsr('hybrid'), 'remote backends by DSR (TCP) and SNAT (UDP) (--nodeport-mode hybrid)', '--nodeport-mode hybrid is said');
+  t.notMatch(dsr('snat'), 'remote backends', 'snat, the default, is not');
 });
 
 t.test('status through the socket: exit codes', async (t) => {

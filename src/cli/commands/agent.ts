@@ -63,6 +63,7 @@ export interface AgentCommandOptions {
   devices?: string;
   /** How the tc programs attach: auto (tcx where the kernel has it), tcx or clsact. */
   tcAttach?: 'auto' | 'tcx' | 'clsact';
+  nodeportMode?: 'snat' | 'dsr' | 'hybrid';
   nodeportAddresses?: string;
   nodeportRange?: string;
   snatPortRange?: string;
@@ -115,6 +116,7 @@ export function nodePortOptions(opts: AgentCommandOptions): NodePortOptions | un
       snatRange,
       snatRetries: DEFAULT_SNAT_RETRIES,
       externalClusterIP: opts.externalClusterip === true,
+      mode: opts.nodeportMode ?? 'snat',
       maglev: { m, seed4: seeds.flow4, seed6: seeds.flow6 },
       conntrack: {
         tcpEstablished: timeoutSeconds('--conntrack-tcp-timeout-established', opts.conntrackTcpTimeoutEstablished, DEFAULT_CONNTRACK.tcpEstablished),

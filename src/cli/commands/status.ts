@@ -53,6 +53,7 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
         np.state === 'off' ? 'off (--no-nodeport)'
         : np.state === 'failed' ? `FAILED: ${np.error ?? 'unknown error'}`
         : `nodeport.bpf.o at tc (${np.mode}${np.modeReason ? `; ${np.modeReason}` : ''}) on ${devices}; NodePorts on ${(np.nodeAddresses ?? []).join(', ') || 'no address'}` +
+          (np.forwarding && np.forwarding !== 'snat' ? `; remote backends by ${np.forwarding === 'dsr' ? 'DSR' : 'DSR (TCP) and SNAT (UDP)'} (--nodeport-mode ${np.forwarding})` : '') +
           (np.maglev ? `; Maglev: ${np.maglev.tables} table${np.maglev.tables === 1 ? '' : 's'} of ${np.maglev.m} slots, ${(np.maglev.bytes / 1024).toFixed(0)} KiB` : '');
       text += row('NodePort', line) + [...(np.waiting ?? []), ...(np.problems ?? [])].map((w) => `  note: ${w}\n`).join('');
       if (np.traffic && np.traffic.length > 0) {
