@@ -22,13 +22,10 @@
 // SIGKILL): not one connection fails. Every test here would fail in SNAT
 // mode: the pod would see node 1's address and no np_dsr_* would count.
 import t, { type Test } from 'tap';
-import { mkdirSync } from 'node:fs';
-import path from 'node:path';
 import { yamlDocs } from '../helpers/manifests.js';
 import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
 import { AgentSlot } from '../helpers/sandbox/agent.js';
-import { BPFFS, removeBpfRoot, removeCgroup } from '../helpers/sandbox/topology.js';
-import { cgroup2Mount, CLIENT_PY, createSandbox, SLOW, type LoadResult, type Sandbox } from '../helpers/sandbox.js';
+import { CLIENT_PY, createSandbox, SLOW, type LoadResult, type Sandbox } from '../helpers/sandbox.js';
 import { datapathMetrics, lbctl } from '../helpers/sandbox/agent.js';
 
 const HTTP = 8080;
@@ -71,22 +68,8 @@ interface Dsr {
 
 /** Node 2's agent (its own cgroup and bpf root, removed at teardown), and the client's direct wire to node 2. */
 function addNode2(sb: Sandbox, lab: Lab): AgentSlot {
-  const place = `${sb.runId}-n2`;
-  const node2 = new AgentSlot({
-    runDir: sb.runDir,
-    cgroup: path.join(cgroup2Mount(), place),
-    bpfRoot: path.join(BPFFS, place),
-    apiSocket: path.join(sb.runDir, 'n2.sock'),
-    sourceArgs: ['--source', `file:${sb.manifestDir}`],
-    netns: lab.n2,
-  });
-  // Before the lab's own cleanups (they run last first): the agent ends before its namespace goes.
-  sb.addCleanup(() => {
-    node2.killNow();
-    removeBpfRoot(node2.place.bpfRoot);
-    removeCgroup(node2.place.cgroup);
-  });
-  mkdirSync(node2.place.cgroup);
+  // Its cleanup (kill, bpf root, cgroup) joins the sandbox's, in the order the old inline one had.
+  const node2 = sb.extraAgent('n2', lab.n2).slot;
   ip('link', 'add', 'ext1', 'netns', lab.ext, 'type', 'veth', 'peer', 'name', 'n2e', 'netns', lab.n2);
   for (const [ns, dev, a] of [[lab.ext, 'ext1', EXT1], [lab.n2, 'n2e', N2E]] as const) {
     ip('-n', ns, 'addr', 'add', `${a.v4}/24`, 'dev', dev);

@@ -302,22 +302,8 @@ export class Sandbox {
    * made is removed before this returns (and at teardown, should the test die).
    */
   async freshSync(opts: { args?: readonly string[]; maps?: readonly string[] } = {}): Promise<FreshSync> {
-    const name = `${this.runId}-fresh`;
-    const fresh = new AgentSlot({
-      runDir: this.runDir,
-      cgroup: path.join(cgroup2Mount(), name),
-      bpfRoot: path.join(BPFFS, name),
-      apiSocket: path.join(this.runDir, 'fresh.sock'),
-      sourceArgs: ['--source', `file:${this.manifestDir}`],
-    });
-    const cleanup = (): void => {
-      fresh.killNow();
-      removeBpfRoot(fresh.place.bpfRoot);
-      removeCgroup(fresh.place.cgroup);
-    };
-    this.cleanups.add(cleanup);
+    const { slot: fresh, cleanup } = this.extraAgent('fresh');
     try {
-      mkdirSync(fresh.place.cgroup);
       const sync = await fresh.start(opts.args);
       const r = await lbctl(fresh.bpfRoot, ['bpf', 'lb', 'list', '-o', 'json']);
       if (r.code !== 0) throw new Error(`lbctl bpf lb list (fresh) failed ${how(r)}: ${r.stderr}`);
@@ -329,6 +315,32 @@ export class Sandbox {
       this.cleanups.delete(cleanup);
       cleanup();
     }
+  }
+
+  /**
+   * Another agent of this run, on the same manifests: its own sibling
+   * cgroup (made here) and bpf root, in `netns` if given. `cleanup` kills it
+   * and removes both; it runs at teardown too, unless the caller ran it and
+   * took it off with cleanups.delete (freshSync does).
+   */
+  extraAgent(suffix: string, netns?: string): { slot: AgentSlot; cleanup: () => void } {
+    const name = `${this.runId}-${suffix}`;
+    const slot = new AgentSlot({
+      runDir: this.runDir,
+      cgroup: path.join(cgroup2Mount(), name),
+      bpfRoot: path.join(BPFFS, name),
+      apiSocket: path.join(this.runDir, `${suffix}.sock`),
+      sourceArgs: ['--source', `file:${this.manifestDir}`],
+      ...(netns ? { netns } : {}),
+    });
+    const cleanup = (): void => {
+      slot.killNow();
+      removeBpfRoot(slot.place.bpfRoot);
+      removeCgroup(slot.place.cgroup);
+    };
+    this.cleanups.add(cleanup);
+    mkdirSync(slot.place.cgroup);
+    return { slot, cleanup };
   }
 
   /** Backend servers (backend.py) in another namespace of this run; killed at teardown. */
