@@ -82,7 +82,7 @@ COPY package.json /opt/lbctl/package.json
 COPY bin/lbctl /opt/lbctl/bin/lbctl
 COPY --from=build /src/dist/bundle/lbctl.js /opt/lbctl/dist/bundle/lbctl.js
 COPY --from=build /src/build/Release/lb_native.node /opt/lbctl/build/Release/lb_native.node
-COPY --from=build /src/bpf/.output/sock.bpf.o /src/bpf/.output/sock_compat.bpf.o /src/bpf/.output/nodeport.bpf.o /src/bpf/.output/nodeport_l3.bpf.o /src/bpf/.output/sock_destroy.bpf.o /src/bpf/.output/probe.bpf.o /opt/lbctl/bpf/.output/
+COPY --from=build /src/bpf/.output/sock.bpf.o /src/bpf/.output/sock_compat.bpf.o /src/bpf/.output/nodeport.bpf.o /src/bpf/.output/nodeport_l3.bpf.o /src/bpf/.output/nodeport_xdp.bpf.o /src/bpf/.output/sock_destroy.bpf.o /src/bpf/.output/probe.bpf.o /opt/lbctl/bpf/.output/
 RUN ln -s /opt/lbctl/bin/lbctl /usr/local/bin/lbctl \
  && ln -s /opt/lbctl/node/bin/node /usr/local/bin/node
 # PID 1 is tini, which blocks every signal first thing and forwards it to

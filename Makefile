@@ -62,8 +62,11 @@ NP_UPGRADE_TEST_OBJS := $(OUT)/tests/nodeport_nat_in_ct.bpf.o $(OUT)/tests/nodep
 # The tc object for layer-3 tunnels: loaded beside nodeport.bpf.o, its maps
 # the same (not an input of the ABI generator).
 NP_L3_OBJ := $(OUT)/nodeport_l3.bpf.o
+# The XDP acceleration of its ingress (--nodeport-acceleration): the same
+# source built for XDP, loaded beside nodeport.bpf.o on its maps.
+NP_XDP_OBJ := $(OUT)/nodeport_xdp.bpf.o
 
-bpf: $(BPF_OBJS) $(NP_L3_OBJ) $(SOCK_DESTROY_OBJ) $(PROBE_OBJ) $(BPF_TEST_OBJS) $(COMPAT_TEST_OBJ) $(LAYOUT_TEST_OBJ) $(NP_UPGRADE_TEST_OBJS)
+bpf: $(BPF_OBJS) $(NP_L3_OBJ) $(NP_XDP_OBJ) $(SOCK_DESTROY_OBJ) $(PROBE_OBJ) $(BPF_TEST_OBJS) $(COMPAT_TEST_OBJ) $(LAYOUT_TEST_OBJ) $(NP_UPGRADE_TEST_OBJS)
 
 $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
@@ -72,6 +75,10 @@ $(OUT)/%.bpf.o: bpf/%.c $(BPF_HDRS) | $(OUT)
 # the same source, packets starting with their IP header.
 $(OUT)/nodeport_l3.bpf.o: bpf/nodeport.c $(BPF_HDRS) | $(OUT)
 	$(CLANG) $(BPF_CFLAGS) -DNP_L3_DEVICE -c $< -o $@
+
+# The ingress path at XDP: what it cannot finish it passes on to tc.
+$(OUT)/nodeport_xdp.bpf.o: bpf/nodeport.c $(BPF_HDRS) | $(OUT)
+	$(CLANG) $(BPF_CFLAGS) -DNP_XDP -c $< -o $@
 
 # Kernels before 5.18 lack bpf_set_retval: same programs, refusals are EPERM.
 $(OUT)/sock_compat.bpf.o: bpf/sock.c $(BPF_HDRS) | $(OUT)
@@ -176,7 +183,7 @@ IMAGE     := build/image/lbctl-$(VERSION).oci.tar
 # objects (src/datapath/{loader,features,nodeport,terminate}.ts); abi.bpf.o
 # and the test objects never are. No node_modules: the bundle is
 # self-contained (its only bare requires are optional ones, behind a try).
-IMAGE_FILES := package.json bin/lbctl $(BUNDLE) $(NATIVE) $(addprefix $(OUT)/,sock.bpf.o sock_compat.bpf.o nodeport.bpf.o nodeport_l3.bpf.o sock_destroy.bpf.o probe.bpf.o)
+IMAGE_FILES := package.json bin/lbctl $(BUNDLE) $(NATIVE) $(addprefix $(OUT)/,sock.bpf.o sock_compat.bpf.o nodeport.bpf.o nodeport_l3.bpf.o nodeport_xdp.bpf.o sock_destroy.bpf.o probe.bpf.o)
 
 image: build $(IMAGE)
 

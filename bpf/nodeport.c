@@ -116,6 +116,16 @@ static __always_inline int np_nat_rank(__u64 expires, __u16 flags, __u64 now)
 	return hold ? NP_NAT_TW : NP_NAT_CLOSED;
 }
 
+/* The device a packet came in on (tc at egress: the one it leaves by). */
+static __always_inline __u32 np_in_ifindex(struct np_ctx *skb)
+{
+#ifdef NP_XDP
+	return skb->ingress_ifindex;
+#else
+	return skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+#endif
+}
+
 static __always_inline const struct lb_np_config *np_config(void)
 {
 	__u32 zero = 0;
@@ -249,15 +259,39 @@ static __always_inline const struct lb_device *np_fib_dev(const struct bpf_fib_l
 }
 
 /* np_fib_redirect() out of the FIB's device (`dev`, np_fib_dev()'s), a layer-3 one or not as lb_devices says. */
-static __always_inline int np_forward_dev(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc, const struct lb_device *dev)
+static __always_inline int np_forward_dev(struct np_ctx *skb, struct bpf_fib_lookup *fib, int rc, const struct lb_device *dev)
 {
 	return np_fib_redirect(skb, fib, rc, dev && (dev->flags & LB_DEV_F_L3));
 }
 
-static __always_inline int np_forward(struct __sk_buff *skb, struct bpf_fib_lookup *fib, int rc)
+#ifndef NP_XDP
+static __always_inline int np_forward(struct np_ctx *skb, struct bpf_fib_lookup *fib, int rc)
 {
 	return np_forward_dev(skb, fib, rc, np_fib_dev(fib));
 }
+#endif
+
+#ifdef NP_XDP
+/*
+ * XDP: a service's packet it cannot finish (a local backend's, which goes
+ * up the stack anyway; DSR, whose option needs room it cannot make; one
+ * too big, at its last hop, or to a neighbour the FIB does not know yet;
+ * one to send out of a device without native XDP) goes on to tc as it came
+ * in: every such decision is taken before any rewrite. The flow's entries,
+ * if this packet made them, are tc's to use.
+ */
+static __always_inline int np_xdp_to_tc(void)
+{
+	lb_count(LB_MTR_NP_XDP_TO_TC);
+	return TC_ACT_UNSPEC;
+}
+
+/* Whether XDP sends a frame the FIB routed by `rc` out of `dev` itself. */
+static __always_inline bool np_xdp_sends(const struct lb_device *dev, int rc)
+{
+	return rc == BPF_FIB_LKUP_RET_SUCCESS && dev && (dev->flags & LB_DEV_F_XDP);
+}
+#endif
 
 /* What np4_dsr_recv()/np6_dsr_recv() return for a packet without a DSR option: not theirs. */
 #define NP_NOT_DSR	0x103
@@ -314,7 +348,7 @@ static __always_inline __u32 np_l4_parsed(__u8 proto)
  * no packet pointer across it (before 6.13 the verifier does not know that
  * a global function may move the packet).
  */
-__attribute__((noinline)) int np_l4_pull(struct __sk_buff *skb, __u32 off, __u32 len)
+__attribute__((noinline)) int np_l4_pull(struct np_ctx *skb, __u32 off, __u32 len)
 {
 	if (!skb || off > NP_HDR_OFF_MAX || len > NP_L4_PARSED)
 		return -1;
@@ -328,7 +362,7 @@ __attribute__((noinline)) int np_l4_pull(struct __sk_buff *skb, __u32 off, __u32
  * protocol's parse reads (TCP: up to its flags; UDP: its 8 bytes; SCTP:
  * its ports, then its first chunk). <0: the packet is shorter.
  */
-static __always_inline int np_parse_l4(struct __sk_buff *skb, struct np_l4 *l4, __be16 *sport, __be16 *dport)
+static __always_inline int np_parse_l4(struct np_ctx *skb, struct np_l4 *l4, __be16 *sport, __be16 *dport)
 {
 	__u32 ports;
 
@@ -347,12 +381,16 @@ static __always_inline int np_parse_l4(struct __sk_buff *skb, struct np_l4 *l4, 
 		ports = *(__u32 *)uh;
 		l4->udp_zero_csum = uh->check == 0;
 	} else {
+#ifdef NP_XDP
+		return -1;	/* SCTP: its CRC32c rewrite is tc's */
+#else
 		__u32 *p = np_header(skb, l4->l4_off, sizeof(ports));
 
 		if (!p)
 			return -1;
 		ports = *p;
 		l4->tcp_flags = np_sctp_flags(skb, l4->l4_off, l4->l4_len);
+#endif
 	}
 	*sport = (__be16)ports;
 	*dport = (__be16)(ports >> 16);
@@ -365,7 +403,7 @@ static __always_inline int np_parse_l4(struct __sk_buff *skb, struct np_l4 *l4, 
  * NP_PARSE_ICMP: an ICMP packet (nothing in `f`); <0: not ours to look at.
  * Read in place, each header made linear first where it is not (np_pull()).
  */
-static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
+static __always_inline int np4_parse(struct np_ctx *skb, struct np4_flow *f)
 {
 	struct iphdr *ip;
 	int l4_off;
@@ -383,6 +421,10 @@ static __always_inline int np4_parse(struct __sk_buff *skb, struct np4_flow *f)
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP)
 		return -1;
 	frag = bpf_ntohs(ip->frag_off);
+#ifdef NP_XDP
+	if (frag & (IP_MF | IP_OFFSET))
+		return -1;	/* fragments: tc's (it records and finds their ports) */
+#endif
 	/* a fragment's CRC32c covers the reassembled packet: no update can follow a port change in it */
 	if (proto == IPPROTO_SCTP && (frag & (IP_MF | IP_OFFSET)))
 		return -1;
@@ -469,7 +511,7 @@ static __always_inline bool np4_src_allowed(const struct lb_service *svc, __be32
 	return bpf_map_lookup_elem(&lb4_src_range, &k) != NULL;
 }
 
-static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 proto,
+static __always_inline int np4_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
 				   __be32 src, __be32 dst, __be16 sport, __be16 dport)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
@@ -479,7 +521,7 @@ static __always_inline int np4_fib(struct __sk_buff *skb, struct bpf_fib_lookup 
 	fib->dport = dport;
 	fib->ipv4_src = src;
 	fib->ipv4_dst = dst;
-	fib->ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	fib->ifindex = np_in_ifindex(skb);
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 
@@ -652,8 +694,28 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
  * does is a stack slot, and a frame more than 32 bytes put IPv6's call
  * chain over 5.10's 512).
  */
-static __always_inline int np_l4_csum_update(struct __sk_buff *skb, const struct np_l4 *l4, __u64 addrs, __u64 ports, bool recsum)
+static __always_inline int np_l4_csum_update(struct np_ctx *skb, const struct np_l4 *l4, __u64 addrs, __u64 ports, bool recsum)
 {
+#ifdef NP_XDP
+	/*
+	 * A frame off the wire carries its whole checksum (no CHECKSUM_PARTIAL
+	 * before an skb exists): updated in place, a UDP datagram sent without
+	 * one left without, and a computed 0 sent as 0xffff.
+	 */
+	__u16 *check;
+
+	if (!l4->has_ports || !l4->csum_off || (!addrs && !ports))
+		return 0;
+	if (l4->proto == IPPROTO_UDP && l4->udp_zero_csum)
+		return 0;
+	check = np_header(skb, l4->csum_off, sizeof(*check));
+	if (!check)
+		return -1;
+	*check = np_csum_apply(*check, addrs + ports);
+	if (l4->proto == IPPROTO_UDP && !*check)
+		*check = 0xffff;
+	return 0;
+#else
 	__u32 off = l4->has_ports ? l4->csum_off : 0;
 	__u64 flags = np_csum_flags(l4);
 	__u32 a = np_csum_fold32(addrs), p = np_csum_fold32(ports);
@@ -668,6 +730,7 @@ static __always_inline int np_l4_csum_update(struct __sk_buff *skb, const struct
 	if (p && bpf_l4_csum_replace(skb, off, 0, p, flags) < 0)
 		return -1;
 	return 0;
+#endif
 }
 
 /*
@@ -699,7 +762,7 @@ static __noinline __u32 np_maglev_pick(__u32 key, __u32 hash)
  * for np_l4_csum_update() in *sum. SCTP's go through
  * np_rewrite_sctp_ports() instead.
  */
-static __always_inline int np_rewrite_ports(struct __sk_buff *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
+static __always_inline int np_rewrite_ports(struct np_ctx *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
 					    __be16 sport, __be16 dport, __u64 *sum)
 {
 	__be16 *p;
@@ -717,15 +780,19 @@ static __always_inline int np_rewrite_ports(struct __sk_buff *skb, const struct 
 	return 0;
 }
 
-static __always_inline int np_rewrite_sctp_ports(struct __sk_buff *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
+static __always_inline int np_rewrite_sctp_ports(struct np_ctx *skb, const struct np_l4 *l4, __be16 old_sport, __be16 old_dport,
 						 __be16 sport, __be16 dport)
 {
 	if (!l4->has_ports || l4->proto != IPPROTO_SCTP)
 		return 0;
+#ifdef NP_XDP
+	return -1;	/* never parsed at XDP */
+#else
 	if (lb_sctp_rewrite_port(skb, l4->l4_off, l4->l4_len, offsetof(struct lb_sctphdr, source), old_sport, sport) < 0 ||
 	    lb_sctp_rewrite_port(skb, l4->l4_off, l4->l4_len, offsetof(struct lb_sctphdr, dest), old_dport, dport) < 0)
 		return -1;
 	return 0;
+#endif
 }
 
 /* How np4_xlate()/np6_xlate() rewrite a flow's packet by its CT entry. */
@@ -749,7 +816,7 @@ enum {
  * kernel's prologue for direct writes), and at egress every TCP segment of
  * the node's own is a clone.
  */
-static __noinline int np4_xlate(struct __sk_buff *skb, const struct np4_flow *f, const struct lb4_ct_entry *ct, int how)
+static __noinline int np4_xlate(struct np_ctx *skb, const struct np4_flow *f, const struct lb4_ct_entry *ct, int how)
 {
 	bool snat = how != NP_XLATE_FWD || (ct->flags & LB_CT_F_SNAT);
 	bool fwd = how == NP_XLATE_REV_FWD || (how == NP_XLATE_FWD && (ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)));
@@ -846,7 +913,7 @@ static __always_inline bool np4_endpoints_elsewhere(struct lb4_key *key, const s
 }
 
 /* A new flow: source ranges, a backend, local or remote, the CT (and SNAT) entries. */
-static __always_inline int np4_new_flow(struct __sk_buff *skb, const struct np4_flow *f, struct lb4_key *key,
+static __always_inline int np4_new_flow(struct np_ctx *skb, const struct np4_flow *f, struct lb4_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
 					struct lb4_ct_key *ok, struct lb4_ct_entry *orig, __u64 now, __be16 prev,
 					struct bpf_fib_lookup *fib)
@@ -1010,6 +1077,7 @@ static __always_inline int np4_too_big(const struct np4_flow *f, int mtu)
 	return f->df ? mtu : TC_ACT_SHOT;
 }
 
+#ifndef NP_XDP
 /* ------------------------------------------------------- DSR, IPv4 */
 
 /*
@@ -1022,7 +1090,7 @@ static __always_inline int np4_too_big(const struct np4_flow *f, int mtu)
  * the rewrite: it moves the packet, and no packet pointer of the caller's
  * lives across it.
  */
-static __noinline int np4_dsr_push(struct __sk_buff *skb, __be32 addr, __be16 port)
+static __noinline int np4_dsr_push(struct np_ctx *skb, __be32 addr, __be16 port)
 {
 	struct lb_dsr_opt4 *opt;
 	__u16 old0, oldlen;
@@ -1063,7 +1131,7 @@ static __noinline int np4_dsr_push(struct __sk_buff *skb, __be32 addr, __be16 po
  * packet goes on up the stack to the backend, the option left in it (the
  * backend's stack ignores it). NP_NOT_DSR: no option.
  */
-static __noinline int np4_dsr_recv(struct __sk_buff *skb, const struct np4_flow *f, const struct lb_np_config *cfg)
+static __noinline int np4_dsr_recv(struct np_ctx *skb, const struct np4_flow *f, const struct lb_np_config *cfg)
 {
 	struct lb4_ct_key rk = { .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	struct lb4_ct_entry fresh = {};
@@ -1112,7 +1180,9 @@ static __noinline int np4_dsr_recv(struct __sk_buff *skb, const struct np4_flow 
  * service: kube-proxy flushes such UDP flows, Cilium picks again); DNAT (and
  * SNAT), then up the stack or out to the backend's node.
  */
-static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, struct lb4_key *key,
+#endif /* !NP_XDP */
+
+static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struct lb4_key *key,
 				   const struct lb_service *svc, const struct lb_np_config *cfg)
 {
 	struct lb4_ct_key ok = { .saddr = f->saddr, .daddr = f->daddr, .sport = f->sport, .dport = f->dport,
@@ -1168,6 +1238,10 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 			return rc;
 		ct = &fresh;
 	}
+#ifdef NP_XDP
+	if ((ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) != LB_CT_F_SNAT || f->ttl <= 1)
+		return np_xdp_to_tc();
+#endif
 	np4_frag_record(f);
 	if (ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) {
 		/* DSR: the packet grows by the option, and a client told it is too big sends less by as much */
@@ -1183,6 +1257,10 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 		else
 			rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 		dev = np_fib_dev(&fib);
+#ifdef NP_XDP
+		if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+			return np_xdp_to_tc();
+#endif
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len) + grow);
 		if (mtu)
 			return np4_too_big(f, mtu - grow);
@@ -1197,6 +1275,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_FWD);
+#ifndef NP_XDP
 	if (ct->flags & LB_CT_F_DSR) {
 		if (np4_dsr_push(skb, f->daddr, f->dport) < 0) {
 			lb_count(LB_MTR_NP_BAD_PACKET);
@@ -1206,6 +1285,7 @@ static __always_inline int np4_fwd(struct __sk_buff *skb, struct np4_flow *f, st
 	} else if (!(ct->flags & LB_CT_F_SNAT)) {
 		return TC_ACT_OK;
 	}
+#endif
 	return np_forward_dev(skb, &fib, rc, dev);
 }
 
@@ -1242,7 +1322,7 @@ static __always_inline void np4_reply_seen(const struct lb_np_config *cfg, const
 }
 
 /* A remote backend's reply to a SNAT port: back to the client, from the frontend. */
-static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *f, const struct lb_np_config *cfg)
+static __always_inline int np4_rev_snat(struct np_ctx *skb, struct np4_flow *f, const struct lb_np_config *cfg)
 {
 	__u64 now = np_now();
 	struct lb4_ct_entry *ct = np4_reply_entry(&lb4_nat, f, now);
@@ -1265,6 +1345,11 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
 	}
 	/* the way to the client, and whether the reply fits it (an error goes to the backend, from our SNAT address) */
 	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
+#ifdef NP_XDP
+	dev = np_fib_dev(&fib);
+	if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+		return np_xdp_to_tc();
+#endif
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
 		dev = np_fib_dev(&fib);
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
@@ -1294,7 +1379,7 @@ static __always_inline int np4_rev_snat(struct __sk_buff *skb, struct np4_flow *
  * whatever address it was sent to, so replies to any address we SNAT to
  * come back, --nodeport-addresses or not.
  */
-static __always_inline int np4_ingress(struct __sk_buff *skb)
+static __always_inline int np4_ingress(struct np_ctx *skb)
 {
 	const struct lb_np_config *cfg = np_config();
 	struct lb4_key key = {};
@@ -1313,15 +1398,20 @@ static __always_inline int np4_ingress(struct __sk_buff *skb)
 	if (svc)
 		return np4_fwd(skb, &f, &key, svc, cfg);
 	if ((cfg->flags & LB_NP_F_DSR) && f.l4.l4_off > NP_L3_OFF + sizeof(struct iphdr)) {
+#ifdef NP_XDP
+		return TC_ACT_UNSPEC;	/* maybe a DSR option: tc's */
+#else
 		rc = np4_dsr_recv(skb, &f, cfg);
 		if (rc != NP_NOT_DSR)
 			return rc;
+#endif
 	}
 	if (np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
 		return np4_rev_snat(skb, &f, cfg);
 	return TC_ACT_UNSPEC;
 }
 
+#ifndef NP_XDP	/* egress: tc's alone */
 /*
  * The node's own flow, leaving from the SNAT address of its device with a
  * source port in --snat-port-range (a packet the node itself sent: no
@@ -1336,7 +1426,7 @@ static __always_inline int np4_ingress(struct __sk_buff *skb)
  * reaches the backend on the other flow's tuple, and no reply of the
  * node's the other flow's client.
  */
-static __always_inline int np4_host_flow(struct __sk_buff *skb, const struct lb_np_config *cfg, const struct np4_flow *f, __u64 now)
+static __always_inline int np4_host_flow(struct np_ctx *skb, const struct lb_np_config *cfg, const struct np4_flow *f, __u64 now)
 {
 	struct lb4_ct_key rk = { .saddr = f->daddr, .daddr = f->saddr, .sport = f->dport, .dport = f->sport,
 				 .proto = f->l4.proto, .dir = LB_CT_REPLY };
@@ -1366,7 +1456,7 @@ static __always_inline int np4_host_flow(struct __sk_buff *skb, const struct lb_
 }
 
 /* A local backend's reply on its way out: from the frontend again. */
-static __always_inline int np4_egress(struct __sk_buff *skb)
+static __always_inline int np4_egress(struct np_ctx *skb)
 {
 	const struct lb_np_config *cfg = np_config();
 	struct lb4_ct_entry *ct;
@@ -1399,6 +1489,8 @@ static __always_inline int np4_egress(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+#endif /* !NP_XDP */
+
 /* ------------------------------------------------------------------ IPv6 */
 
 struct np6_flow {
@@ -1420,14 +1512,17 @@ struct np6_flow {
  * NP_PARSE_ICMP: an ICMPv6 packet right after the IPv6 header (nothing in
  * `f`); <0: not ours to look at.
  */
-static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
+static __always_inline int np6_parse(struct np_ctx *skb, struct np6_flow *f)
 {
 	__u32 off = NP_L3_OFF + sizeof(struct ipv6hdr);
 	struct ipv6hdr *ip;
 	bool later = false;
 	__u16 payload_len;
-	int i, l4_off;
+	int l4_off;
 	__u8 nh;
+#ifndef NP_XDP
+	int i;
+#endif
 
 	np_pull(skb, NP_L3_OFF + sizeof(*ip));
 	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
@@ -1441,6 +1536,11 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 	nh = ip->nexthdr;
 	f->frag_first = false;
 	f->id = 0;
+#ifdef NP_XDP
+	/* extension headers (fragments, a DSR option among them): tc's */
+	if (nh == NEXTHDR_HOP || nh == NEXTHDR_ROUTING || nh == NEXTHDR_DEST || nh == NEXTHDR_AUTH || nh == NEXTHDR_FRAGMENT)
+		return -1;
+#else
 #pragma unroll
 	for (i = 0; i < NP_IPV6_EXT_MAX; i++) {
 		/* next header, length (or reserved), and a fragment header's offset, flags and id */
@@ -1467,6 +1567,7 @@ static __always_inline int np6_parse(struct __sk_buff *skb, struct np6_flow *f)
 		if (later)
 			break;
 	}
+#endif
 	if (nh == IPPROTO_ICMPV6 && off == NP_L3_OFF + sizeof(struct ipv6hdr))
 		return NP_PARSE_ICMP;
 	if (nh != IPPROTO_TCP && nh != IPPROTO_UDP && nh != IPPROTO_SCTP)
@@ -1554,7 +1655,7 @@ static __always_inline bool np6_src_allowed(const struct lb_service *svc, const 
 	return bpf_map_lookup_elem(&lb6_src_range, &k) != NULL;
 }
 
-static __always_inline int np6_fib(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 proto,
+static __always_inline int np6_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
 				   const __be32 *src, const __be32 *dst, __be16 sport, __be16 dport)
 {
 	__builtin_memset(fib, 0, sizeof(*fib));
@@ -1564,7 +1665,7 @@ static __always_inline int np6_fib(struct __sk_buff *skb, struct bpf_fib_lookup 
 	fib->dport = dport;
 	ip6_copy(fib->ipv6_src, src);
 	ip6_copy(fib->ipv6_dst, dst);
-	fib->ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	fib->ifindex = np_in_ifindex(skb);
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 
@@ -1677,7 +1778,7 @@ static __always_inline void np6_set_addr(__be32 *at, const __be32 *old, const __
  * or where none does (SCTP, a later fragment) a CHECKSUM_COMPLETE skb's
  * csum (np_l4_csum_update()).
  */
-static __noinline int np6_xlate(struct __sk_buff *skb, const struct np6_flow *f, const struct lb6_ct_entry *ct, int how)
+static __noinline int np6_xlate(struct np_ctx *skb, const struct np6_flow *f, const struct lb6_ct_entry *ct, int how)
 {
 	bool snat = how == NP_XLATE_FWD && (ct->flags & LB_CT_F_SNAT);
 	bool fwd = how == NP_XLATE_REV_FWD || snat || (how == NP_XLATE_FWD && (ct->flags & LB_CT_F_DSR));
@@ -1747,7 +1848,7 @@ static __always_inline bool np6_endpoints_elsewhere(struct lb6_key *key, const s
 	return !twin || (twin->flags & LB_SVC_F_LOCAL_INTERNAL) || twin->count || twin->qcount;
 }
 
-static __always_inline int np6_new_flow(struct __sk_buff *skb, const struct np6_flow *f, struct lb6_key *key,
+static __always_inline int np6_new_flow(struct np_ctx *skb, const struct np6_flow *f, struct lb6_key *key,
 					const struct lb_service *svc, const struct lb_np_config *cfg,
 					struct lb6_ct_key *ok, struct lb6_ct_entry *orig, __u64 now, __be16 prev,
 					struct bpf_fib_lookup *fib)
@@ -1884,6 +1985,7 @@ static __always_inline bool np6_backend_gone(const struct lb6_ct_entry *ct)
 	return !be || !np6_addr_eq(be->address, ct->addr1) || be->port != ct->port1;
 }
 
+#ifndef NP_XDP
 /* ------------------------------------------------------- DSR, IPv6 */
 
 /*
@@ -1892,7 +1994,7 @@ static __always_inline bool np6_backend_gone(const struct lb6_ct_entry *ct)
  * and payload length follow. No header checksum, and the transport's
  * pseudo header counts the transport's own length: nothing else changes.
  */
-static __noinline int np6_dsr_push(struct __sk_buff *skb, const __be32 *addr, __be16 port)
+static __noinline int np6_dsr_push(struct np_ctx *skb, const __be32 *addr, __be16 port)
 {
 	struct lb_dsr_opt6 *opt;
 	struct ipv6hdr *ip;
@@ -1918,7 +2020,7 @@ static __noinline int np6_dsr_push(struct __sk_buff *skb, const __be32 *addr, __
 }
 
 /* As np4_dsr_recv(): the option is the Destination Options header right after the fixed header. */
-static __always_inline int np6_dsr_recv(struct __sk_buff *skb, const struct np6_flow *f, const struct lb_np_config *cfg)
+static __always_inline int np6_dsr_recv(struct np_ctx *skb, const struct np6_flow *f, const struct lb_np_config *cfg)
 {
 	struct lb6_ct_key rk = { .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	struct lb6_ct_entry fresh = {};
@@ -1960,7 +2062,9 @@ static __always_inline int np6_dsr_recv(struct __sk_buff *skb, const struct np6_
 }
 
 /* As np4_fwd(); IPv6 routers never fragment: too big is a packet too big to the sender. */
-static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, struct lb6_key *key,
+#endif /* !NP_XDP */
+
+static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struct lb6_key *key,
 				   const struct lb_service *svc, const struct lb_np_config *cfg)
 {
 	struct lb6_ct_key ok = { .sport = f->sport, .dport = f->dport, .proto = f->l4.proto, .dir = LB_CT_ORIG };
@@ -2017,6 +2121,10 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 			return rc;
 		ct = &fresh;
 	}
+#ifdef NP_XDP
+	if ((ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) != LB_CT_F_SNAT || f->hop_limit <= 1)
+		return np_xdp_to_tc();
+#endif
 	np6_frag_record(f);
 	if (ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) {
 		/*
@@ -2034,6 +2142,10 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 		else
 			rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 		dev = np_fib_dev(&fib);
+#ifdef NP_XDP
+		if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+			return np_xdp_to_tc();
+#endif
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len) + ((ct->flags & LB_CT_F_DSR) ? LB_DSR_OPT6_LEN : 0));
 		if (mtu)
 			return mtu - ((ct->flags & LB_CT_F_DSR) ? LB_DSR_OPT6_LEN : 0);
@@ -2048,6 +2160,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_FWD);
+#ifndef NP_XDP
 	if (ct->flags & LB_CT_F_DSR) {
 		if (np6_dsr_push(skb, f->daddr, f->dport) < 0) {
 			lb_count(LB_MTR_NP_BAD_PACKET);
@@ -2057,6 +2170,7 @@ static __always_inline int np6_fwd(struct __sk_buff *skb, struct np6_flow *f, st
 	} else if (!(ct->flags & LB_CT_F_SNAT)) {
 		return TC_ACT_OK;
 	}
+#endif
 	return np_forward_dev(skb, &fib, rc, dev);
 }
 
@@ -2089,7 +2203,7 @@ static __always_inline void np6_reply_seen(const struct lb_np_config *cfg, const
 		np_ct_pair(cfg, &o->expires, &o->flags, f->l4.proto, ct->flags, now);
 }
 
-static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *f, const struct lb_np_config *cfg)
+static __always_inline int np6_rev_snat(struct np_ctx *skb, struct np6_flow *f, const struct lb_np_config *cfg)
 {
 	__u64 now = np_now();
 	struct lb6_ct_entry *ct = np6_reply_entry(&lb6_nat, f, now);
@@ -2110,6 +2224,11 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 		return TC_ACT_SHOT;
 	}
 	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
+#ifdef NP_XDP
+	dev = np_fib_dev(&fib);
+	if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+		return np_xdp_to_tc();
+#endif
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
 		dev = np_fib_dev(&fib);
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
@@ -2132,7 +2251,7 @@ static __always_inline int np6_rev_snat(struct __sk_buff *skb, struct np6_flow *
 }
 
 /* As np4_ingress(). */
-static __always_inline int np6_ingress(struct __sk_buff *skb)
+static __always_inline int np6_ingress(struct np_ctx *skb)
 {
 	const struct lb_np_config *cfg = np_config();
 	struct lb6_key key = {};
@@ -2151,17 +2270,22 @@ static __always_inline int np6_ingress(struct __sk_buff *skb)
 	if (svc)
 		return np6_fwd(skb, &f, &key, svc, cfg);
 	if ((cfg->flags & LB_NP_F_DSR) && f.l4.l4_off > NP_L3_OFF + sizeof(struct ipv6hdr)) {
+#ifdef NP_XDP
+		return TC_ACT_UNSPEC;	/* maybe a DSR option: tc's */
+#else
 		rc = np6_dsr_recv(skb, &f, cfg);
 		if (rc != NP_NOT_DSR)
 			return rc;
+#endif
 	}
 	if (np_in_range(f.dport, cfg->snat_min, cfg->snat_max))
 		return np6_rev_snat(skb, &f, cfg);
 	return TC_ACT_UNSPEC;
 }
 
+#ifndef NP_XDP
 /* As np4_host_flow(). */
-static __always_inline int np6_host_flow(struct __sk_buff *skb, const struct lb_np_config *cfg, const struct np6_flow *f, __u64 now)
+static __always_inline int np6_host_flow(struct np_ctx *skb, const struct lb_np_config *cfg, const struct np6_flow *f, __u64 now)
 {
 	struct lb6_ct_key rk = { .sport = f->dport, .dport = f->sport, .proto = f->l4.proto, .dir = LB_CT_REPLY };
 	struct lb6_ct_entry host = { .flags = LB_CT_F_HOST };
@@ -2191,7 +2315,7 @@ static __always_inline int np6_host_flow(struct __sk_buff *skb, const struct lb_
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int np6_egress(struct __sk_buff *skb)
+static __always_inline int np6_egress(struct np_ctx *skb)
 {
 	const struct lb_np_config *cfg = np_config();
 	struct lb6_ct_entry *ct;
@@ -2224,6 +2348,9 @@ static __always_inline int np6_egress(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+#endif /* !NP_XDP */
+
+#ifndef NP_XDP	/* ICMP: tc's alone (XDP passes it on) */
 /* ------------------------------------------------------------------ ICMP */
 
 /*
@@ -2313,7 +2440,7 @@ static __always_inline bool np6_unicast(const __be32 *a)
  * checksums taken as good; CHECKSUM_COMPLETE means nothing on the way out.
  * A GSO skb stops being one when it is cut (bpf_skb_change_tail).
  */
-static __noinline int np_icmp_reply4(struct __sk_buff *skb, __u32 mtu)
+static __noinline int np_icmp_reply4(struct np_ctx *skb, __u32 mtu)
 {
 	struct np_icmphdr icmp = { .type = ICMP_DEST_UNREACH, .code = ICMP_PORT_UNREACH };
 	__u8 quote[60 + 8] = {};	/* the longest IPv4 header and 8 bytes */
@@ -2387,7 +2514,7 @@ struct np6_pseudo {
  * headers up to its ports and sequence number). Its checksum covers the
  * pseudo header.
  */
-static __noinline int np_icmp_reply6(struct __sk_buff *skb, __u32 mtu)
+static __noinline int np_icmp_reply6(struct np_ctx *skb, __u32 mtu)
 {
 	struct np_icmphdr icmp = { .type = ICMPV6_DEST_UNREACH, .code = ICMPV6_PORT_UNREACH };
 	__u8 quote[NP_ICMP6_QUOTE] = {};
@@ -2499,7 +2626,7 @@ struct np4_icmp {
 };
 
 /* 0: an error of a type above, sent to the source of the TCP or UDP packet it quotes; <0: anything else. */
-static __always_inline int np4_icmp_parse(struct __sk_buff *skb, struct np4_icmp *ic)
+static __always_inline int np4_icmp_parse(struct np_ctx *skb, struct np4_icmp *ic)
 {
 	struct iphdr ip;
 	__u8 tc[2];
@@ -2545,7 +2672,7 @@ static __always_inline int np4_icmp_parse(struct __sk_buff *skb, struct np4_icmp
  * Cilium rewrites it), so the quote's sum moves by the address change,
  * which the ICMP checksum takes; without one it takes the port's.
  */
-static __noinline int np4_icmp_quote(struct __sk_buff *skb, const struct np4_icmp *ic, bool src, __be32 addr, __be16 port)
+static __noinline int np4_icmp_quote(struct np_ctx *skb, const struct np4_icmp *ic, bool src, __be32 addr, __be16 port)
 {
 	__be32 old_a = src ? ic->in_saddr : ic->in_daddr;
 	__be16 old_p = src ? ic->in_sport : ic->in_dport;
@@ -2567,7 +2694,7 @@ static __noinline int np4_icmp_quote(struct __sk_buff *skb, const struct np4_icm
 }
 
 /* An error about a reply we sent from a frontend: to the backend, about its reply as it sent it. */
-static __always_inline int np4_icmp_to_backend(struct __sk_buff *skb, const struct np4_icmp *ic, const struct lb4_ct_entry *ct)
+static __always_inline int np4_icmp_to_backend(struct np_ctx *skb, const struct np4_icmp *ic, const struct lb4_ct_entry *ct)
 {
 	bool snat = ct->flags & LB_CT_F_SNAT;
 	struct bpf_fib_lookup fib;
@@ -2600,7 +2727,7 @@ static __always_inline int np4_icmp_to_backend(struct __sk_buff *skb, const stru
 }
 
 /* An error about a request we forwarded to a remote backend: to the client, about its request as it sent it. */
-static __always_inline int np4_icmp_to_client(struct __sk_buff *skb, const struct np4_icmp *ic, const struct lb4_ct_entry *ct)
+static __always_inline int np4_icmp_to_client(struct np_ctx *skb, const struct np4_icmp *ic, const struct lb4_ct_entry *ct)
 {
 	__be32 src = ic->saddr == ic->in_daddr ? ct->addr1 : ic->saddr;
 	struct bpf_fib_lookup fib;
@@ -2632,7 +2759,7 @@ static __always_inline int np4_icmp_to_client(struct __sk_buff *skb, const struc
 	return np_forward(skb, &fib, rc);
 }
 
-static __noinline int np_icmp_ingress4(struct __sk_buff *skb)
+static __noinline int np_icmp_ingress4(struct np_ctx *skb)
 {
 	struct lb4_ct_key k = { .dir = LB_CT_ORIG };
 	struct lb4_ct_entry *ct;
@@ -2657,7 +2784,7 @@ static __noinline int np_icmp_ingress4(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-static __noinline int np_icmp_egress4(struct __sk_buff *skb)
+static __noinline int np_icmp_egress4(struct np_ctx *skb)
 {
 	struct lb4_ct_key k = { .dir = LB_CT_REPLY };
 	struct lb4_ct_entry *ct;
@@ -2700,7 +2827,7 @@ struct np6_icmp {
 	__u8 hop_limit;
 };
 
-static __always_inline int np6_icmp_parse(struct __sk_buff *skb, struct np6_icmp *ic)
+static __always_inline int np6_icmp_parse(struct np_ctx *skb, struct np6_icmp *ic)
 {
 	struct ipv6hdr ip;
 	__u32 ports, end;
@@ -2741,7 +2868,7 @@ static __always_inline int np6_icmp_parse(struct __sk_buff *skb, struct np6_icmp
  * quote's address (its pseudo header) and port; without one the ICMPv6
  * checksum takes both.
  */
-static __noinline int np6_icmp_quote(struct __sk_buff *skb, const struct np6_icmp *ic, bool src, const __be32 *addr, __be16 port)
+static __noinline int np6_icmp_quote(struct np_ctx *skb, const struct np6_icmp *ic, bool src, const __be32 *addr, __be16 port)
 {
 	const __be32 *old_a = src ? ic->in_saddr : ic->in_daddr;
 	__be16 old_p = src ? ic->in_sport : ic->in_dport;
@@ -2760,7 +2887,7 @@ static __noinline int np6_icmp_quote(struct __sk_buff *skb, const struct np6_icm
 }
 
 /* The error's own address at `off`: the ICMPv6 checksum follows it (pseudo header). */
-static __always_inline int np6_icmp_rewrite_outer(struct __sk_buff *skb, __u32 off, const __be32 *old, const __be32 *new)
+static __always_inline int np6_icmp_rewrite_outer(struct np_ctx *skb, __u32 off, const __be32 *old, const __be32 *new)
 {
 	if (np6_addr_eq(old, new))
 		return 0;
@@ -2769,7 +2896,7 @@ static __always_inline int np6_icmp_rewrite_outer(struct __sk_buff *skb, __u32 o
 	return bpf_skb_store_bytes(skb, off, new, 16, 0);
 }
 
-static __always_inline int np6_icmp_to_backend(struct __sk_buff *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
+static __always_inline int np6_icmp_to_backend(struct np_ctx *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
 {
 	bool snat = ct->flags & LB_CT_F_SNAT;
 	struct bpf_fib_lookup fib;
@@ -2801,7 +2928,7 @@ static __always_inline int np6_icmp_to_backend(struct __sk_buff *skb, const stru
 	return np_forward(skb, &fib, rc);
 }
 
-static __always_inline int np6_icmp_to_client(struct __sk_buff *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
+static __always_inline int np6_icmp_to_client(struct np_ctx *skb, const struct np6_icmp *ic, const struct lb6_ct_entry *ct)
 {
 	const __be32 *src = np6_addr_eq(ic->saddr, ic->in_daddr) ? ct->addr1 : ic->saddr;
 	struct bpf_fib_lookup fib;
@@ -2833,7 +2960,7 @@ static __always_inline int np6_icmp_to_client(struct __sk_buff *skb, const struc
 	return np_forward(skb, &fib, rc);
 }
 
-static __noinline int np_icmp_ingress6(struct __sk_buff *skb)
+static __noinline int np_icmp_ingress6(struct np_ctx *skb)
 {
 	struct lb6_ct_key k = { .dir = LB_CT_ORIG };
 	struct lb6_ct_entry *ct;
@@ -2858,7 +2985,7 @@ static __noinline int np_icmp_ingress6(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-static __noinline int np_icmp_egress6(struct __sk_buff *skb)
+static __noinline int np_icmp_egress6(struct np_ctx *skb)
 {
 	struct lb6_ct_key k = { .dir = LB_CT_REPLY };
 	struct lb6_ct_entry *ct;
@@ -2884,25 +3011,65 @@ static __noinline int np_icmp_egress6(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
+#endif /* !NP_XDP */
+
 /* ------------------------------------------------------------ entries */
 
 /* Separate functions per family keep each one's verifier state small. */
-static __noinline int np_ingress4(struct __sk_buff *skb)
+static __noinline int np_ingress4(struct np_ctx *skb)
 {
 	return np4_ingress(skb);
 }
 
-static __noinline int np_ingress6(struct __sk_buff *skb)
+static __noinline int np_ingress6(struct np_ctx *skb)
 {
 	return np6_ingress(skb);
 }
 
-static __noinline int np_egress4(struct __sk_buff *skb)
+#ifdef NP_XDP
+/*
+ * --nodeport-acceleration: the ingress path at XDP, in the driver, before
+ * an skb exists, on the maps tc uses. What it finishes (a flow's packet
+ * to a remote backend, SNATed, and the backend's reply to the client, each
+ * sent out of a device that runs this program too) never reaches tc; all
+ * else goes on to tc as it came (np_xdp_to_tc()): ICMP, fragments, SCTP,
+ * IP options and extension headers, local backends, DSR, a frame too big
+ * or at its last hop, a neighbour the FIB does not know yet. tc, which
+ * stays attached, does with it what it always did.
+ */
+SEC("xdp")
+int lb_nodeport_xdp(struct xdp_md *ctx)
+{
+	struct ethhdr *eth = np_header(ctx, 0, sizeof(*eth));
+	int rc;
+
+	if (!eth)
+		return XDP_PASS;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		rc = np_ingress4(ctx);
+	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		rc = np_ingress6(ctx);
+	else
+		return XDP_PASS;
+	if (rc >= NP_XDP_VERDICT && rc <= NP_XDP_VERDICT + XDP_REDIRECT) {
+		lb_count(LB_MTR_NP_XDP_FWD);
+		return rc - NP_XDP_VERDICT;
+	}
+	if (rc == TC_ACT_SHOT)
+		return XDP_DROP;
+	/* TC_ACT_UNSPEC, ICMP (NP_DO_ICMP), and a service's packet tc answers with an error */
+	if (rc == NP_DO_REJECT || rc >= NP_DO_TOOBIG)
+		lb_count(LB_MTR_NP_XDP_TO_TC);
+	return XDP_PASS;
+}
+#else
+
+static __noinline int np_egress4(struct np_ctx *skb)
 {
 	return np4_egress(skb);
 }
 
-static __noinline int np_egress6(struct __sk_buff *skb)
+static __noinline int np_egress6(struct np_ctx *skb)
 {
 	return np6_egress(skb);
 }
@@ -2916,7 +3083,7 @@ static __noinline int np_egress6(struct __sk_buff *skb)
  * the agent can say why flows through such a tunnel are not translated,
  * and passed on as they are.
  */
-static __always_inline bool np_l3_at_start(struct __sk_buff *skb)
+static __always_inline bool np_l3_at_start(struct np_ctx *skb)
 {
 	__u8 h[6];
 
@@ -2934,7 +3101,7 @@ static __always_inline bool np_l3_at_start(struct __sk_buff *skb)
 #endif
 
 SEC("tc")
-int lb_nodeport_ingress(struct __sk_buff *skb)
+int lb_nodeport_ingress(struct np_ctx *skb)
 {
 	int rc;
 
@@ -2967,7 +3134,7 @@ int lb_nodeport_ingress(struct __sk_buff *skb)
 }
 
 SEC("tc")
-int lb_nodeport_egress(struct __sk_buff *skb)
+int lb_nodeport_egress(struct np_ctx *skb)
 {
 	int rc;
 
@@ -2981,3 +3148,4 @@ int lb_nodeport_egress(struct __sk_buff *skb)
 	}
 	return TC_ACT_UNSPEC;
 }
+#endif /* NP_XDP */

@@ -114,7 +114,9 @@ enum lb_metric {
 	LB_MTR_NP_DSR_FWD = 33,		/* --nodeport-mode dsr|hybrid: a packet sent to a remote backend with the frontend in its DSR option */
 	LB_MTR_NP_DSR_FLOW = 34,	/* the backend's node: a DSR flow to a local backend recorded from its option */
 	LB_MTR_NP_DSR_REV = 35,		/* the backend's node: a local backend's reply to a DSR flow left from the frontend */
-	LB_MTR_MAX = 36,		/* append only: a value is never renumbered */
+	LB_MTR_NP_XDP_FWD = 36,		/* --nodeport-acceleration: a packet XDP translated and sent on itself */
+	LB_MTR_NP_XDP_TO_TC = 37,	/* ... a service's packet XDP could not finish, passed on to tc unchanged */
+	LB_MTR_MAX = 38,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -483,6 +485,12 @@ enum lb_device_flags {
 	 * packet redirected out of it carries no link-layer header.
 	 */
 	LB_DEV_F_L3 = (1 << 0),
+	/*
+	 * nodeport_xdp.bpf.o runs on it in the driver (--nodeport-acceleration):
+	 * a device the XDP program may send a frame out of (XDP_REDIRECT needs
+	 * the driver's ndo_xdp_xmit, which native XDP drivers have).
+	 */
+	LB_DEV_F_XDP = (1 << 1),
 };
 
 struct lb_device {

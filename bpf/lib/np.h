@@ -43,6 +43,18 @@
 #define NP_L3_OFF	ETH_HLEN
 #endif
 
+/*
+ * The program context: a socket buffer at tc; nodeport_xdp.bpf.o, the same
+ * source built with NP_XDP, runs the ingress path at XDP on the driver's
+ * frame (xdp_md, whose data and data_end read as skb's do), and hands what
+ * it cannot finish to tc unchanged (bpf/nodeport.c, "XDP").
+ */
+#ifdef NP_XDP
+#define np_ctx xdp_md
+#else
+#define np_ctx __sk_buff
+#endif
+
 #define IP_DF		0x4000
 #define IP_MF		0x2000
 #define IP_OFFSET	0x1fff
@@ -119,8 +131,9 @@ struct np_l4 {
  * head holds its headers and nothing more. Every packet pointer is invalid
  * after it.
  */
-static __always_inline void np_pull(struct __sk_buff *skb, __u32 len)
+static __always_inline void np_pull(struct np_ctx *skb, __u32 len)
 {
+#ifndef NP_XDP
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 
@@ -130,6 +143,8 @@ static __always_inline void np_pull(struct __sk_buff *skb, __u32 len)
 		return;
 	if (data + len > end)
 		bpf_skb_pull_data(skb, len);
+#endif
+	/* XDP: a frame is linear (no multi-buffer program) */
 }
 
 /*
@@ -138,7 +153,7 @@ static __always_inline void np_pull(struct __sk_buff *skb, __u32 len)
  * not there (the packet is shorter). Good until the next helper that may
  * change the packet.
  */
-static __always_inline void *np_header(struct __sk_buff *skb, __u32 off, __u32 len)
+static __always_inline void *np_header(struct np_ctx *skb, __u32 off, __u32 len)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -200,6 +215,9 @@ static __always_inline __u32 np_l4_csum_off(__u8 proto, __u32 l4_off)
 	return l4_off + (proto == IPPROTO_TCP ? offsetof(struct tcphdr, check) : offsetof(struct udphdr, check));
 }
 
+#ifndef NP_XDP
+/* The socket buffer's rewrites (tc); XDP writes in place (np_xdp_*). */
+
 /* SCTP's first chunk as np_l4.tcp_flags. */
 static __always_inline __u8 np_sctp_flags(struct __sk_buff *skb, __u32 l4_off, __u32 len)
 {
@@ -212,12 +230,15 @@ static __always_inline __u8 np_sctp_flags(struct __sk_buff *skb, __u32 l4_off, _
 	return 0x10; /* ACK */
 }
 
+#endif /* !NP_XDP */
+
 /* BPF_F_MARK_MANGLED_0 keeps a zero UDP checksum zero and never writes a computed zero as 0. */
 static __always_inline __u64 np_csum_flags(const struct np_l4 *l4)
 {
 	return l4->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 }
 
+#ifndef NP_XDP
 /* Rewrites one IPv4 address at `off` (saddr or daddr) with the IP header checksum only. */
 static __always_inline int np4_rewrite_l3(struct __sk_buff *skb, __u32 off, __be32 old, __be32 new)
 {
@@ -306,6 +327,8 @@ static __always_inline int np_udp_csum_nonzero(struct __sk_buff *skb, __u32 off)
 	return bpf_skb_store_bytes(skb, off, &c, sizeof(c), 0);
 }
 
+#endif /* !NP_XDP */
+
 /* The Internet checksum (RFC 1071) of a bpf_csum_diff() sum, as it is stored. */
 static __always_inline __u16 np_csum_fold(__s64 sum)
 {
@@ -316,6 +339,7 @@ static __always_inline __u16 np_csum_fold(__s64 sum)
 	return (__u16)~s;
 }
 
+#ifndef NP_XDP
 /*
  * Decrements the TTL of a packet this program forwards itself (the stack
  * would have). The caller checked it was above 1 before translating: a
@@ -404,6 +428,33 @@ static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib
 	}
 	return bpf_redirect_neigh(fib->ifindex, NULL, 0, 0);
 }
+#else /* NP_XDP */
+
+/*
+ * XDP's verdict for a frame it finished (forwarded out of a device), kept
+ * apart from tc's verdicts the shared code returns: NP_XDP_VERDICT + an
+ * XDP action.
+ */
+#define NP_XDP_VERDICT	0x200
+
+/*
+ * At XDP: out of the FIB's device with the neighbour's address the FIB
+ * knows (the caller made sure it does, and that the device is one XDP may
+ * send through); back out of the device it came in on, XDP_TX.
+ */
+static __always_inline int np_fib_redirect(struct np_ctx *ctx, struct bpf_fib_lookup *fib, int rc, bool l3_out)
+{
+	struct ethhdr *eth = np_header(ctx, 0, sizeof(*eth));
+
+	if (!eth || l3_out || rc != BPF_FIB_LKUP_RET_SUCCESS)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(eth->h_dest, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, fib->smac, ETH_ALEN);
+	if (fib->ifindex == ctx->ingress_ifindex)
+		return NP_XDP_VERDICT + XDP_TX;
+	return NP_XDP_VERDICT + bpf_redirect(fib->ifindex, 0);
+}
+#endif /* NP_XDP */
 
 /*
  * The length a packet must fit the egress MTU with, as the stack measures
@@ -412,9 +463,13 @@ static __always_inline int np_fib_redirect(struct __sk_buff *skb, struct bpf_fib
  * namespace sent it by TSO over a veth), that of each segment it becomes:
  * its IP and transport headers and gso_size (skb_gso_network_seglen).
  */
-static __always_inline __u32 np_seglen(struct __sk_buff *skb, const struct np_l4 *l4, __u32 len)
+static __always_inline __u32 np_seglen(struct np_ctx *skb, const struct np_l4 *l4, __u32 len)
 {
+#ifdef NP_XDP
+	__u32 gso = 0;	/* a frame on the wire: never merged yet */
+#else
 	__u32 gso = skb->gso_size;
+#endif
 	__u8 doff;
 
 	if (!gso || !l4->has_ports)
