@@ -12,6 +12,7 @@
 //   a filter it did not check first.
 //
 //   tcx links (6.6+): tcxAttach(progFd, ifindex, attachType, flags, pinPath, netnsFd?) -> { linkId }
+//   (any bpf_link_create attach type: XDP links, BPF_XDP 37, go through it too)
 //   A bpf_link (BPF_TCX_INGRESS 46 / BPF_TCX_EGRESS 47), pinned so it
 //   outlives the process; flags BPF_F_BEFORE (8) with no anchor puts the
 //   program at the head. Replaced in place with pinnedLinkUpdate.

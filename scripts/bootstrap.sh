@@ -28,6 +28,8 @@ need=(
   "socat:socat"
   # test/e2e/nodeport-networks.ts: a WireGuard overlay between two node namespaces (its keys)
   "wg:wireguard-tools"
+  # test/e2e/nodeport-xdp.ts: the lab's senders send whole checksums, as a wire does
+  "ethtool:ethtool"
   # test/deploy/cleanup-kube-proxy.ts: kube-proxy's rules in both iptables backends and nftables
   "iptables-legacy-restore:iptables"
   "iptables-nft-restore:iptables"

@@ -285,6 +285,7 @@ export class Agent implements AgentView {
         ...(opts.sizes ? { sizes: opts.sizes } : {}),
         ...(opts.object ? { object: opts.object } : {}),
         ...(opts.failAttach ? { failAttach: opts.failAttach } : {}),
+        ...(opts.acceleration ? { acceleration: opts.acceleration } : {}),
       });
     } catch (err) {
       this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;

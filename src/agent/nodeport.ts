@@ -11,6 +11,7 @@ import { ConfigError } from '../base/errors.js';
 import type ipaddr from 'ipaddr.js';
 import { nodePortAddresses, selectDevices, type Device, type DeviceAddress } from '../datapath/devices.js';
 import type { AttachChoice, NodePortDatapath, NodePortSettings, PortRange, TcAttachSetting, TrafficMapSizes, TrafficPressure } from '../datapath/nodeport.js';
+import type { Acceleration } from '../datapath/xdp.js';
 import { sumCounters } from '../datapath/counters.js';
 import { addresses as rtnlAddrs, links as rtnlLinks, routes as rtnlRoutes, watch as rtnlWatch } from '../native/rtnl.js';
 
@@ -34,6 +35,8 @@ export interface NodePortOptions {
   readonly trafficCheckMs?: number;
   /** --tc-attach (default auto: tcx where the kernel has it). */
   readonly tcAttach?: TcAttachSetting;
+  /** --nodeport-acceleration (default disabled). */
+  readonly acceleration?: Acceleration;
   /** LBCTL_FAILPOINT_TC_ATTACH (tests): an attach of the first switch rounds is refused by the kernel. */
   readonly failAttach?: { readonly at: number; readonly rounds: number };
 }
@@ -66,7 +69,9 @@ export interface NodePortStatus {
   readonly mode: string;
   /** Why that mode: the flag, and with auto what the kernel has. */
   readonly modeReason: string;
-  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role: string; readonly addresses: readonly string[]; readonly snat: readonly string[]; readonly l3?: true }>;
+  readonly devices: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role: string; readonly addresses: readonly string[]; readonly snat: readonly string[]; readonly l3?: true; readonly xdp?: true }>;
+  /** --nodeport-acceleration, when not disabled. */
+  readonly acceleration?: string;
   readonly nodeAddresses: readonly string[];
   readonly waiting: readonly string[];
   readonly problems: readonly string[];
@@ -100,6 +105,7 @@ export class NodePortAgent {
   private counters: Record<string, bigint> | undefined;
   private traffic: readonly TrafficPressure[] | undefined;
   private status: NodePortStatus;
+  private xdpRefusedSaid = '';
 
   constructor(
     readonly datapath: NodePortDatapath,
@@ -200,14 +206,18 @@ export class NodePortAgent {
     const nodeAddrs = nodePortAddresses(sel.devices, this.opts.addressCidrs ?? []);
     const before = this.status;
     const problems = this.datapath.sync(sel.devices, nodeAddrs);
+    const xdp = new Set(this.datapath.attachedDevices.filter((a) => a.xdp).map((a) => a.index));
+    const accel = this.opts.acceleration ?? 'disabled';
     this.status = {
       mode: this.datapath.mode,
       modeReason: this.attach.why,
+      ...(accel !== 'disabled' ? { acceleration: accel } : {}),
       devices: sel.devices.map((d: Device) => ({
         name: d.name,
         index: d.index,
         role: d.role,
         ...(d.l3 ? { l3: true as const } : {}),
+        ...(xdp.has(d.index) ? { xdp: true as const } : {}),
         addresses: d.addresses.map((a) => `${a.address}/${a.prefixLen}`),
         snat: [d.snat[4], d.snat[6]].filter((a): a is string => a !== undefined),
       })),
@@ -229,6 +239,9 @@ export class NodePortAgent {
       );
     }
     for (const w of sel.waiting) if (!before.waiting.includes(w)) this.log.warn({ device: w }, 'device named by --devices is not usable yet; attached when it is');
+    const refused = this.datapath.xdpRefused.map((r) => `${r.device}: ${r.why}`);
+    if (accel === 'best-effort' && refused.join() !== this.xdpRefusedSaid) this.log.info({ devices: refused }, '--nodeport-acceleration best-effort: devices served at tc only');
+    this.xdpRefusedSaid = refused.join();
     // A problem is logged when it appears, not at every refresh that retries it.
     for (const p of problems) if (!before.problems.includes(p)) this.log.error({ problem: p }, 'tc datapath: device not attached');
     const committed = this.datapath.committed;

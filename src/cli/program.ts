@@ -67,6 +67,11 @@ function nodePortMode(v: string): string {
   return v;
 }
 
+function acceleration(v: string): string {
+  if (v !== 'disabled' && v !== 'native' && v !== 'best-effort') throw new InvalidArgumentError('expected disabled, native or best-effort');
+  return v;
+}
+
 function output(v: string): string {
   if (v !== 'json' && v !== 'text') throw new InvalidArgumentError('expected json or text');
   return v;
@@ -118,6 +123,7 @@ export function buildProgram(): Command {
     .option('--devices <list>', 'devices the tc datapath attaches to, comma-separated (default: detected: up, a global address, not a veth (unless it carries the default route), bridge port or tunnel)')
     .option('--tc-attach <auto|tcx|clsact>', 'how the tc programs attach to the devices: tcx links (Linux 6.6+) or clsact filters; auto: tcx where the kernel has it', tcAttach, 'auto')
     .option('--nodeport-mode <snat|dsr|hybrid>', "how flows to a backend on another node go: snat (replies come back through this node), dsr (direct server return: the backend's node answers the client from the frontend; every node must run it), hybrid (dsr for TCP, snat for UDP)", nodePortMode, 'snat')
+    .option('--nodeport-acceleration <disabled|native|best-effort>', "run the NodePort/LoadBalancer/external IP ingress at XDP too, in the driver, on the maps tc uses (what XDP cannot finish goes on to tc): native (a device whose driver refuses native XDP is a problem, served at tc), best-effort (such a device is served at tc quietly), disabled", acceleration, 'disabled')
     .option('--nodeport-addresses <cidrs>', "serve NodePorts only on node addresses inside these CIDRs (kube-proxy's --nodeport-addresses)")
     .option('--nodeport-range <first-last>', 'the NodePort range (reserved in ip_local_reserved_ports)', '30000-32767')
     .option('--snat-port-range <first-last>', "source ports of SNATed flows to remote backends (a client's own port kept when free; the node's own flows in it are tracked); not overlapping the NodePort range (default: from above the NodePort range to 65535)")

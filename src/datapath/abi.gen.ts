@@ -1170,6 +1170,7 @@ export const LbCtFlags = {
 /** enum lb_device_flags */
 export const LbDeviceFlags = {
   LB_DEV_F_L3: 1,
+  LB_DEV_F_XDP: 2,
 } as const;
 
 /** enum lb_maglev_layout */
@@ -1215,7 +1216,9 @@ export const LbMetric = {
   LB_MTR_NP_DSR_FWD: 33,
   LB_MTR_NP_DSR_FLOW: 34,
   LB_MTR_NP_DSR_REV: 35,
-  LB_MTR_MAX: 36,
+  LB_MTR_NP_XDP_FWD: 36,
+  LB_MTR_NP_XDP_TO_TC: 37,
+  LB_MTR_MAX: 38,
 } as const;
 
 /** enum lb_np_config_flags */

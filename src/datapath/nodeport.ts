@@ -34,6 +34,7 @@ import type { Device, DeviceAddress } from './devices.js';
 import { monotonicSeconds } from './ct.js';
 import { verifyMapLayout } from './maps.js';
 import { KernelMaglevMaps, KernelNorthSouthMaps } from './maglev-maps.js';
+import { sweep as sweepXdp, XdpAccelerator, xdpObjectFor, xdpPin, type Acceleration } from './xdp.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 export const NODEPORT_OBJECT = path.join(ROOT, 'bpf/.output/nodeport.bpf.o');
@@ -149,6 +150,8 @@ export interface AttachedDevice {
   readonly index: number;
   readonly name: string;
   readonly mode: AttachMode;
+  /** nodeport_xdp.bpf.o runs on it too (--nodeport-acceleration). */
+  readonly xdp?: true;
 }
 
 const tcxPin = (linksDir: string, ifindex: number, dir: TcDirection): string => path.join(linksDir, `tc-${ifindex}-${dir}`);
@@ -191,10 +194,11 @@ function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
  * fragmentation needed / packet too big). sync() rewrites it on every
  * rtnetlink burst, so a changed address, route or MTU is followed.
  */
-function deviceValue(d: Device): Buffer {
+function deviceValue(d: Device, xdp: boolean): Buffer {
   const v4 = d.snat[4];
   const v6 = d.snat[6];
-  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4) : 0, addr6: v6 ? ipv6Bytes(v6) : Buffer.alloc(16), mtu: d.mtu >>> 0, flags: d.l3 ? LbDeviceFlags.LB_DEV_F_L3 : 0 });
+  const flags = (d.l3 ? LbDeviceFlags.LB_DEV_F_L3 : 0) | (xdp ? LbDeviceFlags.LB_DEV_F_XDP : 0);
+  return lb_device.encode({ addr4: v4 ? ipv4ToUint(v4) : 0, addr6: v6 ? ipv6Bytes(v6) : Buffer.alloc(16), mtu: d.mtu >>> 0, flags });
 }
 
 export interface NodePortOptions {
@@ -213,6 +217,8 @@ export interface NodePortOptions {
   readonly object?: string;
   /** Where a migration makes the maps it carries over (loader.ts's tcStagingDir). */
   readonly stagingDir: string;
+  /** --nodeport-acceleration (default disabled): the ingress path at XDP too, on the devices whose drivers take it. */
+  readonly acceleration?: Acceleration;
   /**
    * A failpoint for tests (the agent's LBCTL_FAILPOINT_TC_ATTACH): in each
    * of the first `rounds` switch rounds, the attach at position `at`
@@ -337,6 +343,17 @@ export class NodePortDatapath {
       dp.wrongProgFd = opts.sockObject.progFd(opts.sockObject.programNames()[0]!);
     }
     if (staging || split.length > 0) dp.pending = { staging, carried: plan.carried, relaid: plan.relaid, split };
+    if (opts.acceleration && opts.acceleration !== 'disabled') {
+      const xdp = new XdpAccelerator(opts.acceleration, opts.linksDir);
+      const xdpFile = xdpObjectFor(file);
+      try {
+        if (!existsSync(xdpFile)) throw new ConfigError(`BPF object ${xdpFile} is missing: run \`make build\``);
+        await xdp.load(xdpFile, object, staging ?? opts.mapsDir, maxEntries);
+        dp.xdp = xdp;
+      } catch (err) {
+        dp.xdpError = `${path.basename(xdpFile)} (--nodeport-acceleration ${opts.acceleration}) not loaded: ${(err as Error).message}; every device served at tc`;
+      }
+    }
     return dp;
   }
 
@@ -462,7 +479,8 @@ export class NodePortDatapath {
     // Every device is in lb_devices (a flow routed out of a layer-3 tunnel is SNATed to its address, and leaves without a link-layer header), attached or not yet.
     const attachable = this.l3 ? devices : devices.filter((d) => !d.l3);
     const byIndex = new Map(devices.map((d) => [d.index, d]));
-    for (const d of devices) this.devices.update(u32.encode(d.index), deviceValue(d), BPF_ANY);
+    // XDP stays marked only where it stays (a device leaving it is unmarked before its link goes)
+    for (const d of devices) this.devices.update(u32.encode(d.index), deviceValue(d, this.xdpOn(d)), BPF_ANY);
     // Devices already switched: still ours (a filter someone removed is put back), one at a time.
     for (const d of attachable.filter((x) => this.attached.has(x.index))) {
       try {
@@ -486,7 +504,45 @@ export class NodePortDatapath {
     }
     for (const [k] of this.devices.entries()) if (!byIndex.has(k.readUInt32LE(0))) this.devices.delete(k);
     problems.push(...this.sweepStale(byIndex));
+    problems.push(...this.syncXdp(devices));
     return problems;
+  }
+
+  /** The tc object's XDP build, when --nodeport-acceleration asked for it and it loaded. */
+  private xdp: XdpAccelerator | undefined;
+  /** Why it did not load (a problem of every sync: the devices are served at tc). */
+  xdpError: string | undefined;
+  /** Devices best-effort acceleration could not take, and why (served at tc; for the log and status). */
+  xdpRefused: ReadonlyArray<{ readonly device: string; readonly why: string }> = [];
+  private xdpSwept = false;
+
+  /** Whether `d` runs XDP and keeps it: an Ethernet device tc serves, with our XDP link. */
+  private xdpOn(d: Device): boolean {
+    return !!this.xdp && !d.l3 && this.attached.has(d.index) && this.xdp.devices.has(d.index);
+  }
+
+  /**
+   * XDP on every Ethernet device tc serves (after tc: a frame XDP passes on
+   * must find tc there), then lb_devices marks those it runs on. Without
+   * acceleration, links an earlier agent left are removed (once).
+   */
+  private syncXdp(devices: readonly Device[]): string[] {
+    if (!this.xdp) {
+      const problems = this.xdpError ? [this.xdpError] : [];
+      if (this.xdpSwept) return problems;
+      this.xdpSwept = true;
+      try {
+        sweepXdp(this.linksDir, new Set());
+      } catch (err) {
+        problems.push(`removing XDP links an earlier agent left: ${(err as Error).message}`);
+      }
+      return problems;
+    }
+    const want = devices.filter((d) => !d.l3 && this.attached.has(d.index));
+    const r = this.xdp.sync(want);
+    for (const d of want) this.devices.update(u32.encode(d.index), deviceValue(d, r.on.has(d.index)), BPF_ANY);
+    this.xdpRefused = r.refused;
+    return this.xdp.mode === 'native' ? r.refused.map((x) => `device ${x.device}: ${x.why}`) : [];
   }
 
   /** Whether the last sync's switch failed and was rolled back (retried at the next sync). */
@@ -737,7 +793,7 @@ export class NodePortDatapath {
 
   /** The devices the programs run on now. */
   get attachedDevices(): AttachedDevice[] {
-    return [...this.attached.values()].sort((a, b) => a.index - b.index);
+    return [...this.attached.values()].map((a) => (this.xdp?.devices.has(a.index) ? { ...a, xdp: true as const } : a)).sort((a, b) => a.index - b.index);
   }
 
   /** The object whose programs serve `d`: this one, or for a layer-3 device nodeport_l3.bpf.o's. */
@@ -791,6 +847,9 @@ export class NodePortDatapath {
   }
 
   private detach(index: number): void {
+    // XDP first: a frame it passes on must find tc there
+    const xp = xdpPin(this.linksDir, index);
+    if (existsSync(xp)) unpin(xp);
     for (const dir of ['ingress', 'egress'] as const) {
       if (this.mode === 'tcx') {
         const pin = tcxPin(this.linksDir, index, dir);
@@ -809,6 +868,7 @@ export class NodePortDatapath {
    * leaves the cgroup links).
    */
   detachAll(): void {
+    this.xdp?.detachAll();
     for (const index of [...this.attached.keys()]) {
       this.detach(index);
       this.attached.delete(index);
@@ -816,6 +876,7 @@ export class NodePortDatapath {
   }
 
   close(): void {
+    this.xdp?.close();
     this.l3?.close();
     this.object.close();
   }
@@ -924,7 +985,7 @@ function movePinnedTranslations(mapsDir: string, to: BpfMap, family: 4 | 6, keep
  * cleanup`, which must work when the devices changed since the agent ran.
  */
 export function cleanupTc(linksDir: string): string[] {
-  const removed: string[] = [];
+  const removed: string[] = sweepXdp(linksDir, new Set());
   if (existsSync(linksDir)) {
     for (const name of readdirSync(linksDir)) {
       if (!name.startsWith('tc-')) continue;

@@ -78,7 +78,9 @@ export interface KernelStatus {
     /** --nodeport-mode: snat, dsr or hybrid. */
     readonly forwarding?: string;
     /** role: a front door ('nodeport') or an overlay's device ('tunnel'); snat: the source SNATed flows leave it with, per family. */
-    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[]; readonly l3?: boolean }>;
+    readonly devices?: ReadonlyArray<{ readonly name: string; readonly index: number; readonly role?: string; readonly addresses: readonly string[]; readonly snat?: readonly string[]; readonly l3?: boolean; readonly xdp?: boolean }>;
+    /** --nodeport-acceleration (native or best-effort); absent: disabled. */
+    readonly acceleration?: string;
     readonly nodeAddresses?: readonly string[];
     readonly waiting?: readonly string[];
     readonly problems?: readonly string[];

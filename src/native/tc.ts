@@ -42,3 +42,18 @@ export function tcxAttach(progFd: number, ifindex: number, direction: TcDirectio
   const type = direction === 'ingress' ? BPF_TCX_INGRESS : BPF_TCX_EGRESS;
   return guard(() => loadBinding().tcxAttach(progFd, ifindex, type, opts.head ? BPF_F_BEFORE : 0, pinPath, opts.netnsFd));
 }
+
+/** enum bpf_attach_type BPF_XDP (5.9+: XDP by bpf_link), and the modes of include/uapi/linux/if_link.h. */
+export const BPF_XDP = 37;
+export const XDP_FLAGS_SKB_MODE = 1 << 1;
+export const XDP_FLAGS_DRV_MODE = 1 << 2;
+
+/**
+ * An XDP link for the program on the device, in the driver (`native`) or on
+ * the generic path (`generic`, after the skb is made), pinned at `pinPath`;
+ * tcxAttach's bpf_link_create and pin serve it as they serve tcx.
+ */
+export function xdpAttach(progFd: number, ifindex: number, mode: 'native' | 'generic', pinPath: string, netnsFd?: number): { linkId: number } {
+  const flags = mode === 'native' ? XDP_FLAGS_DRV_MODE : XDP_FLAGS_SKB_MODE;
+  return guard(() => loadBinding().tcxAttach(progFd, ifindex, BPF_XDP, flags, pinPath, netnsFd));
+}

@@ -64,6 +64,8 @@ export interface AgentCommandOptions {
   /** How the tc programs attach: auto (tcx where the kernel has it), tcx or clsact. */
   tcAttach?: 'auto' | 'tcx' | 'clsact';
   nodeportMode?: 'snat' | 'dsr' | 'hybrid';
+  /** --nodeport-acceleration: the ingress path at XDP too (native: a device that refuses it is a problem; best-effort: served at tc). */
+  nodeportAcceleration?: 'disabled' | 'native' | 'best-effort';
   nodeportAddresses?: string;
   nodeportRange?: string;
   snatPortRange?: string;
@@ -130,6 +132,7 @@ export function nodePortOptions(opts: AgentCommandOptions): NodePortOptions | un
     maglevTableSeed: seeds.table,
     procfs: opts.procfs ?? '/proc',
     tcAttach: opts.tcAttach ?? 'auto',
+    acceleration: opts.nodeportAcceleration ?? 'disabled',
     ...(devices ? { devices } : {}),
     ...(opts.nodeportAddresses ? { addressCidrs: parseCidrs('--nodeport-addresses', opts.nodeportAddresses) } : {}),
   };

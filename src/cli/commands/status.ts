@@ -47,12 +47,13 @@ export function formatStatus(s: AgentStatus): { text: string; exitCode: number }
     if (np) {
       const devices =
         (np.devices ?? [])
-          .map((d) => `${d.name}${d.role === 'tunnel' ? (d.l3 ? ' [tunnel, layer 3]' : ' [tunnel]') : ''} (${d.addresses.join(' ') || 'no address'}${d.snat && d.snat.length > 0 ? `; SNAT ${d.snat.join(' ')}` : ''})`)
+          .map((d) => `${d.name}${d.role === 'tunnel' ? (d.l3 ? ' [tunnel, layer 3]' : ' [tunnel]') : ''}${d.xdp ? ' [XDP]' : ''} (${d.addresses.join(' ') || 'no address'}${d.snat && d.snat.length > 0 ? `; SNAT ${d.snat.join(' ')}` : ''})`)
           .join(', ') || 'none';
       const line =
         np.state === 'off' ? 'off (--no-nodeport)'
         : np.state === 'failed' ? `FAILED: ${np.error ?? 'unknown error'}`
         : `nodeport.bpf.o at tc (${np.mode}${np.modeReason ? `; ${np.modeReason}` : ''}) on ${devices}; NodePorts on ${(np.nodeAddresses ?? []).join(', ') || 'no address'}` +
+          (np.acceleration ? `; XDP acceleration ${np.acceleration} on ${(np.devices ?? []).filter((d) => d.xdp).map((d) => d.name).join(', ') || 'no device'}` : '') +
           (np.forwarding && np.forwarding !== 'snat' ? `; remote backends by ${np.forwarding === 'dsr' ? 'DSR' : 'DSR (TCP) and SNAT (UDP)'} (--nodeport-mode ${np.forwarding})` : '') +
           (np.maglev ? `; Maglev: ${np.maglev.tables} table${np.maglev.tables === 1 ? '' : 's'} of ${np.maglev.m} slots, ${(np.maglev.bytes / 1024).toFixed(0)} KiB` : '');
       text += row('NodePort', line) + [...(np.waiting ?? []), ...(np.problems ?? [])].map((w) => `  note: ${w}\n`).join('');

@@ -1,0 +1,184 @@
+// XDP acceleration (issue 37, --nodeport-acceleration native|best-effort):
+// the lab of nodeport-lab.ts, node 1's agent serving n1e (the client's
+// wire) and n1b (node 2's) at tc and at XDP. A flow to the pod on node 2
+// is SNATed and sent on by the XDP program, its replies translated back
+// and sent to the client by it too, so tc never sees them: np_xdp_fwd
+// counts both ways, and tc's own counter of packets it translated at
+// ingress stays put. A flow to the pod on node 1 is handed to tc
+// (np_xdp_to_tc) and served as before. Both families, TCP and UDP; then a
+// device whose driver has no native XDP (a dummy device): a problem in
+// native mode, served at tc quietly in best-effort; then the agent
+// restarted under a steady load (SIGTERM, then SIGKILL) with not one
+// failed connection; then started without acceleration, which removes
+// the XDP programs.
+//
+// What a lab of veths needs that a NIC does not: frames XDP sends out of a
+// veth reach its peer only when the peer has NAPI on (an XDP program
+// there: bpf/tests/xdp_pass.c on ext0 and n2a), and a frame arriving at a
+// veth's XDP program carries whatever checksum its sender's stack left for
+// offload; a wire frame carries a whole one, as the senders here are told
+// to (ethtool tx off on ext0 and on the pod's eth0).
+import { execFileSync } from 'node:child_process';
+import path from 'node:path';
+import t, { type Test } from 'tap';
+import { yamlDocs } from '../helpers/manifests.js';
+import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, tcAttachModes, type Lab } from '../helpers/nodeport-lab.js';
+import { createSandbox, SLOW, type LoadResult } from '../helpers/sandbox.js';
+import { datapathMetrics } from '../helpers/sandbox/agent.js';
+
+const ROOT = path.resolve(import.meta.dirname, '../..');
+const XDP_PASS = path.join(ROOT, 'bpf/.output/tests/xdp_pass.bpf.o');
+const HTTP = 8080;
+const UDP = 9000;
+const WEB = 30080; // both pods
+const REMOTE = 30081; // the pod on node 2 only
+const LOCAL = 30082; // the pod on node 1 only
+const REMOTE_UDP = 30091;
+const ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
+const RATE4 = Math.max(5, Math.round(40 / SLOW));
+const RATE6 = Math.max(5, Math.round(20 / SLOW));
+
+function manifests(): string {
+  const both = { 4: [endpoint(1, 4), endpoint(2, 4)], 6: [endpoint(1, 6), endpoint(2, 6)] };
+  return yamlDocs([
+    ...northSouth({ name: 'web', clusterIPs: ['10.96.0.10', 'fd00:96::10'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: WEB }] }, both),
+    ...northSouth(
+      {
+        name: 'remote',
+        clusterIPs: ['10.96.0.11', 'fd00:96::11'],
+        ports: [
+          { name: 'http', port: 80, targetPort: HTTP, nodePort: REMOTE },
+          { name: 'udp', port: 53, targetPort: UDP, nodePort: REMOTE_UDP, protocol: 'UDP' },
+        ],
+      },
+      { 4: [endpoint(2, 4)], 6: [endpoint(2, 6)] },
+    ),
+    ...northSouth({ name: 'local', clusterIPs: ['10.96.0.12', 'fd00:96::12'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: LOCAL }] }, { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
+  ]);
+}
+
+/** The XDP program on a device, as the kernel reports it (ip -j link: xdp.mode 1 is in the driver). */
+function xdpOn(ns: string, dev: string): { mode: number; name: string } | undefined {
+  const out = JSON.parse(execFileSync('ip', ['-j', '-d', '-n', ns, 'link', 'show', 'dev', dev], { encoding: 'utf8' })) as Array<{ xdp?: { mode: number; prog?: { name?: string } } }>;
+  const x = out[0]?.xdp;
+  return x ? { mode: x.mode, name: x.prog?.name ?? '' } : undefined;
+}
+
+const delta = (a: Record<string, number>, b: Record<string, number>, k: string): number => (b[k] ?? 0) - (a[k] ?? 0);
+
+async function requests(t: Test, lab: Lab, host: string, port: number, pod: string, seenAs: string, n: number, what: string): Promise<void> {
+  const got: Array<{ server: string; client: string; error: string }> = [];
+  for (let i = 0; i < n; i++) got.push(await extGet(lab, host, port));
+  const wrong = got.filter((g) => g.error || !hostOf(g.server).startsWith(pod) || hostOf(g.client) !== seenAs);
+  t.same(wrong, [], `${what}: ${n} requests to ${host}:${port} answered by ${pod}, which saw the client as ${seenAs}`);
+}
+
+function checkLoad(t: Test, r: LoadResult, what: string): void {
+  t.comment(`${what}: ${r.attempted} connections over ${r.seconds} s, ${r.failed} failed; max latency ${r.maxLatencyMs} ms`);
+  t.same(r.failures, [], `${what}: no connection failed`);
+  t.equal(r.failed, 0, `${what}: zero failed out of ${r.attempted}`);
+  t.equal(r.attempted, r.issued, `${what}: every attempt completed`);
+  for (const [target, s] of Object.entries(r.targets)) t.ok(s.ok > 0 && Object.keys(s.backends).length > 0, `${target}: served (${JSON.stringify(s.backends)})`);
+}
+
+t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, the rest at tc; fallback; restarts under load with no failed connection', async (t) => {
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  const lab = await makeLab(sb);
+  for (const [ns, dev] of [[lab.ext, 'ext0'], [lab.n2, 'n2a']] as const) ip('-n', ns, 'link', 'set', 'dev', dev, 'xdpdrv', 'obj', XDP_PASS, 'sec', 'xdp');
+  for (const [ns, dev] of [[lab.ext, 'ext0'], [lab.p2, 'eth0']] as const) execFileSync('ip', ['netns', 'exec', ns, 'ethtool', '-K', dev, 'tx', 'off'], { stdio: 'ignore' });
+  sb.writeManifest('services.yaml', manifests());
+  // the kernel's own mode (tcx on the host, clsact before 6.6): XDP goes in front of either the same way
+  const mode = (await tcAttachModes())[0]!;
+  const s = await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
+  t.ok(s.frontends > 0, `the agent synced (${s.frontends} frontends), tc in ${mode}`);
+  t.same(lab.agent.requireAgent().logs.filter((l) => Number(l.level) >= 40).map((l) => `${String(l.msg)} ${JSON.stringify(l)}`), [], 'no warning or error in the log');
+  for (const dev of ['n1e', 'n1b']) t.same(xdpOn(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `${dev}: lb_nodeport_xdp runs in the driver`);
+
+  for (const fam of [4, 6] as const) {
+    const front = fam === 4 ? NODE1.v4 : NODE1.v6;
+    const client = fam === 4 ? EXT.v4 : EXT.v6;
+    await t.test(`IPv${fam}`, async (t) => {
+      const m0 = await datapathMetrics(lab.agent.bpfRoot);
+      const N = 6;
+      await requests(t, lab, front, REMOTE, fam === 4 ? POD2.v4 : POD2.v6, fam === 4 ? NODE1_TO_N2.v4 : NODE1_TO_N2.v6, N, 'remote backend, SNAT');
+      const m1 = await datapathMetrics(lab.agent.bpfRoot);
+      // a connection is at least 3 packets each way (SYN, request, FIN; SYN-ACK, answer, FIN)
+      t.ok(delta(m0, m1, 'np_xdp_fwd') >= 6 * N, `XDP sent the flows' packets on, both ways (np_xdp_fwd +${delta(m0, m1, 'np_xdp_fwd')})`);
+      // the first packet each way may find no neighbour entry yet: tc's bpf_redirect_neigh resolves it
+      const toTc = delta(m0, m1, 'np_xdp_to_tc');
+      t.ok(toTc <= 2, `and handed at most the first packet each way to tc (np_xdp_to_tc +${toTc})`);
+      t.equal(delta(m0, m1, 'np_fwd') + delta(m0, m1, 'np_rev'), delta(m0, m1, 'np_xdp_fwd') + toTc, 'every other packet translated was one XDP sent (np_fwd + np_rev = np_xdp_fwd + np_xdp_to_tc)');
+
+      await requests(t, lab, front, LOCAL, fam === 4 ? POD1.v4 : POD1.v6, client, 2, 'local backend');
+      const m2 = await datapathMetrics(lab.agent.bpfRoot);
+      t.ok(delta(m1, m2, 'np_xdp_to_tc') >= 2 * 3, `the local backend's packets went on to tc (np_xdp_to_tc +${delta(m1, m2, 'np_xdp_to_tc')})`);
+      t.equal(delta(m1, m2, 'np_xdp_fwd'), 0, 'XDP sent none of them itself');
+
+      const udp = await lab.inExt([sb.python, path.join(ROOT, 'test/helpers/client.py'), 'udp', front, String(REMOTE_UDP), '--mode', 'connected', '--count', '5']);
+      const out = JSON.parse(udp.stdout) as { results: Array<{ server?: string; error?: string }> };
+      t.equal(out.results.filter((x) => x.server).length, 5, `UDP: 5 datagrams answered from the frontend (${out.results.filter((x) => x.error).map((x) => x.error).join('; ')})`);
+      const m3 = await datapathMetrics(lab.agent.bpfRoot);
+      t.ok(delta(m2, m3, 'np_xdp_fwd') >= 10, `UDP both ways at XDP (np_xdp_fwd +${delta(m2, m3, 'np_xdp_fwd')})`);
+    });
+  }
+
+  await t.test('a device without native XDP: a problem in native mode, tc alone in best-effort', async (t) => {
+    // a bridge: up, an address, and no native XDP in its driver
+    ip('-n', lab.n1, 'link', 'add', 'n1d', 'type', 'bridge');
+    ip('-n', lab.n1, 'addr', 'add', '10.253.0.1/24', 'dev', 'n1d');
+    ip('-n', lab.n1, 'link', 'set', 'n1d', 'up');
+    await lab.agent.stop(10_000);
+    await lab.agent.start(['--devices', 'n1e,n1b,n1d', '--node-name', 'node1', '--tc-attach', mode, '--nodeport-acceleration', 'native']);
+    const problems = lab.agent.requireAgent().logs.filter((l) => l.msg === 'tc datapath: device not attached').map((l) => String(l.problem));
+    t.match(problems.join('\n'), /device n1d \(ifindex \d+\): native XDP not attached \(.+\); served at tc/, `native: the dummy device is a problem, named with the kernel's answer (${problems.join('; ')})`);
+    t.equal(xdpOn(lab.n1, 'n1d'), undefined, 'and runs no XDP program');
+    await requests(t, lab, NODE1.v4, REMOTE, POD2.v4, NODE1_TO_N2.v4, 2, 'the other devices still serve at XDP');
+    await lab.agent.stop(10_000);
+    await lab.agent.start(['--devices', 'n1e,n1b,n1d', '--node-name', 'node1', '--tc-attach', mode, '--nodeport-acceleration', 'best-effort']);
+    const logs = lab.agent.requireAgent().logs;
+    t.same(logs.filter((l) => l.msg === 'tc datapath: device not attached').map((l) => String(l.problem)), [], 'best-effort: no problem');
+    t.ok(logs.some((l) => l.msg === '--nodeport-acceleration best-effort: devices served at tc only' && JSON.stringify(l.devices).includes('n1d')), 'the log names the device served at tc only');
+    for (const dev of ['n1e', 'n1b']) t.same(xdpOn(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `${dev}: still at XDP`);
+    ip('-n', lab.n1, 'link', 'del', 'n1d');
+  });
+
+  await t.test('the agent restarted under load (SIGTERM, then SIGKILL): zero failed connections', async (t) => {
+    await lab.agent.stop(10_000);
+    await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
+    const before = await datapathMetrics(lab.agent.bpfRoot);
+    const load = lab.startLoad({
+      tcp: [`${NODE1.v4}:${REMOTE}@${RATE4}`, `[${NODE1.v6}]:${REMOTE}@${RATE6}`, `${NODE1.v4}:${WEB}@${RATE4}`],
+      maxSeconds: 60 * SLOW,
+    });
+    await load.waitFor((p) => p.ok >= RATE4, 'the load to run', 30_000);
+    const more = async (what: string): Promise<void> => {
+      const b = load.progress()!;
+      const p = await load.waitFor((x) => x.ok >= b.ok + 2 * RATE4, `more connections ${what}`, 30_000);
+      t.equal(p.failed, 0, `${what}: connections keep succeeding (${p.failed} failed so far)`);
+    };
+    t.equal(await lab.agent.stop(10_000), 0, 'SIGTERM');
+    await more('with the agent stopped');
+    await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
+    await more('after its start');
+    t.same(await lab.agent.kill('SIGKILL'), { code: null, signal: 'SIGKILL' }, 'SIGKILL');
+    await more('with the agent dead');
+    await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
+    await more('after its start');
+    const r = await load.stop();
+    checkLoad(t, r, 'the load');
+    const after = await datapathMetrics(lab.agent.bpfRoot);
+    t.ok(delta(before, after, 'np_xdp_fwd') > 0, `XDP kept sending the remote flows on (np_xdp_fwd +${delta(before, after, 'np_xdp_fwd')})`);
+    const drops = ['np_bad_packet', 'np_fib_fail', 'np_ct_full', 'np_frag_needed', 'np_ttl'];
+    t.same(Object.fromEntries(drops.map((k) => [k, delta(before, after, k)]).filter(([, n]) => n !== 0)), {}, `no packet dropped (${drops.join(', ')})`);
+  });
+
+  await t.test('started without acceleration: the XDP programs go, tc serves', async (t) => {
+    await lab.agent.stop(10_000);
+    await lab.agent.start([...ARGS, '--tc-attach', mode]);
+    for (const dev of ['n1e', 'n1b']) t.equal(xdpOn(lab.n1, dev), undefined, `${dev}: no XDP program`);
+    const m0 = await datapathMetrics(lab.agent.bpfRoot);
+    await requests(t, lab, NODE1.v4, REMOTE, POD2.v4, NODE1_TO_N2.v4, 2, 'remote backend at tc');
+    const m1 = await datapathMetrics(lab.agent.bpfRoot);
+    t.equal(delta(m0, m1, 'np_xdp_fwd'), 0, 'nothing at XDP');
+  });
+});
