@@ -246,7 +246,9 @@ static __always_inline int np_mtu_check(const struct lb_device *dev, const struc
 		mtu = fib->mtu_result;
 	if (!mtu || mtu > NP_MTU_MASK || seglen <= mtu)
 		return 0;
+#ifndef NP_XDP	/* XDP hands it to tc (np_xdp_verdict()), which counts it */
 	lb_count(LB_MTR_NP_FRAG_NEEDED);
+#endif
 	return NP_DO_TOOBIG | mtu;
 }
 
@@ -1074,6 +1076,9 @@ static __always_inline bool np4_backend_gone(const struct lb4_ct_entry *ct)
  */
 static __always_inline int np4_too_big(const struct np4_flow *f, int mtu)
 {
+#ifdef NP_XDP
+	return mtu;	/* to tc, which answers or drops it, and counts it */
+#endif
 	return f->df ? mtu : TC_ACT_SHOT;
 }
 
@@ -1258,7 +1263,7 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 			rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 		dev = np_fib_dev(&fib);
 #ifdef NP_XDP
-		if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+		if (!np_xdp_sends(dev, rc))
 			return np_xdp_to_tc();
 #endif
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len) + grow);
@@ -1346,12 +1351,15 @@ static __always_inline int np4_rev_snat(struct np_ctx *skb, struct np4_flow *f, 
 	/* the way to the client, and whether the reply fits it (an error goes to the backend, from our SNAT address) */
 	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 #ifdef NP_XDP
-	dev = np_fib_dev(&fib);
-	if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return np_xdp_to_tc();
 #endif
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
 		dev = np_fib_dev(&fib);
+#ifdef NP_XDP
+		if (!np_xdp_sends(dev, rc))
+			return np_xdp_to_tc();
+#endif
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
 			return np4_too_big(f, mtu);
@@ -2143,7 +2151,7 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 			rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
 		dev = np_fib_dev(&fib);
 #ifdef NP_XDP
-		if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+		if (!np_xdp_sends(dev, rc))
 			return np_xdp_to_tc();
 #endif
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len) + ((ct->flags & LB_CT_F_DSR) ? LB_DSR_OPT6_LEN : 0));
@@ -2225,12 +2233,15 @@ static __always_inline int np6_rev_snat(struct np_ctx *skb, struct np6_flow *f, 
 	}
 	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
 #ifdef NP_XDP
-	dev = np_fib_dev(&fib);
-	if (!np_xdp_sends(dev, rc) || (dev->mtu && f->tot_len > dev->mtu))
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return np_xdp_to_tc();
 #endif
 	if (rc != BPF_FIB_LKUP_RET_NOT_FWDED) {
 		dev = np_fib_dev(&fib);
+#ifdef NP_XDP
+		if (!np_xdp_sends(dev, rc))
+			return np_xdp_to_tc();
+#endif
 		mtu = np_mtu_check(dev, &fib, rc, np_seglen(skb, &f->l4, f->tot_len));
 		if (mtu)
 			return mtu;
@@ -3037,20 +3048,9 @@ static __noinline int np_ingress6(struct np_ctx *skb)
  * or at its last hop, a neighbour the FIB does not know yet. tc, which
  * stays attached, does with it what it always did.
  */
-SEC("xdp")
-int lb_nodeport_xdp(struct xdp_md *ctx)
+/* The XDP action for what the shared ingress path answered. */
+static __always_inline int np_xdp_verdict(int rc)
 {
-	struct ethhdr *eth = np_header(ctx, 0, sizeof(*eth));
-	int rc;
-
-	if (!eth)
-		return XDP_PASS;
-	if (eth->h_proto == bpf_htons(ETH_P_IP))
-		rc = np_ingress4(ctx);
-	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
-		rc = np_ingress6(ctx);
-	else
-		return XDP_PASS;
 	if (rc >= NP_XDP_VERDICT && rc <= NP_XDP_VERDICT + XDP_REDIRECT) {
 		lb_count(LB_MTR_NP_XDP_FWD);
 		return rc - NP_XDP_VERDICT;
@@ -3062,6 +3062,21 @@ int lb_nodeport_xdp(struct xdp_md *ctx)
 		lb_count(LB_MTR_NP_XDP_TO_TC);
 	return XDP_PASS;
 }
+
+SEC("xdp")
+int lb_nodeport_xdp(struct xdp_md *ctx)
+{
+	struct ethhdr *eth = np_header(ctx, 0, sizeof(*eth));
+
+	if (!eth)
+		return XDP_PASS;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return np_xdp_verdict(np_ingress4(ctx));
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return np_xdp_verdict(np_ingress6(ctx));
+	return XDP_PASS;
+}
+
 #else
 
 static __noinline int np_egress4(struct np_ctx *skb)
