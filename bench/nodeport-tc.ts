@@ -40,7 +40,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
-import { lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, u32 } from '../src/datapath/abi.gen.js';
+import { LbDeviceFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, u32 } from '../src/datapath/abi.gen.js';
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../src/datapath/maps.js';
 import { KernelMaglevMaps, KernelNorthSouthMaps } from '../src/datapath/maglev-maps.js';
 import { DEFAULT_MAGLEV_SEED, maglevTable, parseMaglevSeed } from '../src/lb/maglev.js';
@@ -56,7 +56,7 @@ import { overEmpty, TARGET_NS, wrapperCost } from './np-figures.js';
 
 const CHILD = 'LBCTL_BENCH_NP_PARENT_NETNS';
 const BUILD = path.join(ROOT, 'build/bench');
-const OBJECTS = { standard: path.join(BUILD, 'nodeport_bench.bpf.o'), noFib: path.join(BUILD, 'nodeport_bench_nofib.bpf.o') } as const;
+const OBJECTS = { standard: path.join(BUILD, 'nodeport_bench.bpf.o'), noFib: path.join(BUILD, 'nodeport_bench_nofib.bpf.o'), xdp: path.join(BUILD, 'nodeport_bench_xdp.bpf.o') } as const;
 
 // The namespace (as test/bpf/nodeport-unit.ts lays it out).
 const NP0_MAC = '02:00:00:00:01:01';
@@ -79,6 +79,8 @@ const SEEDS = parseMaglevSeed(DEFAULT_MAGLEV_SEED);
 const TC_ACT_UNSPEC = -1;
 const TC_ACT_OK = 0;
 const TC_ACT_REDIRECT = 7;
+const XDP_PASS = 2;
+const XDP_TX = 3;
 
 const FLAT = 0.15;
 const MAGLEV_COLD_TARGET_MS = 3000;
@@ -130,7 +132,7 @@ const median = (xs: readonly number[]): number => {
 function compile(): void {
   mkdirSync(BUILD, { recursive: true });
   const triple = execFileSync('gcc', ['-dumpmachine'], { encoding: 'utf8' }).trim();
-  for (const [out, extra] of [[OBJECTS.standard, []], [OBJECTS.noFib, ['-DBENCH_NO_FIB']]] as const) {
+  for (const [out, extra] of [[OBJECTS.standard, []], [OBJECTS.noFib, ['-DBENCH_NO_FIB']], [OBJECTS.xdp, ['-DNP_XDP']]] as const) {
     execFileSync('clang', ['-O2', '-g', '-target', 'bpf', '-Wall', '-Werror', `-I/usr/include/${triple}`, `-I${path.join(ROOT, 'bpf')}`, ...extra,
       '-c', path.join(ROOT, 'bench/nodeport_bench.c'), '-o', out], { stdio: 'inherit' });
   }
@@ -236,10 +238,13 @@ async function loadAndProgram(object: string, services: readonly NpService[], ns
 type CaseId = 'empty' | 'wrapped' | 'a' | 'b' | 'c' | 'd' | 'd_egress' | `prim_${string}`;
 
 interface Case {
-  readonly id: CaseId;
+  readonly id: CaseId | `xdp_${string}`;
   readonly prog: string;
   readonly data: Buffer;
   readonly rc: number;
+  /** Another object's program (the XDP build), run with its own context. */
+  readonly obj?: BpfObject;
+  readonly ctx?: Buffer;
 }
 
 const fromClient = (spec: Omit<FrameSpec, 'srcMac' | 'dstMac'>): Buffer => frame({ srcMac: GW_MAC, dstMac: NP0_MAC, ...spec });
@@ -295,6 +300,43 @@ function flows(obj: BpfObject, np0: number, nodePort: number): Case[] {
   ];
 }
 
+/** struct xdp_md for a test run of `data` arriving on `ifindex`. */
+function xdpCtx(data: Buffer, ifindex: number): Buffer {
+  const ctx = Buffer.alloc(24);
+  ctx.writeUInt32LE(data.length, 4); // data_end: the frame's length (data and data_meta 0)
+  ctx.writeUInt32LE(ifindex, 12); // ingress_ifindex
+  return ctx;
+}
+
+/**
+ * The XDP build (--nodeport-acceleration) on the tc object's maps, on the
+ * flows flows() opened: (a), (b) and (c) at XDP over its own empty program.
+ * np0 is marked an XDP device, so (b) and (c), whose way out is np0 again,
+ * go back out of it (XDP_TX).
+ */
+async function xdpCases(tc: BpfObject, np0: number, cases: readonly Case[]): Promise<{ xdp: BpfObject; cases: Case[] }> {
+  const declared = BpfObject.open(OBJECTS.xdp);
+  const names = new Set(declared.mapNames());
+  declared.close();
+  const xdp = BpfObject.open(OBJECTS.xdp, { reuseMaps: Object.fromEntries(tc.mapNames().filter((n) => names.has(n) && !n.includes('.') && !n.startsWith('bench_')).map((n) => [n, tc.map(n).fd])) });
+  await xdp.load();
+  const devices = tc.map('lb_devices');
+  const dev = lb_device.decode(devices.lookup(u32.encode(np0))!);
+  devices.update(u32.encode(np0), lb_device.encode({ ...dev, flags: dev.flags | LbDeviceFlags.LB_DEV_F_XDP }));
+  const of = (id: string): Buffer => cases.find((c) => c.id === id)!.data;
+  const mk = (id: string, prog: string, data: Buffer, rc: number): Case => ({ id: `xdp_${id}`, prog, data, rc, obj: xdp, ctx: xdpCtx(data, np0) });
+  return {
+    xdp,
+    cases: [
+      mk('empty', 'bench_xdp_empty', of('a'), XDP_PASS),
+      mk('wrapped', 'bench_xdp_wrapped_empty', of('a'), TC_ACT_UNSPEC),
+      mk('a', 'lb_nodeport_xdp', of('a'), XDP_PASS),
+      mk('b', 'bench_xdp_ingress', of('b'), XDP_TX),
+      mk('c', 'bench_xdp_ingress', of('c'), XDP_TX),
+    ],
+  };
+}
+
 /** The primitives (bench_prim_*, measured over bench_empty): on the non-service packet, or on (b)'s established packet. */
 const PRIMITIVES: ReadonlyArray<{ id: string; what: string; on: 'a' | 'b'; rc: number }> = [
   { id: 'load3', what: '3 bpf_skb_load_bytes (IPv4 header, ports, TCP flags: np4_parse before issue 37)', on: 'b', rc: TC_ACT_UNSPEC },
@@ -331,14 +373,14 @@ function measure(obj: BpfObject, np0: number, cases: readonly Case[], rounds: nu
   const out: Record<string, number[]> = {};
   for (const c of cases) {
     // warm-up, and the verdict the case must get
-    const r = testRun(obj.progFd(c.prog), { data: c.data, ctx, repeat: 1000 });
+    const r = testRun((c.obj ?? obj).progFd(c.prog), { data: c.data, ctx: c.ctx ?? ctx, repeat: 1000 });
     if ((r.retval | 0) !== c.rc) throw new Error(`case ${c.id}: verdict ${r.retval | 0}, expected ${c.rc}`);
     out[c.id] = [];
   }
   for (let i = 0; i < rounds; i++) {
     const order = i % 2 ? [...cases].reverse() : cases;
     for (const c of order) {
-      const r = testRun(obj.progFd(c.prog), { data: c.data, ctx, repeat });
+      const r = testRun((c.obj ?? obj).progFd(c.prog), { data: c.data, ctx: c.ctx ?? ctx, repeat });
       if ((r.retval | 0) !== c.rc) throw new Error(`case ${c.id}, round ${i}: verdict ${r.retval | 0}, expected ${c.rc}`);
       out[c.id]!.push(r.duration);
     }
@@ -385,6 +427,8 @@ interface SizePoint {
   maxEntries: Record<string, number>;
   /** ns per run, every round. */
   samples: Record<string, number[]>;
+  /** (a)-(c) at XDP and its empty program (xdp_*), measured on their own in interleaved rounds. */
+  xdp?: Record<string, number[]>;
   /** The same cases with the FIB lookup stubbed (only at the first size). */
   noFib?: Record<string, number[]>;
   /** perf's split of each case (only at the first size). */
@@ -405,6 +449,7 @@ async function sizePoint(plan: Plan, n: number, ns: { np0: number }, withNoFib: 
   const services = tcServices(n);
   const log = (s: string): void => void process.stderr.write(`tc N=${n}: ${s}\n`);
   let profile: Profile | undefined;
+  let xdpSamples: Record<string, number[]> | undefined;
   const one = async (object: string): Promise<{ samples: Record<string, number[]>; l: Loaded }> => {
     const l = await loadAndProgram(object, services, ns);
     try {
@@ -424,6 +469,14 @@ async function sizePoint(plan: Plan, n: number, ns: { np0: number }, withNoFib: 
       }
       const cases = flows(l.obj, ns.np0, services[0]!.nodePort);
       const samples = measure(l.obj, ns.np0, cases, plan.rounds, plan.repeat);
+      if (object === OBJECTS.standard) {
+        const x = await xdpCases(l.obj, ns.np0, cases);
+        try {
+          xdpSamples = measure(l.obj, ns.np0, x.cases, plan.rounds, plan.repeat);
+        } finally {
+          x.xdp.close();
+        }
+      }
       if (withNoFib && object === OBJECTS.standard) profile = await perfProfile(l.obj, ns.np0, cases, plan.repeat * 20);
       return { samples, l };
     } finally {
@@ -432,7 +485,8 @@ async function sizePoint(plan: Plan, n: number, ns: { np0: number }, withNoFib: 
   };
   const std = await one(OBJECTS.standard);
   log(`programmed in ${std.l.programMs.toFixed(0)} ms (${std.l.entries.lb4_services} service entries); ${summary(std.samples)}`);
-  const point: SizePoint = { n, programMs: std.l.programMs, entries: std.l.entries, maxEntries: std.l.maxEntries, samples: std.samples };
+  const point: SizePoint = { n, programMs: std.l.programMs, entries: std.l.entries, maxEntries: std.l.maxEntries, samples: std.samples, ...(xdpSamples ? { xdp: xdpSamples } : {}) };
+  if (xdpSamples) log(`at XDP: ${summary(xdpSamples)}`);
   if (withNoFib) {
     point.noFib = (await one(OBJECTS.noFib)).samples;
     if (profile) point.profile = profile;
@@ -624,6 +678,23 @@ export function tcReport(r: TcResults): string[] {
   for (const [id, target] of Object.entries(TARGET_NS)) {
     const worst = Math.max(...r.sizes.map((p) => over(p, id)));
     lines.push(`| ${label(id)} | ≤ ${target} ns | ${f1(worst)} ns | ${worst <= target ? 'met' : `**missed** by ${f1(worst - target)} ns`} |`);
+  }
+  const withXdp = r.sizes.filter((p) => p.xdp);
+  if (withXdp.length > 0) {
+    // at XDP: over the empty XDP program, measured in the same rounds as its cases
+    const x = (p: SizePoint, id: string): number => median(p.xdp![`xdp_${id}`]!) - median(p.xdp!['xdp_empty']!);
+    lines.push(
+      '',
+      'At XDP (--nodeport-acceleration; nodeport_xdp.bpf.o on the same maps and flows): ns over the empty XDP program, in brackets the raw ns, beside tc\'s figure over the empty tc program. ' +
+        `The empty XDP program runs in ${withXdp.map((p) => f1(median(p.xdp!['xdp_empty']!))).join(' / ')} ns; its wrapper costs ${withXdp.map((p) => f1(x(p, 'wrapped'))).join(' / ')} ns (per N), included as at tc. (b) and (c) leave by the device they came in on (XDP_TX).`,
+      '',
+      '| N | (a) at XDP | (a) at tc | (b) at XDP | (b) at tc | (c) at XDP | (c) at tc |',
+      '|---:|---:|---:|---:|---:|---:|---:|',
+    );
+    for (const p of withXdp) {
+      const cell = (id: string): string => `${f1(x(p, id))} (${f1(median(p.xdp![`xdp_${id}`]!))})`;
+      lines.push(`| ${p.n.toLocaleString('en')} | ${['a', 'b', 'c'].map((id) => `${cell(id)} | ${f1(over(p, id))}`).join(' | ')} |`);
+    }
   }
   lines.push('', 'The primitives the paths are made of (ns over the empty program; each program does one, on the packet as it is):', '');
   lines.push(`| primitive | ${r.sizes.map((p) => `N = ${p.n.toLocaleString('en')}`).join(' | ')} |`, `|---|${r.sizes.map(() => '---:').join('|')}|`);

@@ -17,6 +17,11 @@
  * them. Built by the bench (clang, into build/bench/), never loaded by the
  * agent.
  *
+ * -DNP_XDP: the XDP build (nodeport_xdp.bpf.o's code): bench_xdp_empty,
+ * bench_xdp_wrapped_empty and bench_xdp_ingress, the same wrapper around
+ * the XDP build's IPv4 entry, its answer turned into an XDP action as
+ * lb_nodeport_xdp turns it. No primitives.
+ *
  * -DBENCH_NO_FIB: bpf_fib_lookup replaced by a stub that answers what the
  * bench namespace's FIB answers for the measured flows (route to np0 via
  * the peer or the gateway, their MACs), to measure the FIB lookup's share.
@@ -61,9 +66,9 @@ static __always_inline long bench_fib_lookup(struct bpf_fib_lookup *p)
 /* Ethernet + IPv4 + TCP without options: every header the datapath rewrites. */
 #define BENCH_HDR (14 + 20 + 20)
 
-static __noinline int bench_nothing(struct __sk_buff *skb)
+static __noinline int bench_nothing(struct np_ctx *skb)
 {
-	return skb->len == 0 ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+	return skb->data == skb->data_end ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 }
 
 /* Where the wrapper keeps the headers during a run: not its stack, which the datapath's frames leave no room in. */
@@ -114,6 +119,30 @@ static __always_inline void bench_copy(void *to, const void *from)
 	bench_copy(data, saved);					\
 	return rc;
 
+#ifdef NP_XDP
+SEC("xdp")
+int bench_xdp_empty(struct xdp_md *skb)
+{
+	return XDP_PASS;
+}
+
+static __noinline int bench_xdp_np(struct xdp_md *skb)
+{
+	return np_xdp_verdict(np_ingress4(skb));
+}
+
+SEC("xdp")
+int bench_xdp_wrapped_empty(struct xdp_md *skb)
+{
+	BENCH_WRAP(bench_nothing)
+}
+
+SEC("xdp")
+int bench_xdp_ingress(struct xdp_md *skb)
+{
+	BENCH_WRAP(bench_xdp_np)
+}
+#else
 SEC("tc")
 int bench_empty(struct __sk_buff *skb)
 {
@@ -286,3 +315,4 @@ int bench_prim_l3_csum(struct __sk_buff *skb)
 	bpf_l3_csum_replace(skb, NP_L3_OFF + offsetof(struct iphdr, check), daddr, daddr, sizeof(daddr));
 	return TC_ACT_UNSPEC;
 }
+#endif /* NP_XDP */
