@@ -20,13 +20,14 @@
 // to (ethtool tx off on ext0 and on the pod's eth0).
 import { execFileSync } from 'node:child_process';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
 import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, tcAttachModes, type Lab } from '../helpers/nodeport-lab.js';
-import { createSandbox, SLOW, type LoadResult } from '../helpers/sandbox.js';
+import { CLIENT_PY, createSandbox, SLOW, type LoadResult } from '../helpers/sandbox.js';
 import { datapathMetrics } from '../helpers/sandbox/agent.js';
 
-const ROOT = path.resolve(import.meta.dirname, '../..');
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const XDP_PASS = path.join(ROOT, 'bpf/.output/tests/xdp_pass.bpf.o');
 const HTTP = 8080;
 const UDP = 9000;
@@ -114,7 +115,7 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
       t.ok(delta(m1, m2, 'np_xdp_to_tc') >= 2 * 3, `the local backend's packets went on to tc (np_xdp_to_tc +${delta(m1, m2, 'np_xdp_to_tc')})`);
       t.equal(delta(m1, m2, 'np_xdp_fwd'), 0, 'XDP sent none of them itself');
 
-      const udp = await lab.inExt([sb.python, path.join(ROOT, 'test/helpers/client.py'), 'udp', front, String(REMOTE_UDP), '--mode', 'connected', '--count', '5']);
+      const udp = await lab.inExt([sb.python, CLIENT_PY, 'udp', front, String(REMOTE_UDP), '--mode', 'connected', '--count', '5']);
       const out = JSON.parse(udp.stdout) as { results: Array<{ server?: string; error?: string }> };
       t.equal(out.results.filter((x) => x.server).length, 5, `UDP: 5 datagrams answered from the frontend (${out.results.filter((x) => x.error).map((x) => x.error).join('; ')})`);
       const m3 = await datapathMetrics(lab.agent.bpfRoot);
