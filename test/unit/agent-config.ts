@@ -147,6 +147,14 @@ t.test('--tc-attach: auto (the default), tcx or clsact, from the command line or
   await t.rejects(optionsOf(['--config', file(`${HEADER}tcAttach: xdp\nsource: file:/x\n`)]), /tcAttach: "xdp": expected auto, tcx or clsact/);
 });
 
+t.test('--nodeport-acceleration: disabled (the default), native or best-effort, from the command line or the file, handed to the tc datapath', async (t) => {
+  t.equal(nodePortOptions(await optionsOf(['--source', 'file:/x']))?.acceleration, 'disabled');
+  for (const a of ['native', 'best-effort'] as const) t.equal(nodePortOptions(await optionsOf(['--source', 'file:/x', '--nodeport-acceleration', a]))?.acceleration, a);
+  await t.rejects(optionsOf(['--source', 'file:/x', '--nodeport-acceleration', 'generic']), /expected disabled, native or best-effort/);
+  t.equal(nodePortOptions(await optionsOf(['--config', file(`${HEADER}nodeportAcceleration: native\nsource: file:/x\n`)]))?.acceleration, 'native');
+  await t.rejects(optionsOf(['--config', file(`${HEADER}nodeportAcceleration: xdp\nsource: file:/x\n`)]), /nodeportAcceleration: "xdp": expected disabled, native or best-effort/);
+});
+
 t.test('--nodeport-mode: snat (the default), dsr or hybrid, from the command line or the file, handed to the tc datapath', async (t) => {
   const o = await optionsOf(['--source', 'file:/x']);
   t.equal(nodePortOptions(o)?.settings.mode, 'snat');

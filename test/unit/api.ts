@@ -244,6 +244,10 @@ t.test('status: the tc datapath line says the attach mode and why', async (t) =>
   t.match(dsr('dsr'), 'NodePorts on 10.0.0.5; remote backends by DSR (--nodeport-mode dsr)\n', '--nodeport-mode dsr is said');
   t.match(dsr('hybrid'), 'remote backends by DSR (TCP) and SNAT (UDP) (--nodeport-mode hybrid)', '--nodeport-mode hybrid is said');
   t.notMatch(dsr('snat'), 'remote backends', 'snat, the default, is not');
+  const k = kernel('clsact', '--tc-attach clsact')!;
+  const xdp = formatStatus(status({ kernel: { ...k, nodePort: { ...k.nodePort!, acceleration: 'native', devices: [{ name: 'eth0', index: 2, addresses: ['10.0.0.5/24'], xdp: true }, { name: 'eth1', index: 3, addresses: ['10.1.0.5/24'] }] } } })).text;
+  t.match(xdp, 'on eth0 [XDP] (10.0.0.5/24), eth1 (10.1.0.5/24); NodePorts on 10.0.0.5; XDP acceleration native on eth0\n', '--nodeport-acceleration: the devices at XDP are marked and named');
+  t.notMatch(dsr('snat'), 'XDP', 'without acceleration, no word of XDP');
 });
 
 t.test('status through the socket: exit codes', async (t) => {
