@@ -467,6 +467,7 @@ export class NodePortDatapath {
    */
   sync(devices: readonly Device[], addresses: readonly DeviceAddress[]): string[] {
     const problems: string[] = [];
+    this.syncing = devices;
     // addresses first: new ones in, stale ones out (a removed address stops matching at once)
     const want = new Map(addresses.map((a) => [nodeAddrKey(a).toString('hex'), a]));
     const value = lb_node_addr.encode({ ifindex: 0, flags: 0 });
@@ -492,7 +493,10 @@ export class NodePortDatapath {
     const round = this.switchRound(attachable.filter((x) => !this.attached.has(x.index)));
     problems.push(...round.problems);
     this.switchFailed = round.failed;
-    if (!round.failed && this.pending && this.l3Waiting.length === 0) this.committed = this.commitMigration();
+    if (!round.failed && this.pending && this.l3Waiting.length === 0) {
+      if (this.xdp) problems.push(...this.syncXdp(devices));
+      this.committed = this.commitMigration();
+    }
     for (const [index, a] of [...this.attached]) {
       if (byIndex.has(index)) continue;
       try {
@@ -505,8 +509,11 @@ export class NodePortDatapath {
     for (const [k] of this.devices.entries()) if (!byIndex.has(k.readUInt32LE(0))) this.devices.delete(k);
     problems.push(...this.sweepStale(byIndex));
     problems.push(...this.syncXdp(devices));
-    return problems;
+    return [...new Set(problems)];
   }
+
+  /** The devices of the sync under way (the switch round's XDP update needs them all). */
+  private syncing: readonly Device[] = [];
 
   /** The tc object's XDP build, when --nodeport-acceleration asked for it and it loaded. */
   private xdp: XdpAccelerator | undefined;
@@ -620,8 +627,12 @@ export class NodePortDatapath {
       }
       // The old programs run nowhere now (unless on a layer-3 device still
       // waiting for its programs): what they wrote since the load is carried
-      // too, while the new ones still drop a reply with no entry.
-      if (this.pending && this.l3Waiting.length === 0) this.committed = this.commitMigration();
+      // too, while the new ones still drop a reply with no entry. The old
+      // XDP programs are switched first: they write the old maps too.
+      if (this.pending && this.l3Waiting.length === 0) {
+        if (this.xdp) problems.push(...this.syncXdp(this.syncing));
+        this.committed = this.commitMigration();
+      }
       return { problems, failed: false };
     } finally {
       release();
