@@ -26,7 +26,9 @@ import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
 import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, tcAttachModes, type Lab } from '../helpers/nodeport-lab.js';
 import { CLIENT_PY, createSandbox, SLOW, type LoadResult } from '../helpers/sandbox.js';
-import { datapathMetrics } from '../helpers/sandbox/agent.js';
+import { sumCounters } from '../../src/datapath/counters.js';
+import { mapsDir } from '../../src/datapath/loader.js';
+import { openPinnedMap } from '../../src/native/bpf.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const XDP_PASS = path.join(ROOT, 'bpf/.output/tests/xdp_pass.bpf.o');
@@ -65,6 +67,16 @@ function xdpOn(ns: string, dev: string): { mode: number; name: string } | undefi
   const out = JSON.parse(execFileSync('ip', ['-j', '-d', '-n', ns, 'link', 'show', 'dev', dev], { encoding: 'utf8' })) as Array<{ xdp?: { mode: number; prog?: { name?: string } } }>;
   const x = out[0]?.xdp;
   return x ? { mode: x.mode, name: x.prog?.name ?? '' } : undefined;
+}
+
+/** The datapath's counters, read from the pinned map in this process (an lbctl process a read costs seconds in a TCG guest). */
+async function datapathMetrics(bpfRoot: string): Promise<Record<string, number>> {
+  const map = openPinnedMap(path.join(mapsDir(bpfRoot), 'lb_metrics'));
+  try {
+    return Object.fromEntries(Object.entries(sumCounters(map)).map(([k, v]) => [k, Number(v)]));
+  } finally {
+    map.close();
+  }
 }
 
 const delta = (a: Record<string, number>, b: Record<string, number>, k: string): number => (b[k] ?? 0) - (a[k] ?? 0);
