@@ -5,6 +5,8 @@
 //   routed     the client dials the pod's own address, routed through node 1 (no translation at all)
 //   lbctl      the agent in node 1 (nodeport.bpf.o at tc on n1e and n1b), the client dials node 1's NodePort
 //   lbctl-xdp  the same with --nodeport-acceleration native (nodeport_xdp.bpf.o at XDP on n1e and n1b too)
+//   lbctl-dsr  --nodeport-mode dsr on node 1 and on node 2 (an agent there too, and the client's second
+//              wire to node 2, test/helpers/nodeport-lab.ts's addNode2): node 2 answers the client itself
 //   iptables   kube-proxy's iptables mode, emulated (bench/kube-proxy.ts): its nat and filter
 //              rules for the N services in node 1's namespace, loaded with iptables-legacy-restore
 //   nftables   kube-proxy's nftables mode, emulated the same way, loaded with nft -f
@@ -70,10 +72,10 @@ import { iptablesRestoreFull, nftablesFull } from './kube-proxy.js';
 import { npServices, serviceObject, sliceObject, type NpService } from './np-services.js';
 import { ROOT } from './world.js';
 import { createSandbox, type Sandbox } from '../test/helpers/sandbox.js';
-import { makeLab, NODE1, POD1, POD2, type Lab } from '../test/helpers/nodeport-lab.js';
+import { addNode2, makeLab, NODE1, POD1, POD2, type Lab } from '../test/helpers/nodeport-lab.js';
 import { failureSummary, npLoad, SUSTAINED_TIMEOUT_MS, type NpLoadResult } from '../test/helpers/np-load.js';
 
-const MODES = ['routed', 'lbctl', 'lbctl-xdp', 'iptables', 'nftables'] as const;
+const MODES = ['routed', 'lbctl', 'lbctl-xdp', 'lbctl-dsr', 'iptables', 'nftables'] as const;
 type Mode = (typeof MODES)[number];
 const SEARCH_MODES = ['lbctl', 'iptables', 'nftables'] as const satisfies readonly Mode[];
 /** The search's bounds: below the floor a mode is reported as taking less; the ceiling is beyond what one CPU carries. */
@@ -240,10 +242,18 @@ async function withLab<T>(mode: Mode, n: number, svc: ReturnType<typeof services
         inNs(lab.n1, 'nft', ['-f', '-'], text(`nft-${n}`, () => nftablesFull(svc.all, { ...opts, nodeIP: NODE1.v4 })));
         break;
       case 'lbctl':
-      case 'lbctl-xdp': {
+      case 'lbctl-xdp':
+      case 'lbctl-dsr': {
         const objects = svc.all.flatMap((s) => [serviceObject(s), sliceObject(s, (ip) => (ip === POD1.v4 ? 'node1' : 'node2'))]);
         sb.writeManifest('services.json', JSON.stringify({ apiVersion: 'v1', kind: 'List', items: objects }));
-        await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--nodeport-range', `${NODEPORTS.first}-${NODEPORTS.last}`, '--sync-period', '3600000', ...(mode === 'lbctl-xdp' ? ['--nodeport-acceleration', 'native'] : [])]);
+        const common = ['--nodeport-range', `${NODEPORTS.first}-${NODEPORTS.last}`, '--sync-period', '3600000'];
+        const extra = mode === 'lbctl-xdp' ? ['--nodeport-acceleration', 'native'] : mode === 'lbctl-dsr' ? ['--nodeport-mode', 'dsr'] : [];
+        if (mode === 'lbctl-dsr') {
+          const node2 = addNode2(sb, lab);
+          await node2.start(['--devices', 'n2a,n2e', '--node-name', 'node2', ...common, ...extra]);
+          await node2.agent!.waitForLog((l) => l.msg === 'sync done' && Number(l.frontends) >= 2 * n, 0, 300_000);
+        }
+        await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', ...common, ...extra]);
         // The first sync may come before the file is read: wait for the one with every frontend (a ClusterIP and a NodePort each).
         await lab.agent.agent!.waitForLog((l) => l.msg === 'sync done' && Number(l.frontends) >= 2 * n, 0, 300_000);
         break;
@@ -500,10 +510,14 @@ export function e2eReport(r: E2eResults): string[] {
       const p50 = (m: Mode): number => stat(m, n, (p) => p[target].latency.p50_us) / stat('routed', n, (p) => p[target].latency.p50_us);
       const row = (what: string, v: number, ok: boolean): number => lines.push(`| ${what} | ${n.toLocaleString('en')} | ${target} | ${v.toFixed(2)}× | ${verdict(ok)} |`);
       row(`requests/s ≥ ${ROUTED_TARGET}× the routed pod (tc, SNAT)`, rps('lbctl') / rps('routed'), rps('lbctl') / rps('routed') >= ROUTED_TARGET);
-      if (at('lbctl-xdp', n).length) row(`requests/s ≥ ${ROUTED_TARGET_XDP}× the routed pod (XDP)`, rps('lbctl-xdp') / rps('routed'), rps('lbctl-xdp') / rps('routed') >= ROUTED_TARGET_XDP);
+      for (const [m, what] of [['lbctl-xdp', 'XDP'], ['lbctl-dsr', 'DSR']] as const) {
+        if (at(m, n).length) row(`requests/s ≥ ${ROUTED_TARGET_XDP}× the routed pod (${what})`, rps(m) / rps('routed'), rps(m) / rps('routed') >= ROUTED_TARGET_XDP);
+      }
       if (Number.isFinite(best)) row('requests/s ≥ the best kube-proxy mode (tc)', rps('lbctl') / best, rps('lbctl') >= best);
       row(`p50 ≤ ${P50_TARGET}× the routed pod (tc)`, p50('lbctl'), p50('lbctl') <= P50_TARGET);
-      if (at('lbctl-xdp', n).length) row(`p50 ≤ ${P50_TARGET}× the routed pod (XDP)`, p50('lbctl-xdp'), p50('lbctl-xdp') <= P50_TARGET);
+      for (const [m, what] of [['lbctl-xdp', 'XDP'], ['lbctl-dsr', 'DSR']] as const) {
+        if (at(m, n).length) row(`p50 ≤ ${P50_TARGET}× the routed pod (${what})`, p50(m), p50(m) <= P50_TARGET);
+      }
     }
   }
   const sustained = r.points.filter((p) => p.sustained);

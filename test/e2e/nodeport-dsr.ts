@@ -23,7 +23,7 @@
 // mode: the pod would see node 1's address and no np_dsr_* would count.
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import { addNode2, endpoint, EXT, extGet, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
 import { AgentSlot } from '../helpers/sandbox/agent.js';
 import { CLIENT_PY, createSandbox, SLOW, type LoadResult, type Sandbox } from '../helpers/sandbox.js';
 import { datapathMetrics, lbctl } from '../helpers/sandbox/agent.js';
@@ -34,8 +34,6 @@ const WEB = 30080; // both pods
 const REMOTE = 30081; // the pod on node 2 only
 const LOCAL = 30082; // the pod on node 1 only
 const REMOTE_UDP = 30091;
-const EXT1 = { v4: '10.250.1.2', v6: 'fd00:250:1::2' };
-const N2E = { v4: '10.250.1.1', v6: 'fd00:250:1::1' };
 const NODE1_ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
 const NODE2_ARGS = ['--devices', 'n2a,n2e', '--node-name', 'node2'];
 const RATE4 = Math.max(5, Math.round(40 / SLOW));
@@ -66,24 +64,6 @@ interface Dsr {
   node2: AgentSlot;
 }
 
-/** Node 2's agent (its own cgroup and bpf root, removed at teardown), and the client's direct wire to node 2. */
-function addNode2(sb: Sandbox, lab: Lab): AgentSlot {
-  // Its cleanup (kill, bpf root, cgroup) joins the sandbox's, in the order the old inline one had.
-  const node2 = sb.extraAgent('n2', lab.n2).slot;
-  ip('link', 'add', 'ext1', 'netns', lab.ext, 'type', 'veth', 'peer', 'name', 'n2e', 'netns', lab.n2);
-  for (const [ns, dev, a] of [[lab.ext, 'ext1', EXT1], [lab.n2, 'n2e', N2E]] as const) {
-    ip('-n', ns, 'addr', 'add', `${a.v4}/24`, 'dev', dev);
-    ip('-n', ns, 'addr', 'add', `${a.v6}/64`, 'dev', dev, 'nodad');
-    ip('-n', ns, 'link', 'set', dev, 'up');
-  }
-  // Node 2 answers the client directly; the client takes a reply from node 1's address on ext1.
-  ip('-n', lab.n2, 'route', 'add', `${EXT.v4}/32`, 'via', EXT1.v4);
-  ip('-n', lab.n2, '-6', 'route', 'add', `${EXT.v6}/128`, 'via', EXT1.v6);
-  for (const [ns, devs] of [[lab.ext, ['all', 'default', 'ext0', 'ext1']], [lab.n2, ['all', 'default', 'n2a', 'n2e']]] as const) {
-    for (const d of devs) ip('netns', 'exec', ns, 'sysctl', '-qw', `net.ipv4.conf.${d}.rp_filter=0`);
-  }
-  return node2;
-}
 
 async function packets(lab: Lab, ns: string, dev: string, dir: 'rx' | 'tx'): Promise<number> {
   const r = await lab.inNs(ns, ['cat', `/sys/class/net/${dev}/statistics/${dir}_packets`]);

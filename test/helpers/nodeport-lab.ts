@@ -282,6 +282,29 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
   return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong, startUdpLong, cleanup, reset };
 }
 
+/** The client's second wire, straight to node 2 (DSR: node 2 answers the client itself). */
+export const EXT1 = { v4: '10.250.1.2', v6: 'fd00:250:1::2' };
+export const N2E = { v4: '10.250.1.1', v6: 'fd00:250:1::1' };
+
+/** Node 2's agent (its own cgroup and bpf root, removed at teardown), and the client's direct wire to node 2. */
+export function addNode2(sb: Sandbox, lab: Lab): AgentSlot {
+  // Its cleanup (kill, bpf root, cgroup) joins the sandbox's, in the order the old inline one had.
+  const node2 = sb.extraAgent('n2', lab.n2).slot;
+  ip('link', 'add', 'ext1', 'netns', lab.ext, 'type', 'veth', 'peer', 'name', 'n2e', 'netns', lab.n2);
+  for (const [ns, dev, a] of [[lab.ext, 'ext1', EXT1], [lab.n2, 'n2e', N2E]] as const) {
+    ip('-n', ns, 'addr', 'add', `${a.v4}/24`, 'dev', dev);
+    ip('-n', ns, 'addr', 'add', `${a.v6}/64`, 'dev', dev, 'nodad');
+    ip('-n', ns, 'link', 'set', dev, 'up');
+  }
+  // Node 2 answers the client directly; the client takes a reply from node 1's address on ext1.
+  ip('-n', lab.n2, 'route', 'add', `${EXT.v4}/32`, 'via', EXT1.v4);
+  ip('-n', lab.n2, '-6', 'route', 'add', `${EXT.v6}/128`, 'via', EXT1.v6);
+  for (const [ns, devs] of [[lab.ext, ['all', 'default', 'ext0', 'ext1']], [lab.n2, ['all', 'default', 'n2a', 'n2e']]] as const) {
+    for (const d of devs) ip('netns', 'exec', ns, 'sysctl', '-qw', `net.ipv4.conf.${d}.rp_filter=0`);
+  }
+  return node2;
+}
+
 let modes: Promise<AttachMode[]> | undefined;
 
 /**
