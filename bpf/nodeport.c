@@ -3044,7 +3044,8 @@ static __noinline int np_ingress6(struct np_ctx *skb)
  * to a remote backend, SNATed, and the backend's reply to the client, each
  * sent out of a device that runs this program too) never reaches tc; all
  * else goes on to tc as it came (np_xdp_to_tc()): ICMP, fragments, SCTP,
- * IP options and extension headers, local backends, DSR, a frame too big
+ * IPv6 extension headers (and IPv4 options under DSR: one may be a DSR
+ * option), local backends, DSR flows, a frame too big
  * or at its last hop, a neighbour the FIB does not know yet. tc, which
  * stays attached, does with it what it always did.
  */

@@ -33,6 +33,7 @@ if (process.getuid?.() !== 0) t.bailout('the BPF suites need root (CAP_BPF, CAP_
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const OBJECT = path.join(ROOT, 'bpf/.output/tests/nodeport_test.bpf.o');
+const XDP_OBJECT = path.join(ROOT, 'bpf/.output/nodeport_xdp.bpf.o');
 /** Set in the child: the parent's network namespace, which the child must not be in. */
 const PARENT_NETNS = 'LBCTL_NP_UNIT_PARENT_NETNS';
 
@@ -1686,6 +1687,110 @@ async function inNamespace(): Promise<void> {
       untouched(t, ingress(elsewhere), elsewhere, 'a first fragment to an address no service has');
     });
     t.equal(delta(LbMetric.LB_MTR_NP_FRAG), 0n, 'none of them counted as dropped');
+  });
+
+  // --nodeport-acceleration: nodeport_xdp.bpf.o (the same source built for XDP) on this object's
+  // maps, through BPF_PROG_TEST_RUN with an xdp_md arriving on np0 (a test run takes an XDP
+  // context from 5.15 on). What it finishes must be byte for byte what tc makes of the same
+  // packet; what it hands to tc must reach tc unchanged.
+  t.test('XDP: established remote flows both ways come out as tc makes them (XDP_TX); everything else goes on to tc untouched (XDP_PASS)', async (t) => {
+    const XDP_DROP = 1;
+    const XDP_PASS = 2;
+    const XDP_TX = 3;
+    const declared = BpfObject.open(XDP_OBJECT);
+    const names = new Set(declared.mapNames());
+    declared.close();
+    const xdp = BpfObject.open(XDP_OBJECT, { reuseMaps: Object.fromEntries(obj.mapNames().filter((n) => names.has(n)).map((n) => [n, obj.map(n).fd])) });
+    t.teardown(() => xdp.close());
+    await xdp.load();
+    const xrun = (data: Buffer): Run => {
+      const ctx = Buffer.alloc(24);
+      ctx.writeUInt32LE(data.length, 4); // data_end
+      ctx.writeUInt32LE(np0, 12); // ingress_ifindex
+      const r = progTestRun(xdp.progFd('lb_nodeport_xdp'), { data, ctx });
+      let p: ParsedFrame;
+      try {
+        p = parseFrame(r.data);
+      } catch {
+        p = {} as ParsedFrame;
+      }
+      return { rc: r.retval | 0, out: r.data, p };
+    };
+    let missing: string | undefined;
+    try {
+      xrun(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 1, dport: 22 }));
+    } catch (err) {
+      missing = `this kernel takes no XDP context in a test run (5.15+; test/e2e/nodeport-xdp.ts runs the XDP build here): ${(err as Error).message.split('\n')[0]}`;
+    }
+    await t.test('both families, packet by packet', missing ? { skip: missing } : {}, async (t) => {
+    const markXdp = (on: boolean): void => maps.devices.update(u32.encode(np0), lb_device.encode({ addr4: ip4(NODE4), addr6: ip6(NODE6), mtu: 1500, flags: on ? 2 /* LB_DEV_F_XDP */ : 0 }));
+    const passed = (r: Run, input: Buffer, what: string): void => {
+      t.equal(r.rc, XDP_PASS, `${what}: XDP_PASS`);
+      t.ok(r.out.equals(input), `${what}: the bytes are unchanged`);
+    };
+    for (const fam of [4, 6] as const) {
+      reset();
+      markXdp(true);
+      const node = fam === 4 ? NODE4 : NODE6;
+      const client = fam === 4 ? CLIENT4 : CLIENT6;
+      const remote = fam === 4 ? REMOTE_BE4 : REMOTE_BE6;
+      const local = fam === 4 ? LOCAL_BE4 : LOCAL_BE6;
+      putService({ address: fam === 4 ? '0.0.0.0' : '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 60 + fam, backends: [{ id: 20 + fam, address: remote, port: 8080 }] });
+      putService({ address: fam === 4 ? LB4 : LB6, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 70 + fam, backends: [{ id: 30 + fam, address: local, port: 8080 }] });
+      // a flow opened by XDP itself: its SYN, translated there, as tc would have
+      const syn = fromClient({ src: client, dst: node, proto: 'tcp', sport: 43000, dport: NODEPORT, flags: TCP_SYN });
+      const first = counting(() => xrun(syn));
+      t.equal(first.result.rc, XDP_TX, `IPv${fam}: a new flow's SYN, SNATed and sent back out of np0 (XDP_TX)`);
+      t.equal(first.delta(LbMetric.LB_MTR_NP_XDP_FWD), 1n, `IPv${fam}: np_xdp_fwd counted`);
+      const snat = first.result.p.sport ?? 0;
+      t.match(first.result.p, { src: node, dst: remote, dport: 8080, ttl: 63, srcMac: NP0_MAC, dstMac: PEER_MAC }, `IPv${fam}: DNAT, SNAT, TTL, next hop MACs`);
+      checksumsValid(t, first.result.p, `IPv${fam} SYN at XDP`);
+      for (const [what, pkt] of [
+        ['the client\'s next packet', fromClient({ src: client, dst: node, proto: 'tcp', sport: 43000, dport: NODEPORT, flags: TCP_ACK, payload: Buffer.from('GET / HTTP/1.1\r\n\r\n') })],
+        ['the backend\'s reply', fromPeer({ src: remote, dst: node, proto: 'tcp', sport: 8080, dport: snat, flags: TCP_ACK, payload: Buffer.from('HTTP/1.1 200 OK\r\n') })],
+      ] as const) {
+        const x = xrun(pkt);
+        const c = ingress(pkt);
+        t.equal(x.rc, XDP_TX, `IPv${fam}, ${what}: XDP_TX`);
+        t.equal(c.rc, TC_ACT_REDIRECT, `IPv${fam}, ${what}: tc redirects it`);
+        t.ok(x.out.equals(c.out), `IPv${fam}, ${what}: the same bytes as tc's`);
+        checksumsValid(t, x.p, `IPv${fam}, ${what} at XDP`);
+      }
+      const udp = fromClient({ src: client, dst: node, proto: 'udp', sport: 43001, dport: NODEPORT, zeroChecksum: fam === 4 });
+      putService({ address: fam === 4 ? '0.0.0.0' : '::', port: NODEPORT, proto: 'udp', type: LbSvcType.LB_SVC_NODEPORT, revNat: 80 + fam, backends: [{ id: 40 + fam, address: remote, port: 5353 }] });
+      const u = xrun(udp);
+      t.equal(u.rc, XDP_TX, `IPv${fam} UDP: XDP_TX`);
+      if (fam === 4) t.equal(u.p.l4Checksum, 0, 'IPv4 UDP sent without a checksum: still without one');
+      else checksumsValid(t, u.p, 'IPv6 UDP at XDP');
+
+      // what goes on to tc untouched
+      const handed = (what: string, pkt: Buffer, counted: boolean): void => {
+        const r = counting(() => xrun(pkt));
+        passed(r.result, pkt, `IPv${fam}, ${what}`);
+        t.equal(r.result.rc === XDP_DROP, false);
+        t.equal(r.delta(LbMetric.LB_MTR_NP_XDP_FWD), 0n, `IPv${fam}, ${what}: np_xdp_fwd +0`);
+        if (counted) t.ok(r.delta(LbMetric.LB_MTR_NP_XDP_TO_TC) >= 1n, `IPv${fam}, ${what}: np_xdp_to_tc counted`);
+      };
+      handed('a local backend\'s flow', fromClient({ src: client, dst: fam === 4 ? LB4 : LB6, proto: 'tcp', sport: 43002, dport: 80, flags: TCP_SYN }), true);
+      handed('a packet at its last hop', fromClient({ src: client, dst: node, proto: 'tcp', sport: 43000, dport: NODEPORT, flags: TCP_ACK, ttl: 1 }), true);
+      handed('not a service', fromClient({ src: client, dst: node, proto: 'tcp', sport: 43003, dport: 22, flags: TCP_ACK }), false);
+      if (fam === 4) {
+        handed('an IPv4 fragment', fragments4({ ...{ srcMac: GW_MAC, dstMac: NP0_MAC }, src: client, dst: node, proto: 'udp', sport: 43004, dport: NODEPORT, payload: Buffer.alloc(64, 1) }, [16])[0]!, false);
+        // IPv4 options: translated past them as tc does (SNAT mode); with DSR they may be a DSR option: tc's
+        const opt = fromClient({ src: client, dst: node, proto: 'tcp', sport: 43000, dport: NODEPORT, flags: TCP_ACK, options: Buffer.from([1, 1, 1, 0]) });
+        const xo = xrun(opt);
+        const co = ingress(opt);
+        t.equal(xo.rc, XDP_TX, 'IPv4 with options (SNAT mode): XDP_TX');
+        t.ok(xo.out.equals(co.out), 'IPv4 with options: the same bytes as tc\'s');
+        setConfig({ flags: NP_F_DSR });
+        handed('IPv4 with options to a pod, --nodeport-mode dsr (maybe a DSR option)', fromPeer({ src: client, dst: local, proto: 'tcp', sport: 43005, dport: 8080, flags: TCP_SYN, options: Buffer.from([1, 1, 1, 0]) }), false);
+        setConfig();
+        handed('ICMP', echoRequest(client, node, GW_MAC, NP0_MAC), false);
+      }
+      markXdp(false);
+      handed('an established flow whose way out is a device without XDP', fromClient({ src: client, dst: node, proto: 'tcp', sport: 43000, dport: NODEPORT, flags: TCP_ACK }), true);
+    }
+    });
   });
 
   // For the record (the verifier's limit is 1,000,000 instructions): what the kernel translated, and
