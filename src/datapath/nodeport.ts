@@ -194,6 +194,9 @@ function nodeAddrKey(a: { family: 4 | 6; address: string }): Buffer {
  * fragmentation needed / packet too big). sync() rewrites it on every
  * rtnetlink burst, so a changed address, route or MTU is followed.
  */
+/** The devices --nodeport-acceleration puts XDP on: the front doors (clients' traffic), Ethernet ones. */
+const xdpWanted = (d: Device): boolean => d.role === 'nodeport' && !d.l3;
+
 function deviceValue(d: Device, xdp: boolean): Buffer {
   const v4 = d.snat[4];
   const v6 = d.snat[6];
@@ -523,14 +526,16 @@ export class NodePortDatapath {
   xdpRefused: ReadonlyArray<{ readonly device: string; readonly why: string }> = [];
   private xdpSwept = false;
 
-  /** Whether `d` runs XDP and keeps it: an Ethernet device tc serves, with our XDP link. */
+  /** Whether `d` runs XDP and keeps it: a front door tc serves, with our XDP link. */
   private xdpOn(d: Device): boolean {
-    return !!this.xdp && !d.l3 && this.attached.has(d.index) && this.xdp.devices.has(d.index);
+    return !!this.xdp && xdpWanted(d) && this.attached.has(d.index) && this.xdp.devices.has(d.index);
   }
 
   /**
-   * XDP on every Ethernet device tc serves (after tc: a frame XDP passes on
-   * must find tc there), then lb_devices marks those it runs on. Without
+   * XDP on every front door tc serves (after tc: a frame XDP passes on must
+   * find tc there), then lb_devices marks those it runs on. Tunnels stay at
+   * tc: a layer-3 one has no link-layer header, and an Ethernet one (vxlan,
+   * geneve) has no native XDP and carries pods' traffic, not clients'. Without
    * acceleration, links an earlier agent left are removed (once).
    */
   private syncXdp(devices: readonly Device[]): string[] {
@@ -545,7 +550,7 @@ export class NodePortDatapath {
       }
       return problems;
     }
-    const want = devices.filter((d) => !d.l3 && this.attached.has(d.index));
+    const want = devices.filter((d) => xdpWanted(d) && this.attached.has(d.index));
     const r = this.xdp.sync(want);
     for (const d of want) this.devices.update(u32.encode(d.index), deviceValue(d, r.on.has(d.index)), BPF_ANY);
     this.xdpRefused = r.refused;
