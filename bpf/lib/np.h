@@ -47,7 +47,7 @@
  * The program context: a socket buffer at tc; nodeport_xdp.bpf.o, the same
  * source built with NP_XDP, runs the ingress path at XDP on the driver's
  * frame (xdp_md, whose data and data_end read as skb's do), and hands what
- * it cannot finish to tc unchanged (bpf/nodeport.c, "XDP").
+ * it cannot finish to tc unchanged (bpf/nodeport.c, lb_nodeport_xdp()).
  */
 #ifdef NP_XDP
 #define np_ctx xdp_md
@@ -216,7 +216,7 @@ static __always_inline __u32 np_l4_csum_off(__u8 proto, __u32 l4_off)
 }
 
 #ifndef NP_XDP
-/* The socket buffer's rewrites (tc); XDP writes in place (np_xdp_*). */
+/* The socket buffer's rewrites (tc); at XDP np4_xlate()/np6_xlate() write in place and np_l4_csum_update() follows. */
 
 /* SCTP's first chunk as np_l4.tcp_flags. */
 static __always_inline __u8 np_sctp_flags(struct __sk_buff *skb, __u32 l4_off, __u32 len)
