@@ -209,7 +209,12 @@ export function fillMaglev(table: Uint32Array, offset: Int32Array, skip: Int32Ar
       t1 = t;
     }
     const inv = t0 < 0 ? t0 + m : t0;
-    for (let k = 0; k < left; k++) steps[b * left + k] = (((empty[k]! - offset[b]! + m) % m) * inv) % m;
+    for (let k = 0; k < left; k++) {
+      let d = empty[k]! - offset[b]!;
+      d += (d >> 31) & m;
+      const x = d * inv; // below M², exact in a double: x mod M without `%` (fmod, a call)
+      steps[b * left + k] = x - Math.floor(x / m) * m;
+    }
   }
   let live = left; // empty[0..live) are still empty
   const stride = left;
