@@ -57,7 +57,9 @@ parentPort.on('message', (r) => {
     const b = col + s[at + k + 1];
     let done = ${BY_WORKER};
     try {
-      fillMaglev(new Uint32Array(r.out, k * r.m * 4, r.m), s.subarray(a, b), s.subarray(a + total, b + total), ids.subarray(a + 2 * total, b + 2 * total), r.m, r.tail);
+      const table = new Uint32Array(r.out, k * r.m * 4, r.m);
+      if (!r.fresh) table.fill(0);
+      fillMaglev(table, s.subarray(a, b), s.subarray(a + total, b + total), ids.subarray(a + 2 * total, b + 2 * total), r.m, r.tail);
     } catch {
       done = ${FAILED};
     }
@@ -88,12 +90,20 @@ interface Run {
   readonly state: Int32Array;
   readonly ids: Uint32Array;
   readonly out: SharedArrayBuffer;
+  /** `out` is new memory, all zeros (else a dropped run's, reused: each table is zeroed before it is filled). */
+  readonly fresh: boolean;
   readonly apart: Map<number, Uint32Array>;
 }
 
 /**
  * The tables of a list of jobs, built as they are asked for (in about the
  * order of the list: the runs ahead of the one asked are built meanwhile).
+ *
+ * A table is a view of its run's memory, which a run two on reuses: write
+ * it (or copy it) before asking for tables two runs on. Reused memory is
+ * memory the kernel has given already: new memory costs a page fault every
+ * 4 KiB, and two threads faulting at once (in one process) about halved
+ * both threads' speed.
  */
 export class MaglevBuilds {
   private readonly runs = new Map<number, Run>();
@@ -103,6 +113,8 @@ export class MaglevBuilds {
   /** Runs up to this one were dropped (two behind the one asked), and are never made again. */
   private dropped = -1;
   private closed = false;
+  /** The memory of runs dropped, for the runs to come. */
+  private readonly spare: SharedArrayBuffer[] = [];
 
   /** @internal MaglevPool.builds() */
   constructor(
@@ -128,10 +140,10 @@ export class MaglevBuilds {
   table(k: number): Uint32Array | undefined {
     if (this.closed || k < 0 || k >= this.jobs.length) return undefined;
     const r = Math.floor(k / this.per);
+    for (const [old, gone] of this.runs) if (old < r - 1) this.drop(old, gone, true);
     const run = this.run(r);
     // The runs after it are posted now (AHEAD_BYTES of them): the workers build them while this thread writes run r.
     for (let next = r + 1; next <= r + this.ahead; next++) this.run(next);
-    for (const [old, gone] of this.runs) if (old < r - 1) this.drop(old, gone);
     if (!run) return undefined;
     const j = k - run.from;
     const apart = run.apart.get(j);
@@ -159,16 +171,20 @@ export class MaglevBuilds {
     return table;
   }
 
-  /** Stops the builds of the runs posted (the tables asked for stay). */
+  /** Stops the builds of the runs posted (the tables asked for stay as they are). */
   close(): void {
     this.closed = true;
-    for (const [r, run] of this.runs) this.drop(r, run);
+    for (const [r, run] of this.runs) this.drop(r, run, false);
+    this.spare.length = 0;
   }
 
-  private drop(r: number, run: Run): void {
-    Atomics.store(run.state, NEXT, run.count); // nothing left to take
+  /** Run r is not built further; its memory is kept for another if `reuse` and no worker is still writing there. */
+  private drop(r: number, run: Run, reuse: boolean): void {
+    const taken = Math.min(run.count, Atomics.exchange(run.state, NEXT, run.count)); // nothing left to take
     this.runs.delete(r);
     this.dropped = Math.max(this.dropped, r);
+    for (let j = 0; j < taken; j++) if (Atomics.load(run.state, STATE + j) === PENDING) return;
+    if (reuse && run.out.byteLength === this.per * this.m * 4) this.spare.push(run.out);
   }
 
   /** Run r: hashed and posted at its first ask; undefined past the end or once dropped. */
@@ -194,7 +210,7 @@ export class MaglevBuilds {
     let n = 0;
     perms.forEach((p, k) => {
       state[at + k] = n;
-      if (!p || p.ids.length === 0) state[STATE + k] = p ? HERE : SKIPPED; // no backends: the zeroed table is it
+      if (!p || p.ids.length === 0) state[STATE + k] = p ? HERE : SKIPPED;
       if (!p) return;
       state.set(p.offset, col + n);
       state.set(p.skip, col + total + n);
@@ -202,16 +218,22 @@ export class MaglevBuilds {
       n += p.ids.length;
     });
     state[at + count] = n;
-    const run: Run = { from, count, state, ids, out: new SharedArrayBuffer(count * this.m * 4), apart: new Map() };
+    const reused = this.spare.pop();
+    const out = reused ?? new SharedArrayBuffer(this.per * this.m * 4);
+    const run: Run = { from, count, state, ids, out, fresh: !reused, apart: new Map() };
+    // No backends: the zeroed table is it.
+    if (reused) perms.forEach((p, k) => p?.ids.length === 0 && new Uint32Array(out, k * this.m * 4, this.m).fill(0));
     this.runs.set(r, run);
-    if (count >= MIN_POST) this.pool.post({ state: buf, out: run.out, count, m: this.m, tail: TAIL_SLOTS });
+    if (count >= MIN_POST) this.pool.post({ state: buf, out, fresh: run.fresh, count, m: this.m, tail: TAIL_SLOTS });
     return run;
   }
 
   /** Table j of `run`, taken by this thread. */
   private fill(run: Run, j: number): void {
     if (Atomics.load(run.state, STATE + j) !== PENDING) return;
-    this.fillInto(run, j, new Uint32Array(run.out, j * this.m * 4, this.m));
+    const table = new Uint32Array(run.out, j * this.m * 4, this.m);
+    if (!run.fresh) table.fill(0);
+    this.fillInto(run, j, table);
     Atomics.store(run.state, STATE + j, HERE);
   }
 
@@ -280,7 +302,7 @@ export class MaglevPool {
     const b = this.builds(jobs, m, seed);
     try {
       return jobs.map((_, k) => {
-        const table = b.table(k);
+        const table = b.table(k)?.slice(); // a copy: its run's memory is reused
         if (table) return table;
         const p = maglevPermutations(jobs[k]!.backends, m, seed); // throws for a set no table holds
         const own = new Uint32Array(m);
@@ -298,7 +320,7 @@ export class MaglevPool {
   }
 
   /** @internal MaglevBuilds: a run for every worker. */
-  post(run: { state: SharedArrayBuffer; out: SharedArrayBuffer; count: number; m: number; tail: number }): void {
+  post(run: { state: SharedArrayBuffer; out: SharedArrayBuffer; fresh: boolean; count: number; m: number; tail: number }): void {
     if (this.start() === 0) return;
     for (const w of this.workers) w.postMessage(run);
   }

@@ -97,9 +97,6 @@ export interface ReconcilerOptions {
   };
 }
 
-/** With a pool, room for Maglev tables is made this much at a time (a chunk's worth: 1,024 tables at M = 16,381). */
-const MAGLEV_RESERVE_BYTES = 64 << 20;
-
 /** The kernel's (or an allocator's) answer when a map has no room for a new key. */
 export function isNoRoom(err: unknown): boolean {
   const code = (err as { code?: unknown } | undefined)?.code;
@@ -507,25 +504,19 @@ export class Reconciler {
    */
   private applyOps(ops: readonly SingleOp[], refused: Refusals, deferred: SingleOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
     const tables = ops.flatMap((op) => (op.kind === 'put-maglev' ? [op.table] : []));
-    const ns = this.northSouth;
     try {
-      // The pool's workers start on the tables first, and room is made for
-      // them a window at a time as the writes reach it: the workers build
-      // while each chunk is made (its memory zeroed, in the kernel). Without
-      // a pool, all at once (one RCU wait for all the chunks).
+      // The pool's workers start on the tables first: they build while the room is made (new chunks: their memory zeroed, in the kernel).
       const first = ops.findIndex((op) => op.kind === 'put-maglev');
       if (first >= 0) this.prebuild(ops, first);
-      const window = this.prebuilt && ns ? Math.max(1, Math.floor(MAGLEV_RESERVE_BYTES / (4 * ns.maglevM))) : tables.length;
-      let reached = 0; // put-maglev ops reached
+      if (tables.length > 0 && this.northSouth?.maps.reserveMaglev) {
+        try {
+          this.northSouth.maps.reserveMaglev(tables);
+        } catch {
+          // Room made at once is a saving, not a need: each put makes what it needs, and one refused says why.
+        }
+      }
       for (let i = 0; i < ops.length; ) {
         const op = ops[i]!;
-        if (op.kind === 'put-maglev' && reached++ % window === 0 && ns?.maps.reserveMaglev) {
-          try {
-            ns.maps.reserveMaglev(tables.slice(reached - 1, reached - 1 + window));
-          } catch {
-            // Room made at once is a saving, not a need: each put makes what it needs, and one refused says why.
-          }
-        }
         if (op.kind === 'put-maglev' && op.fingerprint !== this.lastTable?.fingerprint && !this.prebuilt?.jobs.has(op.fingerprint)) this.prebuild(ops, i);
         i++;
         const verdict = this.admit(op, refused);
