@@ -553,7 +553,7 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     );
     return run;
   } finally {
-    pool.close();
+    await pool.close(); // its thread gone before taskset -a walks the threads
     obj.close();
     pinTo(String(plan.cpu));
   }

@@ -374,7 +374,7 @@ export class Agent implements AgentView {
     // A termination in progress stops at its next step; the maps it reads
     // stay open until it has.
     this.terminator?.close();
-    this.maglevPool.close();
+    await this.maglevPool.close();
     await this.terminator?.idle();
     this.datapath?.close();
     this.opts.log.info('agent stopped; the datapath stays attached (lbctl cleanup removes it)');

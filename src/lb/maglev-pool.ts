@@ -314,9 +314,11 @@ export class MaglevPool {
     }
   }
 
-  /** Stops the workers (they never keep the process alive). */
-  close(): void {
+  /** Stops the workers (they never keep the process alive); resolves once their threads are gone. */
+  async close(): Promise<void> {
+    const workers = this.workers;
     this.giveUp();
+    await Promise.all(workers.map((w) => w.terminate().catch(() => undefined)));
   }
 
   /** @internal MaglevBuilds: a run for every worker. */
