@@ -554,6 +554,7 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
   // every core and pinned back after.
   pinTo(`0-${os.cpus().length - 1}`);
   const pool = new MaglevPool();
+  pool.start(); // as the agent does with the tc datapath, before its first sync
   await obj.load();
   try {
     const set = {} as LbMapSet;
@@ -606,7 +607,7 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     );
     return run;
   } finally {
-    pool.close();
+    await pool.close(); // its thread gone before taskset -a walks the threads
     obj.close();
     pinTo(String(plan.cpu));
   }

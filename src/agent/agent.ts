@@ -120,7 +120,7 @@ export class Agent implements AgentView {
   readonly startedAt = Date.now();
   private datapath: Datapath | undefined;
   private reconciler: Reconciler | undefined;
-  /** Maglev tables of a sync built on several cores (the workers start at the first run of tables). */
+  /** Maglev tables of a sync built on several cores (the workers start with the tc datapath, to be up by the first sync). */
   private readonly maglevPool = new MaglevPool();
   private terminator: UdpTerminator | undefined;
   private features: DatapathFeatures | undefined;
@@ -230,7 +230,10 @@ export class Agent implements AgentView {
     // The ids' ranges follow the loaded maps' sizes (--max-services, --max-backends).
     const maxEntries = Object.fromEntries(LB_MAP_NAMES.map((name) => [name, this.datapath!.object.map(name).maxEntries]));
     // The tc datapath first: the reconciler writes its tables and ranges too.
-    if (this.opts.nodePort) await this.startNodePort(this.opts.nodePort, attach!);
+    if (this.opts.nodePort) {
+      this.maglevPool.start();
+      await this.startNodePort(this.opts.nodePort, attach!);
+    }
     if (this.stopping) return;
     const np = this.nodePort;
     this.reconciler = new Reconciler(this.datapath.maps, {
@@ -372,7 +375,7 @@ export class Agent implements AgentView {
     // A termination in progress stops at its next step; the maps it reads
     // stay open until it has.
     this.terminator?.close();
-    this.maglevPool.close();
+    await this.maglevPool.close();
     await this.terminator?.idle();
     this.datapath?.close();
     this.opts.log.info('agent stopped; the datapath stays attached (lbctl cleanup removes it)');

@@ -14,7 +14,7 @@
 import { LbError } from '../base/errors.js';
 import type { LbMaps, NorthSouthMaps } from '../datapath/lbmaps.js';
 import { maglevTable } from '../lb/maglev.js';
-import type { MaglevPool } from '../lb/maglev-pool.js';
+import type { MaglevBuilds, MaglevPool } from '../lb/maglev-pool.js';
 import type { SourceRange } from '../model/north-south.js';
 import { PartialWriteError, putOne } from '../datapath/lbmaps.js';
 import { backendKey, serviceAddrKey, type Backend, type BackendKey, type Family, type FrontendKey, type L3n4Addr, type ServiceAddr } from '../lb/types.js';
@@ -97,9 +97,6 @@ export interface ReconcilerOptions {
   };
 }
 
-/** Tables a pool builds at once: 256 × 64 KiB at M = 16,381, whatever the sync's size. */
-const MAGLEV_POOL_BATCH = 256;
-
 /** The kernel's (or an allocator's) answer when a map has no room for a new key. */
 export function isNoRoom(err: unknown): boolean {
   const code = (err as { code?: unknown } | undefined)?.code;
@@ -178,8 +175,8 @@ export class Reconciler {
   private realizedState = new RealizedState();
   /** The last Maglev table built, by its backends' fingerprint (the same backends and ids: the same table). */
   private lastTable?: { readonly fingerprint: string; readonly ids: Uint32Array };
-  /** Tables the pool built ahead for the put-maglev ops that follow, by fingerprint. */
-  private prebuilt = new Map<string, Uint32Array>();
+  /** Tables the pool builds ahead for the put-maglev ops that follow: which job each fingerprint is. */
+  private prebuilt?: { readonly jobs: Map<string, number>; readonly builds: MaglevBuilds };
   /**
    * The maps hold exactly the desired state of the last sync (it wrote
    * everything and pruned, and they were not re-read since): the next sync
@@ -507,56 +504,67 @@ export class Reconciler {
    */
   private applyOps(ops: readonly SingleOp[], refused: Refusals, deferred: SingleOp[], count: (kind: MapOp['kind'], n?: number) => void, applied: () => number): void {
     const tables = ops.flatMap((op) => (op.kind === 'put-maglev' ? [op.table] : []));
-    if (tables.length > 0 && this.northSouth?.maps.reserveMaglev) {
-      try {
-        this.northSouth.maps.reserveMaglev(tables);
-      } catch {
-        // Room made at once is a saving, not a need: each put makes what it needs, and one refused says why.
-      }
-    }
-    for (let i = 0; i < ops.length; ) {
-      const op = ops[i]!;
-      if (op.kind === 'put-maglev' && !this.prebuilt.has(op.fingerprint)) this.prebuild(ops, i);
-      i++;
-      const verdict = this.admit(op, refused);
-      if (verdict === 'defer') deferred.push(op);
-      if (verdict !== 'write') continue;
-      try {
-        this.apply(op);
-      } catch (err) {
-        if (isNoRoom(err) && op.kind.startsWith('put-')) {
-          this.refuse(op, err, refused);
-          continue;
+    try {
+      // The pool's workers start on the tables first: they build while the room is made (new chunks: their memory zeroed, in the kernel).
+      const first = ops.findIndex((op) => op.kind === 'put-maglev');
+      if (first >= 0) this.prebuild(ops, first);
+      if (tables.length > 0 && this.northSouth?.maps.reserveMaglev) {
+        try {
+          this.northSouth.maps.reserveMaglev(tables);
+        } catch {
+          // Room made at once is a saving, not a need: each put makes what it needs, and one refused says why.
         }
-        throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied(), { cause: err });
       }
-      count(op.kind);
+      for (let i = 0; i < ops.length; ) {
+        const op = ops[i]!;
+        if (op.kind === 'put-maglev' && op.fingerprint !== this.lastTable?.fingerprint && !this.prebuilt?.jobs.has(op.fingerprint)) this.prebuild(ops, i);
+        i++;
+        const verdict = this.admit(op, refused);
+        if (verdict === 'defer') deferred.push(op);
+        if (verdict !== 'write') continue;
+        try {
+          this.apply(op);
+        } catch (err) {
+          if (isNoRoom(err) && op.kind.startsWith('put-')) {
+            this.refuse(op, err, refused);
+            continue;
+          }
+          throw new SyncError(`${describeOp(op)}: ${(err as Error).message}`, op, applied(), { cause: err });
+        }
+        count(op.kind);
+      }
+    } finally {
+      this.prebuilt?.builds.close();
+      this.prebuilt = undefined;
     }
-    this.prebuilt.clear();
   }
 
   /**
-   * With a pool: the tables of the put-maglev ops from `from` on (up to
-   * MAGLEV_POOL_BATCH distinct backend sets), built at once on its threads.
+   * With a pool: the tables of the put-maglev ops from `from` on, one job
+   * per backend set, built on its threads ahead of the writes (run by run,
+   * as the writes ask for them).
    */
   private prebuild(ops: readonly SingleOp[], from: number): void {
     const ns = this.northSouth;
     if (!ns?.maglevPool) return;
-    this.prebuilt.clear();
-    const jobs = new Map<string, readonly MaglevEntry[]>();
-    for (let k = from; k < ops.length && jobs.size < MAGLEV_POOL_BATCH; k++) {
+    this.prebuilt?.builds.close();
+    this.prebuilt = undefined;
+    const jobs = new Map<string, number>();
+    const sets: Array<{ backends: readonly MaglevEntry[] }> = [];
+    for (let k = from; k < ops.length; k++) {
       const op = ops[k]!;
-      if (op.kind === 'put-maglev' && op.fingerprint !== this.lastTable?.fingerprint) jobs.set(op.fingerprint, op.backends);
+      if (op.kind !== 'put-maglev' || jobs.has(op.fingerprint)) continue;
+      jobs.set(op.fingerprint, sets.length);
+      sets.push({ backends: op.backends });
     }
-    if (jobs.size < 2) return;
-    let tables: Uint32Array[];
-    try {
-      tables = ns.maglevPool.buildMany([...jobs.values()].map((backends) => ({ backends })), ns.maglevM, ns.maglevSeed);
-    } catch {
-      return; // a set no table can hold: its own put builds it again and fails, naming its frontend
-    }
-    let k = 0;
-    for (const fingerprint of jobs.keys()) this.prebuilt.set(fingerprint, tables[k++]!);
+    if (sets.length < 2) return;
+    this.prebuilt = { jobs, builds: ns.maglevPool.builds(sets, ns.maglevM, ns.maglevSeed) };
+  }
+
+  /** The pool's table for `fingerprint`, if it built one (undefined: build it here; a set no table holds fails here, naming its frontend). */
+  private prebuiltTable(fingerprint: string): Uint32Array | undefined {
+    const k = this.prebuilt?.jobs.get(fingerprint);
+    return k === undefined ? undefined : this.prebuilt!.builds.table(k);
   }
 
   /**
@@ -676,7 +684,7 @@ export class Reconciler {
         const ns = this.northSouth!;
         // A service's frontends (NodePorts, LoadBalancer and external IPs) share one backend set, and come in a row.
         if (this.lastTable?.fingerprint !== op.fingerprint) {
-          this.lastTable = { fingerprint: op.fingerprint, ids: this.prebuilt.get(op.fingerprint) ?? maglevTable(op.backends, ns.maglevM, ns.maglevSeed) };
+          this.lastTable = { fingerprint: op.fingerprint, ids: this.prebuiltTable(op.fingerprint) ?? maglevTable(op.backends, ns.maglevM, ns.maglevSeed) };
         }
         return ns.maps.putMaglev(op.table, this.lastTable.ids);
       }

@@ -167,6 +167,7 @@ t.test('two agents, the same services in another order: the same tables, slot fo
   t.ok([...a.ids].every(([k, v]) => same(c.ids.get(k), v)), 'a third agent fed the same order writes the same bytes');
   const pool = new MaglevPool(1);
   t.teardown(() => pool.close());
+  await pool.ready(); // up before the sync, as the agent's (started with the tc datapath)
   const d = await agent(reversed, pool);
   t.ok(pool.byWorkers > 0, `a fourth agent's pool built ${pool.byWorkers} of its tables on a worker thread`);
   t.ok(services.every((fe) => a.byFrontend.get(fe.address)!.equals(d.byFrontend.get(fe.address)!)), 'and its tables name the same backend in every slot of every table');
