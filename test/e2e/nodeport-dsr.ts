@@ -22,62 +22,26 @@
 // SIGKILL): not one connection fails. Every test here would fail in SNAT
 // mode: the pod would see node 1's address and no np_dsr_* would count.
 import t, { type Test } from 'tap';
-import { yamlDocs } from '../helpers/manifests.js';
-import { addNode2, endpoint, EXT, extGet, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import { addNode2, checkNoFailedLoad, counterDelta, EXT, hostOf, type Lab, LAB_PORTS, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, requestsAnsweredBy, webRemoteLocal } from '../helpers/nodeport-lab.js';
 import { AgentSlot } from '../helpers/sandbox/agent.js';
-import { CLIENT_PY, createSandbox, SLOW, type LoadResult, type Sandbox } from '../helpers/sandbox.js';
+import { CLIENT_PY, createSandbox, SLOW, type Sandbox } from '../helpers/sandbox.js';
 import { datapathMetrics, lbctl } from '../helpers/sandbox/agent.js';
 
-const HTTP = 8080;
-const UDP = 9000;
-const WEB = 30080; // both pods
-const REMOTE = 30081; // the pod on node 2 only
-const LOCAL = 30082; // the pod on node 1 only
-const REMOTE_UDP = 30091;
+/** web: both pods; remote: the pod on node 2 only; local: the pod on node 1 only. */
+const { web: WEB, remote: REMOTE, local: LOCAL, remoteUdp: REMOTE_UDP } = LAB_PORTS;
 const NODE1_ARGS = ['--devices', 'n1e,n1b', '--node-name', 'node1'];
 const NODE2_ARGS = ['--devices', 'n2a,n2e', '--node-name', 'node2'];
 const RATE4 = Math.max(5, Math.round(40 / SLOW));
 const RATE6 = Math.max(5, Math.round(20 / SLOW));
-
-function manifests(): string {
-  const both = { 4: [endpoint(1, 4), endpoint(2, 4)], 6: [endpoint(1, 6), endpoint(2, 6)] };
-  const dual = ['10.96.0.10', 'fd00:96::10'];
-  return yamlDocs([
-    ...northSouth({ name: 'web', clusterIPs: dual, ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: WEB }] }, both),
-    ...northSouth(
-      {
-        name: 'remote',
-        clusterIPs: ['10.96.0.11', 'fd00:96::11'],
-        ports: [
-          { name: 'http', port: 80, targetPort: HTTP, nodePort: REMOTE },
-          { name: 'udp', port: 53, targetPort: UDP, nodePort: REMOTE_UDP, protocol: 'UDP' },
-        ],
-      },
-      { 4: [endpoint(2, 4)], 6: [endpoint(2, 6)] },
-    ),
-    ...northSouth({ name: 'local', clusterIPs: ['10.96.0.12', 'fd00:96::12'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: LOCAL }] }, { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
-  ]);
-}
 
 interface Dsr {
   lab: Lab;
   node2: AgentSlot;
 }
 
-
 async function packets(lab: Lab, ns: string, dev: string, dir: 'rx' | 'tx'): Promise<number> {
   const r = await lab.inNs(ns, ['cat', `/sys/class/net/${dev}/statistics/${dir}_packets`]);
   return Number(r.stdout.trim());
-}
-
-const delta = (a: Record<string, number>, b: Record<string, number>, k: string): number => (b[k] ?? 0) - (a[k] ?? 0);
-
-/** `n` requests to `host:port` from the client, each a new connection: every one answered by `pod`, which saw `seenAs`. */
-async function requests(t: Test, lab: Lab, host: string, port: number, pod: string, seenAs: string, n: number, what: string): Promise<void> {
-  const got: Array<{ server: string; client: string; error: string }> = [];
-  for (let i = 0; i < n; i++) got.push(await extGet(lab, host, port));
-  const wrong = got.filter((g) => g.error || !hostOf(g.server).startsWith(pod) || hostOf(g.client) !== seenAs);
-  t.same(wrong, [], `${what}: ${n} requests to ${host}:${port} answered by ${pod}, which saw the client as ${seenAs}`);
 }
 
 /** A connected UDP socket to the frontend: every answer came from it (the socket takes no other), and names how the pod saw the client. */
@@ -108,51 +72,43 @@ async function serveBothWays(t: Test, sb: Sandbox, d: Dsr, mode: 'dsr' | 'hybrid
       t.equal(udp.answered, 5, 'UDP: every datagram answered from the frontend (a connected socket)');
       if (mode === 'dsr') {
         t.same(udp.peers, [client], `UDP by DSR: the pod saw the client (${udp.peers.join(', ')})`);
-        t.equal(delta(m1, u1, 'np_dsr_fwd'), 5, 'UDP by DSR: np_dsr_fwd +5');
+        t.equal(counterDelta(m1, u1, 'np_dsr_fwd'), 5, 'UDP by DSR: np_dsr_fwd +5');
       } else {
         t.same(udp.peers, [fam === 4 ? NODE1_TO_N2.v4 : NODE1_TO_N2.v6], `UDP in hybrid mode is SNATed: the pod saw node 1 (${udp.peers.join(', ')})`);
-        t.equal(delta(m1, u1, 'np_dsr_fwd'), 0, 'UDP in hybrid mode: np_dsr_fwd +0');
-        t.equal(delta(m1, u1, 'np_rev'), 5, 'UDP in hybrid mode: node 1 translated the 5 replies (np_rev +5)');
+        t.equal(counterDelta(m1, u1, 'np_dsr_fwd'), 0, 'UDP in hybrid mode: np_dsr_fwd +0');
+        t.equal(counterDelta(m1, u1, 'np_rev'), 5, 'UDP in hybrid mode: node 1 translated the 5 replies (np_rev +5)');
       }
 
       const m2 = await datapathMetrics(node2.bpfRoot);
       const ext1 = await packets(lab, lab.ext, 'ext1', 'rx');
       const n1e = await packets(lab, lab.n1, 'n1e', 'tx');
       const N = 6;
-      await requests(t, lab, front, REMOTE, pod2, client, N, 'remote backend, TCP by DSR');
+      await requestsAnsweredBy(t, lab, front, REMOTE, pod2, client, N, 'remote backend, TCP by DSR');
       const ext1b = await packets(lab, lab.ext, 'ext1', 'rx');
       const n1eb = await packets(lab, lab.n1, 'n1e', 'tx');
       const m1b = await datapathMetrics(lab.agent.bpfRoot);
       const m2b = await datapathMetrics(node2.bpfRoot);
-      t.ok(delta(u1, m1b, 'np_dsr_fwd') >= 3 * N, `node 1 sent the flows' packets with the DSR option (np_dsr_fwd +${delta(u1, m1b, 'np_dsr_fwd')})`);
-      t.equal(delta(u1, m1b, 'np_rev'), 0, 'node 1 translated no reply (np_rev +0): none came back through it');
-      t.equal(delta(m2, m2b, 'np_dsr_flow'), N, `node 2 recorded each flow from its option (np_dsr_flow +${delta(m2, m2b, 'np_dsr_flow')})`);
-      t.ok(delta(m2, m2b, 'np_dsr_rev') >= 3 * N, `node 2 restored the frontend on the replies (np_dsr_rev +${delta(m2, m2b, 'np_dsr_rev')})`);
+      t.ok(counterDelta(u1, m1b, 'np_dsr_fwd') >= 3 * N, `node 1 sent the flows' packets with the DSR option (np_dsr_fwd +${counterDelta(u1, m1b, 'np_dsr_fwd')})`);
+      t.equal(counterDelta(u1, m1b, 'np_rev'), 0, 'node 1 translated no reply (np_rev +0): none came back through it');
+      t.equal(counterDelta(m2, m2b, 'np_dsr_flow'), N, `node 2 recorded each flow from its option (np_dsr_flow +${counterDelta(m2, m2b, 'np_dsr_flow')})`);
+      t.ok(counterDelta(m2, m2b, 'np_dsr_rev') >= 3 * N, `node 2 restored the frontend on the replies (np_dsr_rev +${counterDelta(m2, m2b, 'np_dsr_rev')})`);
       t.ok(ext1b - ext1 >= 3 * N, `the client received the replies on ext1, from node 2 (${ext1b - ext1} packets)`);
       t.ok(n1eb - n1e <= 4, `node 1 sent the client (almost) nothing on n1e (${n1eb - n1e} packets: neighbour discovery at most)`);
       const ct2 = JSON.parse((await lbctl(node2.bpfRoot, ['bpf', 'ct', 'list', '-o', 'json'])).stdout) as Array<{ direction: string; destination: string; translatedTo: string; flags: string[] }>;
       const recorded = ct2.filter((c) => c.direction === 'OUT' && hostOf(c.destination) === client && c.translatedTo === (fam === 4 ? `${front}:${REMOTE}` : `[${front}]:${REMOTE}`));
       t.ok(recorded.length >= N && recorded.every((c) => c.flags.includes('dsr') && c.flags.includes('local')), `lbctl bpf ct list on node 2: the flows' reply entries, flagged dsr, hold the frontend (${recorded.length})`);
 
-      await requests(t, lab, front, LOCAL, pod1, client, 2, 'local backend on node 1');
-      await requests(t, lab, front, WEB, fam === 4 ? '10.252.' : 'fd00:252:', client, 4, 'both pods');
+      await requestsAnsweredBy(t, lab, front, LOCAL, pod1, client, 2, 'local backend on node 1');
+      await requestsAnsweredBy(t, lab, front, WEB, fam === 4 ? '10.252.' : 'fd00:252:', client, 4, 'both pods');
     });
   }
-}
-
-function checkLoad(t: Test, r: LoadResult, what: string): void {
-  t.comment(`${what}: ${r.attempted} connections over ${r.seconds} s, ${r.failed} failed; max latency ${r.maxLatencyMs} ms`);
-  t.same(r.failures, [], `${what}: no connection failed`);
-  t.equal(r.failed, 0, `${what}: zero failed out of ${r.attempted}`);
-  t.equal(r.attempted, r.issued, `${what}: every attempt completed`);
-  for (const [target, s] of Object.entries(r.targets)) t.ok(s.ok > 0 && Object.keys(s.backends).length > 0, `${target}: served (${JSON.stringify(s.backends)})`);
 }
 
 t.test('DSR: replies from the remote backend\'s node, from the frontend; hybrid SNATs UDP; both agents restarted under load with no failed connection', async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
   const node2 = addNode2(sb, lab);
-  sb.writeManifest('services.yaml', manifests());
+  sb.writeManifest('services.yaml', webRemoteLocal());
   const d: Dsr = { lab, node2 };
 
   for (const mode of ['dsr', 'hybrid'] as const) {
@@ -189,7 +145,7 @@ t.test('DSR: replies from the remote backend\'s node, from the frontend; hybrid 
     await more('after node 2\'s start');
     const m2 = await datapathMetrics(node2.bpfRoot);
     const r = await load.stop();
-    checkLoad(t, r, 'the load');
+    checkNoFailedLoad(t, r, 'the load');
     t.ok((m2['np_dsr_rev'] ?? 0) > 0, `node 2 kept restoring the frontend (np_dsr_rev ${m2['np_dsr_rev']})`);
     const drops = ['np_bad_packet', 'np_fib_fail', 'np_ct_full', 'np_frag_needed', 'np_ttl'];
     const m1 = await datapathMetrics(lab.agent.bpfRoot);

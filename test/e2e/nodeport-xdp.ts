@@ -23,44 +23,20 @@ import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
-import { yamlDocs } from '../helpers/manifests.js';
-import { endpoint, EXT, extGet, hostOf, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, POD1, POD2, tcAttachModes, type Lab } from '../helpers/nodeport-lab.js';
-import { CLIENT_PY, createSandbox, SLOW, type LoadResult } from '../helpers/sandbox.js';
+import { checkNoFailedLoad, counterDelta, EXT, ip, type Lab, LAB_PORTS, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, requestsAnsweredBy, tcAttachModes, webRemoteLocal } from '../helpers/nodeport-lab.js';
+import { CLIENT_PY, createSandbox, SLOW } from '../helpers/sandbox.js';
 import { sumCounters } from '../../src/datapath/counters.js';
 import { mapsDir } from '../../src/datapath/loader.js';
 import { openPinnedMap } from '../../src/native/bpf.js';
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const XDP_PASS = path.join(ROOT, 'bpf/.output/tests/xdp_pass.bpf.o');
-const HTTP = 8080;
-const UDP = 9000;
-const WEB = 30080; // both pods
-const REMOTE = 30081; // the pod on node 2 only
-const LOCAL = 30082; // the pod on node 1 only
-const REMOTE_UDP = 30091;
+/** web: both pods; remote: the pod on node 2 only; local: the pod on node 1 only. */
+const { web: WEB, remote: REMOTE, local: LOCAL, remoteUdp: REMOTE_UDP } = LAB_PORTS;
 /** n1d: a bridge, up with an address, whose driver has no native XDP. */
 const ARGS = ['--devices', 'n1e,n1b,n1d', '--node-name', 'node1'];
 const RATE4 = Math.max(5, Math.round(40 / SLOW));
 const RATE6 = Math.max(5, Math.round(20 / SLOW));
-
-function manifests(): string {
-  const both = { 4: [endpoint(1, 4), endpoint(2, 4)], 6: [endpoint(1, 6), endpoint(2, 6)] };
-  return yamlDocs([
-    ...northSouth({ name: 'web', clusterIPs: ['10.96.0.10', 'fd00:96::10'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: WEB }] }, both),
-    ...northSouth(
-      {
-        name: 'remote',
-        clusterIPs: ['10.96.0.11', 'fd00:96::11'],
-        ports: [
-          { name: 'http', port: 80, targetPort: HTTP, nodePort: REMOTE },
-          { name: 'udp', port: 53, targetPort: UDP, nodePort: REMOTE_UDP, protocol: 'UDP' },
-        ],
-      },
-      { 4: [endpoint(2, 4)], 6: [endpoint(2, 6)] },
-    ),
-    ...northSouth({ name: 'local', clusterIPs: ['10.96.0.12', 'fd00:96::12'], ports: [{ name: 'http', port: 80, targetPort: HTTP, nodePort: LOCAL }] }, { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
-  ]);
-}
 
 /** The XDP program on a device, as the kernel reports it (ip -j link: xdp.mode 1 is in the driver). */
 function xdpOn(ns: string, dev: string): { mode: number; name: string } | undefined {
@@ -79,23 +55,6 @@ async function datapathMetrics(bpfRoot: string): Promise<Record<string, number>>
   }
 }
 
-const delta = (a: Record<string, number>, b: Record<string, number>, k: string): number => (b[k] ?? 0) - (a[k] ?? 0);
-
-async function requests(t: Test, lab: Lab, host: string, port: number, pod: string, seenAs: string, n: number, what: string): Promise<void> {
-  const got: Array<{ server: string; client: string; error: string }> = [];
-  for (let i = 0; i < n; i++) got.push(await extGet(lab, host, port));
-  const wrong = got.filter((g) => g.error || !hostOf(g.server).startsWith(pod) || hostOf(g.client) !== seenAs);
-  t.same(wrong, [], `${what}: ${n} requests to ${host}:${port} answered by ${pod}, which saw the client as ${seenAs}`);
-}
-
-function checkLoad(t: Test, r: LoadResult, what: string): void {
-  t.comment(`${what}: ${r.attempted} connections over ${r.seconds} s, ${r.failed} failed; max latency ${r.maxLatencyMs} ms`);
-  t.same(r.failures, [], `${what}: no connection failed`);
-  t.equal(r.failed, 0, `${what}: zero failed out of ${r.attempted}`);
-  t.equal(r.attempted, r.issued, `${what}: every attempt completed`);
-  for (const [target, s] of Object.entries(r.targets)) t.ok(s.ok > 0 && Object.keys(s.backends).length > 0, `${target}: served (${JSON.stringify(s.backends)})`);
-}
-
 t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, the rest at tc; fallback; restarts under load with no failed connection', async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
@@ -104,7 +63,7 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
   ip('-n', lab.n1, 'link', 'add', 'n1d', 'type', 'bridge');
   ip('-n', lab.n1, 'addr', 'add', '10.253.0.1/24', 'dev', 'n1d');
   ip('-n', lab.n1, 'link', 'set', 'n1d', 'up');
-  sb.writeManifest('services.yaml', manifests());
+  sb.writeManifest('services.yaml', webRemoteLocal());
   // the kernel's own mode (tcx on the host, clsact before 6.6): XDP goes in front of either the same way
   const mode = (await tcAttachModes())[0]!;
   const s = await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
@@ -121,25 +80,25 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
     await t.test(`IPv${fam}`, async (t) => {
       const m0 = await datapathMetrics(lab.agent.bpfRoot);
       const N = 4;
-      await requests(t, lab, front, REMOTE, fam === 4 ? POD2.v4 : POD2.v6, fam === 4 ? NODE1_TO_N2.v4 : NODE1_TO_N2.v6, N, 'remote backend, SNAT');
+      await requestsAnsweredBy(t, lab, front, REMOTE, fam === 4 ? POD2.v4 : POD2.v6, fam === 4 ? NODE1_TO_N2.v4 : NODE1_TO_N2.v6, N, 'remote backend, SNAT');
       const m1 = await datapathMetrics(lab.agent.bpfRoot);
       // a connection is at least 3 packets each way (SYN, request, FIN; SYN-ACK, answer, FIN)
-      t.ok(delta(m0, m1, 'np_xdp_fwd') >= 6 * N, `XDP sent the flows' packets on, both ways (np_xdp_fwd +${delta(m0, m1, 'np_xdp_fwd')})`);
+      t.ok(counterDelta(m0, m1, 'np_xdp_fwd') >= 6 * N, `XDP sent the flows' packets on, both ways (np_xdp_fwd +${counterDelta(m0, m1, 'np_xdp_fwd')})`);
       // the first packet each way may find no neighbour entry yet: tc's bpf_redirect_neigh resolves it
-      const toTc = delta(m0, m1, 'np_xdp_to_tc');
+      const toTc = counterDelta(m0, m1, 'np_xdp_to_tc');
       t.ok(toTc <= 2, `and handed at most the first packet each way to tc (np_xdp_to_tc +${toTc})`);
-      t.equal(delta(m0, m1, 'np_fwd') + delta(m0, m1, 'np_rev'), delta(m0, m1, 'np_xdp_fwd') + toTc, 'every other packet translated was one XDP sent (np_fwd + np_rev = np_xdp_fwd + np_xdp_to_tc)');
+      t.equal(counterDelta(m0, m1, 'np_fwd') + counterDelta(m0, m1, 'np_rev'), counterDelta(m0, m1, 'np_xdp_fwd') + toTc, 'every other packet translated was one XDP sent (np_fwd + np_rev = np_xdp_fwd + np_xdp_to_tc)');
 
-      await requests(t, lab, front, LOCAL, fam === 4 ? POD1.v4 : POD1.v6, client, 1, 'local backend');
+      await requestsAnsweredBy(t, lab, front, LOCAL, fam === 4 ? POD1.v4 : POD1.v6, client, 1, 'local backend');
       const m2 = await datapathMetrics(lab.agent.bpfRoot);
-      t.ok(delta(m1, m2, 'np_xdp_to_tc') >= 3, `the local backend's packets went on to tc (np_xdp_to_tc +${delta(m1, m2, 'np_xdp_to_tc')})`);
-      t.equal(delta(m1, m2, 'np_xdp_fwd'), 0, 'XDP sent none of them itself');
+      t.ok(counterDelta(m1, m2, 'np_xdp_to_tc') >= 3, `the local backend's packets went on to tc (np_xdp_to_tc +${counterDelta(m1, m2, 'np_xdp_to_tc')})`);
+      t.equal(counterDelta(m1, m2, 'np_xdp_fwd'), 0, 'XDP sent none of them itself');
 
       const udp = await lab.inExt([sb.python, CLIENT_PY, 'udp', front, String(REMOTE_UDP), '--mode', 'connected', '--count', '5']);
       const out = JSON.parse(udp.stdout) as { results: Array<{ server?: string; error?: string }> };
       t.equal(out.results.filter((x) => x.server).length, 5, `UDP: 5 datagrams answered from the frontend (${out.results.filter((x) => x.error).map((x) => x.error).join('; ')})`);
       const m3 = await datapathMetrics(lab.agent.bpfRoot);
-      t.ok(delta(m2, m3, 'np_xdp_fwd') >= 10, `UDP both ways at XDP (np_xdp_fwd +${delta(m2, m3, 'np_xdp_fwd')})`);
+      t.ok(counterDelta(m2, m3, 'np_xdp_fwd') >= 10, `UDP both ways at XDP (np_xdp_fwd +${counterDelta(m2, m3, 'np_xdp_fwd')})`);
     });
   }
 
@@ -168,11 +127,11 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
     await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
     await more('after its start');
     const r = await load.stop();
-    checkLoad(t, r, 'the load');
+    checkNoFailedLoad(t, r, 'the load');
     const after = await datapathMetrics(lab.agent.bpfRoot);
-    t.ok(delta(before, after, 'np_xdp_fwd') > 0, `XDP kept sending the remote flows on (np_xdp_fwd +${delta(before, after, 'np_xdp_fwd')})`);
+    t.ok(counterDelta(before, after, 'np_xdp_fwd') > 0, `XDP kept sending the remote flows on (np_xdp_fwd +${counterDelta(before, after, 'np_xdp_fwd')})`);
     const drops = ['np_bad_packet', 'np_fib_fail', 'np_ct_full', 'np_frag_needed', 'np_ttl'];
-    t.same(Object.fromEntries(drops.map((k) => [k, delta(before, after, k)]).filter(([, n]) => n !== 0)), {}, `no packet dropped (${drops.join(', ')})`);
+    t.same(Object.fromEntries(drops.map((k) => [k, counterDelta(before, after, k)]).filter(([, n]) => n !== 0)), {}, `no packet dropped (${drops.join(', ')})`);
   });
 
   await t.test('started without acceleration: the XDP programs go, tc serves', async (t) => {
@@ -180,8 +139,8 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
     await lab.agent.start([...ARGS, '--tc-attach', mode]);
     for (const dev of ['n1e', 'n1b']) t.equal(xdpOn(lab.n1, dev), undefined, `${dev}: no XDP program`);
     const m0 = await datapathMetrics(lab.agent.bpfRoot);
-    await requests(t, lab, NODE1.v4, REMOTE, POD2.v4, NODE1_TO_N2.v4, 1, 'remote backend at tc');
+    await requestsAnsweredBy(t, lab, NODE1.v4, REMOTE, POD2.v4, NODE1_TO_N2.v4, 1, 'remote backend at tc');
     const m1 = await datapathMetrics(lab.agent.bpfRoot);
-    t.equal(delta(m0, m1, 'np_xdp_fwd'), 0, 'nothing at XDP');
+    t.equal(counterDelta(m0, m1, 'np_xdp_fwd'), 0, 'nothing at XDP');
   });
 });

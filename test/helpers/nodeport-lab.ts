@@ -36,7 +36,8 @@ import { PROGRAMS, type AttachMode } from '../../src/datapath/nodeport.js';
 import { isErrno, progInfoById } from '../../src/native/bpf.js';
 import type { TcDirection } from '../../src/native/tc.js';
 import { AgentSlot, type SyncReport } from './sandbox/agent.js';
-import { startLoad, type LoadOptions, type LoadRun } from './sandbox/load.js';
+import { startLoad, type LoadOptions, type LoadResult, type LoadRun } from './sandbox/load.js';
+import { yamlDocs } from './manifests.js';
 import { CLI_TIMEOUT_MS, CLIENT_PY, how, killPid, LBCTL, run, sleep, SLOW, type ExecResult } from './sandbox/run.js';
 import { removeNetns } from './sandbox/topology.js';
 import { createSandbox, type Sandbox } from './sandbox.js';
@@ -281,6 +282,54 @@ export async function makeLab(sb: Sandbox): Promise<Lab> {
   };
   return { ...lab, agent, inNs, inExt: (cmd, timeoutMs) => inNs(lab.ext, cmd, timeoutMs), apply, startLoad: loadFromExt, startLong, startUdpLong, cleanup, reset };
 }
+
+/**
+ * The accelerated modes' three services (nodeport-xdp.ts, nodeport-dsr.ts),
+ * dual-stack: `web` on both pods, `remote` (TCP and UDP) on the pod on node
+ * 2 only, `local` on the pod on node 1 only; the pods serve HTTP and UDP on
+ * LAB_PORTS.http and .udp.
+ */
+export const LAB_PORTS = { http: 8080, udp: 9000, web: 30080, remote: 30081, local: 30082, remoteUdp: 30091 } as const;
+
+export function webRemoteLocal(): string {
+  const p = LAB_PORTS;
+  const both = { 4: [endpoint(1, 4), endpoint(2, 4)], 6: [endpoint(1, 6), endpoint(2, 6)] };
+  return yamlDocs([
+    ...northSouth({ name: 'web', clusterIPs: ['10.96.0.10', 'fd00:96::10'], ports: [{ name: 'http', port: 80, targetPort: p.http, nodePort: p.web }] }, both),
+    ...northSouth(
+      {
+        name: 'remote',
+        clusterIPs: ['10.96.0.11', 'fd00:96::11'],
+        ports: [
+          { name: 'http', port: 80, targetPort: p.http, nodePort: p.remote },
+          { name: 'udp', port: 53, targetPort: p.udp, nodePort: p.remoteUdp, protocol: 'UDP' },
+        ],
+      },
+      { 4: [endpoint(2, 4)], 6: [endpoint(2, 6)] },
+    ),
+    ...northSouth({ name: 'local', clusterIPs: ['10.96.0.12', 'fd00:96::12'], ports: [{ name: 'http', port: 80, targetPort: p.http, nodePort: p.local }] }, { 4: [endpoint(1, 4)], 6: [endpoint(1, 6)] }),
+  ]);
+}
+
+/** `n` requests to `host:port` from the client, each a new connection: every one answered by `pod`, which saw the client as `seenAs`. */
+export async function requestsAnsweredBy(t: Test, lab: Lab, host: string, port: number, pod: string, seenAs: string, n: number, what: string): Promise<void> {
+  const got: Array<{ server: string; client: string; error: string }> = [];
+  for (let i = 0; i < n; i++) got.push(await extGet(lab, host, port));
+  const wrong = got.filter((g) => g.error || !hostOf(g.server).startsWith(pod) || hostOf(g.client) !== seenAs);
+  t.same(wrong, [], `${what}: ${n} requests to ${host}:${port} answered by ${pod}, which saw the client as ${seenAs}`);
+}
+
+/** A steady load's result: not one connection failed, every attempt completed, every target served. */
+export function checkNoFailedLoad(t: Test, r: LoadResult, what: string): void {
+  t.comment(`${what}: ${r.attempted} connections over ${r.seconds} s, ${r.failed} failed; max latency ${r.maxLatencyMs} ms`);
+  t.same(r.failures, [], `${what}: no connection failed`);
+  t.equal(r.failed, 0, `${what}: zero failed out of ${r.attempted}`);
+  t.equal(r.attempted, r.issued, `${what}: every attempt completed`);
+  for (const [target, s] of Object.entries(r.targets)) t.ok(s.ok > 0 && Object.keys(s.backends).length > 0, `${target}: served (${JSON.stringify(s.backends)})`);
+}
+
+/** How much counter `k` grew from `a` to `b`. */
+export const counterDelta = (a: Record<string, number>, b: Record<string, number>, k: string): number => (b[k] ?? 0) - (a[k] ?? 0);
 
 /** The client's second wire, straight to node 2 (DSR: node 2 answers the client itself). */
 export const EXT1 = { v4: '10.250.1.2', v6: 'fd00:250:1::2' };
