@@ -11,14 +11,17 @@
 //   (c) another layout of the CT entries (nodeport_ct_layout.bpf.o: fields
 //       reordered, one added), and back: converted field by field.
 //
-// In each tc attach mode. Not one request may fail, the long connections keep
+// In each tc attach mode; and (b) again with --nodeport-acceleration native,
+// where the XDP programs, loaded on the new maps, must be switched in
+// before the old maps' last entries are carried over (the commit). Not one request may fail, the long connections keep
 // their pod and their SNAT port, and the maps end as the standard object lays
 // them out.
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { ECHO_PORT, endpoint, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, perMode, POD1, POD2, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
+import { ECHO_PORT, endpoint, hookPrograms, hostOf, makeLab, NODE1, NODE1_TO_N2, northSouth, perMode, POD1, POD2, tcAttachModes, wireForXdp, xdpProgram, type Lab, type LongRun } from '../helpers/nodeport-lab.js';
+import { mapsDir } from '../../src/datapath/loader.js';
 import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { createSandbox, SLOW, type LoadRun, type Sandbox } from '../helpers/sandbox.js';
 
@@ -123,4 +126,71 @@ t.test('NodePort flows through upgrades that change the tc maps: layout, sizes, 
   const lab: Lab = await makeLab(sb);
   sb.writeManifest('services.yaml', manifests());
   await perMode(t, lab, (t, mode) => scenario(t, sb, lab, mode));
+});
+
+// (b) with XDP in front: node 1's agent resizes its flow maps twice under the
+// load, with XDP programs on both its devices. Each time the new maps are
+// the ones XDP runs on (and tc's program too, by the kernel's map ids), XDP
+// goes on finishing remote flows (np_xdp_fwd grows), and the remote long
+// connection, carried into the new maps, keeps its pod and SNAT port.
+t.test('with XDP acceleration: flows carried into maps of new sizes, the XDP programs switched onto them, no connection failed', async (t) => {
+  const sb = await createSandbox(t, { backends: 0, agent: false });
+  const lab: Lab = await makeLab(sb);
+  wireForXdp(lab);
+  sb.writeManifest('services.yaml', manifests());
+  const mode = (await tcAttachModes())[0]!;
+  const node = [...NODE_ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native'];
+  await lab.agent.start(node);
+  const load = lab.startLoad({ tcp: [`${NODE1.v4}:${WEB_PORT}@${RATE}`], maxSeconds: 90 * SLOW });
+  await load.waitFor((p) => p.ok >= RATE, 'the load to run');
+  const remoteLong = lab.startLong(NODE1.v4, REMOTE_ECHO);
+  const longs = [lab.startLong(NODE1.v4, LOCAL_ECHO), remoteLong];
+  for (const l of longs) await l.answered(3, 'the first answers');
+  const remoteLocal = remoteLong.progress()!.local!;
+  const snatOf = async (): Promise<string | undefined> => (await list<Nat>(sb, 'nat')).find((n) => n.direction === 'OUT' && n.source === remoteLocal)?.to;
+  const snat = await snatOf();
+  t.ok(snat?.startsWith(`${NODE1_TO_N2.v4}:`), `the remote long connection is SNATed (${snat})`);
+
+  const mapIds = async (id: number): Promise<number[]> => (await sb.bpftool<{ map_ids?: number[] }>(['prog', 'show', 'id', String(id)])).map_ids ?? [];
+  const atXdp = async (what: string): Promise<void> => {
+    const pinned = await Promise.all(['lb4_ct', 'lb4_nat'].map(async (m) => (await sb.bpftool<{ id: number }>(['map', 'show', 'pinned', path.join(mapsDir(sb.bpfRoot), m)])).id));
+    const tc = (await hookPrograms(lab, lab.n1, ['n1e']))['n1e']!.ingress[0]!;
+    const tcMaps = await mapIds(tc.id);
+    t.same(pinned.filter((id) => !tcMaps.includes(id)), [], `${what}: tc's program on n1e runs on the pinned lb4_ct and lb4_nat`);
+    for (const dev of ['n1e', 'n1b']) {
+      const x = xdpProgram(lab.n1, dev);
+      t.match(x, { mode: 1, name: 'lb_nodeport_xdp' }, `${what}: ${dev} runs lb_nodeport_xdp in the driver`);
+      const ids = x ? await mapIds(x.id) : [];
+      t.same(pinned.filter((id) => !ids.includes(id)), [], `${what}: ${dev}'s XDP program runs on the pinned lb4_ct and lb4_nat (ids ${pinned.join(', ')}; its maps ${ids.join(', ')})`);
+    }
+    const before = await sb.metrics();
+    await remoteLong.answered(5, `5 more answers ${what}`);
+    const after = await sb.metrics();
+    const fwd = (after['np_xdp_fwd'] ?? 0) - (before['np_xdp_fwd'] ?? 0);
+    t.ok(fwd >= 10, `${what}: remote flows finished at XDP while the long connection answered 5 more (np_xdp_fwd +${fwd})`);
+  };
+  await atXdp('at the start');
+
+  for (const [args, what] of [[['--ct-max', '65536', '--nat-max', '32768'], 'the resize'], [[], 'the resize back']] as const) {
+    t.equal(await lab.agent.stop(10_000), 0, `the agent exits 0 on SIGTERM before ${what}`);
+    await lab.agent.start([...node, ...args]);
+    const logs = lab.agent.agent!.logs;
+    const resized = logs.filter((l) => l.msg === 'tc flows carried into a map of another size').map((l) => l['map']);
+    t.same([...resized].sort(), ['lb4_ct', 'lb4_nat', 'lb6_ct', 'lb6_nat'], `${what}: every flow map carried into its new size (${resized.join(', ')})`);
+    t.ok(logs.some((l) => l.msg === 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)'), `${what}: committed after the switch`);
+    await serves(t, load, longs, `after ${what}`);
+    await atXdp(`after ${what}`);
+    t.equal(await snatOf(), snat, `${what}: the SNAT port kept`);
+  }
+
+  const r = await load.stop();
+  t.equal(r.failed, 0, `no connection of the load failed (${r.attempted} in ${r.seconds} s)${r.failed ? `: ${JSON.stringify(r.failures)}` : ''}`);
+  const remote = await remoteLong.stop();
+  await longs[0]!.stop();
+  t.same(remote.failures, [], 'the remote long connection: no request failed');
+  t.same(Object.keys(remote.servers), [`${POD2.v4}:${ECHO_PORT}`], 'the remote long connection: one pod throughout');
+  t.equal(Object.keys(remote.seenAs).length, 1, 'the remote long connection: the pod saw one client address and port throughout');
+  const m = await sb.metrics();
+  t.equal((m['np_nat_repair'] ?? 0) + (m['np_nat_stolen'] ?? 0), 0, 'no translation was lost on the way (np_nat_repair, np_nat_stolen 0)');
+  await lab.agent.stop(10_000);
 });

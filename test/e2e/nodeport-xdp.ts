@@ -18,32 +18,21 @@
 // there: bpf/tests/xdp_pass.c on ext0 and n2a), and a frame arriving at a
 // veth's XDP program carries whatever checksum its sender's stack left for
 // offload; a wire frame carries a whole one, as the senders here are told
-// to (ethtool tx off on ext0 and on the pod's eth0).
-import { execFileSync } from 'node:child_process';
+// to (ethtool tx off on ext0 and on the pod's eth0): wireForXdp().
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import t, { type Test } from 'tap';
-import { checkNoFailedLoad, counterDelta, EXT, ip, type Lab, LAB_PORTS, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, requestsAnsweredBy, tcAttachModes, webRemoteLocal } from '../helpers/nodeport-lab.js';
+import { checkNoFailedLoad, counterDelta, EXT, ip, type Lab, LAB_PORTS, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, requestsAnsweredBy, tcAttachModes, webRemoteLocal, wireForXdp, xdpProgram } from '../helpers/nodeport-lab.js';
 import { CLIENT_PY, createSandbox, SLOW } from '../helpers/sandbox.js';
 import { sumCounters } from '../../src/datapath/counters.js';
 import { mapsDir } from '../../src/datapath/loader.js';
 import { openPinnedMap } from '../../src/native/bpf.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const XDP_PASS = path.join(ROOT, 'bpf/.output/tests/xdp_pass.bpf.o');
 /** web: both pods; remote: the pod on node 2 only; local: the pod on node 1 only. */
 const { web: WEB, remote: REMOTE, local: LOCAL, remoteUdp: REMOTE_UDP } = LAB_PORTS;
 /** n1d: a bridge, up with an address, whose driver has no native XDP. */
 const ARGS = ['--devices', 'n1e,n1b,n1d', '--node-name', 'node1'];
 const RATE4 = Math.max(5, Math.round(40 / SLOW));
 const RATE6 = Math.max(5, Math.round(20 / SLOW));
-
-/** The XDP program on a device, as the kernel reports it (ip -j link: xdp.mode 1 is in the driver). */
-function xdpOn(ns: string, dev: string): { mode: number; name: string } | undefined {
-  const out = JSON.parse(execFileSync('ip', ['-j', '-d', '-n', ns, 'link', 'show', 'dev', dev], { encoding: 'utf8' })) as Array<{ xdp?: { mode: number; prog?: { name?: string } } }>;
-  const x = out[0]?.xdp;
-  return x ? { mode: x.mode, name: x.prog?.name ?? '' } : undefined;
-}
 
 /** The datapath's counters, read from the pinned map in this process (an lbctl process a read costs seconds in a TCG guest). */
 async function datapathMetrics(bpfRoot: string): Promise<Record<string, number>> {
@@ -58,8 +47,7 @@ async function datapathMetrics(bpfRoot: string): Promise<Record<string, number>>
 t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, the rest at tc; fallback; restarts under load with no failed connection', async (t) => {
   const sb = await createSandbox(t, { backends: 0, agent: false });
   const lab = await makeLab(sb);
-  for (const [ns, dev] of [[lab.ext, 'ext0'], [lab.n2, 'n2a']] as const) ip('-n', ns, 'link', 'set', 'dev', dev, 'xdpdrv', 'obj', XDP_PASS, 'sec', 'xdp');
-  for (const [ns, dev] of [[lab.ext, 'ext0'], [lab.p2, 'eth0']] as const) execFileSync('ip', ['netns', 'exec', ns, 'ethtool', '-K', dev, 'tx', 'off'], { stdio: 'ignore' });
+  wireForXdp(lab);
   ip('-n', lab.n1, 'link', 'add', 'n1d', 'type', 'bridge');
   ip('-n', lab.n1, 'addr', 'add', '10.253.0.1/24', 'dev', 'n1d');
   ip('-n', lab.n1, 'link', 'set', 'n1d', 'up');
@@ -68,11 +56,11 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
   const mode = (await tcAttachModes())[0]!;
   const s = await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
   t.ok(s.frontends > 0, `the agent synced (${s.frontends} frontends), tc in ${mode}`);
-  for (const dev of ['n1e', 'n1b']) t.same(xdpOn(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `${dev}: lb_nodeport_xdp runs in the driver`);
+  for (const dev of ['n1e', 'n1b']) t.match(xdpProgram(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `${dev}: lb_nodeport_xdp runs in the driver`);
   const problems = lab.agent.requireAgent().logs.filter((l) => l.msg === 'tc datapath: device not attached').map((l) => String(l.problem));
   t.match(problems, [/^device n1d \(ifindex \d+\): native XDP not attached \(.+EOPNOTSUPP.+\); served at tc$/], `native: the bridge, and only it, is a problem, named with the kernel's answer (${problems.join('; ')})`);
   t.equal(problems.length, 1, 'one problem');
-  t.equal(xdpOn(lab.n1, 'n1d'), undefined, 'the bridge runs no XDP program');
+  t.equal(xdpProgram(lab.n1, 'n1d'), undefined, 'the bridge runs no XDP program');
 
   for (const fam of [4, 6] as const) {
     const front = fam === 4 ? NODE1.v4 : NODE1.v6;
@@ -120,7 +108,7 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
     const logs = lab.agent.requireAgent().logs;
     t.same(logs.filter((l) => l.msg === 'tc datapath: device not attached').map((l) => String(l.problem)), [], 'best-effort: no problem');
     t.ok(logs.some((l) => l.msg === '--nodeport-acceleration best-effort: devices served at tc only' && JSON.stringify(l.devices).includes('n1d')), 'best-effort: the log names the bridge, served at tc only');
-    for (const dev of ['n1e', 'n1b']) t.same(xdpOn(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `best-effort: ${dev} still at XDP`);
+    for (const dev of ['n1e', 'n1b']) t.match(xdpProgram(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `best-effort: ${dev} still at XDP`);
     await more('after its start');
     t.same(await lab.agent.kill('SIGKILL'), { code: null, signal: 'SIGKILL' }, 'SIGKILL');
     await more('with the agent dead');
@@ -137,7 +125,7 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
   await t.test('started without acceleration: the XDP programs go, tc serves', async (t) => {
     await lab.agent.stop(10_000);
     await lab.agent.start([...ARGS, '--tc-attach', mode]);
-    for (const dev of ['n1e', 'n1b']) t.equal(xdpOn(lab.n1, dev), undefined, `${dev}: no XDP program`);
+    for (const dev of ['n1e', 'n1b']) t.equal(xdpProgram(lab.n1, dev), undefined, `${dev}: no XDP program`);
     const m0 = await datapathMetrics(lab.agent.bpfRoot);
     await requestsAnsweredBy(t, lab, NODE1.v4, REMOTE, POD2.v4, NODE1_TO_N2.v4, 1, 'remote backend at tc');
     const m1 = await datapathMetrics(lab.agent.bpfRoot);

@@ -30,6 +30,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Test } from 'tap';
 import { realKernel } from '../../src/datapath/features.js';
 import { PROGRAMS, type AttachMode } from '../../src/datapath/nodeport.js';
@@ -330,6 +331,26 @@ export function checkNoFailedLoad(t: Test, r: LoadResult, what: string): void {
 
 /** How much counter `k` grew from `a` to `b`. */
 export const counterDelta = (a: Record<string, number>, b: Record<string, number>, k: string): number => (b[k] ?? 0) - (a[k] ?? 0);
+
+/**
+ * What a lab of veths needs for XDP that a NIC does not: frames XDP sends
+ * out of a veth reach its peer only with NAPI on there (an XDP program:
+ * bpf/tests/xdp_pass.c on ext0 and n2a), and a frame reaches XDP with the
+ * whole checksum a wire frame has only if its sender does not leave it to
+ * offload (ethtool tx off on ext0 and on the remote pod's eth0).
+ */
+export function wireForXdp(lab: Lab): void {
+  const xdpPass = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../bpf/.output/tests/xdp_pass.bpf.o');
+  for (const [ns, dev] of [[lab.ext, 'ext0'], [lab.n2, 'n2a']] as const) ip('-n', ns, 'link', 'set', 'dev', dev, 'xdpdrv', 'obj', xdpPass, 'sec', 'xdp');
+  for (const [ns, dev] of [[lab.ext, 'ext0'], [lab.p2, 'eth0']] as const) execFileSync('ip', ['netns', 'exec', ns, 'ethtool', '-K', dev, 'tx', 'off'], { stdio: 'ignore' });
+}
+
+/** The XDP program on a device, as the kernel reports it (ip -j link: xdp.mode 1 is in the driver). */
+export function xdpProgram(ns: string, dev: string): { mode: number; id: number; name: string } | undefined {
+  const out = JSON.parse(execFileSync('ip', ['-j', '-d', '-n', ns, 'link', 'show', 'dev', dev], { encoding: 'utf8' })) as Array<{ xdp?: { mode: number; prog?: { id?: number; name?: string } } }>;
+  const x = out[0]?.xdp;
+  return x ? { mode: x.mode, id: x.prog?.id ?? 0, name: x.prog?.name ?? '' } : undefined;
+}
 
 /** The client's second wire, straight to node 2 (DSR: node 2 answers the client itself). */
 export const EXT1 = { v4: '10.250.1.2', v6: 'fd00:250:1::2' };
