@@ -1244,7 +1244,8 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 		ct = &fresh;
 	}
 #ifdef NP_XDP
-	if ((ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) != LB_CT_F_SNAT || f->ttl <= 1)
+	/* DSR's option needs room XDP does not make; at the last hop tc sends the ICMP error */
+	if ((ct->flags & LB_CT_F_DSR) || ((ct->flags & LB_CT_F_SNAT) && f->ttl <= 1))
 		return np_xdp_to_tc();
 #endif
 	np4_frag_record(f);
@@ -1290,6 +1291,10 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 	} else if (!(ct->flags & LB_CT_F_SNAT)) {
 		return TC_ACT_OK;
 	}
+#else
+	/* a local backend's: translated here, up the stack (tc's ingress finds no service in it) */
+	if (!(ct->flags & LB_CT_F_SNAT))
+		return NP_XDP_VERDICT + XDP_PASS;
 #endif
 	return np_forward_dev(skb, &fib, rc, dev);
 }
@@ -2130,7 +2135,7 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 		ct = &fresh;
 	}
 #ifdef NP_XDP
-	if ((ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) != LB_CT_F_SNAT || f->hop_limit <= 1)
+	if ((ct->flags & LB_CT_F_DSR) || ((ct->flags & LB_CT_F_SNAT) && f->hop_limit <= 1))
 		return np_xdp_to_tc();
 #endif
 	np6_frag_record(f);
@@ -2178,6 +2183,10 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 	} else if (!(ct->flags & LB_CT_F_SNAT)) {
 		return TC_ACT_OK;
 	}
+#else
+	/* a local backend's: translated here, up the stack (tc's ingress finds no service in it) */
+	if (!(ct->flags & LB_CT_F_SNAT))
+		return NP_XDP_VERDICT + XDP_PASS;
 #endif
 	return np_forward_dev(skb, &fib, rc, dev);
 }
@@ -3042,11 +3051,13 @@ static __noinline int np_ingress6(struct np_ctx *skb)
  * --nodeport-acceleration: the ingress path at XDP, in the driver, before
  * an skb exists, on the maps tc uses. What it finishes (a flow's packet
  * to a remote backend, SNATed, and the backend's reply to the client, each
- * sent out of a device that runs this program too) never reaches tc; all
- * else goes on to tc as it came (np_xdp_to_tc()): ICMP, fragments, SCTP,
- * IPv6 extension headers (and IPv4 options under DSR: one may be a DSR
- * option), local backends, DSR flows, a frame too big
- * or at its last hop, a neighbour the FIB does not know yet. tc, which
+ * sent out of a device that runs this program too) never reaches tc; a
+ * local backend's packet it translates and passes up the stack, as tc
+ * would (tc's ingress then finds no service in it, and the pod's replies
+ * are tc's at egress, as before); all else goes on to tc as it came
+ * (np_xdp_to_tc()): ICMP, fragments, SCTP, IPv6 extension headers (and
+ * IPv4 options under DSR: one may be a DSR option), DSR flows, a frame too
+ * big or at its last hop, a neighbour the FIB does not know yet. tc, which
  * stays attached, does with it what it always did.
  */
 /* The XDP action for what the shared ingress path answered. */

@@ -1783,7 +1783,23 @@ async function inNamespace(): Promise<void> {
         t.equal(r.delta(LbMetric.LB_MTR_NP_XDP_FWD), 0n, `IPv${fam}, ${what}: np_xdp_fwd +0`);
         if (counted) t.ok(r.delta(LbMetric.LB_MTR_NP_XDP_TO_TC) >= 1n, `IPv${fam}, ${what}: np_xdp_to_tc counted`);
       };
-      handed('a local backend\'s flow', fromClient({ src: client, dst: fam === 4 ? LB4 : LB6, proto: 'tcp', sport: 43002, dport: 80, flags: TCP_SYN }), true);
+      // a local backend's flow: translated at XDP as tc translates it, and passed up the stack
+      const lb = fam === 4 ? LB4 : LB6;
+      const lsyn = counting(() => xrun(fromClient({ src: client, dst: lb, proto: 'tcp', sport: 43002, dport: 80, flags: TCP_SYN })));
+      t.equal(lsyn.result.rc, XDP_PASS, `IPv${fam}, a local backend's SYN: translated and passed up (XDP_PASS)`);
+      t.equal(lsyn.delta(LbMetric.LB_MTR_NP_XDP_FWD), 1n, `IPv${fam}, a local backend's SYN: np_xdp_fwd counted`);
+      t.equal(lsyn.delta(LbMetric.LB_MTR_NP_XDP_TO_TC), 0n, `IPv${fam}, a local backend's SYN: not handed to tc`);
+      t.match(lsyn.result.p, { src: client, dst: local, sport: 43002, dport: 8080, ttl: 64 }, `IPv${fam}, a local backend's SYN: DNAT only, TTL kept`);
+      checksumsValid(t, lsyn.result.p, `IPv${fam}, a local backend's SYN at XDP`);
+      const lack = fromClient({ src: client, dst: lb, proto: 'tcp', sport: 43002, dport: 80, flags: TCP_ACK, payload: Buffer.from('GET / HTTP/1.1\r\n\r\n') });
+      const lx = xrun(lack);
+      const lc = ingress(lack);
+      t.equal(lx.rc, XDP_PASS, `IPv${fam}, a local backend's next packet: XDP_PASS`);
+      t.equal(lc.rc, TC_ACT_OK, `IPv${fam}, a local backend's next packet: tc passes it up too`);
+      t.ok(lx.out.equals(lc.out), `IPv${fam}, a local backend's next packet: the same bytes as tc's`);
+      const again = ingress(lx.out);
+      t.equal(again.rc, TC_ACT_UNSPEC, `IPv${fam}, a local backend's packet after XDP: tc finds no service in it`);
+      t.ok(again.out.equals(lx.out), `IPv${fam}, a local backend's packet after XDP: tc leaves it as it is`);
       handed('a packet at its last hop', fromClient({ src: client, dst: node, proto: 'tcp', sport: 43000, dport: NODEPORT, flags: TCP_ACK, ttl: 1 }), true);
       handed('not a service', fromClient({ src: client, dst: node, proto: 'tcp', sport: 43003, dport: 22, flags: TCP_ACK }), false);
       if (fam === 4) {
