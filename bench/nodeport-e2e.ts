@@ -64,7 +64,7 @@
 // failures inside it, where the question a node's operator asks is which
 // rate it takes without failing a connection.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
@@ -74,6 +74,7 @@ import { ROOT } from './world.js';
 import { createSandbox, type Sandbox } from '../test/helpers/sandbox.js';
 import { addNode2, makeLab, NODE1, POD1, POD2, type Lab } from '../test/helpers/nodeport-lab.js';
 import { failureSummary, npLoad, SUSTAINED_TIMEOUT_MS, type NpLoadResult } from '../test/helpers/np-load.js';
+import { enableRunTimeStats } from '../src/native/bpf.js';
 
 const MODES = ['routed', 'lbctl', 'lbctl-xdp', 'lbctl-dsr', 'iptables', 'nftables'] as const;
 type Mode = (typeof MODES)[number];
@@ -173,7 +174,7 @@ function services(n: number): { all: NpService[]; local: NpService; remote: NpSe
 
 interface Lat { p50_us: number; p99_us: number; failed: number }
 interface Load { rps: number; completed: number; failed: number; p50_us: number; p99_us: number; seconds: number }
-/** lbctl: the tc programs' own run time (kernel.bpf_stats_enabled) during the requests/s run, per connection. */
+/** lbctl: the tc programs' own run time (BPF_ENABLE_STATS) during the requests/s run, per connection. */
 interface BpfTime { ingressNsPerConn: number; egressNsPerConn: number; ingressRunsPerConn: number; egressRunsPerConn: number; ingressNsPerRun: number; egressNsPerRun: number }
 interface TargetResult { latency: Lat; load: Load; bpf?: BpfTime }
 interface PointResult {
@@ -534,7 +535,7 @@ export function e2eReport(r: E2eResults): string[] {
   }
   const withBpf = r.points.filter((p) => p.local.bpf && p.remote.bpf);
   if (withBpf.length) {
-    lines.push('', "lbctl's tc programs during the requests/s runs (kernel.bpf_stats_enabled), medians:", '', '| N | backend | ingress runs / connection | ns / run | egress runs / connection | ns / run | µs of BPF per connection | µs per connection over the routed pod (from requests/s) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
+    lines.push('', "lbctl's tc programs during the requests/s runs (BPF_ENABLE_STATS), medians:", '', '| N | backend | ingress runs / connection | ns / run | egress runs / connection | ns / run | µs of BPF per connection | µs per connection over the routed pod (from requests/s) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
     for (const n of sizes) {
       for (const target of ['local', 'remote'] as const) {
         const ps = withBpf.filter((p) => p.n === n);
@@ -589,17 +590,8 @@ async function main(): Promise<void> {
   };
   mkdirSync(plan.out, { recursive: true });
   // The kernel's accounting of BPF run time, for lbctl's points (it costs every mode the same two clock reads per program run: only lbctl's programs run).
-  const sysctl = '/proc/sys/kernel/bpf_stats_enabled';
-  const was = readFileSync(sysctl, 'utf8').trim();
-  writeFileSync(sysctl, '1');
-  const restore = (): void => writeFileSync(sysctl, was);
-  process.once('exit', restore);
-  for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-    process.once(sig, () => {
-      restore();
-      process.exit(130);
-    });
-  }
+  // (BPF_ENABLE_STATS: held until this process ends, the kernel.bpf_stats_enabled sysctl untouched)
+  enableRunTimeStats();
   for (const n of plan.sizes) {
     const svc = services(n);
     const texts = new Map<string, string>();

@@ -218,7 +218,7 @@ export function report(r: Results, out: string): void {
     lines.push(
       '## Where a connection through lbctl spends its time (BPF programs)',
       '',
-      `kernel.bpf_stats_enabled during ${dp.connects.toLocaleString('en')} connect()+close() through a ClusterIP at N=${dp.n.toLocaleString('en')} (a separate run: the accounting adds its own cost; p50 there ${dp.p50_us} µs).`,
+      `BPF run-time stats (BPF_ENABLE_STATS) during ${dp.connects.toLocaleString('en')} connect()+close() through a ClusterIP at N=${dp.n.toLocaleString('en')} (a separate run: the accounting adds its own cost; p50 there ${dp.p50_us} µs).`,
       '',
       '| program | runs | average ns per run | ns per connection |',
       '|---|---:|---:|---:|',
@@ -232,7 +232,7 @@ export function report(r: Results, out: string): void {
     lines.push(
       '## The socket rev-NAT write: before and after (BPF programs)',
       '',
-      `kernel.bpf_stats_enabled, medians of ${rv.reps} alternating measurements of each build, ${rv.count.toLocaleString('en')} operations each (bench/revnat.ts). ` +
+      `BPF run-time stats (BPF_ENABLE_STATS), medians of ${rv.reps} alternating measurements of each build, ${rv.count.toLocaleString('en')} operations each (bench/revnat.ts). ` +
         '*before*: sock.c built with -DLB_REVNAT_ALWAYS_WRITE=1 (the entry rewritten on every connect and datagram); *after*: what lbctl loads (a UDP socket\'s entry is looked up and written only when missing or different).',
       '',
       ...revnatTable(rv),

@@ -1,6 +1,6 @@
 // The socket rev-NAT write, before and after "a UDP socket's entry is written
 // only when missing or different" (bpf/sock.c, sock4_record_revnat): the kernel's own accounting
-// of each program's run time (kernel.bpf_stats_enabled: run_time_ns and
+// of each program's run time (BPF_ENABLE_STATS: run_time_ns and
 // run_cnt of every program), over connect()+close() through a TCP ClusterIP
 // and over sendto() on one unconnected UDP socket to a UDP ClusterIP, for
 // two builds of the same source in the same run:
@@ -21,7 +21,7 @@
 //
 // Also run by `make bench` (run.ts) after the timed points.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DEFAULT_OBJECT, loadDatapath } from '../src/datapath/loader.js';
@@ -30,6 +30,7 @@ import { validateEndpointSlice, validateService } from '../src/model/k8s.js';
 import { Reconciler } from '../src/reconcile/reconciler.js';
 import { service, slice } from '../test/fakes/objects.js';
 import { BenchRun, POD_IPS, POD_PORT, ROOT, type World } from './world.js';
+import { enableRunTimeStats } from '../src/native/bpf.js';
 
 export interface RevnatProgram {
   readonly program: string;
@@ -138,14 +139,13 @@ function sample(run: BenchRun, w: World, build: 'before' | 'after', rep: number,
 /** Needs build/bench/connect and server (run.ts compiles them; main() below does too). */
 export async function revnatProfile(opts: { count: number; reps: number; log?: (s: string) => void }): Promise<RevnatProfile> {
   const before = buildBaseline();
-  const sysctl = '/proc/sys/kernel/bpf_stats_enabled';
-  const was = readFileSync(sysctl, 'utf8').trim();
   const run = new BenchRun();
   const samples: RevnatSample[] = [];
+  let counting: { close(): void } | undefined;
   try {
     const w = run.world();
     await w.startServer(SERVER, BENCH_CPU);
-    writeFileSync(sysctl, '1');
+    counting = enableRunTimeStats();
     let programmed = false;
     for (let rep = 0; rep < opts.reps; rep++) {
       const order: Array<['before' | 'after', string]> = [['before', before], ['after', DEFAULT_OBJECT]];
@@ -166,7 +166,7 @@ export async function revnatProfile(opts: { count: number; reps: number; log?: (
       }
     }
   } finally {
-    writeFileSync(sysctl, was);
+    counting?.close();
     run.close();
   }
   return { count: opts.count, reps: opts.reps, samples };

@@ -31,6 +31,7 @@ import { BenchRun, CLUSTER_CIDR, POD_IPS, POD_PORT, ROOT, type MemoryCgroup, typ
 import { parseAllDocuments } from 'yaml';
 import { AGENT_TOKEN, type FakeApiServer } from '../test/helpers/fake-apiserver.js';
 import { mapsDir } from '../src/datapath/loader.js';
+import { enableRunTimeStats } from '../src/native/bpf.js';
 
 export const MODES = ['floor', 'lbctl', 'iptables-legacy', 'iptables-nft', 'nftables'] as const;
 export type Mode = (typeof MODES)[number];
@@ -60,7 +61,7 @@ interface Plan {
   readonly memoryLimit: number;
   /** lbctl: periodic full resyncs timed per point up to this N (an agent of its own with a short sync period). */
   readonly resyncMax: number;
-  /** lbctl: the datapath and rev-NAT profiles after the points (kernel.bpf_stats_enabled). */
+  /** lbctl: the datapath and rev-NAT profiles after the points (run-time stats, BPF_ENABLE_STATS). */
   readonly profiles: boolean;
 }
 
@@ -76,7 +77,7 @@ function parse(): Plan {
     .option('--profile-only', 'add the datapath profile to the results already in --out, and rewrite the report')
     .option('--memory-limit <bytes>', "the agent's memory limit in bytes, set as a cgroup's (0: none; default: deploy/base's DaemonSet limits.memory)")
     .option('--resync-max <n>', 'largest N at which periodic resyncs are timed')
-    .option('--no-profiles', 'leave out the datapath and rev-NAT profiles (they turn the kernel-wide kernel.bpf_stats_enabled on for a while)')
+    .option('--no-profiles', 'leave out the datapath and rev-NAT profiles (they turn the run-time stats of every BPF program on for a while, BPF_ENABLE_STATS)')
     .parse()
     .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; modes?: string; iptablesMax?: string; nftablesMax?: string; profileOnly?: boolean; memoryLimit?: string; resyncMax?: string; profiles: boolean }>();
   const quick = Boolean(o.quick);
@@ -675,9 +676,9 @@ async function main(): Promise<void> {
     run.close();
   }
   if (plan.modes.includes('lbctl') && plan.profiles) {
-    process.stderr.write('datapath profile: kernel.bpf_stats_enabled during 20,000 connects through lbctl\n');
+    process.stderr.write('datapath profile: run-time stats (BPF_ENABLE_STATS) during 20,000 connects through lbctl\n');
     results.datapathProfile = await datapathProfile(plan);
-    process.stderr.write('socket rev-NAT write: the old build against the current one, kernel.bpf_stats_enabled\n');
+    process.stderr.write('socket rev-NAT write: the old build against the current one, run-time stats (BPF_ENABLE_STATS)\n');
     results.revnatProfile = await revnatProfile(revnatPlan(plan));
   }
   save();
@@ -688,7 +689,7 @@ async function main(): Promise<void> {
 
 /**
  * Where lbctl's per-connection cost goes: the kernel's own accounting of each
- * BPF program's run time (kernel.bpf_stats_enabled), over 20,000 connects
+ * BPF program's run time (BPF_ENABLE_STATS), over 20,000 connects
  * through a ClusterIP at N=1,000. A separate world, after every timed point:
  * the accounting itself costs a little.
  */
@@ -698,8 +699,6 @@ async function datapathProfile(plan: Plan): Promise<NonNullable<Results['datapat
   const services = makeServices(n);
   const api = await startCluster();
   const run = new BenchRun();
-  const sysctl = '/proc/sys/kernel/bpf_stats_enabled';
-  const was = readFileSync(sysctl, 'utf8').trim();
   try {
     putServices(api, services.slice(0, n));
     const w = run.world();
@@ -724,10 +723,17 @@ async function datapathProfile(plan: Plan): Promise<NonNullable<Results['datapat
         }
         return out;
       };
-      writeFileSync(sysctl, '1');
-      const before = stats();
-      const c = connect(run, w, services[0]!.clusterIP, 80, 'cc', connects);
-      const after = stats();
+      const counting = enableRunTimeStats();
+      let before: ReturnType<typeof stats>;
+      let after: ReturnType<typeof stats>;
+      let c: ReturnType<typeof connect>;
+      try {
+        before = stats();
+        c = connect(run, w, services[0]!.clusterIP, 80, 'cc', connects);
+        after = stats();
+      } finally {
+        counting.close();
+      }
       const programs = [...after].map(([name, a]) => {
         const b = before.get(name) ?? { runs: 0, ns: 0 };
         const runs = a.runs - b.runs;
@@ -736,7 +742,6 @@ async function datapathProfile(plan: Plan): Promise<NonNullable<Results['datapat
       });
       return { n, connects, p50_us: c.p50_us, programs: programs.filter((p) => p.runs > 0).sort((x, y) => y.nsPerConnect - x.nsPerConnect) };
     } finally {
-      writeFileSync(sysctl, was);
       await agent.stop();
     }
   } finally {

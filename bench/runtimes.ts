@@ -16,7 +16,7 @@
 // --lock FILE: each bench/run.ts runs under flock(1) on FILE, so it never
 // overlaps another benchmark (others may run between two of these).
 // The datapath and rev-NAT profiles are left out (--no-profiles): they
-// switch the kernel-wide kernel.bpf_stats_enabled on, and the scale rows do
+// switch the kernel's run-time stats of every BPF program on (BPF_ENABLE_STATS), and the scale rows do
 // not use them.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';

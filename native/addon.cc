@@ -1,5 +1,6 @@
 // lb_native: a small, generic binding over libbpf. Module entry point,
 // shared argument helpers and the process-level functions.
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <napi.h>
 
@@ -96,6 +97,15 @@ static Napi::Value NumPossibleCpus(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), n);
 }
 
+// BPF_ENABLE_STATS (5.8+): every program's run_time_ns and run_cnt counted
+// while the returned fd is open, without the kernel.bpf_stats_enabled
+// sysctl; closing it (or the process ending) stops it.
+static Napi::Value EnableRunTimeStats(const Napi::CallbackInfo& info) {
+  int fd = bpf_enable_stats(BPF_STATS_RUN_TIME);
+  if (fd < 0) throwBpfError(info.Env(), "bpf_enable_stats", errno);
+  return Napi::Number::New(info.Env(), fd);
+}
+
 }  // namespace lbn
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -103,6 +113,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   env.SetInstanceData<lbn::AddonData>(new lbn::AddonData());
   exports.Set("libbpfVersion", Napi::Function::New(env, lbn::LibbpfVersion, "libbpfVersion"));
   exports.Set("numPossibleCpus", Napi::Function::New(env, lbn::NumPossibleCpus, "numPossibleCpus"));
+  exports.Set("enableRunTimeStats", Napi::Function::New(env, lbn::EnableRunTimeStats, "enableRunTimeStats"));
   lbn::InitMap(env, exports);
   lbn::InitObject(env, exports);
   lbn::InitLink(env, exports);

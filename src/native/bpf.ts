@@ -4,6 +4,7 @@
  * errno name ('ENOENT', 'EEXIST', ...) and whose message names the operation
  * and the map/program/path involved.
  */
+import { closeSync } from 'node:fs';
 import { LbError } from '../base/errors.js';
 import { loadBinding } from './binding.js';
 import type { DeclaredMapLayout, FlatEntries, InetDiagSocket, MapLayout, NativeBinding, OpenOptions, RawBpfMap, RawBpfObject, RawHeldLink, RawHeldProgram } from './native.js';
@@ -224,6 +225,21 @@ export class BpfObject {
 
 export function libbpfVersion(): string { return guard(() => native().libbpfVersion()); }
 export function numPossibleCpus(): number { return guard(() => native().numPossibleCpus()); }
+
+/**
+ * Every BPF program's run time and runs counted (run_time_ns, run_cnt in
+ * its info) until close(), or until this process ends: BPF_ENABLE_STATS
+ * (5.8+), which leaves the kernel.bpf_stats_enabled sysctl as it was.
+ */
+export function enableRunTimeStats(): { close(): void } {
+  let fd: number | undefined = guard(() => native().enableRunTimeStats());
+  return {
+    close(): void {
+      if (fd !== undefined) closeSync(fd);
+      fd = undefined;
+    },
+  };
+}
 
 /** Open a map pinned in bpffs; the returned map owns its fd (close() it). */
 /** A map no object declares (bpf_map_create): the inner maps of a map-in-map. Close it when done (an outer map keeps its own reference). */

@@ -301,6 +301,8 @@ export interface NativeBinding {
   holdProgram(id: number): RawHeldProgram | null;
   libbpfVersion(): string;
   numPossibleCpus(): number;
+  /** BPF_ENABLE_STATS(BPF_STATS_RUN_TIME): an fd; programs' run time is counted while it is open. */
+  enableRunTimeStats(): number;
   openObject(path: string, opts?: OpenOptions): RawBpfObject;
   openPinnedMap(path: string): RawBpfMap;
   /** bpf_map_create: a map no object declares (a map-in-map's inner maps); owns its fd. */

@@ -286,9 +286,9 @@ export function startExtLoad(s: ClusterSettings, targets: readonly string[], rat
 
 /**
  * Sysctls that change by themselves (counters, random values), and
- * kernel.bpf_stats_enabled, which `make bench` turns on while it profiles
- * programs (bench/run.ts), beside the tests on a shared machine; lbctl never
- * writes it.
+ * kernel.bpf_stats_enabled, which a profiler may turn on beside the tests
+ * on a shared machine (`make bench` holds BPF_ENABLE_STATS instead, which
+ * leaves it as it is); lbctl never writes it.
  */
 const VOLATILE_SYSCTL = /^(fs\.(dentry-state|file-nr|inode-nr|inode-state|aio-nr)|fs\.quota\.|kernel\.(ns_last_pid|random\.|pty\.nr|bpf_stats_enabled)|net\.netfilter\.nf_conntrack_count)/;
 
