@@ -26,7 +26,7 @@ import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import t, { type Test } from 'tap';
 import { yamlDocs } from '../helpers/manifests.js';
-import { eachMode, endpoint, extGet, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, ourPrograms, type Lab } from '../helpers/nodeport-lab.js';
+import { addVxlan, eachMode, endpoint, extGet, extLearnedMtu, extUpload, ip, makeLab, NODE1, NODE1_TO_N2, northSouth, ourPrograms, type Lab } from '../helpers/nodeport-lab.js';
 import type { AttachMode } from '../../src/datapath/nodeport.js';
 import { CLI_TIMEOUT_MS, createSandbox, LBCTL, run, SLOW, type Sandbox } from '../helpers/sandbox.js';
 
@@ -68,33 +68,8 @@ async function through(t: Test, lab: Lab, host: string, port: number, what: stri
   return r.client.replace(/^\[?([^\]]+?)\]?:\d+$/, '$1');
 }
 
-/** A 2 MB upload (HTTP POST) from the external client: curl's exit code and what the pod says it received. */
-async function upload(sb: Sandbox, lab: Lab, host: string, port: number): Promise<{ code: number; received: number; error: string }> {
-  const file = path.join(sb.runDir, 'upload.bin');
-  writeFileSync(file, Buffer.alloc(2 << 20, 0x61));
-  const url = host.includes(':') ? `http://[${host}]:${port}/upload` : `http://${host}:${port}/upload`;
-  const r = await lab.inExt(['curl', '-sS', '-H', 'Expect:', '--data-binary', `@${file}`, '--max-time', String(20 * SLOW), url], 30_000);
-  return { code: r.code ?? -1, received: Number(r.stdout.trim().split(/\s+/)[0] ?? 0), error: r.stderr.trim() };
-}
-
-/** The path MTU the client's route cache learned towards `dst`, or 0. */
-async function learnedMtu(lab: Lab, dst: string): Promise<number> {
-  const r = await lab.inExt(['ip', ...(dst.includes(':') ? ['-6'] : []), 'route', 'get', dst]);
-  return Number(/\bmtu (\d+)/.exec(r.stdout)?.[1] ?? 0);
-}
-
 t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address and their replies translated there', (t) => eachMode(t, async (t, mode) => {
-  const { sb, lab } = await start(t, mode, [], (lab) => {
-    // A VXLAN between the nodes over their link; node 2's pods only through it.
-    for (const [ns, me, peer, dev, self6] of [[lab.n1, '10.251.0.1', '10.251.0.2', 'vx1', 'fd00:253::1'], [lab.n2, '10.251.0.2', '10.251.0.1', 'vx2', 'fd00:253::2']] as const) {
-      ip('-n', ns, 'link', 'add', dev, 'type', 'vxlan', 'id', '42', 'local', me, 'remote', peer, 'dstport', '4789', 'dev', ns === lab.n1 ? 'n1b' : 'n2a');
-      ip('-n', ns, 'addr', 'add', `10.253.0.${ns === lab.n1 ? 1 : 2}/24`, 'dev', dev);
-      ip('-n', ns, '-6', 'addr', 'add', `${self6}/64`, 'dev', dev, 'nodad');
-      ip('-n', ns, 'link', 'set', dev, 'up');
-    }
-    ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'via', '10.253.0.2', 'dev', 'vx1');
-    ip('-n', lab.n1, '-6', 'route', 'replace', 'fd00:252:2::/64', 'via', 'fd00:253::2', 'dev', 'vx1');
-  });
+  const { sb, lab } = await start(t, mode, [], addVxlan); // node 2's pods only through a VXLAN
   const d = devicesLog(lab);
   t.same(d.tunnels, ['vx1'], `the VXLAN device is attached as a tunnel beside --devices (${JSON.stringify(d)})`);
   t.same(d.snat?.['vx1'], ['10.253.0.1', 'fd00:253::1'], 'its SNAT sources are its own addresses');
@@ -107,9 +82,9 @@ t.test('an overlay: remote pods behind a VXLAN device are SNATed to its address 
   const vxlan = JSON.parse(execFileSync('ip', ['-n', lab.n1, '-j', 'link', 'show', 'vx1'], { encoding: 'utf8' })) as Array<{ mtu: number }>;
   t.equal(vxlan[0]?.mtu, 1450, 'the tunnel\'s MTU is 1450 (its link\'s less 50 bytes of encapsulation)');
   for (const f of FAMILIES) {
-    const u = await upload(sb, lab, NODE1[f], NP_REMOTE);
+    const u = await extUpload(sb, lab, NODE1[f], NP_REMOTE);
     t.ok(u.code === 0 && u.received === 2 << 20, `IPv${f[1]}: a 2 MB upload through the overlay completes (curl ${u.code}, ${u.received} bytes${u.error ? `, ${u.error}` : ''})`);
-    t.equal(await learnedMtu(lab, NODE1[f]), 1450, `IPv${f[1]}: the client learned the tunnel's MTU from the datapath's error`);
+    t.equal(await extLearnedMtu(lab, NODE1[f]), 1450, `IPv${f[1]}: the client learned the tunnel's MTU from the datapath's error`);
   }
   const m = await sb.metrics();
   t.ok((m['np_frag_needed'] ?? 0) > 0, `np_frag_needed counted the too-big packets (${m['np_frag_needed']})`);
@@ -214,9 +189,9 @@ async function layer3(t: Test, mode: AttachMode, kind: 'ipip' | 'wireguard'): Pr
   const mtus = Object.fromEntries(devs.map((dev) => [dev, (JSON.parse(execFileSync('ip', ['-n', lab.n1, '-j', 'link', 'show', dev], { encoding: 'utf8' })) as Array<{ mtu: number }>)[0]!.mtu]));
   for (const f of FAMILIES) {
     const dev = devs.length === 1 ? devs[0]! : devs[f === 'v4' ? 0 : 1]!;
-    const u = await upload(sb, lab, NODE1[f], NP_REMOTE);
+    const u = await extUpload(sb, lab, NODE1[f], NP_REMOTE);
     t.ok(u.code === 0 && u.received === 2 << 20, `IPv${f[1]}: a 2 MB upload through ${dev} completes (curl ${u.code}, ${u.received} bytes${u.error ? `, ${u.error}` : ''})`);
-    t.equal(await learnedMtu(lab, NODE1[f]), mtus[dev], `IPv${f[1]}: the client learned ${dev}'s MTU (${mtus[dev]}) from the datapath's error`);
+    t.equal(await extLearnedMtu(lab, NODE1[f]), mtus[dev], `IPv${f[1]}: the client learned ${dev}'s MTU (${mtus[dev]}) from the datapath's error`);
   }
   const m = await sb.metrics();
   t.equal(m['np_fib_fail'] ?? 0, 0, 'nothing dropped for want of a route');

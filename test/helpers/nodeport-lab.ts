@@ -352,6 +352,37 @@ export function xdpProgram(ns: string, dev: string): { mode: number; id: number;
   return x ? { mode: x.mode, id: x.prog?.id ?? 0, name: x.prog?.name ?? '' } : undefined;
 }
 
+/**
+ * An overlay: a VXLAN between the nodes over their link (vx1 on node 1,
+ * 10.253.0.1 fd00:253::1; vx2 on node 2, .2 and ::2), and node 1's routes to
+ * node 2's pods through it only. Its MTU is 1450 (the link's less 50 bytes).
+ */
+export function addVxlan(lab: Lab): void {
+  for (const [ns, me, peer, dev, self6] of [[lab.n1, '10.251.0.1', '10.251.0.2', 'vx1', 'fd00:253::1'], [lab.n2, '10.251.0.2', '10.251.0.1', 'vx2', 'fd00:253::2']] as const) {
+    ip('-n', ns, 'link', 'add', dev, 'type', 'vxlan', 'id', '42', 'local', me, 'remote', peer, 'dstport', '4789', 'dev', ns === lab.n1 ? 'n1b' : 'n2a');
+    ip('-n', ns, 'addr', 'add', `10.253.0.${ns === lab.n1 ? 1 : 2}/24`, 'dev', dev);
+    ip('-n', ns, '-6', 'addr', 'add', `${self6}/64`, 'dev', dev, 'nodad');
+    ip('-n', ns, 'link', 'set', dev, 'up');
+  }
+  ip('-n', lab.n1, 'route', 'replace', '10.252.2.0/24', 'via', '10.253.0.2', 'dev', 'vx1');
+  ip('-n', lab.n1, '-6', 'route', 'replace', 'fd00:252:2::/64', 'via', 'fd00:253::2', 'dev', 'vx1');
+}
+
+/** A 2 MB upload (HTTP POST) from the external client: curl's exit code and what the pod says it received. */
+export async function extUpload(sb: Sandbox, lab: Lab, host: string, port: number): Promise<{ code: number; received: number; error: string }> {
+  const file = path.join(sb.runDir, 'upload.bin');
+  writeFileSync(file, Buffer.alloc(2 << 20, 0x61));
+  const url = host.includes(':') ? `http://[${host}]:${port}/upload` : `http://${host}:${port}/upload`;
+  const r = await lab.inExt(['curl', '-sS', '-H', 'Expect:', '--data-binary', `@${file}`, '--max-time', String(20 * SLOW), url], 30_000);
+  return { code: r.code ?? -1, received: Number(r.stdout.trim().split(/\s+/)[0] ?? 0), error: r.stderr.trim() };
+}
+
+/** The path MTU the client's route cache learned towards `dst`, or 0. */
+export async function extLearnedMtu(lab: Lab, dst: string): Promise<number> {
+  const r = await lab.inExt(['ip', ...(dst.includes(':') ? ['-6'] : []), 'route', 'get', dst]);
+  return Number(/\bmtu (\d+)/.exec(r.stdout)?.[1] ?? 0);
+}
+
 /** The client's second wire, straight to node 2 (DSR: node 2 answers the client itself). */
 export const EXT1 = { v4: '10.250.1.2', v6: 'fd00:250:1::2' };
 export const N2E = { v4: '10.250.1.1', v6: 'fd00:250:1::1' };
