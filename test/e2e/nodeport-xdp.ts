@@ -12,7 +12,8 @@
 // restarted under a steady load (SIGTERM, then best-effort, where that
 // device is served at tc quietly; SIGKILL, then native again) with not one
 // failed connection; then started without acceleration, which removes the
-// XDP programs.
+// XDP programs; last, with node 2's pods behind a VXLAN (tunnels run no
+// XDP), remote flows go on to tc and are SNATed to the tunnel's address.
 //
 // What a lab of veths needs that a NIC does not: frames XDP sends out of a
 // veth reach its peer only when the peer has NAPI on (an XDP program
@@ -22,7 +23,7 @@
 // to (ethtool tx off on ext0 and on the pod's eth0): wireForXdp().
 import path from 'node:path';
 import t, { type Test } from 'tap';
-import { checkNoFailedLoad, counterDelta, EXT, ip, type Lab, LAB_PORTS, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, requestsAnsweredBy, tcAttachModes, webRemoteLocal, wireForXdp, xdpProgram } from '../helpers/nodeport-lab.js';
+import { addVxlan, checkNoFailedLoad, counterDelta, EXT, ip, type Lab, LAB_PORTS, makeLab, NODE1, NODE1_TO_N2, POD1, POD2, requestsAnsweredBy, tcAttachModes, webRemoteLocal, wireForXdp, xdpProgram } from '../helpers/nodeport-lab.js';
 import { CLIENT_PY, createSandbox, SLOW } from '../helpers/sandbox.js';
 import { sumCounters } from '../../src/datapath/counters.js';
 import { mapsDir } from '../../src/datapath/loader.js';
@@ -134,5 +135,21 @@ t.test('XDP acceleration: remote flows translated and sent on at XDP both ways, 
     await requestsAnsweredBy(t, lab, NODE1.v4, REMOTE, POD2.v4, NODE1_TO_N2.v4, 1, 'remote backend at tc');
     const m1 = await datapathMetrics(lab.agent.bpfRoot);
     t.equal(counterDelta(m0, m1, 'np_xdp_fwd'), 0, 'nothing at XDP');
+  });
+
+  // tunnels stay at tc (no native XDP in vxlan): a flow XDP would send into one goes on to tc
+  await t.test('an overlay: remote flows routed into a VXLAN device are handed to tc, SNATed to the tunnel\'s address there', async (t) => {
+    addVxlan(lab);
+    await lab.agent.stop(10_000);
+    await lab.agent.start([...ARGS, '--tc-attach', mode, '--nodeport-acceleration', 'native']);
+    t.equal(xdpProgram(lab.n1, 'vx1'), undefined, 'the tunnel runs no XDP program');
+    for (const dev of ['n1e', 'n1b']) t.match(xdpProgram(lab.n1, dev), { mode: 1, name: 'lb_nodeport_xdp' }, `${dev} at XDP`);
+    const m0 = await datapathMetrics(lab.agent.bpfRoot);
+    await requestsAnsweredBy(t, lab, NODE1.v4, REMOTE, POD2.v4, '10.253.0.1', 2, 'IPv4, remote backend through the tunnel');
+    await requestsAnsweredBy(t, lab, NODE1.v6, REMOTE, POD2.v6, 'fd00:253::1', 2, 'IPv6, remote backend through the tunnel');
+    const m1 = await datapathMetrics(lab.agent.bpfRoot);
+    t.equal(counterDelta(m0, m1, 'np_xdp_fwd'), 0, 'XDP sent none of their packets');
+    t.ok(counterDelta(m0, m1, 'np_xdp_to_tc') >= 12, `it handed the client's packets to tc (np_xdp_to_tc +${counterDelta(m0, m1, 'np_xdp_to_tc')})`);
+    t.ok(counterDelta(m0, m1, 'np_rev') >= 12, `tc translated the replies coming back through the tunnel (np_rev +${counterDelta(m0, m1, 'np_rev')})`);
   });
 });
