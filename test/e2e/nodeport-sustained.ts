@@ -28,6 +28,9 @@
 //    tcp_tw_reuse, reuses its ports after a second, as a busy client does),
 //    to a third port of the pod (a server that does not close first), clear
 //    of the TIME_WAITs step 2 left there: R for 10 s, the same checks.
+// 4. XDP in front (--nodeport-acceleration native): to a fourth port, the
+//    server closing first, R for 20 s, the same checks, and XDP sent on
+//    nearly every packet translated.
 //
 // A connection fails when it is not done within SUSTAINED_TIMEOUT_MS (2.5 s:
 // a client that retries its SYN once, after the kernel's 1 s initial RTO,
@@ -57,7 +60,7 @@ import { execFileSync } from 'node:child_process';
 import t, { type Test } from 'tap';
 import { iptablesRestoreFull } from '../../bench/kube-proxy.js';
 import { npServices, serviceObject, sliceObject, type NpService } from '../../bench/np-services.js';
-import { makeLab, NODE1, POD2, type Lab } from '../helpers/nodeport-lab.js';
+import { makeLab, NODE1, POD2, wireForXdp, type Lab } from '../helpers/nodeport-lab.js';
 import { buildLoadTools, failureSummary, npLoad, perSecondLines, SUSTAINED_TIMEOUT_MS, type NpLoadResult } from '../helpers/np-load.js';
 import { createSandbox, SLOW } from '../helpers/sandbox.js';
 
@@ -69,6 +72,8 @@ const KP_SECONDS = 10;
 const CONCURRENCY = 256;
 const SUSTAIN_SECONDS = 60;
 const CLIENT_FIN_SECONDS = 10;
+const XDP_PORT = 8084;
+const XDP_SECONDS = 20;
 /**
  * np-load starts each connection at its scheduled time or, when it was busy,
  * as soon after as it can (it never skips one); the achieved rate is the
@@ -167,5 +172,19 @@ t.test("sustained new connections to one remote backend: lbctl takes kube-proxy'
   execFileSync('ip', ['netns', 'exec', lab.ext, 'sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=1', 'net.ipv4.ip_local_port_range=1024 65535']);
   await lab.apply('services.json', manifest(service(CLIENT_FIN_PORT)));
   await t.test(`${CLIENT_FIN_SECONDS} s at kube-proxy's rate, the client closing first`, (t) => check(t, `${CLIENT_FIN_SECONDS} s, the client closes first`, CLIENT_FIN_SECONDS, 'fin'));
+
+  // 4. With XDP in front (--nodeport-acceleration native, the lab wired for it): to a fresh
+  //    port of the pod, the server closing first, R for XDP_SECONDS; XDP sends the flows on.
+  await lab.agent.stop(10_000);
+  wireForXdp(lab);
+  await sb.startServerIn(lab.p2, [tools.server, '-p', String(XDP_PORT), '-a', '0.0.0.0', '-c']);
+  sb.writeManifest('services.json', manifest(service(XDP_PORT)));
+  await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--nodeport-acceleration', 'native']);
+  const x0 = await sb.metrics();
+  await t.test(`${XDP_SECONDS} s at kube-proxy's rate with XDP acceleration, the server closing first`, (t) => check(t, `${XDP_SECONDS} s at XDP, the server closes first`, XDP_SECONDS, 'server'));
+  const x1 = await sb.metrics();
+  const atXdp = (x1.np_xdp_fwd ?? 0) - (x0.np_xdp_fwd ?? 0);
+  const translated = (x1.np_fwd ?? 0) + (x1.np_rev ?? 0) - (x0.np_fwd ?? 0) - (x0.np_rev ?? 0);
+  t.ok(atXdp >= 0.9 * translated, `XDP sent on most of the packets translated (np_xdp_fwd +${atXdp} of ${translated}; the rest, each flow's first packets before the neighbour is known, at tc)`);
   await lab.agent.stop(10_000);
 });
