@@ -73,6 +73,7 @@ const CONCURRENCY = 256;
 const SUSTAIN_SECONDS = 60;
 const CLIENT_FIN_SECONDS = 10;
 const XDP_PORT = 8084;
+const XDP_NODE_PORT = 30096;
 const XDP_SECONDS = 20;
 /**
  * np-load starts each connection at its scheduled time or, when it was busy,
@@ -115,8 +116,8 @@ t.test("sustained new connections to one remote backend: lbctl takes kube-proxy'
   for (const port of [KP_PORT, LBCTL_PORT]) await sb.startServerIn(lab.p2, [tools.server, '-p', String(port), '-a', '0.0.0.0', '-c']);
   await sb.startServerIn(lab.p2, [tools.server, '-p', String(CLIENT_FIN_PORT), '-a', '0.0.0.0']);
   const fromExt = (cmd: readonly string[], ms: number) => lab.inNs(lab.ext, cmd, ms);
-  const service = (podPort: number): NpService =>
-    npServices(1, { type: 'NodePort', nodePorts: { first: NODE_PORT, last: NODE_PORT }, measured: [[{ ip: POD2.v4, port: podPort }]] })[0]!;
+  const service = (podPort: number, nodePort = NODE_PORT): NpService =>
+    npServices(1, { type: 'NodePort', nodePorts: { first: nodePort, last: nodePort }, measured: [[{ ip: POD2.v4, port: podPort }]] })[0]!;
 
   // 1. kube-proxy's iptables mode in node 1's namespace.
   const iptables = (args: readonly string[], input?: string): string =>
@@ -144,10 +145,10 @@ t.test("sustained new connections to one remote backend: lbctl takes kube-proxy'
     return { exhausted: m.np_snat_exhausted ?? 0, ctFull: m.np_ct_full ?? 0 };
   };
 
-  const check = async (t: Test, what: string, seconds: number, close: 'server' | 'fin'): Promise<void> => {
+  const check = async (t: Test, what: string, seconds: number, close: 'server' | 'fin', port = NODE_PORT): Promise<void> => {
     const before = await counters();
     // A second's worth of failures ends the run early: the test has failed by then and the per-second counts show how.
-    const run = await tcpDelta(lab, () => npLoad(fromExt, tools.load, { addr: NODE1.v4, port: NODE_PORT, seconds, rate, timeoutMs: SUSTAINED_TIMEOUT_MS, close, maxFailed: rate }));
+    const run = await tcpDelta(lab, () => npLoad(fromExt, tools.load, { addr: NODE1.v4, port, seconds, rate, timeoutMs: SUSTAINED_TIMEOUT_MS, close, maxFailed: rate }));
     const after = await counters();
     const r = run.r;
     const exhausted = after.exhausted - before.exhausted;
@@ -175,13 +176,16 @@ t.test("sustained new connections to one remote backend: lbctl takes kube-proxy'
 
   // 4. With XDP in front (--nodeport-acceleration native, the lab wired for it): to a fresh
   //    port of the pod, the server closing first, R for XDP_SECONDS; XDP sends the flows on.
+  //    Another nodePort (none of step 3's client TIME_WAITs towards it) and the client's own
+  //    port range and TIME_WAIT reuse back as in step 2, so that SNAT keeps its ports again.
   await lab.agent.stop(10_000);
   wireForXdp(lab);
+  execFileSync('ip', ['netns', 'exec', lab.ext, 'sysctl', '-qw', 'net.ipv4.tcp_tw_reuse=2', 'net.ipv4.ip_local_port_range=32768 60999']);
   await sb.startServerIn(lab.p2, [tools.server, '-p', String(XDP_PORT), '-a', '0.0.0.0', '-c']);
-  sb.writeManifest('services.json', manifest(service(XDP_PORT)));
+  sb.writeManifest('services.json', manifest(service(XDP_PORT, XDP_NODE_PORT)));
   await lab.agent.start(['--devices', 'n1e,n1b', '--node-name', 'node1', '--nodeport-acceleration', 'native']);
   const x0 = await sb.metrics();
-  await t.test(`${XDP_SECONDS} s at kube-proxy's rate with XDP acceleration, the server closing first`, (t) => check(t, `${XDP_SECONDS} s at XDP, the server closes first`, XDP_SECONDS, 'server'));
+  await t.test(`${XDP_SECONDS} s at kube-proxy's rate with XDP acceleration, the server closing first`, (t) => check(t, `${XDP_SECONDS} s at XDP, the server closes first`, XDP_SECONDS, 'server', XDP_NODE_PORT));
   const x1 = await sb.metrics();
   const atXdp = (x1.np_xdp_fwd ?? 0) - (x0.np_xdp_fwd ?? 0);
   const translated = (x1.np_fwd ?? 0) + (x1.np_rev ?? 0) - (x0.np_fwd ?? 0) - (x0.np_rev ?? 0);
