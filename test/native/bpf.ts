@@ -12,6 +12,7 @@ import {
   BPF_NOEXIST,
   BpfError,
   BpfObject,
+  enableRunTimeStats,
   type BpfMap,
   holdPinnedLink,
   isErrno,
@@ -346,6 +347,34 @@ if (process.getuid?.() !== 0) {
     t.equal(ents.length, 4, 'array entries: all indices');
     t.same(ents.find(([k]) => k.readUInt32LE() === 3)?.[1], vals);
     t.throws(() => progTestRun(-1, { data: pkt }), { code: 'EBADF', op: 'bpf_prog_test_run_opts' });
+  });
+
+  t.test('enableRunTimeStats: a program\'s runs counted while it is held, the sysctl left as it was', async (t) => {
+    const SYSCTL = '/proc/sys/kernel/bpf_stats_enabled';
+    const was = fs.readFileSync(SYSCTL, 'utf8');
+    const { id } = obj1.progInfo('nt_xdp');
+    const runs = (): number => (JSON.parse(execFileSync('bpftool', ['-j', 'prog', 'show', 'id', String(id)], { encoding: 'utf8' })) as { run_cnt?: number }).run_cnt ?? 0;
+    const pkt = Buffer.alloc(64, 0xab);
+    // one run a call: a test run of many stops at a pending signal (EINTR), and bpftool's exit leaves one
+    const hundredRuns = (): void => {
+      for (let i = 0; i < 100; i++) progTestRun(obj1.progFd('nt_xdp'), { data: pkt });
+    };
+    const stats = enableRunTimeStats();
+    try {
+      const before = runs();
+      hundredRuns();
+      t.ok(runs() - before >= 100, `100 test runs counted (run_cnt +${runs() - before})`);
+      t.equal(fs.readFileSync(SYSCTL, 'utf8'), was, 'kernel.bpf_stats_enabled as it was');
+    } finally {
+      stats.close();
+    }
+    stats.close(); // twice: nothing
+    // (another process holding the stats, or the sysctl on, would count them still)
+    if (was.trim() === '0') {
+      const after = runs();
+      hundredRuns();
+      t.equal(runs(), after, 'closed: no longer counted');
+    }
   });
 
   t.test('second object reuses the pinned map', async (t) => {
