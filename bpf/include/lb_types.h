@@ -114,7 +114,7 @@ enum lb_metric {
 	LB_MTR_NP_DSR_FWD = 33,		/* --nodeport-mode dsr|hybrid: a packet sent to a remote backend with the frontend in its DSR option */
 	LB_MTR_NP_DSR_FLOW = 34,	/* the backend's node: a DSR flow to a local backend recorded from its option */
 	LB_MTR_NP_DSR_REV = 35,		/* the backend's node: a local backend's reply to a DSR flow left from the frontend */
-	LB_MTR_NP_XDP_FWD = 36,		/* --nodeport-acceleration: a packet XDP translated and sent on itself */
+	LB_MTR_NP_XDP_FWD = 36,		/* --nodeport-acceleration: a packet XDP translated (sent on itself, or passed up to a local backend) */
 	LB_MTR_NP_XDP_TO_TC = 37,	/* ... a service's packet XDP could not finish, passed on to tc unchanged */
 	LB_MTR_MAX = 38,		/* append only: a value is never renumbered */
 };
