@@ -513,18 +513,75 @@ static __always_inline bool np4_src_allowed(const struct lb_service *svc, __be32
 	return bpf_map_lookup_elem(&lb4_src_range, &k) != NULL;
 }
 
-static __always_inline int np4_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
-				   __be32 src, __be32 dst, __be16 sport, __be16 dport)
+/*
+ * The way a packet goes (bpf_fib_lookup()'s answer in *fib), for `use`:
+ * NP_FIB_CACHED, an established flow's packet, takes the answer this CPU
+ * kept for the same device in, source and destination in this second of
+ * np_now() (`now`: struct lb4_fib_cache); NP_FIB_FRESH, a new flow's,
+ * asks the FIB and keeps its answer; NP_FIB_ONLY asks and keeps nothing.
+ * Only a complete answer is kept (BPF_FIB_LKUP_RET_SUCCESS: device and
+ * both MACs); a route or neighbour change reaches established flows within
+ * a second. The FIB rules a kept answer ignores: ones on the transport
+ * protocol or ports (ip rule ipproto/sport/dport), which the slot's key
+ * leaves out.
+ */
+enum { NP_FIB_ONLY, NP_FIB_FRESH, NP_FIB_CACHED };
+
+static __always_inline __u32 np_fib_slot(__u32 in, __u32 h)
 {
+	return ((in ^ h) * 0x9e3779b1U) >> (32 - LB_FIB_CACHE_BITS);
+}
+
+/*
+ * A kept answer, as the FIB gave it: at tc its own check of the packet's
+ * length against the device's MTU is made again (is_skb_forwardable(): a
+ * GSO packet passes; np_mtu_check() makes the segment-aware one).
+ */
+static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u32 ifindex,
+				       const __u8 *smac, const __u8 *dmac, __u16 mtu)
+{
+	fib->ifindex = ifindex;
+	fib->mtu_result = mtu;
+	__builtin_memcpy(fib->smac, smac, ETH_ALEN);
+	__builtin_memcpy(fib->dmac, dmac, ETH_ALEN);
+#ifndef NP_XDP
+	if (mtu && !skb->gso_size && skb->len > (__u32)mtu + ETH_HLEN + 4 /* VLAN_HLEN */)
+		return BPF_FIB_LKUP_RET_FRAG_NEEDED;
+#endif
+	return BPF_FIB_LKUP_RET_SUCCESS;
+}
+
+static __always_inline int np4_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
+				   __be32 src, __be32 dst, __be16 sport, __be16 dport, __u64 now, int use)
+{
+	__u32 in = np_in_ifindex(skb), slot = np_fib_slot(in, src ^ np_rol32(dst, 16));
+	struct lb4_fib_cache *c = NULL;
+	int rc;
+
 	__builtin_memset(fib, 0, sizeof(*fib));
+	if (use != NP_FIB_ONLY)
+		c = bpf_map_lookup_elem(&lb4_fib_cache, &slot);
+	if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == in && c->src == src && c->dst == dst)
+		return np_fib_kept(skb, fib, c->ifindex, c->smac, c->dmac, c->mtu);
 	fib->family = AF_INET;
 	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
 	fib->ipv4_src = src;
 	fib->ipv4_dst = dst;
-	fib->ifindex = np_in_ifindex(skb);
-	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	fib->ifindex = in;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (c && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		c->stamp = now;
+		c->in_ifindex = in;
+		c->src = src;
+		c->dst = dst;
+		c->ifindex = fib->ifindex;
+		c->mtu = fib->mtu_result;
+		__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
+		__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
+	}
+	return rc;
 }
 
 /*
@@ -943,7 +1000,7 @@ static __always_inline int np4_new_flow(struct np_ctx *skb, const struct np4_flo
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
 	}
-	rc = np4_fib(skb, fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
+	rc = np4_fib(skb, fib, f->l4.proto, f->saddr, be->address, f->sport, be->port, now, NP_FIB_FRESH);
 	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib->ifindex) : NULL;
 	if (!dev && rc != BPF_FIB_LKUP_RET_NOT_FWDED && !np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
@@ -1259,9 +1316,9 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 			return TC_ACT_SHOT;
 		}
 		if (grow)
-			rc = np4_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1);
+			rc = np4_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1, now, NP_FIB_CACHED);
 		else
-			rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
+			rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1, now, NP_FIB_CACHED);
 		dev = np_fib_dev(&fib);
 #ifdef NP_XDP
 		if (!np_xdp_sends(dev, rc))
@@ -1354,7 +1411,7 @@ static __always_inline int np4_rev_snat(struct np_ctx *skb, struct np4_flow *f, 
 		return TC_ACT_SHOT;
 	}
 	/* the way to the client, and whether the reply fits it (an error goes to the backend, from our SNAT address) */
-	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
+	rc = np4_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2, now, NP_FIB_CACHED);
 #ifdef NP_XDP
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return np_xdp_to_tc();
@@ -1668,18 +1725,39 @@ static __always_inline bool np6_src_allowed(const struct lb_service *svc, const 
 	return bpf_map_lookup_elem(&lb6_src_range, &k) != NULL;
 }
 
+/* As np4_fib(). */
 static __always_inline int np6_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
-				   const __be32 *src, const __be32 *dst, __be16 sport, __be16 dport)
+				   const __be32 *src, const __be32 *dst, __be16 sport, __be16 dport, __u64 now, int use)
 {
+	__u32 in = np_in_ifindex(skb);
+	__u32 slot = np_fib_slot(in, src[2] ^ src[3] ^ np_rol32(dst[2] ^ dst[3], 16));
+	struct lb6_fib_cache *c = NULL;
+	int rc;
+
 	__builtin_memset(fib, 0, sizeof(*fib));
+	if (use != NP_FIB_ONLY)
+		c = bpf_map_lookup_elem(&lb6_fib_cache, &slot);
+	if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == in && ip6_equal(c->src, src) && ip6_equal(c->dst, dst))
+		return np_fib_kept(skb, fib, c->ifindex, c->smac, c->dmac, c->mtu);
 	fib->family = AF_INET6;
 	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
 	ip6_copy(fib->ipv6_src, src);
 	ip6_copy(fib->ipv6_dst, dst);
-	fib->ifindex = np_in_ifindex(skb);
-	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	fib->ifindex = in;
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (c && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		c->stamp = now;
+		c->in_ifindex = in;
+		ip6_copy(c->src, src);
+		ip6_copy(c->dst, dst);
+		c->ifindex = fib->ifindex;
+		c->mtu = fib->mtu_result;
+		__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
+		__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
+	}
+	return rc;
 }
 
 static __always_inline bool ip6_is_zero(const __be32 *a)
@@ -1889,7 +1967,7 @@ static __always_inline int np6_new_flow(struct np_ctx *skb, const struct np6_flo
 		lb_count(LB_MTR_BACKEND_MISSING);
 		return TC_ACT_SHOT;
 	}
-	rc = np6_fib(skb, fib, f->l4.proto, f->saddr, be->address, f->sport, be->port);
+	rc = np6_fib(skb, fib, f->l4.proto, f->saddr, be->address, f->sport, be->port, now, NP_FIB_FRESH);
 	dev = np_fib_routed(rc) ? bpf_map_lookup_elem(&lb_devices, &fib->ifindex) : NULL;
 	if (!dev && rc != BPF_FIB_LKUP_RET_NOT_FWDED && !np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
@@ -2151,9 +2229,9 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 			return TC_ACT_SHOT;
 		}
 		if (ct->flags & LB_CT_F_DSR)
-			rc = np6_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1);
+			rc = np6_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1, now, NP_FIB_CACHED);
 		else
-			rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1);
+			rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1, now, NP_FIB_CACHED);
 		dev = np_fib_dev(&fib);
 #ifdef NP_XDP
 		if (!np_xdp_sends(dev, rc))
@@ -2240,7 +2318,7 @@ static __always_inline int np6_rev_snat(struct np_ctx *skb, struct np6_flow *f, 
 		lb_count(LB_MTR_NP_TTL);
 		return TC_ACT_SHOT;
 	}
-	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2);
+	rc = np6_fib(skb, &fib, f->l4.proto, ct->addr1, ct->addr2, ct->port1, ct->port2, now, NP_FIB_CACHED);
 #ifdef NP_XDP
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return np_xdp_to_tc();
@@ -2734,7 +2812,7 @@ static __always_inline int np4_icmp_to_backend(struct np_ctx *skb, const struct 
 	lb_count(LB_MTR_NP_ICMP_XLATE);
 	if (!snat)
 		return TC_ACT_OK;
-	rc = np4_fib(skb, &fib, IPPROTO_ICMP, ct->addr2, ct->addr1, 0, 0);
+	rc = np4_fib(skb, &fib, IPPROTO_ICMP, ct->addr2, ct->addr1, 0, 0, 0, NP_FIB_ONLY);
 	if (!np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -2765,7 +2843,7 @@ static __always_inline int np4_icmp_to_client(struct np_ctx *skb, const struct n
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_ICMP_XLATE);
-	rc = np4_fib(skb, &fib, IPPROTO_ICMP, src, ct->addr2, 0, 0);
+	rc = np4_fib(skb, &fib, IPPROTO_ICMP, src, ct->addr2, 0, 0, 0, NP_FIB_ONLY);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
 	if (!np_fib_routed(rc)) {
@@ -2936,7 +3014,7 @@ static __always_inline int np6_icmp_to_backend(struct np_ctx *skb, const struct 
 	lb_count(LB_MTR_NP_ICMP_XLATE);
 	if (!snat)
 		return TC_ACT_OK;
-	rc = np6_fib(skb, &fib, IPPROTO_ICMPV6, ct->addr2, ct->addr1, 0, 0);
+	rc = np6_fib(skb, &fib, IPPROTO_ICMPV6, ct->addr2, ct->addr1, 0, 0, 0, NP_FIB_ONLY);
 	if (!np_fib_routed(rc)) {
 		lb_count(LB_MTR_NP_FIB_FAIL);
 		return TC_ACT_SHOT;
@@ -2966,7 +3044,7 @@ static __always_inline int np6_icmp_to_client(struct np_ctx *skb, const struct n
 		return TC_ACT_SHOT;
 	}
 	lb_count(LB_MTR_NP_ICMP_XLATE);
-	rc = np6_fib(skb, &fib, IPPROTO_ICMPV6, src, ct->addr2, 0, 0);
+	rc = np6_fib(skb, &fib, IPPROTO_ICMPV6, src, ct->addr2, 0, 0, 0, NP_FIB_ONLY);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return TC_ACT_OK;
 	if (!np_fib_routed(rc)) {

@@ -477,6 +477,40 @@ struct lb_node_addr {
 	__u32 flags;		/* reserved */
 };
 
+/*
+ * The FIB's answer (bpf_fib_lookup, BPF_FIB_LKUP_RET_SUCCESS) for a packet
+ * in by `in_ifindex` from `src` to `dst`, kept per CPU in a slot those three
+ * hash to (lb4_fib_cache/lb6_fib_cache), for the second of the datapath's
+ * clock it was looked up in (`stamp`, np_now()). An established flow's
+ * packets take the next hop from it instead of asking the FIB again: on
+ * the machines of docs/benchmarks.md the lookup was the largest cost of a
+ * forwarded packet. A new flow always asks the FIB (and refreshes the slot).
+ * The layout is the datapath's alone: nothing outside it reads the maps.
+ */
+struct lb4_fib_cache {
+	__u64 stamp;
+	__u32 in_ifindex;
+	__be32 src;
+	__be32 dst;
+	__u32 ifindex;		/* the FIB's: the device out */
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u16 mtu;		/* the FIB's mtu_result (5.12+; 0 before) */
+	__u8 pad[2];
+};
+
+struct lb6_fib_cache {
+	__u64 stamp;
+	__u32 in_ifindex;
+	__be32 src[4];
+	__be32 dst[4];
+	__u32 ifindex;
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u16 mtu;
+	__u8 pad[2];
+};
+
 /* A device the tc programs run on, keyed by ifindex: its SNAT addresses and MTU. */
 enum lb_device_flags {
 	/*

@@ -20,6 +20,8 @@
 #define LB_SRC_RANGE_MAX	16384
 #define LB_MAGLEV_MAX		65536	/* Maglev tables */
 #define LB_MAGLEV_CHUNKS	4096
+#define LB_FIB_CACHE_BITS	10
+#define LB_FIB_CACHE_SLOTS	(1 << LB_FIB_CACHE_BITS)
 
 /* the translated flows (see struct lb4_ct_key) */
 struct {
@@ -103,6 +105,24 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LB_MAP_PINNING);
 } lb_devices SEC(".maps");
+
+/*
+ * The FIB's answers for established flows, per CPU (struct lb4_fib_cache):
+ * never pinned, each program its own, empty after a restart.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb4_fib_cache);
+	__uint(max_entries, LB_FIB_CACHE_SLOTS);
+} lb4_fib_cache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct lb6_fib_cache);
+	__uint(max_entries, LB_FIB_CACHE_SLOTS);
+} lb6_fib_cache SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -29,4 +29,9 @@ static __always_inline void ip6_copy(__be32 *dst, const __be32 *src)
 	dst[3] = src[3];
 }
 
+static __always_inline bool ip6_equal(const __be32 *a, const __be32 *b)
+{
+	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
+}
+
 #endif /* __LB_ADDR_H */

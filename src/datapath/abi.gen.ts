@@ -515,6 +515,49 @@ export const lb4_ct_key: Codec<Lb4CtKey> = {
   },
 };
 
+/** struct lb4_fib_cache (40 bytes) */
+export interface Lb4FibCache {
+  stamp: bigint;
+  inIfindex: number;
+  src: number; // network order in the map
+  dst: number; // network order in the map
+  ifindex: number;
+  smac: Buffer;
+  dmac: Buffer;
+  mtu: number;
+}
+
+export const lb4_fib_cache: Codec<Lb4FibCache> = {
+  name: 'lb4_fib_cache',
+  size: 40,
+  encode(v, b = Buffer.alloc(40), o = 0) {
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb4_fib_cache: 40 bytes at offset ${o} of ${b.length}`);
+    b[o + 38] = 0; b[o + 39] = 0;
+    b.writeBigUInt64LE(v.stamp, o + 0);
+    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.in_ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    { const x = v.src; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.src', x, 4294967295); b[o + 15] = x; b[o + 14] = x >>> 8; b[o + 13] = x >>> 16; b[o + 12] = x >>> 24; }
+    { const x = v.dst; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.dst', x, 4294967295); b[o + 19] = x; b[o + 18] = x >>> 8; b[o + 17] = x >>> 16; b[o + 16] = x >>> 24; }
+    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.ifindex', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
+    putBytes(b, o + 24, 6, v.smac, 'smac');
+    putBytes(b, o + 30, 6, v.dmac, 'dmac');
+    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.mtu', x, 65535); b[o + 36] = x; b[o + 37] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb4_fib_cache: 40 bytes at offset ${o} of ${b.length}`);
+    return {
+      stamp: b.readBigUInt64LE(o + 0),
+      inIfindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      src: ((b[o + 15]! | (b[o + 14]! << 8) | (b[o + 13]! << 16) | (b[o + 12]! << 24)) >>> 0),
+      dst: ((b[o + 19]! | (b[o + 18]! << 8) | (b[o + 17]! << 16) | (b[o + 16]! << 24)) >>> 0),
+      ifindex: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
+      smac: Buffer.from(b.subarray(o + 24, o + 30)),
+      dmac: Buffer.from(b.subarray(o + 30, o + 36)),
+      mtu: (b[o + 36]! | (b[o + 37]! << 8)),
+    };
+  },
+};
+
 /** struct lb4_frag_key (12 bytes) */
 export interface Lb4FragKey {
   saddr: number; // network order in the map
@@ -854,6 +897,49 @@ export const lb6_ct_key: Codec<Lb6CtKey> = {
       dport: (b[o + 35]! | (b[o + 34]! << 8)),
       proto: b[o + 36]!,
       dir: b[o + 37]!,
+    };
+  },
+};
+
+/** struct lb6_fib_cache (64 bytes) */
+export interface Lb6FibCache {
+  stamp: bigint;
+  inIfindex: number;
+  src: Buffer;
+  dst: Buffer;
+  ifindex: number;
+  smac: Buffer;
+  dmac: Buffer;
+  mtu: number;
+}
+
+export const lb6_fib_cache: Codec<Lb6FibCache> = {
+  name: 'lb6_fib_cache',
+  size: 64,
+  encode(v, b = Buffer.alloc(64), o = 0) {
+    if (!(o >= 0 && o + 64 <= b.length)) throw new RangeError(`lb6_fib_cache: 64 bytes at offset ${o} of ${b.length}`);
+    b[o + 62] = 0; b[o + 63] = 0;
+    b.writeBigUInt64LE(v.stamp, o + 0);
+    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.in_ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    putBytes(b, o + 12, 16, v.src, 'src');
+    putBytes(b, o + 28, 16, v.dst, 'dst');
+    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.ifindex', x, 4294967295); b[o + 44] = x; b[o + 45] = x >>> 8; b[o + 46] = x >>> 16; b[o + 47] = x >>> 24; }
+    putBytes(b, o + 48, 6, v.smac, 'smac');
+    putBytes(b, o + 54, 6, v.dmac, 'dmac');
+    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.mtu', x, 65535); b[o + 60] = x; b[o + 61] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 64 <= b.length)) throw new RangeError(`lb6_fib_cache: 64 bytes at offset ${o} of ${b.length}`);
+    return {
+      stamp: b.readBigUInt64LE(o + 0),
+      inIfindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      src: Buffer.from(b.subarray(o + 12, o + 28)),
+      dst: Buffer.from(b.subarray(o + 28, o + 44)),
+      ifindex: ((b[o + 44]! | (b[o + 45]! << 8) | (b[o + 46]! << 16) | (b[o + 47]! << 24)) >>> 0),
+      smac: Buffer.from(b.subarray(o + 48, o + 54)),
+      dmac: Buffer.from(b.subarray(o + 54, o + 60)),
+      mtu: (b[o + 60]! | (b[o + 61]! << 8)),
     };
   },
 };
@@ -1410,6 +1496,15 @@ export const mapSpecs = {
     value: lb4_ct_entry,
     object: 'nodeport.bpf.o',
   } as MapSpec<Lb4CtKey, Lb4CtEntry>,
+  lb4_fib_cache: {
+    name: 'lb4_fib_cache',
+    type: MapType.PERCPU_ARRAY,
+    flags: 0,
+    maxEntries: 1024,
+    key: u32,
+    value: lb4_fib_cache,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, Lb4FibCache>,
   lb4_frag: {
     name: 'lb4_frag',
     type: MapType.LRU_HASH,
@@ -1491,6 +1586,15 @@ export const mapSpecs = {
     value: lb6_ct_entry,
     object: 'nodeport.bpf.o',
   } as MapSpec<Lb6CtKey, Lb6CtEntry>,
+  lb6_fib_cache: {
+    name: 'lb6_fib_cache',
+    type: MapType.PERCPU_ARRAY,
+    flags: 0,
+    maxEntries: 1024,
+    key: u32,
+    value: lb6_fib_cache,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, Lb6FibCache>,
   lb6_frag: {
     name: 'lb6_frag',
     type: MapType.LRU_HASH,
