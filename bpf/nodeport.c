@@ -297,6 +297,8 @@ static __always_inline bool np_xdp_sends(const struct lb_device *dev, int rc)
 
 /* What np4_dsr_recv()/np6_dsr_recv() return for a packet without a DSR option: not theirs. */
 #define NP_NOT_DSR	0x103
+/* What np4_fwd()/np6_fwd() return for a NodePort's packet with neither a CT entry nor a frontend: no service's. */
+#define NP_NOT_SVC	0x104
 
 /*
  * Whether a new flow to a remote backend goes by direct server return
@@ -1245,7 +1247,7 @@ static __noinline int np4_dsr_recv(struct np_ctx *skb, const struct np4_flow *f,
 #endif /* !NP_XDP */
 
 static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struct lb4_key *key,
-				   const struct lb_service *svc, const struct lb_np_config *cfg)
+				   struct lb_service *svc, const struct lb_np_config *cfg)
 {
 	struct lb4_ct_key ok = { .saddr = f->saddr, .daddr = f->daddr, .sport = f->sport, .dport = f->dport,
 				 .proto = f->l4.proto, .dir = LB_CT_ORIG };
@@ -1288,6 +1290,11 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 		}
 	}
 	if (!ct) {
+		if (!svc) {
+			svc = np4_lookup(f, key, cfg);
+			if (!svc)
+				return NP_NOT_SVC;
+		}
 		if (!f->l4.has_ports) {
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
@@ -1464,9 +1471,19 @@ static __always_inline int np4_ingress(struct np_ctx *skb)
 		return NP_DO_ICMP;
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
-	svc = np4_lookup(&f, &key, cfg);
-	if (svc)
-		return np4_fwd(skb, &f, &key, svc, cfg);
+	/*
+	 * A NodePort's flow: its CT entry first, and an established one needs
+	 * no frontend (np4_fwd() looks it up for a new flow); any other port
+	 * is a frontend's by its own entry, or no service's.
+	 */
+	svc = NULL;
+	if (!np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max))
+		svc = np4_lookup(&f, &key, cfg);
+	if (svc || np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max)) {
+		rc = np4_fwd(skb, &f, &key, svc, cfg);
+		if (rc != NP_NOT_SVC)
+			return rc;
+	}
 	if ((cfg->flags & LB_NP_F_DSR) && f.l4.l4_off > NP_L3_OFF + sizeof(struct iphdr)) {
 #ifdef NP_XDP
 		return TC_ACT_UNSPEC;	/* maybe a DSR option: tc's */
@@ -2156,7 +2173,7 @@ static __always_inline int np6_dsr_recv(struct np_ctx *skb, const struct np6_flo
 #endif /* !NP_XDP */
 
 static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struct lb6_key *key,
-				   const struct lb_service *svc, const struct lb_np_config *cfg)
+				   struct lb_service *svc, const struct lb_np_config *cfg)
 {
 	struct lb6_ct_key ok = { .sport = f->sport, .dport = f->dport, .proto = f->l4.proto, .dir = LB_CT_ORIG };
 	const struct lb_device *dev = NULL;
@@ -2200,6 +2217,11 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 		}
 	}
 	if (!ct) {
+		if (!svc) {
+			svc = np6_lookup(f, key, cfg);
+			if (!svc)
+				return NP_NOT_SVC;
+		}
 		if (!f->l4.has_ports) {
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
@@ -2364,9 +2386,14 @@ static __always_inline int np6_ingress(struct np_ctx *skb)
 		return NP_DO_ICMP;
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
-	svc = np6_lookup(&f, &key, cfg);
-	if (svc)
-		return np6_fwd(skb, &f, &key, svc, cfg);
+	svc = NULL;
+	if (!np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max))
+		svc = np6_lookup(&f, &key, cfg);
+	if (svc || np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max)) {
+		rc = np6_fwd(skb, &f, &key, svc, cfg);
+		if (rc != NP_NOT_SVC)
+			return rc;
+	}
 	if ((cfg->flags & LB_NP_F_DSR) && f.l4.l4_off > NP_L3_OFF + sizeof(struct ipv6hdr)) {
 #ifdef NP_XDP
 		return TC_ACT_UNSPEC;	/* maybe a DSR option: tc's */
