@@ -1316,6 +1316,8 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 	if (ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) {
 		/* DSR: the packet grows by the option, and a client told it is too big sends less by as much */
 		__u32 grow = (ct->flags & LB_CT_F_DSR) ? LB_DSR_OPT4_LEN : 0;
+		/* a new flow's first packet asks the FIB itself */
+		int use = ct == &fresh ? NP_FIB_FRESH : NP_FIB_CACHED;
 
 		/* remote: forwarded by us, as the stack would; its checks first, before any rewrite */
 		if (f->ttl <= 1) {
@@ -1323,9 +1325,9 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 			return TC_ACT_SHOT;
 		}
 		if (grow)
-			rc = np4_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1, now, NP_FIB_CACHED);
+			rc = np4_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1, now, use);
 		else
-			rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1, now, NP_FIB_CACHED);
+			rc = np4_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1, now, use);
 		dev = np_fib_dev(&fib);
 #ifdef NP_XDP
 		if (!np_xdp_sends(dev, rc))
@@ -1542,6 +1544,49 @@ static __always_inline int np4_host_flow(struct np_ctx *skb, const struct lb_np_
 	return TC_ACT_UNSPEC;
 }
 
+/*
+ * A packet's source address and port at egress, where the program writes
+ * through helpers (see np4_xlate()), in as few calls as they allow: the IP
+ * header's checksum computed here and stored with the address (and the
+ * port with them, right after a 20-byte header: check, saddr, daddr and
+ * the port are contiguous there), the transport checksum by
+ * bpf_l4_csum_replace(). SCTP's port goes through np_rewrite_port().
+ */
+static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct np_l4 *l4, __be32 old, __be32 new,
+					   __be16 old_port, __be16 new_port)
+{
+	struct {
+		__sum16 check;
+		__be32 saddr;
+		__be32 daddr;
+		__be16 sport;
+	} __attribute__((packed)) w;
+	bool port = old_port != new_port && l4->has_ports && l4->proto != IPPROTO_SCTP &&
+		    l4->l4_off == NP_L3_OFF + sizeof(struct iphdr);
+	struct iphdr *ip;
+
+	if (old == new)
+		return np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
+	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
+	if (!ip)
+		return -1;
+	/* read before the helpers below, which may move the packet */
+	w.check = np_csum_apply(ip->check, np_csum_add32(0, old, new));
+	w.saddr = new;
+	w.daddr = ip->daddr;
+	w.sport = new_port;
+	if (l4->has_ports && l4->csum_off &&
+	    bpf_l4_csum_replace(skb, l4->csum_off, old, new, BPF_F_PSEUDO_HDR | np_csum_flags(l4) | sizeof(new)) < 0)
+		return -1;
+	if (port && l4->csum_off &&
+	    bpf_l4_csum_replace(skb, l4->csum_off, old_port, new_port, np_csum_flags(l4) | sizeof(new_port)) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, NP_L3_OFF + offsetof(struct iphdr, check), &w,
+				port ? sizeof(w) : offsetof(typeof(w), daddr), 0) < 0)
+		return -1;
+	return port ? 0 : np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
+}
+
 /* A local backend's reply on its way out: from the frontend again. */
 static __always_inline int np4_egress(struct np_ctx *skb)
 {
@@ -1567,8 +1612,7 @@ static __always_inline int np4_egress(struct np_ctx *skb)
 		return TC_ACT_UNSPEC;
 	np4_reply_seen(cfg, &f, ct, now);
 	np4_frag_record(&f);
-	if (np4_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct iphdr, saddr), f.saddr, ct->addr1) < 0 ||
-	    np_rewrite_port(skb, &f.l4, offsetof(struct tcphdr, source), f.sport, ct->port1) < 0) {
+	if (np4_rewrite_src(skb, &f.l4, f.saddr, ct->addr1, f.sport, ct->port1) < 0) {
 		lb_count(LB_MTR_NP_BAD_PACKET);
 		return TC_ACT_SHOT;
 	}
@@ -2240,6 +2284,9 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 #endif
 	np6_frag_record(f);
 	if (ct->flags & (LB_CT_F_SNAT | LB_CT_F_DSR)) {
+		/* a new flow's first packet asks the FIB itself */
+		int use = ct == &fresh ? NP_FIB_FRESH : NP_FIB_CACHED;
+
 		/*
 		 * The option's bytes (DSR) are read from ct->flags where needed,
 		 * not kept in a variable: one more slot live across the FIB
@@ -2251,9 +2298,9 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 			return TC_ACT_SHOT;
 		}
 		if (ct->flags & LB_CT_F_DSR)
-			rc = np6_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1, now, NP_FIB_CACHED);
+			rc = np6_fib(skb, &fib, f->l4.proto, f->saddr, ct->addr1, f->sport, ct->port1, now, use);
 		else
-			rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1, now, NP_FIB_CACHED);
+			rc = np6_fib(skb, &fib, f->l4.proto, ct->addr2, ct->addr1, ct->port2, ct->port1, now, use);
 		dev = np_fib_dev(&fib);
 #ifdef NP_XDP
 		if (!np_xdp_sends(dev, rc))

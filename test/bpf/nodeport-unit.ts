@@ -506,6 +506,42 @@ async function inNamespace(): Promise<void> {
     checksumsValid(t, e.p, 'IPv6 rev-DNAT');
   });
 
+  t.test('the next hop: a new flow asks the FIB; an established one takes the answer kept for it, at most a second old', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 33, backends: [{ id: 10, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 34, backends: [{ id: 11, address: REMOTE_BE6, port: 8080 }] });
+    const moved = '02:00:00:00:00:12';
+    const neigh = (fam: '-4' | '-6', addr: string, mac: string): void => {
+      execFileSync('ip', [fam, 'neigh', 'replace', addr, 'lladdr', mac, 'dev', 'np0', 'nud', 'permanent']);
+    };
+    const flows = [
+      { fam: '-4' as const, client: CLIENT4, node: NODE4, peer: PEER4 },
+      { fam: '-6' as const, client: CLIENT6, node: NODE6, peer: PEER6 },
+    ];
+    t.teardown(() => { for (const f of flows) neigh(f.fam, f.peer, PEER_MAC); });
+    for (const f of flows) {
+      const first = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_SYN }));
+      t.match(first.p, { dstMac: PEER_MAC }, `IPv${f.fam[1]}: the flow goes to the second node's MAC`);
+      t.match(ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_ACK })).p,
+        { dstMac: PEER_MAC }, `IPv${f.fam[1]}: so does its next packet`);
+      neigh(f.fam, f.peer, moved);
+      const fresh = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42301, dport: NODEPORT, flags: TCP_SYN }));
+      t.match(fresh, { rc: TC_ACT_REDIRECT, p: { dstMac: moved } }, `IPv${f.fam[1]}: a new flow takes the neighbour's new MAC at once`);
+    }
+    // The answers kept this second are gone the next.
+    const second = now();
+    while (now() === second) await new Promise((r) => setTimeout(r, 50));
+    for (const f of flows) {
+      const later = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_ACK }));
+      t.match(later, { rc: TC_ACT_REDIRECT, p: { src: f.node, dstMac: moved } }, `IPv${f.fam[1]}: the established flow follows within a second`);
+      checksumsValid(t, later.p, `IPv${f.fam[1]}: a packet sent by a kept answer`);
+    }
+    // Back as the other tests expect it, and no answer kept from before.
+    for (const f of flows) neigh(f.fam, f.peer, PEER_MAC);
+    const restored = now();
+    while (now() === restored) await new Promise((r) => setTimeout(r, 50));
+  });
+
   t.test('DSR (--nodeport-mode dsr): a remote backend gets the flow DNATed only, the frontend in an IPv4 option or IPv6 destination option; hybrid SNATs UDP', async (t) => {
     reset();
     setConfig({ flags: NP_F_DSR | NP_F_DSR_UDP });
