@@ -40,8 +40,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
-import { LbDeviceFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, u32 } from '../src/datapath/abi.gen.js';
+import { LbDeviceFlags, LbNpConfigFlags, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, u32 } from '../src/datapath/abi.gen.js';
 import { KernelLbMaps, LB_MAP_NAMES, type LbMapSet } from '../src/datapath/maps.js';
+import { FrontendPorts } from '../src/datapath/frontend-ports.js';
 import { KernelMaglevMaps, KernelNorthSouthMaps } from '../src/datapath/maglev-maps.js';
 import { DEFAULT_MAGLEV_SEED, maglevTable, parseMaglevSeed } from '../src/lb/maglev.js';
 import { MaglevPool } from '../src/lb/maglev-pool.js';
@@ -202,7 +203,7 @@ async function loadAndProgram(object: string, services: readonly NpService[], ns
   await obj.load();
   const config = lb_np_config.encode({
     ...lb_np_config.decode(Buffer.alloc(lb_np_config.size)),
-    nodeportMin: NODEPORTS.first, nodeportMax: NODEPORTS.last, snatMin: SNAT.first, snatMax: SNAT.last, flags: 0, snatRetries: 16,
+    nodeportMin: NODEPORTS.first, nodeportMax: NODEPORTS.last, snatMin: SNAT.first, snatMax: SNAT.last, flags: LbNpConfigFlags.LB_NP_F_PORTS, snatRetries: 16,
     maglevM: M, maglevSeed4: SEEDS.flow4, maglevSeed6: SEEDS.flow6,
   });
   obj.map('lb_np_config').update(u32.encode(0), config);
@@ -213,7 +214,10 @@ async function loadAndProgram(object: string, services: readonly NpService[], ns
   const set = {} as LbMapSet;
   for (const name of LB_MAP_NAMES) set[name] = obj.map(name);
   const northSouth = new KernelNorthSouthMaps(new KernelMaglevMaps(obj.map('lb_maglev'), obj.map('lb_maglev_index'), M), { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') });
-  const reconciler = new Reconciler(new KernelLbMaps(set), {
+  // As the agent: lb_np_ports filled, each frontend's port marked as it is written (LB_NP_F_PORTS set above).
+  const lbMaps = new KernelLbMaps(set);
+  lbMaps.useFrontendPorts(new FrontendPorts(obj.map('lb_np_ports')));
+  const reconciler = new Reconciler(lbMaps, {
     maxEntries: Object.fromEntries(LB_MAP_NAMES.map((n) => [n, obj.map(n).maxEntries])),
     northSouth: { maps: northSouth, maglevM: M, maglevSeed: SEEDS.table },
   });
@@ -563,7 +567,9 @@ async function maglevRun(plan: Plan, algorithm: 'maglev' | 'random'): Promise<Ma
     let steps = noSteps();
     const current = { steps };
     instrument(maglev, () => current.steps);
-    const reconciler = new Reconciler(new KernelLbMaps(set), {
+    const lbMaps = new KernelLbMaps(set);
+    lbMaps.useFrontendPorts(new FrontendPorts(obj.map('lb_np_ports')));
+    const reconciler = new Reconciler(lbMaps, {
       maxEntries: Object.fromEntries(LB_MAP_NAMES.map((x) => [x, obj.map(x).maxEntries])),
       northSouth: { maps: new KernelNorthSouthMaps(maglev, { 4: obj.map('lb4_src_range'), 6: obj.map('lb6_src_range') }), maglevM: M, maglevSeed: SEEDS.table, maglevPool: pool },
     });

@@ -140,6 +140,19 @@ static __always_inline bool np_in_range(__be16 port, __u16 lo, __u16 hi)
 	return lo && p >= lo && p <= hi;
 }
 
+/* Whether some frontend may have this port (LB_NP_F_PORTS: lb_np_ports says; else any may). */
+static __always_inline bool np_frontend_port(const struct lb_np_config *cfg, __be16 port)
+{
+	__u16 p = bpf_ntohs(port);
+	__u32 word = p / 64;
+	__u64 *bits;
+
+	if (!(cfg->flags & LB_NP_F_PORTS))
+		return true;
+	bits = bpf_map_lookup_elem(&lb_np_ports, &word);
+	return bits && (*bits >> (p % 64)) & 1;
+}
+
 /* A SYN without ACK (SCTP: an INIT): a client opening a connection (maybe reusing a tuple). */
 static __always_inline bool np_tcp_syn(const struct np_l4 *l4)
 {
@@ -539,51 +552,98 @@ static __always_inline __u32 np_fib_slot(__u32 in, __u32 h)
  * length against the device's MTU is made again (is_skb_forwardable(): a
  * GSO packet passes; np_mtu_check() makes the segment-aware one).
  */
-static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u32 ifindex,
-				       const __u8 *smac, const __u8 *dmac, __u16 mtu)
+static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup *fib, const struct lb_fib_cache_head *h)
 {
-	fib->ifindex = ifindex;
-	fib->mtu_result = mtu;
-	__builtin_memcpy(fib->smac, smac, ETH_ALEN);
-	__builtin_memcpy(fib->dmac, dmac, ETH_ALEN);
+	fib->ifindex = h->ifindex;
+	fib->mtu_result = h->mtu;
+	__builtin_memcpy(fib->smac, h->smac, ETH_ALEN);
+	__builtin_memcpy(fib->dmac, h->dmac, ETH_ALEN);
 #ifndef NP_XDP
-	if (mtu && !skb->gso_size && skb->len > (__u32)mtu + ETH_HLEN + 4 /* VLAN_HLEN */)
+	if (h->mtu && !skb->gso_size && skb->len > (__u32)h->mtu + ETH_HLEN + 4 /* VLAN_HLEN */)
 		return BPF_FIB_LKUP_RET_FRAG_NEEDED;
 #endif
 	return BPF_FIB_LKUP_RET_SUCCESS;
 }
 
+/*
+ * The lookup of a *fib np4_fib()/np6_fib() filled in, through the cache. A
+ * function of its own: inlined, the cache's key and pointer cost
+ * np_ingress6's frame the 32 bytes that put its call chain over 5.10's and
+ * 6.1's 512.
+ */
+#define NP_FIB_HEAD_AT(t, f)	(__builtin_offsetof(struct t, f) == __builtin_offsetof(struct lb_fib_cache_head, f))
+_Static_assert(NP_FIB_HEAD_AT(lb4_fib_cache, ifindex) && NP_FIB_HEAD_AT(lb4_fib_cache, smac) &&
+	       NP_FIB_HEAD_AT(lb4_fib_cache, dmac) && NP_FIB_HEAD_AT(lb4_fib_cache, mtu) &&
+	       NP_FIB_HEAD_AT(lb6_fib_cache, ifindex) && NP_FIB_HEAD_AT(lb6_fib_cache, smac) &&
+	       NP_FIB_HEAD_AT(lb6_fib_cache, dmac) && NP_FIB_HEAD_AT(lb6_fib_cache, mtu),
+	       "both slots begin as struct lb_fib_cache_head");
+
+static __noinline int np_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u64 now, int use)
+{
+	struct lb_fib_cache_head *h = NULL;
+	__u32 slot;
+	int rc;
+
+	/*
+	 * The slot takes the question before the lookup (which writes its
+	 * answer over the destination: the next hop's address), and the answer
+	 * and its second after a complete one: few values live across the
+	 * call, each a stack slot of this frame otherwise.
+	 */
+	if (fib->family == AF_INET) {
+		struct lb4_fib_cache *c;
+
+		slot = np_fib_slot(fib->ifindex, fib->ipv4_src ^ np_rol32(fib->ipv4_dst, 16));
+		c = use != NP_FIB_ONLY ? bpf_map_lookup_elem(&lb4_fib_cache, &slot) : NULL;
+		if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == fib->ifindex &&
+		    c->src == fib->ipv4_src && c->dst == fib->ipv4_dst)
+			return np_fib_kept(skb, fib, (struct lb_fib_cache_head *)c);
+		if (c) {
+			c->stamp = 0;
+			c->in_ifindex = fib->ifindex;
+			c->src = fib->ipv4_src;
+			c->dst = fib->ipv4_dst;
+			h = (struct lb_fib_cache_head *)c;
+		}
+	} else {
+		struct lb6_fib_cache *c;
+
+		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[2] ^ fib->ipv6_src[3] ^ np_rol32(fib->ipv6_dst[2] ^ fib->ipv6_dst[3], 16));
+		c = use != NP_FIB_ONLY ? bpf_map_lookup_elem(&lb6_fib_cache, &slot) : NULL;
+		if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == fib->ifindex &&
+		    ip6_equal(c->src, fib->ipv6_src) && ip6_equal(c->dst, fib->ipv6_dst))
+			return np_fib_kept(skb, fib, (struct lb_fib_cache_head *)c);
+		if (c) {
+			c->stamp = 0;
+			c->in_ifindex = fib->ifindex;
+			ip6_copy(c->src, fib->ipv6_src);
+			ip6_copy(c->dst, fib->ipv6_dst);
+			h = (struct lb_fib_cache_head *)c;
+		}
+	}
+	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+	if (h && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		h->ifindex = fib->ifindex;
+		h->mtu = fib->mtu_result;
+		__builtin_memcpy(h->smac, fib->smac, ETH_ALEN);
+		__builtin_memcpy(h->dmac, fib->dmac, ETH_ALEN);
+		h->stamp = now;
+	}
+	return rc;
+}
+
 static __always_inline int np4_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
 				   __be32 src, __be32 dst, __be16 sport, __be16 dport, __u64 now, int use)
 {
-	__u32 in = np_in_ifindex(skb), slot = np_fib_slot(in, src ^ np_rol32(dst, 16));
-	struct lb4_fib_cache *c = NULL;
-	int rc;
-
 	__builtin_memset(fib, 0, sizeof(*fib));
-	if (use != NP_FIB_ONLY)
-		c = bpf_map_lookup_elem(&lb4_fib_cache, &slot);
-	if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == in && c->src == src && c->dst == dst)
-		return np_fib_kept(skb, fib, c->ifindex, c->smac, c->dmac, c->mtu);
 	fib->family = AF_INET;
 	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
 	fib->ipv4_src = src;
 	fib->ipv4_dst = dst;
-	fib->ifindex = in;
-	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
-	if (c && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		c->stamp = now;
-		c->in_ifindex = in;
-		c->src = src;
-		c->dst = dst;
-		c->ifindex = fib->ifindex;
-		c->mtu = fib->mtu_result;
-		__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
-		__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
-	}
-	return rc;
+	fib->ifindex = np_in_ifindex(skb);
+	return np_fib(skb, fib, now, use);
 }
 
 /*
@@ -1476,10 +1536,11 @@ static __always_inline int np4_ingress(struct np_ctx *skb)
 	/*
 	 * A NodePort's flow: its CT entry first, and an established one needs
 	 * no frontend (np4_fwd() looks it up for a new flow); any other port
-	 * is a frontend's by its own entry, or no service's.
+	 * is a frontend's by its own entry, or no service's (no lookup for a
+	 * port no frontend has).
 	 */
 	svc = NULL;
-	if (!np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max))
+	if (!np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max) && np_frontend_port(cfg, f.dport))
 		svc = np4_lookup(&f, &key, cfg);
 	if (svc || np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max)) {
 		rc = np4_fwd(skb, &f, &key, svc, cfg);
@@ -1790,35 +1851,15 @@ static __always_inline bool np6_src_allowed(const struct lb_service *svc, const 
 static __always_inline int np6_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u8 proto,
 				   const __be32 *src, const __be32 *dst, __be16 sport, __be16 dport, __u64 now, int use)
 {
-	__u32 in = np_in_ifindex(skb);
-	__u32 slot = np_fib_slot(in, src[2] ^ src[3] ^ np_rol32(dst[2] ^ dst[3], 16));
-	struct lb6_fib_cache *c = NULL;
-	int rc;
-
 	__builtin_memset(fib, 0, sizeof(*fib));
-	if (use != NP_FIB_ONLY)
-		c = bpf_map_lookup_elem(&lb6_fib_cache, &slot);
-	if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == in && ip6_equal(c->src, src) && ip6_equal(c->dst, dst))
-		return np_fib_kept(skb, fib, c->ifindex, c->smac, c->dmac, c->mtu);
 	fib->family = AF_INET6;
 	fib->l4_protocol = proto;
 	fib->sport = sport;
 	fib->dport = dport;
 	ip6_copy(fib->ipv6_src, src);
 	ip6_copy(fib->ipv6_dst, dst);
-	fib->ifindex = in;
-	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
-	if (c && rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		c->stamp = now;
-		c->in_ifindex = in;
-		ip6_copy(c->src, src);
-		ip6_copy(c->dst, dst);
-		c->ifindex = fib->ifindex;
-		c->mtu = fib->mtu_result;
-		__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
-		__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
-	}
-	return rc;
+	fib->ifindex = np_in_ifindex(skb);
+	return np_fib(skb, fib, now, use);
 }
 
 static __always_inline bool ip6_is_zero(const __be32 *a)
@@ -2433,14 +2474,17 @@ static __always_inline int np6_ingress(struct np_ctx *skb)
 		return NP_DO_ICMP;
 	if (rc < 0)
 		return TC_ACT_UNSPEC;
+	/*
+	 * The frontend first, then the CT entry (np4_ingress() has it the
+	 * other way round for NodePorts): np6_fwd() looking the frontend up
+	 * after the CT entry took np_ingress6's frame 24 bytes past what
+	 * 5.10's and 6.1's 512-byte call chain allows.
+	 */
 	svc = NULL;
-	if (!np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max))
+	if (np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max) || np_frontend_port(cfg, f.dport))
 		svc = np6_lookup(&f, &key, cfg);
-	if (svc || np_in_range(f.dport, cfg->nodeport_min, cfg->nodeport_max)) {
-		rc = np6_fwd(skb, &f, &key, svc, cfg);
-		if (rc != NP_NOT_SVC)
-			return rc;
-	}
+	if (svc)
+		return np6_fwd(skb, &f, &key, svc, cfg);
 	if ((cfg->flags & LB_NP_F_DSR) && f.l4.l4_off > NP_L3_OFF + sizeof(struct ipv6hdr)) {
 #ifdef NP_XDP
 		return TC_ACT_UNSPEC;	/* maybe a DSR option: tc's */

@@ -487,11 +487,13 @@ struct lb_node_addr {
  * forwarded packet. A new flow always asks the FIB (and refreshes the slot).
  * The layout is the datapath's alone: nothing outside it reads the maps.
  */
-struct lb4_fib_cache {
+/*
+ * The FIB's answer a slot keeps, and the second of np_now() it was given in
+ * (0: none): how both families' slots begin (their fields repeated there,
+ * the map layouts' generator reading no nested struct).
+ */
+struct lb_fib_cache_head {
 	__u64 stamp;
-	__u32 in_ifindex;
-	__be32 src;
-	__be32 dst;
 	__u32 ifindex;		/* the FIB's: the device out */
 	__u8 smac[6];
 	__u8 dmac[6];
@@ -499,16 +501,30 @@ struct lb4_fib_cache {
 	__u8 pad[2];
 };
 
-struct lb6_fib_cache {
+struct lb4_fib_cache {	/* struct lb_fib_cache_head, then the question */
 	__u64 stamp;
-	__u32 in_ifindex;
-	__be32 src[4];
-	__be32 dst[4];
 	__u32 ifindex;
 	__u8 smac[6];
 	__u8 dmac[6];
 	__u16 mtu;
-	__u8 pad[2];
+	__u8 pad0[2];
+	__u32 in_ifindex;
+	__be32 src;
+	__be32 dst;
+	__u8 pad[4];
+};
+
+struct lb6_fib_cache {	/* struct lb_fib_cache_head, then the question */
+	__u64 stamp;
+	__u32 ifindex;
+	__u8 smac[6];
+	__u8 dmac[6];
+	__u16 mtu;
+	__u8 pad0[2];
+	__u32 in_ifindex;
+	__be32 src[4];
+	__be32 dst[4];
+	__u8 pad[4];
 };
 
 /* A device the tc programs run on, keyed by ifindex: its SNAT addresses and MTU. */
@@ -558,7 +574,23 @@ enum lb_np_config_flags {
 	 */
 	LB_NP_F_DSR = (1 << 2),
 	LB_NP_F_DSR_UDP = (1 << 3),	/* --nodeport-mode dsr: UDP flows too (hybrid SNATs them) */
+	/*
+	 * lb_np_ports holds every port a frontend has (the agent wrote it from
+	 * the services maps before setting this flag, and marks a port before
+	 * it writes a frontend on it): a packet to a port it lacks, outside
+	 * --nodeport-range, is no frontend's without a lookup. Unset (an agent
+	 * before it, or none yet), every packet's frontend is looked up.
+	 */
+	LB_NP_F_PORTS = (1 << 4),
 };
+
+/*
+ * lb_np_ports: a bit per port, set where some frontend (any address,
+ * protocol and family) has that port: bit (port % 64) of word port / 64.
+ * A bit may stay set after its last frontend went (the agent clears them
+ * when it starts): a set bit only costs the lookup it would have made.
+ */
+#define LB_NP_PORT_WORDS	(65536 / 64)
 
 struct lb_np_config {
 	__u16 nodeport_min;	/* --nodeport-range */

@@ -106,6 +106,15 @@ struct {
 	__uint(pinning, LB_MAP_PINNING);
 } lb_devices SEC(".maps");
 
+/* the ports frontends have (LB_NP_F_PORTS): word index -> 64 ports' bits */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, LB_NP_PORT_WORDS);
+	__uint(pinning, LB_MAP_PINNING);
+} lb_np_ports SEC(".maps");
+
 /*
  * The FIB's answers for established flows, per CPU (struct lb4_fib_cache):
  * never pinned, each program its own, empty after a restart.

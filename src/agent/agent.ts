@@ -298,6 +298,14 @@ export class Agent implements AgentView {
     if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another size or layout were made anew (the agent writes them again)');
     for (const m of dp.migrated) log.info(m, m.converted ? 'tc flows carried into a map of another layout, converted field by field' : 'tc flows carried into a map of another size');
     log.info({ mode: attach.mode, why: attach.why }, `tc programs attach with ${attach.mode}`);
+    // The ports frontends have, from the services maps as they are: before configure() tells the programs to trust them.
+    if (dp.frontendPorts) {
+      try {
+        this.datapath!.maps.useFrontendPorts(dp.frontendPorts);
+      } catch (err) {
+        log.error({ err: (err as Error).message }, 'lb_np_ports not written: every packet\'s frontend is looked up');
+      }
+    }
     const metrics = this.opts.metrics;
     const agent = new NodePortAgent(dp, { ...opts, ...(metrics ? { onTrafficPressure: (p) => metrics.setMapPressure(p) } : {}) }, log, attach);
     try {

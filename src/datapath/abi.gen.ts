@@ -515,45 +515,46 @@ export const lb4_ct_key: Codec<Lb4CtKey> = {
   },
 };
 
-/** struct lb4_fib_cache (40 bytes) */
+/** struct lb4_fib_cache (48 bytes) */
 export interface Lb4FibCache {
   stamp: bigint;
-  inIfindex: number;
-  src: number; // network order in the map
-  dst: number; // network order in the map
   ifindex: number;
   smac: Buffer;
   dmac: Buffer;
   mtu: number;
+  inIfindex: number;
+  src: number; // network order in the map
+  dst: number; // network order in the map
 }
 
 export const lb4_fib_cache: Codec<Lb4FibCache> = {
   name: 'lb4_fib_cache',
-  size: 40,
-  encode(v, b = Buffer.alloc(40), o = 0) {
-    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb4_fib_cache: 40 bytes at offset ${o} of ${b.length}`);
-    b[o + 38] = 0; b[o + 39] = 0;
+  size: 48,
+  encode(v, b = Buffer.alloc(48), o = 0) {
+    if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb4_fib_cache: 48 bytes at offset ${o} of ${b.length}`);
+    b[o + 26] = 0; b[o + 27] = 0;
+    b[o + 40] = 0; b[o + 41] = 0; b[o + 42] = 0; b[o + 43] = 0; b[o + 44] = 0; b[o + 45] = 0; b[o + 46] = 0; b[o + 47] = 0;
     b.writeBigUInt64LE(v.stamp, o + 0);
-    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.in_ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
-    { const x = v.src; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.src', x, 4294967295); b[o + 15] = x; b[o + 14] = x >>> 8; b[o + 13] = x >>> 16; b[o + 12] = x >>> 24; }
-    { const x = v.dst; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.dst', x, 4294967295); b[o + 19] = x; b[o + 18] = x >>> 8; b[o + 17] = x >>> 16; b[o + 16] = x >>> 24; }
-    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.ifindex', x, 4294967295); b[o + 20] = x; b[o + 21] = x >>> 8; b[o + 22] = x >>> 16; b[o + 23] = x >>> 24; }
-    putBytes(b, o + 24, 6, v.smac, 'smac');
-    putBytes(b, o + 30, 6, v.dmac, 'dmac');
-    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.mtu', x, 65535); b[o + 36] = x; b[o + 37] = x >>> 8; }
+    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    putBytes(b, o + 12, 6, v.smac, 'smac');
+    putBytes(b, o + 18, 6, v.dmac, 'dmac');
+    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.mtu', x, 65535); b[o + 24] = x; b[o + 25] = x >>> 8; }
+    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
+    { const x = v.src; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.src', x, 4294967295); b[o + 35] = x; b[o + 34] = x >>> 8; b[o + 33] = x >>> 16; b[o + 32] = x >>> 24; }
+    { const x = v.dst; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.dst', x, 4294967295); b[o + 39] = x; b[o + 38] = x >>> 8; b[o + 37] = x >>> 16; b[o + 36] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
-    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb4_fib_cache: 40 bytes at offset ${o} of ${b.length}`);
+    if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb4_fib_cache: 48 bytes at offset ${o} of ${b.length}`);
     return {
       stamp: b.readBigUInt64LE(o + 0),
-      inIfindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
-      src: ((b[o + 15]! | (b[o + 14]! << 8) | (b[o + 13]! << 16) | (b[o + 12]! << 24)) >>> 0),
-      dst: ((b[o + 19]! | (b[o + 18]! << 8) | (b[o + 17]! << 16) | (b[o + 16]! << 24)) >>> 0),
-      ifindex: ((b[o + 20]! | (b[o + 21]! << 8) | (b[o + 22]! << 16) | (b[o + 23]! << 24)) >>> 0),
-      smac: Buffer.from(b.subarray(o + 24, o + 30)),
-      dmac: Buffer.from(b.subarray(o + 30, o + 36)),
-      mtu: (b[o + 36]! | (b[o + 37]! << 8)),
+      ifindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      smac: Buffer.from(b.subarray(o + 12, o + 18)),
+      dmac: Buffer.from(b.subarray(o + 18, o + 24)),
+      mtu: (b[o + 24]! | (b[o + 25]! << 8)),
+      inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
+      src: ((b[o + 35]! | (b[o + 34]! << 8) | (b[o + 33]! << 16) | (b[o + 32]! << 24)) >>> 0),
+      dst: ((b[o + 39]! | (b[o + 38]! << 8) | (b[o + 37]! << 16) | (b[o + 36]! << 24)) >>> 0),
     };
   },
 };
@@ -901,45 +902,46 @@ export const lb6_ct_key: Codec<Lb6CtKey> = {
   },
 };
 
-/** struct lb6_fib_cache (64 bytes) */
+/** struct lb6_fib_cache (72 bytes) */
 export interface Lb6FibCache {
   stamp: bigint;
-  inIfindex: number;
-  src: Buffer;
-  dst: Buffer;
   ifindex: number;
   smac: Buffer;
   dmac: Buffer;
   mtu: number;
+  inIfindex: number;
+  src: Buffer;
+  dst: Buffer;
 }
 
 export const lb6_fib_cache: Codec<Lb6FibCache> = {
   name: 'lb6_fib_cache',
-  size: 64,
-  encode(v, b = Buffer.alloc(64), o = 0) {
-    if (!(o >= 0 && o + 64 <= b.length)) throw new RangeError(`lb6_fib_cache: 64 bytes at offset ${o} of ${b.length}`);
-    b[o + 62] = 0; b[o + 63] = 0;
+  size: 72,
+  encode(v, b = Buffer.alloc(72), o = 0) {
+    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb6_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
+    b[o + 26] = 0; b[o + 27] = 0;
+    b[o + 64] = 0; b[o + 65] = 0; b[o + 66] = 0; b[o + 67] = 0; b[o + 68] = 0; b[o + 69] = 0; b[o + 70] = 0; b[o + 71] = 0;
     b.writeBigUInt64LE(v.stamp, o + 0);
-    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.in_ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
-    putBytes(b, o + 12, 16, v.src, 'src');
-    putBytes(b, o + 28, 16, v.dst, 'dst');
-    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.ifindex', x, 4294967295); b[o + 44] = x; b[o + 45] = x >>> 8; b[o + 46] = x >>> 16; b[o + 47] = x >>> 24; }
-    putBytes(b, o + 48, 6, v.smac, 'smac');
-    putBytes(b, o + 54, 6, v.dmac, 'dmac');
-    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.mtu', x, 65535); b[o + 60] = x; b[o + 61] = x >>> 8; }
+    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    putBytes(b, o + 12, 6, v.smac, 'smac');
+    putBytes(b, o + 18, 6, v.dmac, 'dmac');
+    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.mtu', x, 65535); b[o + 24] = x; b[o + 25] = x >>> 8; }
+    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
+    putBytes(b, o + 32, 16, v.src, 'src');
+    putBytes(b, o + 48, 16, v.dst, 'dst');
     return b;
   },
   decode(b, o = 0) {
-    if (!(o >= 0 && o + 64 <= b.length)) throw new RangeError(`lb6_fib_cache: 64 bytes at offset ${o} of ${b.length}`);
+    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb6_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
     return {
       stamp: b.readBigUInt64LE(o + 0),
-      inIfindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
-      src: Buffer.from(b.subarray(o + 12, o + 28)),
-      dst: Buffer.from(b.subarray(o + 28, o + 44)),
-      ifindex: ((b[o + 44]! | (b[o + 45]! << 8) | (b[o + 46]! << 16) | (b[o + 47]! << 24)) >>> 0),
-      smac: Buffer.from(b.subarray(o + 48, o + 54)),
-      dmac: Buffer.from(b.subarray(o + 54, o + 60)),
-      mtu: (b[o + 60]! | (b[o + 61]! << 8)),
+      ifindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      smac: Buffer.from(b.subarray(o + 12, o + 18)),
+      dmac: Buffer.from(b.subarray(o + 18, o + 24)),
+      mtu: (b[o + 24]! | (b[o + 25]! << 8)),
+      inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
+      src: Buffer.from(b.subarray(o + 32, o + 48)),
+      dst: Buffer.from(b.subarray(o + 48, o + 64)),
     };
   },
 };
@@ -1313,6 +1315,7 @@ export const LbNpConfigFlags = {
   LB_NP_F_MIGRATING: 2,
   LB_NP_F_DSR: 4,
   LB_NP_F_DSR_UDP: 8,
+  LB_NP_F_PORTS: 16,
 } as const;
 
 /** enum lb_scope */
@@ -1460,6 +1463,15 @@ export const mapSpecs = {
     value: lb_np_config,
     object: 'nodeport.bpf.o',
   } as MapSpec<number, LbNpConfig>,
+  lb_np_ports: {
+    name: 'lb_np_ports',
+    type: MapType.ARRAY,
+    flags: 0,
+    maxEntries: 1024,
+    key: u32,
+    value: u64,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, bigint>,
   lb_snat_req4: {
     name: 'lb_snat_req4',
     type: MapType.PERCPU_ARRAY,

@@ -22,6 +22,7 @@ import { LB_MAP_NAMES, PartialWriteError, putOne, type ExpectedMaps, type LbMaps
 import type { ServiceAddr } from '../lb/types.js';
 import { PROTO_NAME, PROTO_NUM, STATE_NAME, STATE_NUM, TYPE_NAME, TYPE_NUM, scopeNum } from './codes.js';
 import { EntryHash, MapDigest } from './digest.js';
+import type { FrontendPorts } from './frontend-ports.js';
 
 /** What lbctl needs of a kernel map: bytes in, bytes out (src/native's BpfMap fits). */
 export interface ByteMap {
@@ -155,9 +156,20 @@ function packed(map: ByteMap): FlatEntries {
 export class KernelLbMaps implements LbMaps {
   /** The entry hash matches() reuses for every entry. */
   private readonly hash = new EntryHash();
+  /** The tc datapath's lb_np_ports, once it is loaded: a frontend's port is marked before the frontend is written. */
+  private ports: FrontendPorts | undefined;
 
   constructor(private readonly m: LbMapSet) {
     for (const name of LB_MAP_NAMES) verifyMapLayout(m[name], mapSpecs[name]);
+  }
+
+  /**
+   * From now on, marks each frontend's port in `ports` before writing the
+   * frontend, after filling it from what the services maps hold.
+   */
+  useFrontendPorts(ports: FrontendPorts): void {
+    ports.fill(this.m);
+    this.ports = ports;
   }
 
   /**
@@ -224,6 +236,7 @@ export class KernelLbMaps implements LbMaps {
       }
       return;
     }
+    if (b.kind === 'put-master' && this.ports) for (let i = from; i < to; i++) this.ports.add(b.fes[i]!.port);
     const ks = map.keySize;
     const vs = map.valueSize;
     if (this.scratch.keys.length < count * ks) this.scratch.keys = Buffer.alloc(count * ks);
@@ -260,6 +273,7 @@ export class KernelLbMaps implements LbMaps {
   }
 
   putMaster(fe: ServiceAddr, master: MasterEntry): void {
+    this.ports?.add(fe.port);
     this.services(fe.family).update(serviceKey(fe, 0), masterValue(master));
   }
 

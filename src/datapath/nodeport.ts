@@ -29,6 +29,7 @@ import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMi
 import { links as rtnlLinks } from '../native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
+import { FrontendPorts } from './frontend-ports.js';
 import { LbCtDir, LbCtFlags, LbDeviceFlags, LbNpConfigFlags, lb4_ct_entry, lb4_ct_key, lb6_ct_entry, lb6_ct_key, lb_device, lb_node_addr, lb_node_addr_key, lb_np_config, mapSpecs, u32, type MapName } from './abi.gen.js';
 import type { Device, DeviceAddress } from './devices.js';
 import { monotonicSeconds } from './ct.js';
@@ -274,6 +275,12 @@ export class NodePortDatapath {
   private readonly devices: BpfMap;
   /** Maglev tables and source ranges, for the reconciler. */
   readonly northSouthMaps: KernelNorthSouthMaps;
+  /**
+   * lb_np_ports (absent from an older --tc-object): the programs trust it
+   * (LB_NP_F_PORTS) once it is filled, by the writer of the services maps
+   * (KernelLbMaps.useFrontendPorts), before configure().
+   */
+  frontendPorts: FrontendPorts | undefined;
 
   private constructor(
     readonly object: BpfObject,
@@ -336,6 +343,7 @@ export class NodePortDatapath {
     }
     const dp = new NodePortDatapath(object, opts.mode, opts.linksDir, opts.maglevM);
     dp.declared = new Set(declared);
+    if (dp.declared.has('lb_np_ports')) dp.frontendPorts = new FrontendPorts(object.map('lb_np_ports'));
     dp.replacedMaps = plan.remade;
     dp.migrated = migrated;
     dp.mapsDir = opts.mapsDir;
@@ -443,6 +451,7 @@ export class NodePortDatapath {
       flags:
         (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) |
         nodePortModeFlags(s.mode) |
+        (this.frontendPorts?.filled ? LbNpConfigFlags.LB_NP_F_PORTS : 0) |
         (this.pending && this.switching ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
       snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
       maglevM: s.maglev.m,

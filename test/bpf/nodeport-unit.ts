@@ -19,7 +19,7 @@ import t, { type Test } from 'tap';
 import {
   lb4_backend, lb4_ct_entry, lb4_ct_key, lb4_frag_key, lb4_frag_ports, lb4_key, lb4_src_range_key, lb6_backend, lb6_ct_entry, lb6_frag_key, lb_np_affinity_key,
   lb6_ct_key, lb6_key, lb6_src_range_key, lb_device, lb_icmp_bucket, lb_node_addr, lb_node_addr_key, lb_np_config, lb_service, LbMetric,
-  LbSvcFlags, LbSvcType, u32, u8, type Lb4CtEntry, type Lb4CtKey, type Lb6CtEntry, type Lb6CtKey, type LbNpConfig,
+  LbNpConfigFlags, LbSvcFlags, LbSvcType, u32, u64, u8, type Lb4CtEntry, type Lb4CtKey, type Lb6CtEntry, type Lb6CtKey, type LbNpConfig,
 } from '../../src/datapath/abi.gen.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import { chunk, initChunk, IPPROTO_SCTP, sctpChecksumOk, sctpFrame, SCTP_CID_INIT } from '../helpers/sctp-packet.js';
@@ -520,19 +520,34 @@ async function inNamespace(): Promise<void> {
     ];
     t.teardown(() => { for (const f of flows) neigh(f.fam, f.peer, PEER_MAC); });
     for (const f of flows) {
-      const first = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_SYN }));
-      t.match(first.p, { dstMac: PEER_MAC }, `IPv${f.fam[1]}: the flow goes to the second node's MAC`);
-      t.match(ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_ACK })).p,
-        { dstMac: PEER_MAC }, `IPv${f.fam[1]}: so does its next packet`);
-      neigh(f.fam, f.peer, moved);
-      const fresh = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42301, dport: NODEPORT, flags: TCP_SYN }));
-      t.match(fresh, { rc: TC_ACT_REDIRECT, p: { dstMac: moved } }, `IPv${f.fam[1]}: a new flow takes the neighbour's new MAC at once`);
+      // Within one second of the datapath's clock (its start waited for; a try the second turned over in, or that
+      // ran on another CPU than the one that kept the answer (a per-CPU cache), is tried again): the answer kept is used.
+      let kept = false;
+      for (let tries = 0; tries < 8 && !kept; tries++) {
+        neigh(f.fam, f.peer, PEER_MAC);
+        const start = now();
+        while (now() === start) await new Promise((r) => setTimeout(r, 5));
+        const second = now();
+        const sport = 42300 + 10 * tries;
+        const first = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport, dport: NODEPORT, flags: TCP_SYN }));
+        t.match(first.p, { dstMac: PEER_MAC }, `IPv${f.fam[1]}: the flow goes to the second node's MAC`);
+        ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport, dport: NODEPORT, flags: TCP_ACK }));
+        neigh(f.fam, f.peer, moved);
+        // (the established flow's packet first: a new flow's lookup refreshes the slot they share)
+        const same = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport, dport: NODEPORT, flags: TCP_ACK }));
+        const fresh = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: sport + 1, dport: NODEPORT, flags: TCP_SYN }));
+        t.match(fresh, { rc: TC_ACT_REDIRECT, p: { dstMac: moved } }, `IPv${f.fam[1]}: a new flow takes the neighbour's new MAC at once`);
+        t.equal(same.rc, TC_ACT_REDIRECT);
+        if (now() === second && same.p.dstMac === PEER_MAC) kept = true;
+      }
+      t.ok(kept, `IPv${f.fam[1]}: the established flow, in the same second, still took the answer kept (the FIB not asked)`);
     }
     // The answers kept this second are gone the next.
     const second = now();
     while (now() === second) await new Promise((r) => setTimeout(r, 50));
     for (const f of flows) {
       const later = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: 42300, dport: NODEPORT, flags: TCP_ACK }));
+      // (42300: the first try's flow, established whichever try measured)
       t.match(later, { rc: TC_ACT_REDIRECT, p: { src: f.node, dstMac: moved } }, `IPv${f.fam[1]}: the established flow follows within a second`);
       checksumsValid(t, later.p, `IPv${f.fam[1]}: a packet sent by a kept answer`);
     }
@@ -540,6 +555,31 @@ async function inNamespace(): Promise<void> {
     for (const f of flows) neigh(f.fam, f.peer, PEER_MAC);
     const restored = now();
     while (now() === restored) await new Promise((r) => setTimeout(r, 50));
+  });
+
+  t.test('LB_NP_F_PORTS: a port lb_np_ports lacks, outside the NodePort range, is no frontend\'s; one it has is looked up', async (t) => {
+    reset();
+    putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 35, backends: [{ id: 12, address: LOCAL_BE4, port: 8080 }] });
+    putService({ address: LB6, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 36, backends: [{ id: 13, address: LOCAL_BE6, port: 8080 }] });
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 37, backends: [{ id: 14, address: LOCAL_BE4, port: 8080 }] });
+    const ports = m('lb_np_ports');
+    const word = (port: number, bits: bigint): void => ports.update(u32.encode(port >>> 6), u64.encode(bits));
+    t.teardown(() => { for (let w = 0; w < 1024; w++) ports.update(u32.encode(w), u64.encode(0n)); });
+    setConfig({ flags: LbNpConfigFlags.LB_NP_F_PORTS });
+    const to = (dst: string, src: string, sport: number, dport: number): Buffer => fromClient({ src, dst, proto: 'tcp', sport, dport, flags: TCP_SYN });
+    for (const [dst, src] of [[LB4, CLIENT4], [LB6, CLIENT6]] as const) {
+      const p = to(dst, src, 42400, 80);
+      untouched(t, ingress(p), p, `${dst}:80, port 80 not in lb_np_ports: passed without a lookup`);
+    }
+    const np = to(NODE4, CLIENT4, 42401, NODEPORT);
+    t.match(ingress(np), { rc: TC_ACT_OK, p: { dst: LOCAL_BE4, dport: 8080 } }, 'a NodePort is served whatever lb_np_ports says (its range is looked up)');
+    word(80, 1n << BigInt(80 & 63));
+    for (const [dst, src, be] of [[LB4, CLIENT4, LOCAL_BE4], [LB6, CLIENT6, LOCAL_BE6]] as const) {
+      t.match(ingress(to(dst, src, 42402, 80)), { rc: TC_ACT_OK, p: { dst: be, dport: 8080 } }, `${dst}:80 served once port 80 is in lb_np_ports`);
+    }
+    setConfig();
+    word(80, 0n);
+    t.match(ingress(to(LB4, CLIENT4, 42403, 80)), { rc: TC_ACT_OK, p: { dst: LOCAL_BE4 } }, 'without LB_NP_F_PORTS, lb_np_ports is not read');
   });
 
   t.test('DSR (--nodeport-mode dsr): a remote backend gets the flow DNATed only, the frontend in an IPv4 option or IPv6 destination option; hybrid SNATs UDP', async (t) => {

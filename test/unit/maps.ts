@@ -3,7 +3,8 @@
 // keys the model gives (restart adoption depends on it), the lookup scope
 // and the north-south service types included.
 import t from 'tap';
-import { lb4_key, lb6_key, lb_service, LbScope, LbSvcType, mapSpecs } from '../../src/datapath/abi.gen.js';
+import { lb4_key, lb6_key, lb_service, LbScope, LbSvcType, mapSpecs, u32, u64 } from '../../src/datapath/abi.gen.js';
+import { FrontendPorts } from '../../src/datapath/frontend-ports.js';
 import { dumpMaps, KernelLbMaps, LB_MAP_NAMES, type ByteMap, type LbMapSet } from '../../src/datapath/maps.js';
 import type { MasterEntry } from '../../src/datapath/lbmaps.js';
 import { serviceAddrKey, type ServiceAddr } from '../../src/lb/types.js';
@@ -108,4 +109,32 @@ t.test('SCTP keys and backends carry protocol 132 and read back as SCTP', async 
   const dump = dumpMaps(m);
   t.same(dump.services.map((e) => serviceAddrKey(e.fe)).sort(), ['10.96.0.20:3868/SCTP', '[::]:30868/SCTP']);
   t.same(dump.backends, [{ id: 7, backend: { address: '10.244.1.7', family: 4, port: 3868, protocol: 'SCTP', state: 'active' } }]);
+});
+
+t.test('lb_np_ports: filled from the services maps as they are, then each frontend\'s port marked before the frontend is written', async (t) => {
+  const m = memMaps();
+  const ports = new MemMap('lb_np_ports', 4, 8, 1024);
+  const word = (port: number): bigint => u64.decode(ports.lookup(u32.encode(port >>> 6)) ?? Buffer.alloc(8));
+  const marked = (port: number): boolean => ((word(port) >> BigInt(port & 63)) & 1n) === 1n;
+  const maps = new KernelLbMaps(m);
+  // What an earlier agent left: two frontends, and a stale bit of a port none has now.
+  maps.putMaster({ address: '192.0.2.10', family: 4, port: 80, protocol: 'TCP' }, master('LoadBalancer', 1));
+  maps.putSlot({ address: '192.0.2.10', family: 4, port: 80, protocol: 'TCP' }, 1, 5);
+  maps.putMaster({ address: 'fd00::10', family: 6, port: 8443, protocol: 'UDP' }, master('ExternalIP', 2));
+  ports.update(u32.encode(443 >>> 6), u64.encode(1n << BigInt(443 & 63)));
+  const fp = new FrontendPorts(ports);
+  t.notOk(fp.filled, 'not trusted before it is filled');
+  maps.useFrontendPorts(fp);
+  t.ok(fp.filled);
+  t.equal(ports.entries().length, 1024, 'every word written');
+  t.ok(marked(80) && marked(8443), 'the ports the maps hold, both families');
+  t.notOk(marked(443), 'an earlier agent\'s stale bit cleared');
+  t.notOk(marked(81) || marked(0), 'nothing else');
+
+  maps.putMaster({ address: '10.96.0.1', family: 4, port: 443, protocol: 'TCP' }, master('ClusterIP', 3));
+  t.ok(marked(443) && fp.has(443), 'a frontend written one by one: its port marked');
+  maps.putBatch!({ kind: 'put-master', family: 6, ids: [], backends: [], entries: [], slots: [], fes: [{ address: 'fd00::20', family: 6, port: 53, protocol: 'UDP' }], masters: [master('LoadBalancer', 4)] }, 0, 1);
+  t.ok(marked(53), 'a frontend written in a batch: its port marked');
+  t.ok(marked(80), 'the others kept');
+  t.throws(() => new FrontendPorts(new MemMap('lb_np_ports', 4, 8, 512)), /1024/, 'a map of another size refused, named');
 });
