@@ -815,6 +815,31 @@ static __always_inline int np4_snat_reserve(const struct lb_np_config *cfg, cons
  * does is a stack slot, and a frame more than 32 bytes put IPv6's call
  * chain over 5.10's 512).
  */
+#ifndef NP_XDP
+/*
+ * The transport checksum field at `off` (np_l4_csum_update()'s reads
+ * around a helper call), bounded on the very register added to the
+ * packet's start: clang's np_header() there bounded one copy of `off` and
+ * added another, whose range the verifier does not know, and kept
+ * &skb->data across the call, a ctx pointer it refuses to dereference.
+ */
+static __always_inline __u16 *np_csum_field(struct np_ctx *skb, __u32 off)
+{
+	__u64 o = off;
+	void *data, *end;
+
+	asm volatile("%[o] &= 0x3fff" : [o] "+r"(o));
+	asm volatile("" : "+r"(skb));
+	if (o != off)
+		return NULL;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (data + o + sizeof(__u16) > end)
+		return NULL;
+	return data + o;
+}
+#endif
+
 static __always_inline int np_l4_csum_update(struct np_ctx *skb, const struct np_l4 *l4, __u64 addrs, __u64 ports, bool recsum)
 {
 #ifdef NP_XDP
@@ -846,8 +871,31 @@ static __always_inline int np_l4_csum_update(struct np_ctx *skb, const struct np
 			bpf_csum_update(skb, a);
 		return 0;
 	}
-	if (a && bpf_l4_csum_replace(skb, off, 0, a, BPF_F_PSEUDO_HDR | flags) < 0)
-		return -1;
+	if (a) {
+		__u16 *check = p ? np_csum_field(skb, off) : NULL;
+		__u16 old = check ? *check : 0;
+
+		if (bpf_l4_csum_replace(skb, off, 0, a, BPF_F_PSEUDO_HDR | flags) < 0)
+			return -1;
+		/*
+		 * The ports' change without a second call: what the first one
+		 * wrote says how the kernel keeps this skb's checksum (a
+		 * CHECKSUM_PARTIAL field takes no port change; any other the
+		 * same update as the addresses'), when only one of the two
+		 * ways gives it (np_csum_kept()); else the kernel's call.
+		 */
+		if (check && (check = np_csum_field(skb, off))) {
+			bool udp = l4->proto == IPPROTO_UDP;
+			int kept = np_csum_kept(old, *check, a, udp);
+
+			if (kept == NP_CSUM_PARTIAL)
+				return 0;
+			if (kept == NP_CSUM_FULL) {
+				*check = np_csum_mangle0(np_csum_by_diff(*check, p), udp);
+				return 0;
+			}
+		}
+	}
 	if (p && bpf_l4_csum_replace(skb, off, 0, p, flags) < 0)
 		return -1;
 	return 0;
@@ -1607,11 +1655,16 @@ static __always_inline int np4_host_flow(struct np_ctx *skb, const struct lb_np_
 
 /*
  * A packet's source address and port at egress, where the program writes
- * through helpers (see np4_xlate()), in as few calls as they allow: the IP
- * header's checksum computed here and stored with the address (and the
- * port with them, right after a 20-byte header: check, saddr, daddr and
- * the port are contiguous there), the transport checksum by
- * bpf_l4_csum_replace(). SCTP's port goes through np_rewrite_port().
+ * through helpers (see np4_xlate()), in as few calls as they allow. After a
+ * 20-byte header the IP checksum, the addresses, the ports and the
+ * transport checksum are one span: the IP checksum is computed here, the
+ * addresses' change goes into the transport checksum by
+ * bpf_l4_csum_replace() (it keeps a CHECKSUM_COMPLETE skb's csum), the
+ * ports' is added here as np_l4_csum_update() adds it (np_csum_kept()),
+ * and the span is stored at once. Otherwise (IPv4 options, SCTP, a
+ * transport header not all linear, a checksum that does not say how the
+ * kernel keeps it) the kernel's calls, the IP checksum still stored with
+ * the address (and the port, when it follows).
  */
 static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct np_l4 *l4, __be32 old, __be32 new,
 					   __be16 old_port, __be16 new_port)
@@ -1621,31 +1674,67 @@ static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct n
 		__be32 saddr;
 		__be32 daddr;
 		__be16 sport;
+		__be16 dport;
+		__u8 rest[14];	/* UDP: length, checksum; TCP: sequence, acknowledgment, offset and flags, window, checksum */
 	} __attribute__((packed)) w;
-	bool port = old_port != new_port && l4->has_ports && l4->proto != IPPROTO_SCTP &&
-		    l4->l4_off == NP_L3_OFF + sizeof(struct iphdr);
+	bool udp = l4->proto == IPPROTO_UDP;
+	bool after = l4->has_ports && l4->proto != IPPROTO_SCTP && l4->l4_off == NP_L3_OFF + sizeof(struct iphdr);
+	bool span = after && old_port != new_port && l4->csum_off && (udp || l4->proto == IPPROTO_TCP);
+	__u32 len = udp ? offsetof(typeof(w), rest) + 4 : sizeof(w);
+	__u32 at = udp ? offsetof(typeof(w), rest) + 2 : offsetof(typeof(w), rest) + 12;
+	__u32 a = np_csum_fold32(np_csum_add32(0, old, new));
 	struct iphdr *ip;
+	__u16 *check;
+	void *h;
+	int kept;
 
 	if (old == new)
 		return np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
 	ip = np_header(skb, NP_L3_OFF, sizeof(*ip));
 	if (!ip)
 		return -1;
+	if (span) {
+		h = udp ? np_header(skb, NP_L3_OFF + offsetof(struct iphdr, check), offsetof(typeof(w), rest) + 4) :
+			  np_header(skb, NP_L3_OFF + offsetof(struct iphdr, check), sizeof(w));
+		if (!h)
+			span = false;
+		else if (udp)
+			__builtin_memcpy(&w, h, offsetof(typeof(w), rest) + 4);
+		else
+			__builtin_memcpy(&w, h, sizeof(w));
+	}
 	/* read before the helpers below, which may move the packet */
 	w.check = np_csum_apply(ip->check, np_csum_add32(0, old, new));
 	w.saddr = new;
 	w.daddr = ip->daddr;
 	w.sport = new_port;
-	if (l4->has_ports && l4->csum_off &&
-	    bpf_l4_csum_replace(skb, l4->csum_off, old, new, BPF_F_PSEUDO_HDR | np_csum_flags(l4) | sizeof(new)) < 0)
+	if (span) {
+		__u16 before = *(__u16 *)((void *)&w + at);
+
+		if (bpf_l4_csum_replace(skb, l4->csum_off, 0, a, BPF_F_PSEUDO_HDR | np_csum_flags(l4)) < 0)
+			return -1;
+		check = np_csum_field(skb, l4->csum_off);
+		kept = check ? np_csum_kept(before, *check, a, udp) : NP_CSUM_UNKNOWN;
+		if (kept != NP_CSUM_UNKNOWN) {
+			__u16 now = *check;
+
+			if (kept == NP_CSUM_FULL)
+				now = np_csum_mangle0(np_csum_by_diff(now, np_csum_fold32(np_csum_add16(0, old_port, new_port))), udp);
+			*(__u16 *)((void *)&w + at) = now;
+			return bpf_skb_store_bytes(skb, NP_L3_OFF + offsetof(struct iphdr, check), &w, len, 0);
+		}
+	} else if (l4->has_ports && l4->csum_off &&
+		   bpf_l4_csum_replace(skb, l4->csum_off, 0, a, BPF_F_PSEUDO_HDR | np_csum_flags(l4)) < 0) {
 		return -1;
-	if (port && l4->csum_off &&
+	}
+	after = after && old_port != new_port;
+	if (after && l4->csum_off &&
 	    bpf_l4_csum_replace(skb, l4->csum_off, old_port, new_port, np_csum_flags(l4) | sizeof(new_port)) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, NP_L3_OFF + offsetof(struct iphdr, check), &w,
-				port ? sizeof(w) : offsetof(typeof(w), daddr), 0) < 0)
+				after ? offsetof(typeof(w), dport) : offsetof(typeof(w), daddr), 0) < 0)
 		return -1;
-	return port ? 0 : np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
+	return after ? 0 : np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
 }
 
 /* A local backend's reply on its way out: from the frontend again. */

@@ -201,6 +201,68 @@ static __always_inline __u16 np_csum_apply(__u16 check, __u64 sum)
 	return (__u16)~s;
 }
 
+/*
+ * The kernel's update of a transport checksum field `check` by a change
+ * whose sum is `diff` (inet_proto_csum_replace_by_diff(), what
+ * bpf_l4_csum_replace() does with size 0), bit for bit, both ways it keeps
+ * a field: np_csum_by_diff() for a field holding the whole checksum
+ * (csum_fold(csum_add(diff, ~csum_unfold(check)))), np_csum_by_diff_partial()
+ * for a CHECKSUM_PARTIAL one holding the pseudo header's sum only
+ * (~csum_fold(csum_add(diff, csum_unfold(check)))).
+ */
+static __always_inline __u32 np_wsum_add(__u32 a, __u32 b)
+{
+	__u32 r = a + b;
+
+	return r + (r < b);
+}
+
+static __always_inline __u16 np_wsum_fold(__u32 s)	/* csum_fold() */
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+static __always_inline __u16 np_csum_by_diff(__u16 check, __u32 diff)
+{
+	return np_wsum_fold(np_wsum_add(diff, ~(__u32)check));
+}
+
+static __always_inline __u16 np_csum_by_diff_partial(__u16 check, __u32 diff)
+{
+	return (__u16)~np_wsum_fold(np_wsum_add(diff, check));
+}
+
+/* UDP's checksum 0 means none: a computed 0 is sent as 0xffff (BPF_F_MARK_MANGLED_0, CSUM_MANGLED_0). */
+static __always_inline __u16 np_csum_mangle0(__u16 check, bool udp)
+{
+	return udp && !check ? 0xffff : check;
+}
+
+enum { NP_CSUM_UNKNOWN, NP_CSUM_FULL, NP_CSUM_PARTIAL };
+
+/*
+ * How the kernel keeps a transport checksum, from what one update by
+ * `diff` with BPF_F_PSEUDO_HDR turned `old` into (`now`): NP_CSUM_FULL
+ * when only the whole-checksum update gives `now`, NP_CSUM_PARTIAL when
+ * only the CHECKSUM_PARTIAL one does, NP_CSUM_UNKNOWN when both or neither
+ * do (a UDP datagram without a checksum among them: the kernel leaves 0).
+ */
+static __always_inline int np_csum_kept(__u16 old, __u16 now, __u32 diff, bool udp)
+{
+	__u16 full = np_csum_mangle0(np_csum_by_diff(old, diff), udp);
+	__u16 partial = np_csum_mangle0(np_csum_by_diff_partial(old, diff), udp);
+
+	if (udp && !old)
+		return NP_CSUM_UNKNOWN;
+	if (now == full && now != partial)
+		return NP_CSUM_FULL;
+	if (now == partial && now != full)
+		return NP_CSUM_PARTIAL;
+	return NP_CSUM_UNKNOWN;
+}
+
 /* TCP and SCTP: connections with a state to track (an opening, a close). */
 static __always_inline bool np_stateful(__u8 proto)
 {
