@@ -310,7 +310,7 @@ static __always_inline bool np_xdp_sends(const struct lb_device *dev, int rc)
 
 /* What np4_dsr_recv()/np6_dsr_recv() return for a packet without a DSR option: not theirs. */
 #define NP_NOT_DSR	0x103
-/* What np4_fwd()/np6_fwd() return for a NodePort's packet with neither a CT entry nor a frontend: no service's. */
+/* What np4_fwd() returns for an IPv4 NodePort's packet with neither a live CT entry nor a frontend: no service's. */
 #define NP_NOT_SVC	0x104
 
 /*
@@ -531,16 +531,20 @@ static __always_inline bool np4_src_allowed(const struct lb_service *svc, __be32
 /*
  * The way a packet goes (bpf_fib_lookup()'s answer in *fib), for `use`:
  * NP_FIB_CACHED, an established flow's packet, takes the answer this CPU
- * kept for the same device in, source and destination in this second of
- * np_now() (`now`: struct lb4_fib_cache); NP_FIB_FRESH, a new flow's,
- * asks the FIB and keeps its answer; NP_FIB_ONLY asks and keeps nothing.
- * Only a complete answer is kept (BPF_FIB_LKUP_RET_SUCCESS: device and
- * both MACs); a route or neighbour change reaches established flows within
- * a second. The FIB rules a kept answer ignores: ones on the transport
- * protocol or ports (ip rule ipproto/sport/dport), which the slot's key
- * leaves out.
+ * kept for the same question (device in, addresses, protocol, ports) in
+ * this second of np_now() (`now`: struct lb4_fib_cache); NP_FIB_FRESH, a
+ * new flow's, asks the FIB and keeps its answer; NP_FIB_ONLY asks and
+ * keeps nothing. Only a complete answer is kept (BPF_FIB_LKUP_RET_SUCCESS:
+ * device and both MACs, and the device's MTU, 5.12+); a route or
+ * neighbour change reaches established flows within a second.
  */
 enum { NP_FIB_ONLY, NP_FIB_FRESH, NP_FIB_CACHED };
+
+/* The question's protocol and ports, for its slot's hash. */
+static __always_inline __u32 np_fib_ports(const struct bpf_fib_lookup *fib)
+{
+	return ((__u32)fib->sport << 16 | fib->dport) ^ fib->l4_protocol;
+}
 
 static __always_inline __u32 np_fib_slot(__u32 in, __u32 h)
 {
@@ -550,7 +554,10 @@ static __always_inline __u32 np_fib_slot(__u32 in, __u32 h)
 /*
  * A kept answer, as the FIB gave it: at tc its own check of the packet's
  * length against the device's MTU is made again (is_skb_forwardable(): a
- * GSO packet passes; np_mtu_check() makes the segment-aware one).
+ * GSO packet passes; np_mtu_check() makes the segment-aware one), with an
+ * Ethernet header's length where the kernel takes the device's (a layer-3
+ * device's packets may be 14 bytes longer here; np_mtu_check() has its
+ * exact MTU when it is one of ours).
  */
 static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup *fib, const struct lb_fib_cache_head *h)
 {
@@ -593,36 +600,46 @@ static __noinline int np_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u
 	if (fib->family == AF_INET) {
 		struct lb4_fib_cache *c;
 
-		slot = np_fib_slot(fib->ifindex, fib->ipv4_src ^ np_rol32(fib->ipv4_dst, 16));
+		slot = np_fib_slot(fib->ifindex, fib->ipv4_src ^ np_rol32(fib->ipv4_dst, 16) ^ np_fib_ports(fib));
 		c = use != NP_FIB_ONLY ? bpf_map_lookup_elem(&lb4_fib_cache, &slot) : NULL;
 		if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == fib->ifindex &&
-		    c->src == fib->ipv4_src && c->dst == fib->ipv4_dst)
+		    c->src == fib->ipv4_src && c->dst == fib->ipv4_dst && c->sport == fib->sport && c->dport == fib->dport &&
+		    c->proto == fib->l4_protocol)
 			return np_fib_kept(skb, fib, (struct lb_fib_cache_head *)c);
 		if (c) {
 			c->stamp = 0;
 			c->in_ifindex = fib->ifindex;
 			c->src = fib->ipv4_src;
 			c->dst = fib->ipv4_dst;
+			c->sport = fib->sport;
+			c->dport = fib->dport;
+			c->proto = fib->l4_protocol;
 			h = (struct lb_fib_cache_head *)c;
 		}
 	} else {
 		struct lb6_fib_cache *c;
 
-		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[2] ^ fib->ipv6_src[3] ^ np_rol32(fib->ipv6_dst[2] ^ fib->ipv6_dst[3], 16));
+		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[2] ^ fib->ipv6_src[3] ^ np_rol32(fib->ipv6_dst[2] ^ fib->ipv6_dst[3], 16) ^
+					  np_fib_ports(fib));
 		c = use != NP_FIB_ONLY ? bpf_map_lookup_elem(&lb6_fib_cache, &slot) : NULL;
 		if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == fib->ifindex &&
-		    ip6_equal(c->src, fib->ipv6_src) && ip6_equal(c->dst, fib->ipv6_dst))
+		    ip6_equal(c->src, fib->ipv6_src) && ip6_equal(c->dst, fib->ipv6_dst) && c->sport == fib->sport &&
+		    c->dport == fib->dport && c->proto == fib->l4_protocol)
 			return np_fib_kept(skb, fib, (struct lb_fib_cache_head *)c);
 		if (c) {
 			c->stamp = 0;
 			c->in_ifindex = fib->ifindex;
 			ip6_copy(c->src, fib->ipv6_src);
 			ip6_copy(c->dst, fib->ipv6_dst);
+			c->sport = fib->sport;
+			c->dport = fib->dport;
+			c->proto = fib->l4_protocol;
 			h = (struct lb_fib_cache_head *)c;
 		}
 	}
 	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
-	if (h && rc == BPF_FIB_LKUP_RET_SUCCESS) {
+	/* a kept answer's MTU check needs the device's MTU, which 5.10 and 5.11 do not report: nothing kept there */
+	if (h && rc == BPF_FIB_LKUP_RET_SUCCESS && fib->mtu_result) {
 		h->ifindex = fib->ifindex;
 		h->mtu = fib->mtu_result;
 		__builtin_memcpy(h->smac, fib->smac, ETH_ALEN);
@@ -1366,7 +1383,7 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 	__u64 now = np_now();
 	__be16 prev = 0;
 	int rc = 0, mtu;
-	bool changed;
+	bool changed, gone = false;
 
 	ct = bpf_map_lookup_elem(&lb4_ct, &ok);
 	if (ct && (ct->expires <= now || np_ct_reopened(&f->l4, ct->flags))) {
@@ -1375,7 +1392,7 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 		ct = NULL;
 	}
 	if (ct && np4_backend_gone(ct)) {
-		lb_count(LB_MTR_NP_REBALANCE);
+		gone = true;
 		ct = NULL;
 	}
 	if (ct) {
@@ -1403,6 +1420,9 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 			if (!svc)
 				return NP_NOT_SVC;
 		}
+		/* balanced again: counted once its frontend is known to be there still */
+		if (gone)
+			lb_count(LB_MTR_NP_REBALANCE);
 		if (!f->l4.has_ports) {
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;
@@ -2347,7 +2367,7 @@ static __always_inline int np6_dsr_recv(struct np_ctx *skb, const struct np6_flo
 #endif /* !NP_XDP */
 
 static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struct lb6_key *key,
-				   struct lb_service *svc, const struct lb_np_config *cfg)
+				   const struct lb_service *svc, const struct lb_np_config *cfg)
 {
 	struct lb6_ct_key ok = { .sport = f->sport, .dport = f->dport, .proto = f->l4.proto, .dir = LB_CT_ORIG };
 	const struct lb_device *dev = NULL;
@@ -2391,11 +2411,6 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 		}
 	}
 	if (!ct) {
-		if (!svc) {
-			svc = np6_lookup(f, key, cfg);
-			if (!svc)
-				return NP_NOT_SVC;
-		}
 		if (!f->l4.has_ports) {
 			lb_count(LB_MTR_NP_FRAG);
 			return TC_ACT_SHOT;

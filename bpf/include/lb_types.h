@@ -478,9 +478,10 @@ struct lb_node_addr {
 };
 
 /*
- * The FIB's answer (bpf_fib_lookup, BPF_FIB_LKUP_RET_SUCCESS) for a packet
- * in by `in_ifindex` from `src` to `dst`, kept per CPU in a slot those three
- * hash to (lb4_fib_cache/lb6_fib_cache), for the second of the datapath's
+ * The FIB's answer (bpf_fib_lookup, BPF_FIB_LKUP_RET_SUCCESS) to a question
+ * (in by `in_ifindex`, from `src` to `dst`, protocol and ports: all the
+ * lookup reads, so rules and multipath hashes on ports see the same), kept
+ * per CPU in a slot the question hashes to (lb4_fib_cache/lb6_fib_cache), for the second of the datapath's
  * clock it was looked up in (`stamp`, np_now()). An established flow's
  * packets take the next hop from it instead of asking the FIB again: on
  * the machines of docs/benchmarks.md the lookup was the largest cost of a
@@ -508,10 +509,13 @@ struct lb4_fib_cache {	/* struct lb_fib_cache_head, then the question */
 	__u8 dmac[6];
 	__u16 mtu;
 	__u8 pad0[2];
-	__u32 in_ifindex;
+	__u32 in_ifindex;	/* the question: bpf_fib_lookup's inputs */
 	__be32 src;
 	__be32 dst;
-	__u8 pad[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
 };
 
 struct lb6_fib_cache {	/* struct lb_fib_cache_head, then the question */
@@ -524,7 +528,10 @@ struct lb6_fib_cache {	/* struct lb_fib_cache_head, then the question */
 	__u32 in_ifindex;
 	__be32 src[4];
 	__be32 dst[4];
-	__u8 pad[4];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
 };
 
 /* A device the tc programs run on, keyed by ifindex: its SNAT addresses and MTU. */

@@ -6,6 +6,7 @@
 //
 // The agent is also the AgentView its health checks, metrics and local API
 // read (src/http/view.ts).
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
@@ -16,7 +17,8 @@ import { sctpStatus } from '../datapath/sctp.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { ServiceHealthServers } from '../http/service-health.js';
 import { UdpTerminator } from '../datapath/terminate.js';
-import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
+import { BpfError, openPinnedMap, pinnedLinkInfo } from '../native/bpf.js';
+import { FrontendPorts } from '../datapath/frontend-ports.js';
 import { DesiredModel, type ServiceId } from '../model/desired.js';
 import { Prober, type Executors, type LastResult, type ProbeState } from '../probes/prober.js';
 import type { Skipped } from '../model/from-k8s.js';
@@ -293,6 +295,7 @@ export class Agent implements AgentView {
     } catch (err) {
       this.nodePortError = `nodeport.bpf.o not loaded: ${(err as Error).message}`;
       log.error({ err: (err as Error).message }, 'tc datapath not loaded: NodePort, LoadBalancer and external IPs are not served; ClusterIPs are');
+      this.keepPinnedPorts(bpfRoot);
       return;
     }
     if (dp.replacedMaps.length > 0) log.warn({ maps: dp.replacedMaps }, 'tc datapath maps of another size or layout were made anew (the agent writes them again)');
@@ -317,6 +320,22 @@ export class Agent implements AgentView {
     }
     this.nodePort = agent;
     this.serviceHealth = new ServiceHealthServers({ healthy: () => this.opts.healthy?.() ?? true });
+  }
+
+  /**
+   * An earlier agent's tc programs may still run (this one could not load
+   * its own) and trust lb_np_ports (LB_NP_F_PORTS in their pinned
+   * settings): the frontends this agent writes get their ports marked
+   * there all the same, or those programs would pass their packets by.
+   */
+  private keepPinnedPorts(bpfRoot: string): void {
+    const pin = path.join(mapsDir(bpfRoot), 'lb_np_ports');
+    if (!existsSync(pin)) return;
+    try {
+      this.datapath!.maps.useFrontendPorts(new FrontendPorts(openPinnedMap(pin)));
+    } catch (err) {
+      this.opts.log.error({ err: (err as Error).message, map: pin }, 'lb_np_ports not written: an earlier agent\'s tc programs may pass new frontends\' packets by');
+    }
   }
 
   /**

@@ -525,6 +525,9 @@ export interface Lb4FibCache {
   inIfindex: number;
   src: number; // network order in the map
   dst: number; // network order in the map
+  sport: number; // network order in the map
+  dport: number; // network order in the map
+  proto: number;
 }
 
 export const lb4_fib_cache: Codec<Lb4FibCache> = {
@@ -533,7 +536,7 @@ export const lb4_fib_cache: Codec<Lb4FibCache> = {
   encode(v, b = Buffer.alloc(48), o = 0) {
     if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb4_fib_cache: 48 bytes at offset ${o} of ${b.length}`);
     b[o + 26] = 0; b[o + 27] = 0;
-    b[o + 40] = 0; b[o + 41] = 0; b[o + 42] = 0; b[o + 43] = 0; b[o + 44] = 0; b[o + 45] = 0; b[o + 46] = 0; b[o + 47] = 0;
+    b[o + 45] = 0; b[o + 46] = 0; b[o + 47] = 0;
     b.writeBigUInt64LE(v.stamp, o + 0);
     { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
     putBytes(b, o + 12, 6, v.smac, 'smac');
@@ -542,6 +545,9 @@ export const lb4_fib_cache: Codec<Lb4FibCache> = {
     { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
     { const x = v.src; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.src', x, 4294967295); b[o + 35] = x; b[o + 34] = x >>> 8; b[o + 33] = x >>> 16; b[o + 32] = x >>> 24; }
     { const x = v.dst; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.dst', x, 4294967295); b[o + 39] = x; b[o + 38] = x >>> 8; b[o + 37] = x >>> 16; b[o + 36] = x >>> 24; }
+    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.sport', x, 65535); b[o + 41] = x; b[o + 40] = x >>> 8; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.dport', x, 65535); b[o + 43] = x; b[o + 42] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_fib_cache.proto', x, 255); b[o + 44] = x; }
     return b;
   },
   decode(b, o = 0) {
@@ -555,6 +561,9 @@ export const lb4_fib_cache: Codec<Lb4FibCache> = {
       inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
       src: ((b[o + 35]! | (b[o + 34]! << 8) | (b[o + 33]! << 16) | (b[o + 32]! << 24)) >>> 0),
       dst: ((b[o + 39]! | (b[o + 38]! << 8) | (b[o + 37]! << 16) | (b[o + 36]! << 24)) >>> 0),
+      sport: (b[o + 41]! | (b[o + 40]! << 8)),
+      dport: (b[o + 43]! | (b[o + 42]! << 8)),
+      proto: b[o + 44]!,
     };
   },
 };
@@ -912,6 +921,9 @@ export interface Lb6FibCache {
   inIfindex: number;
   src: Buffer;
   dst: Buffer;
+  sport: number; // network order in the map
+  dport: number; // network order in the map
+  proto: number;
 }
 
 export const lb6_fib_cache: Codec<Lb6FibCache> = {
@@ -920,7 +932,7 @@ export const lb6_fib_cache: Codec<Lb6FibCache> = {
   encode(v, b = Buffer.alloc(72), o = 0) {
     if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb6_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
     b[o + 26] = 0; b[o + 27] = 0;
-    b[o + 64] = 0; b[o + 65] = 0; b[o + 66] = 0; b[o + 67] = 0; b[o + 68] = 0; b[o + 69] = 0; b[o + 70] = 0; b[o + 71] = 0;
+    b[o + 69] = 0; b[o + 70] = 0; b[o + 71] = 0;
     b.writeBigUInt64LE(v.stamp, o + 0);
     { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
     putBytes(b, o + 12, 6, v.smac, 'smac');
@@ -929,6 +941,9 @@ export const lb6_fib_cache: Codec<Lb6FibCache> = {
     { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
     putBytes(b, o + 32, 16, v.src, 'src');
     putBytes(b, o + 48, 16, v.dst, 'dst');
+    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.sport', x, 65535); b[o + 65] = x; b[o + 64] = x >>> 8; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.dport', x, 65535); b[o + 67] = x; b[o + 66] = x >>> 8; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_fib_cache.proto', x, 255); b[o + 68] = x; }
     return b;
   },
   decode(b, o = 0) {
@@ -942,6 +957,9 @@ export const lb6_fib_cache: Codec<Lb6FibCache> = {
       inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
       src: Buffer.from(b.subarray(o + 32, o + 48)),
       dst: Buffer.from(b.subarray(o + 48, o + 64)),
+      sport: (b[o + 65]! | (b[o + 64]! << 8)),
+      dport: (b[o + 67]! | (b[o + 66]! << 8)),
+      proto: b[o + 68]!,
     };
   },
 };

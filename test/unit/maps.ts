@@ -133,8 +133,20 @@ t.test('lb_np_ports: filled from the services maps as they are, then each fronte
 
   maps.putMaster({ address: '10.96.0.1', family: 4, port: 443, protocol: 'TCP' }, master('ClusterIP', 3));
   t.ok(marked(443) && fp.has(443), 'a frontend written one by one: its port marked');
-  maps.putBatch!({ kind: 'put-master', family: 6, ids: [], backends: [], entries: [], slots: [], fes: [{ address: 'fd00::20', family: 6, port: 53, protocol: 'UDP' }], masters: [master('LoadBalancer', 4)] }, 0, 1);
-  t.ok(marked(53), 'a frontend written in a batch: its port marked');
+  // Batches through BPF_MAP_UPDATE_BATCH (a map that has it): every port marked before the one write of the batch.
+  const order: string[] = [];
+  const svc6 = m.lb6_services as MemMap;
+  const batching = Object.assign(svc6, {
+    batchUpdate(keys: Buffer, values: Buffer, count: number): number {
+      order.push(`batch of ${count}, port 53 ${marked(53) ? 'marked' : 'not marked'}, port 5353 ${marked(5353) ? 'marked' : 'not marked'}`);
+      for (let i = 0; i < count; i++) svc6.update(keys.subarray(i * svc6.keySize, (i + 1) * svc6.keySize), values.subarray(i * svc6.valueSize, (i + 1) * svc6.valueSize));
+      return count;
+    },
+  });
+  m.lb6_services = batching;
+  const fes: ServiceAddr[] = [{ address: 'fd00::20', family: 6, port: 53, protocol: 'UDP' }, { address: 'fd00::21', family: 6, port: 5353, protocol: 'UDP' }];
+  maps.putBatch!({ kind: 'put-master', family: 6, ids: [], backends: [], entries: [], slots: [], fes, masters: [master('LoadBalancer', 4), master('LoadBalancer', 5)] }, 0, 2);
+  t.same(order, ['batch of 2, port 53 marked, port 5353 marked'], 'a batch of frontends: their ports marked before the batch is written');
   t.ok(marked(80), 'the others kept');
   t.throws(() => new FrontendPorts(new MemMap('lb_np_ports', 4, 8, 512)), /1024/, 'a map of another size refused, named');
 });
