@@ -522,6 +522,9 @@ async function inNamespace(): Promise<void> {
     for (const f of flows) {
       // Within one second of the datapath's clock (its start waited for; a try the second turned over in, or that
       // ran on another CPU than the one that kept the answer (a per-CPU cache), is tried again): the answer kept is used.
+      // Before 5.12 the FIB reports no MTU to check a kept answer against: nothing is kept, the FIB asked every time.
+      const [major, minor] = os.release().split(/[.-]/).map(Number) as [number, number];
+      const keeps = major > 5 || (major === 5 && minor >= 12);
       let kept = false;
       for (let tries = 0; tries < 8 && !kept; tries++) {
         neigh(f.fam, f.peer, PEER_MAC);
@@ -538,9 +541,14 @@ async function inNamespace(): Promise<void> {
         const fresh = ingress(fromClient({ src: f.client, dst: f.node, proto: 'tcp', sport: sport + 1, dport: NODEPORT, flags: TCP_SYN }));
         t.match(fresh, { rc: TC_ACT_REDIRECT, p: { dstMac: moved } }, `IPv${f.fam[1]}: a new flow takes the neighbour's new MAC at once`);
         t.equal(same.rc, TC_ACT_REDIRECT);
+        if (!keeps) {
+          t.match(same.p, { dstMac: moved }, `IPv${f.fam[1]}, ${os.release()}: nothing kept, the established flow's next packet takes the new MAC at once`);
+          kept = true;
+          break;
+        }
         if (now() === second && same.p.dstMac === PEER_MAC) kept = true;
       }
-      t.ok(kept, `IPv${f.fam[1]}: the established flow, in the same second, still took the answer kept (the FIB not asked)`);
+      t.ok(kept, keeps ? `IPv${f.fam[1]}: the established flow, in the same second, still took the answer kept (the FIB not asked)` : 'checked');
     }
     // The answers kept this second are gone the next.
     const second = now();
