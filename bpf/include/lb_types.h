@@ -487,11 +487,9 @@ struct lb_node_addr {
  * the machines of docs/benchmarks.md the lookup was the largest cost of a
  * forwarded packet. A new flow always asks the FIB (and refreshes the slot).
  * The layout is the datapath's alone: nothing outside it reads the maps.
- */
-/*
- * The FIB's answer a slot keeps, and the second of np_now() it was given in
- * (0: none): how both families' slots begin (their fields repeated there,
- * the map layouts' generator reading no nested struct).
+ * struct lb_fib_cache_head is the answer and its second (`stamp`, 0: none),
+ * how both families' slots begin: their fields repeated there, since the
+ * map layouts' generator reads no nested struct.
  */
 struct lb_fib_cache_head {
 	__u64 stamp;

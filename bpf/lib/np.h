@@ -311,17 +311,6 @@ static __always_inline int np4_rewrite_l3(struct __sk_buff *skb, __u32 off, __be
 	return bpf_skb_store_bytes(skb, off, &new, sizeof(new), 0);
 }
 
-/* Rewrites one IPv4 address at `off` (saddr or daddr) with the IP and L4 checksums. */
-static __always_inline int np4_rewrite_addr(struct __sk_buff *skb, const struct np_l4 *l4, __u32 off, __be32 old, __be32 new)
-{
-	if (old == new)
-		return 0;
-	if (l4->has_ports && l4->csum_off &&
-	    bpf_l4_csum_replace(skb, l4->csum_off, old, new, BPF_F_PSEUDO_HDR | np_csum_flags(l4) | sizeof(new)) < 0)
-		return -1;
-	return np4_rewrite_l3(skb, off, old, new);
-}
-
 /* Rewrites a port (`which`: 0 source, 2 destination) with the L4 checksum (SCTP: its CRC32c). */
 static __always_inline int np_rewrite_port(struct __sk_buff *skb, const struct np_l4 *l4, __u32 which, __be16 old, __be16 new)
 {

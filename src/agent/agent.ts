@@ -6,7 +6,6 @@
 //
 // The agent is also the AgentView its health checks, metrics and local API
 // read (src/http/view.ts).
-import { existsSync } from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import { sumCounters } from '../datapath/counters.js';
@@ -17,8 +16,8 @@ import { sctpStatus } from '../datapath/sctp.js';
 import { NodePortAgent, type NodePortOptions } from './nodeport.js';
 import { ServiceHealthServers } from '../http/service-health.js';
 import { UdpTerminator } from '../datapath/terminate.js';
-import { BpfError, openPinnedMap, pinnedLinkInfo } from '../native/bpf.js';
-import { FrontendPorts } from '../datapath/frontend-ports.js';
+import { BpfError, pinnedLinkInfo } from '../native/bpf.js';
+import { pinnedFrontendPorts } from '../datapath/frontend-ports.js';
 import { DesiredModel, type ServiceId } from '../model/desired.js';
 import { Prober, type Executors, type LastResult, type ProbeState } from '../probes/prober.js';
 import type { Skipped } from '../model/from-k8s.js';
@@ -329,12 +328,11 @@ export class Agent implements AgentView {
    * there all the same, or those programs would pass their packets by.
    */
   private keepPinnedPorts(bpfRoot: string): void {
-    const pin = path.join(mapsDir(bpfRoot), 'lb_np_ports');
-    if (!existsSync(pin)) return;
     try {
-      this.datapath!.maps.useFrontendPorts(new FrontendPorts(openPinnedMap(pin)));
+      const ports = pinnedFrontendPorts(mapsDir(bpfRoot));
+      if (ports) this.datapath!.maps.useFrontendPorts(ports);
     } catch (err) {
-      this.opts.log.error({ err: (err as Error).message, map: pin }, 'lb_np_ports not written: an earlier agent\'s tc programs may pass new frontends\' packets by');
+      this.opts.log.error({ err: (err as Error).message, bpfRoot }, 'lb_np_ports not written: an earlier agent\'s tc programs may pass new frontends\' packets by');
     }
   }
 

@@ -5,7 +5,9 @@
 // frontend went stays set until the next fill (an agent start): a set bit
 // costs only the lookup the datapath would have made anyway.
 import { lb4_key, lb6_key, u32, u64 } from './abi.gen.js';
-import type { FlatEntries } from '../native/bpf.js';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { openPinnedMap, type FlatEntries } from '../native/bpf.js';
 
 /** What FrontendPorts needs of a map (maps.ts's ByteMap fits; not imported: maps.ts imports this file). */
 export interface PortsMap {
@@ -69,4 +71,10 @@ export class FrontendPorts {
   has(port: number): boolean {
     return (this.words[port >>> 6]! & (1n << BigInt(port & 63))) !== 0n;
   }
+}
+
+/** The lb_np_ports an earlier agent pinned under `mapsDir`, if there is one (its tc programs may still run and trust it). */
+export function pinnedFrontendPorts(mapsDir: string): FrontendPorts | undefined {
+  const pin = path.join(mapsDir, 'lb_np_ports');
+  return existsSync(pin) ? new FrontendPorts(openPinnedMap(pin)) : undefined;
 }

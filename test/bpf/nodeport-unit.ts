@@ -565,6 +565,26 @@ async function inNamespace(): Promise<void> {
     while (now() === restored) await new Promise((r) => setTimeout(r, 50));
   });
 
+  t.test('a NodePort removed: an established IPv4 flow keeps its translation while its backend lives (its CT entry first, as a conntrack entry); IPv6 and new flows find no frontend', async (t) => {
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 38, backends: [{ id: 15, address: LOCAL_BE4, port: 8080 }] });
+    putService({ address: '::', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 39, backends: [{ id: 16, address: LOCAL_BE6, port: 8080 }] });
+    const to = (src: string, dst: string, sport: number, flags: number): Buffer => fromClient({ src, dst, proto: 'tcp', sport, dport: NODEPORT, flags });
+    t.match(ingress(to(CLIENT4, NODE4, 42500, TCP_SYN)), { rc: TC_ACT_OK, p: { dst: LOCAL_BE4, dport: 8080 } }, 'IPv4: the flow opened');
+    t.match(ingress(to(CLIENT6, NODE6, 42500, TCP_SYN)), { rc: TC_ACT_OK, p: { dst: LOCAL_BE6, dport: 8080 } }, 'IPv6: the flow opened');
+    for (const map of [maps.svc4, maps.svc6]) for (const k of map.keys()) map.delete(k);
+    t.match(ingress(to(CLIENT4, NODE4, 42500, TCP_ACK)), { rc: TC_ACT_OK, p: { dst: LOCAL_BE4, dport: 8080 } }, 'IPv4: the established flow still reaches its backend');
+    const v6 = to(CLIENT6, NODE6, 42500, TCP_ACK);
+    untouched(t, ingress(v6), v6, 'IPv6: the established flow finds no frontend (its frontend is looked up first)');
+    const fresh = to(CLIENT4, NODE4, 42501, TCP_SYN);
+    untouched(t, ingress(fresh), fresh, 'IPv4: a new flow to the removed NodePort');
+    maps.be4.delete(u32.encode(15));
+    const gone = to(CLIENT4, NODE4, 42500, TCP_ACK);
+    const r = counting(() => ingress(gone));
+    untouched(t, r.result, gone, 'IPv4: its backend gone too, the flow finds no frontend to be balanced again by');
+    t.equal(r.delta(LbMetric.LB_MTR_NP_REBALANCE), 0n, 'and np_rebalance does not count it');
+  });
+
   t.test('LB_NP_F_PORTS: a port lb_np_ports lacks, outside the NodePort range, is no frontend\'s; one it has is looked up', async (t) => {
     reset();
     putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 35, backends: [{ id: 12, address: LOCAL_BE4, port: 8080 }] });
