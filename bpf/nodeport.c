@@ -1757,6 +1757,24 @@ static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct n
 	return after ? 0 : np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
 }
 
+/*
+ * An egress packet no local flow's reply entry claims leaves as it is,
+ * except while flows are carried into new maps (LB_NP_F_MIGRATING, the
+ * tens of milliseconds between the switch and the commit): then a TCP or
+ * SCTP packet past its flow's first is dropped, and its sender retransmits
+ * into the copy. A local backend's reply to a flow not copied yet, leaked
+ * with the backend's own address, would have the client's stack reset the
+ * backend's connection while the client's waits for an answer that never
+ * comes (test/bpf/nodeport-unit.ts). The ingress side drops the same way
+ * (np4_fwd(), np4_rev_snat()).
+ */
+static __always_inline int np_egress_unclaimed(const struct lb_np_config *cfg, const struct np_l4 *l4)
+{
+	if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(l4->proto) && !(l4->tcp_flags & TCP_F_SYN))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
 /* A local backend's reply on its way out: from the frontend again. */
 static __always_inline int np4_egress(struct np_ctx *skb)
 {
@@ -1779,7 +1797,7 @@ static __always_inline int np4_egress(struct np_ctx *skb)
 		return rc;
 	ct = np4_reply_entry(&lb4_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
-		return TC_ACT_UNSPEC;
+		return np_egress_unclaimed(cfg, &f.l4);
 	np4_reply_seen(cfg, &f, ct, now);
 	np4_frag_record(&f);
 	if (np4_rewrite_src(skb, &f.l4, f.saddr, ct->addr1, f.sport, ct->port1) < 0) {
@@ -2656,7 +2674,7 @@ static __always_inline int np6_egress(struct np_ctx *skb)
 		return rc;
 	ct = np6_reply_entry(&lb6_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
-		return TC_ACT_UNSPEC;
+		return np_egress_unclaimed(cfg, &f.l4);
 	np6_reply_seen(cfg, &f, ct, now);
 	np6_frag_record(&f);
 	if (np6_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f.saddr, ct->addr1) < 0 ||

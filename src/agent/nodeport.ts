@@ -247,7 +247,7 @@ export class NodePortAgent {
     const committed = this.datapath.committed;
     if (committed) {
       this.datapath.committed = undefined;
-      this.log.info({ after: committed }, 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
+      this.log.info({ after: committed.entries, ms: Math.round(committed.ms * 10) / 10 }, 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
     }
     // Layer-3 tunnels wait for their programs, loaded once, then attached.
     if (this.datapath.l3Waiting.length > 0) void this.datapath.loadL3().then(() => this.schedule());

@@ -507,7 +507,8 @@ export class NodePortDatapath {
     this.switchFailed = round.failed;
     if (!round.failed && this.pending && this.l3Waiting.length === 0) {
       if (this.xdp) problems.push(...this.syncXdp(devices));
-      this.committed = this.commitMigration();
+      const started = performance.now();
+      this.committed = { entries: this.commitMigration(), ms: performance.now() - started };
     }
     for (const [index, a] of [...this.attached]) {
       if (byIndex.has(index)) continue;
@@ -568,8 +569,15 @@ export class NodePortDatapath {
 
   /** Whether the last sync's switch failed and was rolled back (retried at the next sync). */
   switchFailed = false;
-  /** What the last commit of a migration carried after the switch (commitMigration()'s answer), for the log; the reader clears it. */
-  committed: Record<string, number> | undefined;
+  /**
+   * What the last commit of a migration carried after the switch
+   * (commitMigration()'s answer), and how long the new programs ran without
+   * those entries (from the round's first attach to the commit's end, ms:
+   * what a TCP sender's retransmit must outlast), for the log; the reader
+   * clears it.
+   */
+  committed: { entries: Record<string, number>; ms: number } | undefined;
+  private switchStarted = 0;
 
   /**
    * Switches `devices` onto this object's programs, both directions, all or
@@ -610,6 +618,7 @@ export class NodePortDatapath {
     const switched: typeof planned = [];
     this.rounds++;
     this.switching = true;
+    this.switchStarted = performance.now();
     if (this.settings) this.configure(this.settings); // LB_NP_F_MIGRATING while a migration's programs take over
     try {
       for (const p of planned) {
@@ -645,7 +654,7 @@ export class NodePortDatapath {
       // XDP programs are switched first: they write the old maps too.
       if (this.pending && this.l3Waiting.length === 0) {
         if (this.xdp) problems.push(...this.syncXdp(this.syncing));
-        this.committed = this.commitMigration();
+        this.committed = { entries: this.commitMigration(), ms: performance.now() - this.switchStarted };
       }
       return { problems, failed: false };
     } finally {

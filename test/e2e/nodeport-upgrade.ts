@@ -48,18 +48,36 @@ interface Ct { direction: string; source: string; destination: string; flags: st
 
 const list = async <T>(sb: Sandbox, what: 'ct' | 'nat'): Promise<T[]> => JSON.parse((await sb.lbctl(['bpf', what, 'list', '-o', 'json'])).stdout) as T[];
 
-/** The load and both long connections keep working: about 2 s more of the load, none failed; 5 more answers each. */
-async function serves(t: Test, load: LoadRun, longs: readonly LongRun[], what: string): Promise<void> {
+/** The datapath's counters that grew since `since` (what a failure's message shows: drops, repairs, rebalances). */
+async function grown(sb: Sandbox, since: Record<string, number>): Promise<Record<string, number>> {
+  const now = await sb.metrics();
+  return Object.fromEntries(Object.entries(now).filter(([k, v]) => v > (since[k] ?? 0) && !/^np_(fwd|rev|xdp_fwd)$/.test(k)).map(([k, v]) => [k, v - (since[k] ?? 0)]));
+}
+
+/**
+ * The load and both long connections keep working: about 2 s more of the
+ * load, none failed; 5 more answers each. A failure's message names the
+ * datapath counters that grew since `since` (taken before the restart).
+ */
+async function serves(t: Test, sb: Sandbox, load: LoadRun, longs: readonly LongRun[], what: string, since: Record<string, number>): Promise<void> {
   const before = load.progress()!;
   const p = await load.waitFor((x) => x.ok >= before.ok + 2 * RATE, `${2 * RATE} more connections ${what}`, 30_000);
-  t.equal(p.failed, 0, `${what}: new connections keep succeeding (${p.ok - before.ok} more${p.failed ? `; failed: ${JSON.stringify(p.failures)}` : ''})`);
+  t.equal(p.failed, 0, `${what}: new connections keep succeeding (${p.ok - before.ok} more${p.failed ? `; failed: ${JSON.stringify(p.failures)}; counters grown since the restart: ${JSON.stringify(await grown(sb, since))}` : ''})`);
   for (const l of longs) await l.answered(5, `5 more answers ${what}`);
   t.same(longs.map((l) => l.progress()?.failed ?? -1), [0, 0], `${what}: the long connections answer, none failed`);
 }
 
+/** How long the new programs ran before the entries the old ones wrote meanwhile were carried (the commit's log; ms). */
+const windowOf = (logs: readonly Record<string, unknown>[]): string => {
+  const c = logs.find((l) => l.msg === 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)');
+  return c ? `switch to commit ${String(c['ms'])} ms, ${JSON.stringify(c['after'])} carried after it` : 'no commit logged';
+};
+
 async function scenario(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promise<void> {
   const node = [...NODE_ARGS, '--tc-attach', mode];
+  let since: Record<string, number> = {};
   const restart = async (args: readonly string[], what: string): Promise<Record<string, unknown>[]> => {
+    since = await sb.metrics();
     t.equal(await lab.agent.stop(10_000), 0, `the agent exits 0 on SIGTERM before ${what}`);
     await lab.agent.start([...node, ...args]);
     return lab.agent.agent!.logs;
@@ -79,11 +97,11 @@ async function scenario(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promi
   t.ok(snat?.startsWith(`${NODE1_TO_N2.v4}:`), `the remote long connection is SNATed (${snat})`);
   const inCt = (await list<Ct>(sb, 'ct')).filter((c) => c.direction === 'OUT' && c.flags.includes('snat'));
   t.ok(inCt.length > 0, `the previous layout keeps the translations in lb4_ct (${inCt.length}; no lb4_nat pinned)`);
-  await serves(t, load, longs, 'on the previous release\'s layout');
+  await serves(t, sb, load, longs, 'on the previous release\'s layout', since);
 
   let logs = await restart([], 'the upgrade to the standard object');
   t.ok(logs.some((l) => l.msg === 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)'), 'the agent moved the translations out and committed');
-  await serves(t, load, longs, 'after the upgrade from the previous layout');
+  await serves(t, sb, load, longs, `after the upgrade from the previous layout (${windowOf(logs)})`, since);
   t.equal(await snatOf(), snat, 'the remote long connection keeps its SNAT port, now in lb4_nat');
   // lb4_ct (struct lb4_ct_key: dir at byte 13; struct lb4_ct_entry: flags at byte 28) holds no translation any more
   const ct = (await sb.mapEntries('lb4_ct')) as Array<{ key: string[]; value: string[] }>;
@@ -94,17 +112,17 @@ async function scenario(t: Test, sb: Sandbox, lab: Lab, mode: AttachMode): Promi
   logs = await restart(['--ct-max', '65536', '--nat-max', '32768'], 'the resize');
   const resized = logs.filter((l) => l.msg === 'tc flows carried into a map of another size').map((l) => l['map']);
   t.same([...resized].sort(), ['lb4_ct', 'lb4_nat', 'lb6_ct', 'lb6_nat'], `every flow map carried into its new size (${resized.join(', ')})`);
-  await serves(t, load, longs, 'after the resize');
+  await serves(t, sb, load, longs, `after the resize (${windowOf(logs)})`, since);
   t.equal(await snatOf(), snat, 'the SNAT port kept through the resize');
 
   // (c) another entry layout, and back
   logs = await restart(['--ct-max', '65536', '--nat-max', '32768', '--tc-object', RELAID], 'the change of layout');
   const converted = logs.filter((l) => l.msg === 'tc flows carried into a map of another layout, converted field by field').map((l) => l['map']);
   t.ok(['lb4_ct', 'lb4_nat'].every((m) => converted.includes(m)), `the flow maps converted to the other layout (${converted.join(', ') || JSON.stringify(logs.filter((l) => /tc|maps/.test(String(l.msg))))})`);
-  await serves(t, load, longs, 'on another layout');
+  await serves(t, sb, load, longs, `on another layout (${windowOf(logs)})`, since);
   logs = await restart(['--ct-max', '65536', '--nat-max', '32768'], 'the change of layout back');
   t.ok(logs.some((l) => l.msg === 'tc flows carried into a map of another layout, converted field by field' && l['map'] === 'lb4_ct'), 'and converted back');
-  await serves(t, load, longs, 'after the layout came back');
+  await serves(t, sb, load, longs, `after the layout came back (${windowOf(logs)})`, since);
   t.equal(await snatOf(), snat, 'the SNAT port kept through both conversions');
 
   const r = await load.stop();
@@ -172,13 +190,14 @@ t.test('with XDP acceleration: flows carried into maps of new sizes, the XDP pro
   await atXdp('at the start');
 
   for (const [args, what] of [[['--ct-max', '65536', '--nat-max', '32768'], 'the resize'], [[], 'the resize back']] as const) {
+    const since = await sb.metrics();
     t.equal(await lab.agent.stop(10_000), 0, `the agent exits 0 on SIGTERM before ${what}`);
     await lab.agent.start([...node, ...args]);
     const logs = lab.agent.agent!.logs;
     const resized = logs.filter((l) => l.msg === 'tc flows carried into a map of another size').map((l) => l['map']);
     t.same([...resized].sort(), ['lb4_ct', 'lb4_nat', 'lb6_ct', 'lb6_nat'], `${what}: every flow map carried into its new size (${resized.join(', ')})`);
     t.ok(logs.some((l) => l.msg === 'tc maps carried over: committed after the switch (entries the old programs wrote meanwhile carried too)'), `${what}: committed after the switch`);
-    await serves(t, load, longs, `after ${what}`);
+    await serves(t, sb, load, longs, `after ${what} (${windowOf(logs)})`, since);
     await atXdp(`after ${what}`);
     t.equal(await snatOf(), snat, `${what}: the SNAT port kept`);
   }
