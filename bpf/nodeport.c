@@ -532,7 +532,7 @@ static __always_inline bool np4_src_allowed(const struct lb_service *svc, __be32
  * The way a packet goes (bpf_fib_lookup()'s answer in *fib), for `use`:
  * NP_FIB_CACHED, an established flow's packet, takes the answer this CPU
  * kept for the same question (device in, addresses, protocol, ports) in
- * this second of np_now() (`now`: struct lb4_fib_cache); NP_FIB_FRESH, a
+ * this second of np_now() (`now`: struct lb_fib_cache); NP_FIB_FRESH, a
  * new flow's, asks the FIB and keeps its answer; NP_FIB_ONLY asks and
  * keeps nothing. Only a complete answer is kept (BPF_FIB_LKUP_RET_SUCCESS:
  * device and both MACs, and the device's MTU, 5.12+); a route or
@@ -559,17 +559,25 @@ static __always_inline __u32 np_fib_slot(__u32 in, __u32 h)
  * device's packets may be 14 bytes longer here; np_mtu_check() has its
  * exact MTU when it is one of ours).
  */
-static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup *fib, const struct lb_fib_cache_head *h)
+static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup *fib, const struct lb_fib_cache *c)
 {
-	fib->ifindex = h->ifindex;
-	fib->mtu_result = h->mtu;
-	__builtin_memcpy(fib->smac, h->smac, ETH_ALEN);
-	__builtin_memcpy(fib->dmac, h->dmac, ETH_ALEN);
+	fib->ifindex = c->ifindex;
+	fib->mtu_result = c->mtu;
+	__builtin_memcpy(fib->smac, c->smac, ETH_ALEN);
+	__builtin_memcpy(fib->dmac, c->dmac, ETH_ALEN);
 #ifndef NP_XDP
-	if (h->mtu && !skb->gso_size && skb->len > (__u32)h->mtu + ETH_HLEN + 4 /* VLAN_HLEN */)
+	if (c->mtu && !skb->gso_size && skb->len > (__u32)c->mtu + ETH_HLEN + 4 /* VLAN_HLEN */)
 		return BPF_FIB_LKUP_RET_FRAG_NEEDED;
 #endif
 	return BPF_FIB_LKUP_RET_SUCCESS;
+}
+
+/* Whether slot `c` holds the question *fib asks (its inputs: both families' addresses are four words). */
+static __always_inline bool np_fib_same(const struct lb_fib_cache *c, const struct bpf_fib_lookup *fib)
+{
+	return c->in_ifindex == fib->ifindex && c->family == fib->family && c->proto == fib->l4_protocol &&
+	       c->sport == fib->sport && c->dport == fib->dport && ip6_equal(c->src, fib->ipv6_src) &&
+	       ip6_equal(c->dst, fib->ipv6_dst);
 }
 
 /*
@@ -578,16 +586,9 @@ static __always_inline int np_fib_kept(struct np_ctx *skb, struct bpf_fib_lookup
  * np_ingress6's frame the 32 bytes that put its call chain over 5.10's and
  * 6.1's 512.
  */
-#define NP_FIB_HEAD_AT(t, f)	(__builtin_offsetof(struct t, f) == __builtin_offsetof(struct lb_fib_cache_head, f))
-_Static_assert(NP_FIB_HEAD_AT(lb4_fib_cache, ifindex) && NP_FIB_HEAD_AT(lb4_fib_cache, smac) &&
-	       NP_FIB_HEAD_AT(lb4_fib_cache, dmac) && NP_FIB_HEAD_AT(lb4_fib_cache, mtu) &&
-	       NP_FIB_HEAD_AT(lb6_fib_cache, ifindex) && NP_FIB_HEAD_AT(lb6_fib_cache, smac) &&
-	       NP_FIB_HEAD_AT(lb6_fib_cache, dmac) && NP_FIB_HEAD_AT(lb6_fib_cache, mtu),
-	       "both slots begin as struct lb_fib_cache_head");
-
 static __noinline int np_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u64 now, int use)
 {
-	struct lb_fib_cache_head *h = NULL;
+	struct lb_fib_cache *c = NULL;
 	__u32 slot;
 	int rc;
 
@@ -595,56 +596,34 @@ static __noinline int np_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u
 	 * The slot takes the question before the lookup (which writes its
 	 * answer over the destination: the next hop's address), and the answer
 	 * and its second after a complete one: few values live across the
-	 * call, each a stack slot of this frame otherwise.
+	 * call, each a stack slot of this frame otherwise. An IPv4 address is
+	 * word 0, the others 0 (np4_fib() zeroes the question).
 	 */
-	if (fib->family == AF_INET) {
-		struct lb4_fib_cache *c;
-
-		slot = np_fib_slot(fib->ifindex, fib->ipv4_src ^ np_rol32(fib->ipv4_dst, 16) ^ np_fib_ports(fib));
-		c = use != NP_FIB_ONLY ? bpf_map_lookup_elem(&lb4_fib_cache, &slot) : NULL;
-		if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == fib->ifindex &&
-		    c->src == fib->ipv4_src && c->dst == fib->ipv4_dst && c->sport == fib->sport && c->dport == fib->dport &&
-		    c->proto == fib->l4_protocol)
-			return np_fib_kept(skb, fib, (struct lb_fib_cache_head *)c);
-		if (c) {
-			c->stamp = 0;
-			c->in_ifindex = fib->ifindex;
-			c->src = fib->ipv4_src;
-			c->dst = fib->ipv4_dst;
-			c->sport = fib->sport;
-			c->dport = fib->dport;
-			c->proto = fib->l4_protocol;
-			h = (struct lb_fib_cache_head *)c;
-		}
-	} else {
-		struct lb6_fib_cache *c;
-
-		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[2] ^ fib->ipv6_src[3] ^ np_rol32(fib->ipv6_dst[2] ^ fib->ipv6_dst[3], 16) ^
-					  np_fib_ports(fib));
-		c = use != NP_FIB_ONLY ? bpf_map_lookup_elem(&lb6_fib_cache, &slot) : NULL;
-		if (c && use == NP_FIB_CACHED && c->stamp == now && c->in_ifindex == fib->ifindex &&
-		    ip6_equal(c->src, fib->ipv6_src) && ip6_equal(c->dst, fib->ipv6_dst) && c->sport == fib->sport &&
-		    c->dport == fib->dport && c->proto == fib->l4_protocol)
-			return np_fib_kept(skb, fib, (struct lb_fib_cache_head *)c);
-		if (c) {
-			c->stamp = 0;
-			c->in_ifindex = fib->ifindex;
-			ip6_copy(c->src, fib->ipv6_src);
-			ip6_copy(c->dst, fib->ipv6_dst);
-			c->sport = fib->sport;
-			c->dport = fib->dport;
-			c->proto = fib->l4_protocol;
-			h = (struct lb_fib_cache_head *)c;
-		}
+	if (use != NP_FIB_ONLY) {
+		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[0] ^ fib->ipv6_src[3] ^
+						 np_rol32(fib->ipv6_dst[0] ^ fib->ipv6_dst[3], 16) ^ np_fib_ports(fib));
+		c = bpf_map_lookup_elem(&lb_fib_cache, &slot);
+	}
+	if (c && use == NP_FIB_CACHED && c->stamp == now && np_fib_same(c, fib))
+		return np_fib_kept(skb, fib, c);
+	if (c) {
+		c->stamp = 0;
+		c->in_ifindex = fib->ifindex;
+		c->family = fib->family;
+		c->proto = fib->l4_protocol;
+		c->sport = fib->sport;
+		c->dport = fib->dport;
+		ip6_copy(c->src, fib->ipv6_src);
+		ip6_copy(c->dst, fib->ipv6_dst);
 	}
 	rc = bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 	/* a kept answer's MTU check needs the device's MTU, which 5.10 and 5.11 do not report: nothing kept there */
-	if (h && rc == BPF_FIB_LKUP_RET_SUCCESS && fib->mtu_result) {
-		h->ifindex = fib->ifindex;
-		h->mtu = fib->mtu_result;
-		__builtin_memcpy(h->smac, fib->smac, ETH_ALEN);
-		__builtin_memcpy(h->dmac, fib->dmac, ETH_ALEN);
-		h->stamp = now;
+	if (c && rc == BPF_FIB_LKUP_RET_SUCCESS && fib->mtu_result) {
+		c->ifindex = fib->ifindex;
+		c->mtu = fib->mtu_result;
+		__builtin_memcpy(c->smac, fib->smac, ETH_ALEN);
+		__builtin_memcpy(c->dmac, fib->dmac, ETH_ALEN);
+		c->stamp = now;
 	}
 	return rc;
 }

@@ -479,57 +479,31 @@ struct lb_node_addr {
 
 /*
  * The FIB's answer (bpf_fib_lookup, BPF_FIB_LKUP_RET_SUCCESS) to a question
- * (in by `in_ifindex`, from `src` to `dst`, protocol and ports: all the
- * lookup reads, so rules and multipath hashes on ports see the same), kept
- * per CPU in a slot the question hashes to (lb4_fib_cache/lb6_fib_cache), for the second of the datapath's
- * clock it was looked up in (`stamp`, np_now()). An established flow's
- * packets take the next hop from it instead of asking the FIB again: on
- * the machines of docs/benchmarks.md the lookup was the largest cost of a
- * forwarded packet. A new flow always asks the FIB (and refreshes the slot).
- * The layout is the datapath's alone: nothing outside it reads the maps.
- * struct lb_fib_cache_head is the answer and its second (`stamp`, 0: none),
- * how both families' slots begin: their fields repeated there, since the
- * map layouts' generator reads no nested struct.
+ * (family, in by `in_ifindex`, from `src` to `dst`, protocol and ports: all
+ * the lookup reads, so rules and multipath hashes on ports see the same),
+ * kept per CPU in a slot of lb_fib_cache the question hashes to, for the
+ * second of the datapath's clock it was looked up in (`stamp`, np_now(); 0:
+ * none). An established flow's packets take the next hop from it instead
+ * of asking the FIB again: on the machines of docs/benchmarks.md the lookup
+ * was the largest cost of a forwarded packet. A new flow always asks the
+ * FIB (and refreshes the slot). One layout for both families, as struct
+ * bpf_fib_lookup has: an IPv4 address is src[0]/dst[0] (its ipv4_src and
+ * ipv6_src[0] are one field), the other words 0. The layout is the
+ * datapath's alone: nothing outside it reads the map.
  */
-struct lb_fib_cache_head {
+struct lb_fib_cache {
 	__u64 stamp;
-	__u32 ifindex;		/* the FIB's: the device out */
+	__u32 ifindex;		/* the answer: the device out */
 	__u8 smac[6];
 	__u8 dmac[6];
 	__u16 mtu;		/* the FIB's mtu_result (5.12+; 0 before) */
-	__u8 pad[2];
-};
-
-struct lb4_fib_cache {	/* struct lb_fib_cache_head, then the question */
-	__u64 stamp;
-	__u32 ifindex;
-	__u8 smac[6];
-	__u8 dmac[6];
-	__u16 mtu;
-	__u8 pad0[2];
-	__u32 in_ifindex;	/* the question: bpf_fib_lookup's inputs */
-	__be32 src;
-	__be32 dst;
-	__be16 sport;
-	__be16 dport;
+	__u8 family;		/* the question: bpf_fib_lookup's inputs */
 	__u8 proto;
-	__u8 pad[3];
-};
-
-struct lb6_fib_cache {	/* struct lb_fib_cache_head, then the question */
-	__u64 stamp;
-	__u32 ifindex;
-	__u8 smac[6];
-	__u8 dmac[6];
-	__u16 mtu;
-	__u8 pad0[2];
 	__u32 in_ifindex;
 	__be32 src[4];
 	__be32 dst[4];
 	__be16 sport;
 	__be16 dport;
-	__u8 proto;
-	__u8 pad[3];
 };
 
 /* A device the tc programs run on, keyed by ifindex: its SNAT addresses and MTU. */

@@ -116,22 +116,15 @@ struct {
 } lb_np_ports SEC(".maps");
 
 /*
- * The FIB's answers for established flows, per CPU (struct lb4_fib_cache):
+ * The FIB's answers for established flows, per CPU (struct lb_fib_cache):
  * never pinned, each program its own, empty after a restart.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
-	__type(value, struct lb4_fib_cache);
+	__type(value, struct lb_fib_cache);
 	__uint(max_entries, LB_FIB_CACHE_SLOTS);
-} lb4_fib_cache SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct lb6_fib_cache);
-	__uint(max_entries, LB_FIB_CACHE_SLOTS);
-} lb6_fib_cache SEC(".maps");
+} lb_fib_cache SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -183,6 +183,61 @@ export const lb_device: Codec<LbDevice> = {
   },
 };
 
+/** struct lb_fib_cache (72 bytes) */
+export interface LbFibCache {
+  stamp: bigint;
+  ifindex: number;
+  smac: Buffer;
+  dmac: Buffer;
+  mtu: number;
+  family: number;
+  proto: number;
+  inIfindex: number;
+  src: Buffer;
+  dst: Buffer;
+  sport: number; // network order in the map
+  dport: number; // network order in the map
+}
+
+export const lb_fib_cache: Codec<LbFibCache> = {
+  name: 'lb_fib_cache',
+  size: 72,
+  encode(v, b = Buffer.alloc(72), o = 0) {
+    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
+    b[o + 68] = 0; b[o + 69] = 0; b[o + 70] = 0; b[o + 71] = 0;
+    b.writeBigUInt64LE(v.stamp, o + 0);
+    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
+    putBytes(b, o + 12, 6, v.smac, 'smac');
+    putBytes(b, o + 18, 6, v.dmac, 'dmac');
+    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_fib_cache.mtu', x, 65535); b[o + 24] = x; b[o + 25] = x >>> 8; }
+    { const x = v.family; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_fib_cache.family', x, 255); b[o + 26] = x; }
+    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb_fib_cache.proto', x, 255); b[o + 27] = x; }
+    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
+    putBytes(b, o + 32, 16, v.src, 'src');
+    putBytes(b, o + 48, 16, v.dst, 'dst');
+    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_fib_cache.sport', x, 65535); b[o + 65] = x; b[o + 64] = x >>> 8; }
+    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_fib_cache.dport', x, 65535); b[o + 67] = x; b[o + 66] = x >>> 8; }
+    return b;
+  },
+  decode(b, o = 0) {
+    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
+    return {
+      stamp: b.readBigUInt64LE(o + 0),
+      ifindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
+      smac: Buffer.from(b.subarray(o + 12, o + 18)),
+      dmac: Buffer.from(b.subarray(o + 18, o + 24)),
+      mtu: (b[o + 24]! | (b[o + 25]! << 8)),
+      family: b[o + 26]!,
+      proto: b[o + 27]!,
+      inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
+      src: Buffer.from(b.subarray(o + 32, o + 48)),
+      dst: Buffer.from(b.subarray(o + 48, o + 64)),
+      sport: (b[o + 65]! | (b[o + 64]! << 8)),
+      dport: (b[o + 67]! | (b[o + 66]! << 8)),
+    };
+  },
+};
+
 /** struct lb_icmp_bucket (16 bytes) */
 export interface LbIcmpBucket {
   stamp: bigint;
@@ -511,59 +566,6 @@ export const lb4_ct_key: Codec<Lb4CtKey> = {
       dport: (b[o + 11]! | (b[o + 10]! << 8)),
       proto: b[o + 12]!,
       dir: b[o + 13]!,
-    };
-  },
-};
-
-/** struct lb4_fib_cache (48 bytes) */
-export interface Lb4FibCache {
-  stamp: bigint;
-  ifindex: number;
-  smac: Buffer;
-  dmac: Buffer;
-  mtu: number;
-  inIfindex: number;
-  src: number; // network order in the map
-  dst: number; // network order in the map
-  sport: number; // network order in the map
-  dport: number; // network order in the map
-  proto: number;
-}
-
-export const lb4_fib_cache: Codec<Lb4FibCache> = {
-  name: 'lb4_fib_cache',
-  size: 48,
-  encode(v, b = Buffer.alloc(48), o = 0) {
-    if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb4_fib_cache: 48 bytes at offset ${o} of ${b.length}`);
-    b[o + 26] = 0; b[o + 27] = 0;
-    b[o + 45] = 0; b[o + 46] = 0; b[o + 47] = 0;
-    b.writeBigUInt64LE(v.stamp, o + 0);
-    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
-    putBytes(b, o + 12, 6, v.smac, 'smac');
-    putBytes(b, o + 18, 6, v.dmac, 'dmac');
-    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.mtu', x, 65535); b[o + 24] = x; b[o + 25] = x >>> 8; }
-    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
-    { const x = v.src; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.src', x, 4294967295); b[o + 35] = x; b[o + 34] = x >>> 8; b[o + 33] = x >>> 16; b[o + 32] = x >>> 24; }
-    { const x = v.dst; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb4_fib_cache.dst', x, 4294967295); b[o + 39] = x; b[o + 38] = x >>> 8; b[o + 37] = x >>> 16; b[o + 36] = x >>> 24; }
-    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.sport', x, 65535); b[o + 41] = x; b[o + 40] = x >>> 8; }
-    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb4_fib_cache.dport', x, 65535); b[o + 43] = x; b[o + 42] = x >>> 8; }
-    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb4_fib_cache.proto', x, 255); b[o + 44] = x; }
-    return b;
-  },
-  decode(b, o = 0) {
-    if (!(o >= 0 && o + 48 <= b.length)) throw new RangeError(`lb4_fib_cache: 48 bytes at offset ${o} of ${b.length}`);
-    return {
-      stamp: b.readBigUInt64LE(o + 0),
-      ifindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
-      smac: Buffer.from(b.subarray(o + 12, o + 18)),
-      dmac: Buffer.from(b.subarray(o + 18, o + 24)),
-      mtu: (b[o + 24]! | (b[o + 25]! << 8)),
-      inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
-      src: ((b[o + 35]! | (b[o + 34]! << 8) | (b[o + 33]! << 16) | (b[o + 32]! << 24)) >>> 0),
-      dst: ((b[o + 39]! | (b[o + 38]! << 8) | (b[o + 37]! << 16) | (b[o + 36]! << 24)) >>> 0),
-      sport: (b[o + 41]! | (b[o + 40]! << 8)),
-      dport: (b[o + 43]! | (b[o + 42]! << 8)),
-      proto: b[o + 44]!,
     };
   },
 };
@@ -907,59 +909,6 @@ export const lb6_ct_key: Codec<Lb6CtKey> = {
       dport: (b[o + 35]! | (b[o + 34]! << 8)),
       proto: b[o + 36]!,
       dir: b[o + 37]!,
-    };
-  },
-};
-
-/** struct lb6_fib_cache (72 bytes) */
-export interface Lb6FibCache {
-  stamp: bigint;
-  ifindex: number;
-  smac: Buffer;
-  dmac: Buffer;
-  mtu: number;
-  inIfindex: number;
-  src: Buffer;
-  dst: Buffer;
-  sport: number; // network order in the map
-  dport: number; // network order in the map
-  proto: number;
-}
-
-export const lb6_fib_cache: Codec<Lb6FibCache> = {
-  name: 'lb6_fib_cache',
-  size: 72,
-  encode(v, b = Buffer.alloc(72), o = 0) {
-    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb6_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
-    b[o + 26] = 0; b[o + 27] = 0;
-    b[o + 69] = 0; b[o + 70] = 0; b[o + 71] = 0;
-    b.writeBigUInt64LE(v.stamp, o + 0);
-    { const x = v.ifindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.ifindex', x, 4294967295); b[o + 8] = x; b[o + 9] = x >>> 8; b[o + 10] = x >>> 16; b[o + 11] = x >>> 24; }
-    putBytes(b, o + 12, 6, v.smac, 'smac');
-    putBytes(b, o + 18, 6, v.dmac, 'dmac');
-    { const x = v.mtu; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.mtu', x, 65535); b[o + 24] = x; b[o + 25] = x >>> 8; }
-    { const x = v.inIfindex; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb6_fib_cache.in_ifindex', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
-    putBytes(b, o + 32, 16, v.src, 'src');
-    putBytes(b, o + 48, 16, v.dst, 'dst');
-    { const x = v.sport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.sport', x, 65535); b[o + 65] = x; b[o + 64] = x >>> 8; }
-    { const x = v.dport; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb6_fib_cache.dport', x, 65535); b[o + 67] = x; b[o + 66] = x >>> 8; }
-    { const x = v.proto; if (!(x >= 0 && x <= 255)) throw outOfRange('lb6_fib_cache.proto', x, 255); b[o + 68] = x; }
-    return b;
-  },
-  decode(b, o = 0) {
-    if (!(o >= 0 && o + 72 <= b.length)) throw new RangeError(`lb6_fib_cache: 72 bytes at offset ${o} of ${b.length}`);
-    return {
-      stamp: b.readBigUInt64LE(o + 0),
-      ifindex: ((b[o + 8]! | (b[o + 9]! << 8) | (b[o + 10]! << 16) | (b[o + 11]! << 24)) >>> 0),
-      smac: Buffer.from(b.subarray(o + 12, o + 18)),
-      dmac: Buffer.from(b.subarray(o + 18, o + 24)),
-      mtu: (b[o + 24]! | (b[o + 25]! << 8)),
-      inIfindex: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
-      src: Buffer.from(b.subarray(o + 32, o + 48)),
-      dst: Buffer.from(b.subarray(o + 48, o + 64)),
-      sport: (b[o + 65]! | (b[o + 64]! << 8)),
-      dport: (b[o + 67]! | (b[o + 66]! << 8)),
-      proto: b[o + 68]!,
     };
   },
 };
@@ -1417,6 +1366,15 @@ export const mapSpecs = {
     value: lb_device,
     object: 'nodeport.bpf.o',
   } as MapSpec<number, LbDevice>,
+  lb_fib_cache: {
+    name: 'lb_fib_cache',
+    type: MapType.PERCPU_ARRAY,
+    flags: 0,
+    maxEntries: 1024,
+    key: u32,
+    value: lb_fib_cache,
+    object: 'nodeport.bpf.o',
+  } as MapSpec<number, LbFibCache>,
   lb_icmp_bucket: {
     name: 'lb_icmp_bucket',
     type: MapType.PERCPU_ARRAY,
@@ -1526,15 +1484,6 @@ export const mapSpecs = {
     value: lb4_ct_entry,
     object: 'nodeport.bpf.o',
   } as MapSpec<Lb4CtKey, Lb4CtEntry>,
-  lb4_fib_cache: {
-    name: 'lb4_fib_cache',
-    type: MapType.PERCPU_ARRAY,
-    flags: 0,
-    maxEntries: 1024,
-    key: u32,
-    value: lb4_fib_cache,
-    object: 'nodeport.bpf.o',
-  } as MapSpec<number, Lb4FibCache>,
   lb4_frag: {
     name: 'lb4_frag',
     type: MapType.LRU_HASH,
@@ -1616,15 +1565,6 @@ export const mapSpecs = {
     value: lb6_ct_entry,
     object: 'nodeport.bpf.o',
   } as MapSpec<Lb6CtKey, Lb6CtEntry>,
-  lb6_fib_cache: {
-    name: 'lb6_fib_cache',
-    type: MapType.PERCPU_ARRAY,
-    flags: 0,
-    maxEntries: 1024,
-    key: u32,
-    value: lb6_fib_cache,
-    object: 'nodeport.bpf.o',
-  } as MapSpec<number, Lb6FibCache>,
   lb6_frag: {
     name: 'lb6_frag',
     type: MapType.LRU_HASH,
