@@ -875,19 +875,15 @@ static __always_inline int np_l4_csum_update(struct np_ctx *skb, const struct np
 			return -1;
 		/*
 		 * The ports' change without a second call: what the first one
-		 * wrote says how the kernel keeps this skb's checksum (a
-		 * CHECKSUM_PARTIAL field takes no port change; any other the
-		 * same update as the addresses'), when only one of the two
-		 * ways gives it (np_csum_kept()); else the kernel's call.
+		 * wrote says how the kernel keeps this skb's checksum, when only
+		 * one of the two ways gives it (np_csum_ports_after()); else
+		 * the kernel's call.
 		 */
 		if (check && (check = np_csum_field(skb, off))) {
-			bool udp = l4->proto == IPPROTO_UDP;
-			int kept = np_csum_kept(old, *check, a, udp);
+			int v = np_csum_ports_after(old, *check, a, p, l4->proto == IPPROTO_UDP);
 
-			if (kept == NP_CSUM_PARTIAL)
-				return 0;
-			if (kept == NP_CSUM_FULL) {
-				*check = np_csum_mangle0(np_csum_by_diff(*check, p), udp);
+			if (v >= 0) {
+				*check = v;
 				return 0;
 			}
 		}
@@ -1659,7 +1655,7 @@ static __always_inline int np4_host_flow(struct np_ctx *skb, const struct lb_np_
  * transport checksum are one span: the IP checksum is computed here, the
  * addresses' change goes into the transport checksum by
  * bpf_l4_csum_replace() (it keeps a CHECKSUM_COMPLETE skb's csum), the
- * ports' is added here as np_l4_csum_update() adds it (np_csum_kept()),
+ * ports' is added here as np_l4_csum_update() adds it (np_csum_ports_after()),
  * and the span is stored at once. Otherwise (IPv4 options, SCTP, a
  * transport header not all linear, a checksum that does not say how the
  * kernel keeps it) the kernel's calls, the IP checksum still stored with
@@ -1685,7 +1681,7 @@ static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct n
 	struct iphdr *ip;
 	__u16 *check;
 	void *h;
-	int kept;
+	int v;
 
 	if (old == new)
 		return np_rewrite_port(skb, l4, offsetof(struct tcphdr, source), old_port, new_port);
@@ -1713,13 +1709,9 @@ static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct n
 		if (bpf_l4_csum_replace(skb, l4->csum_off, 0, a, BPF_F_PSEUDO_HDR | np_csum_flags(l4)) < 0)
 			return -1;
 		check = np_csum_field(skb, l4->csum_off);
-		kept = check ? np_csum_kept(before, *check, a, udp) : NP_CSUM_UNKNOWN;
-		if (kept != NP_CSUM_UNKNOWN) {
-			__u16 now = *check;
-
-			if (kept == NP_CSUM_FULL)
-				now = np_csum_mangle0(np_csum_by_diff(now, np_csum_fold32(np_csum_add16(0, old_port, new_port))), udp);
-			*(__u16 *)((void *)&w + at) = now;
+		v = check ? np_csum_ports_after(before, *check, a, np_csum_fold32(np_csum_add16(0, old_port, new_port)), udp) : -1;
+		if (v >= 0) {
+			*(__u16 *)((void *)&w + at) = v;
 			return bpf_skb_store_bytes(skb, NP_L3_OFF + offsetof(struct iphdr, check), &w, len, 0);
 		}
 	} else if (l4->has_ports && l4->csum_off &&

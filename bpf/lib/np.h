@@ -263,6 +263,24 @@ static __always_inline int np_csum_kept(__u16 old, __u16 now, __u32 diff, bool u
 	return NP_CSUM_UNKNOWN;
 }
 
+/*
+ * A transport checksum after the ports' change too (`p`, their sum), from
+ * `now`, what the kernel's update by the addresses' sum `a` (with
+ * BPF_F_PSEUDO_HDR) turned `old` into: a CHECKSUM_PARTIAL field takes no
+ * port change, a whole checksum the same update as the addresses'. -1 when
+ * np_csum_kept() cannot tell which the field is: the caller asks the kernel.
+ */
+static __always_inline int np_csum_ports_after(__u16 old, __u16 now, __u32 a, __u32 p, bool udp)
+{
+	int kept = np_csum_kept(old, now, a, udp);
+
+	if (kept == NP_CSUM_FULL)
+		return np_csum_mangle0(np_csum_by_diff(now, p), udp);
+	if (kept == NP_CSUM_PARTIAL)
+		return now;
+	return -1;
+}
+
 /* TCP and SCTP: connections with a state to track (an opening, a close). */
 static __always_inline bool np_stateful(__u8 proto)
 {
