@@ -597,11 +597,12 @@ static __noinline int np_fib(struct np_ctx *skb, struct bpf_fib_lookup *fib, __u
 	 * answer over the destination: the next hop's address), and the answer
 	 * and its second after a complete one: few values live across the
 	 * call, each a stack slot of this frame otherwise. An IPv4 address is
-	 * word 0, the others 0 (np4_fib() zeroes the question).
+	 * word 0, the others 0 (np4_fib() zeroes the question); an IPv6 one's
+	 * words 2 and 3 (the interface id) vary most, word 0 between sites.
 	 */
 	if (use != NP_FIB_ONLY) {
-		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[0] ^ fib->ipv6_src[3] ^
-						 np_rol32(fib->ipv6_dst[0] ^ fib->ipv6_dst[3], 16) ^ np_fib_ports(fib));
+		slot = np_fib_slot(fib->ifindex, fib->ipv6_src[0] ^ fib->ipv6_src[2] ^ fib->ipv6_src[3] ^
+						 np_rol32(fib->ipv6_dst[0] ^ fib->ipv6_dst[2] ^ fib->ipv6_dst[3], 16) ^ np_fib_ports(fib));
 		c = bpf_map_lookup_elem(&lb_fib_cache, &slot);
 	}
 	if (c && use == NP_FIB_CACHED && c->stamp == now && np_fib_same(c, fib))
@@ -1732,18 +1733,25 @@ static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct n
  * An egress packet no local flow's reply entry claims leaves as it is,
  * except while flows are carried into new maps (LB_NP_F_MIGRATING, the
  * tens of milliseconds between the switch and the commit): then a TCP or
- * SCTP packet past its flow's first is dropped, and its sender retransmits
- * into the copy. A local backend's reply to a flow not copied yet, leaked
- * with the backend's own address, would have the client's stack reset the
- * backend's connection while the client's waits for an answer that never
- * comes (test/bpf/nodeport-unit.ts). The ingress side drops the same way
- * (np4_fwd(), np4_rev_snat()).
+ * SCTP packet past its flow's first, forwarded from a device not ours (a
+ * pod's), is dropped, and its sender retransmits into the copy. A local
+ * backend's reply to a flow not copied yet, leaked with the backend's own
+ * address, would have the client's stack reset the backend's connection
+ * while the client's waits for an answer that never comes. The node's own
+ * packets (no device in: a hostNetwork backend's replies among them) and
+ * what came in by a device of ours (the flows this datapath redirects,
+ * SNATed or DSR, and transit) are never a pod's reply: they pass. The
+ * ingress side drops the same way (np4_fwd(), np4_rev_snat()).
  */
-static __always_inline int np_egress_unclaimed(const struct lb_np_config *cfg, const struct np_l4 *l4)
+static __always_inline int np_egress_unclaimed(struct np_ctx *skb, const struct lb_np_config *cfg, const struct np_l4 *l4)
 {
-	if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(l4->proto) && !(l4->tcp_flags & TCP_F_SYN))
-		return TC_ACT_SHOT;
-	return TC_ACT_UNSPEC;
+	__u32 in = skb->ingress_ifindex;
+
+	if (!(cfg->flags & LB_NP_F_MIGRATING) || !np_stateful(l4->proto) || (l4->tcp_flags & TCP_F_SYN))
+		return TC_ACT_UNSPEC;
+	if (!in || bpf_map_lookup_elem(&lb_devices, &in))
+		return TC_ACT_UNSPEC;
+	return TC_ACT_SHOT;
 }
 
 /* A local backend's reply on its way out: from the frontend again. */
@@ -1768,7 +1776,7 @@ static __always_inline int np4_egress(struct np_ctx *skb)
 		return rc;
 	ct = np4_reply_entry(&lb4_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
-		return np_egress_unclaimed(cfg, &f.l4);
+		return np_egress_unclaimed(skb, cfg, &f.l4);
 	np4_reply_seen(cfg, &f, ct, now);
 	np4_frag_record(&f);
 	if (np4_rewrite_src(skb, &f.l4, f.saddr, ct->addr1, f.sport, ct->port1) < 0) {
@@ -2645,7 +2653,7 @@ static __always_inline int np6_egress(struct np_ctx *skb)
 		return rc;
 	ct = np6_reply_entry(&lb6_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
-		return np_egress_unclaimed(cfg, &f.l4);
+		return np_egress_unclaimed(skb, cfg, &f.l4);
 	np6_reply_seen(cfg, &f, ct, now);
 	np6_frag_record(&f);
 	if (np6_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f.saddr, ct->addr1) < 0 ||

@@ -393,6 +393,7 @@ export class NodePortDatapath {
     const m = this.pending;
     if (!m) return {};
     this.pending = undefined;
+    this.switchStarted = 0;
     const after: Record<string, number> = {};
     for (const r of copyPinnedInto(this.object, this.mapsDir, m.carried, m.relaid, true)) after[r.map] = r.entries;
     for (const f of m.split) {
@@ -412,6 +413,7 @@ export class NodePortDatapath {
   discardMigration(): void {
     const m = this.pending;
     this.pending = undefined;
+    this.switchStarted = 0;
     if (m?.staging) rmSync(m.staging, { recursive: true, force: true });
     if (this.settings) this.configure(this.settings);
   }
@@ -507,8 +509,8 @@ export class NodePortDatapath {
     this.switchFailed = round.failed;
     if (!round.failed && this.pending && this.l3Waiting.length === 0) {
       if (this.xdp) problems.push(...this.syncXdp(devices));
-      const started = performance.now();
-      this.committed = { entries: this.commitMigration(), ms: performance.now() - started };
+      const opened = this.switchStarted;
+      this.committed = { entries: this.commitMigration(), ms: opened ? performance.now() - opened : 0 };
     }
     for (const [index, a] of [...this.attached]) {
       if (byIndex.has(index)) continue;
@@ -572,11 +574,12 @@ export class NodePortDatapath {
   /**
    * What the last commit of a migration carried after the switch
    * (commitMigration()'s answer), and how long the new programs ran without
-   * those entries (from the round's first attach to the commit's end, ms:
-   * what a TCP sender's retransmit must outlast), for the log; the reader
-   * clears it.
+   * those entries (from the first attach of the round that switched to the
+   * commit's end, ms: what a TCP sender's retransmit must outlast), for the
+   * log; the reader clears it.
    */
   committed: { entries: Record<string, number>; ms: number } | undefined;
+  /** performance.now() at that first attach, while a migration waits for its commit; 0 otherwise. */
   private switchStarted = 0;
 
   /**
@@ -618,7 +621,8 @@ export class NodePortDatapath {
     const switched: typeof planned = [];
     this.rounds++;
     this.switching = true;
-    this.switchStarted = performance.now();
+    // a migration's window opens at its first round's first attach (a round may leave the commit to a later sync)
+    if (this.pending && !this.switchStarted) this.switchStarted = performance.now();
     if (this.settings) this.configure(this.settings); // LB_NP_F_MIGRATING while a migration's programs take over
     try {
       for (const p of planned) {
@@ -634,6 +638,7 @@ export class NodePortDatapath {
               ? `${what}; every device (${[...devicesIn].join(', ')}) runs what it ran before (switched back: ${switched.filter((x) => x.previous).length}, new ones removed: ${switched.filter((x) => !x.previous).length}); retried at the next sync`
               : `${what}; could NOT switch back: ${notReverted.join('; ')} (those run the new programs; retried at the next sync, or lbctl cleanup)`,
           );
+          this.switchStarted = 0; // the old programs run again: the window closed
           return { problems, failed: true };
         }
       }
@@ -654,7 +659,8 @@ export class NodePortDatapath {
       // XDP programs are switched first: they write the old maps too.
       if (this.pending && this.l3Waiting.length === 0) {
         if (this.xdp) problems.push(...this.syncXdp(this.syncing));
-        this.committed = { entries: this.commitMigration(), ms: performance.now() - this.switchStarted };
+        const opened = this.switchStarted;
+        this.committed = { entries: this.commitMigration(), ms: opened ? performance.now() - opened : 0 };
       }
       return { problems, failed: false };
     } finally {
