@@ -638,7 +638,8 @@ export class NodePortDatapath {
               ? `${what}; every device (${[...devicesIn].join(', ')}) runs what it ran before (switched back: ${switched.filter((x) => x.previous).length}, new ones removed: ${switched.filter((x) => !x.previous).length}); retried at the next sync`
               : `${what}; could NOT switch back: ${notReverted.join('; ')} (those run the new programs; retried at the next sync, or lbctl cleanup)`,
           );
-          this.switchStarted = 0; // the old programs run again: the window closed
+          // the window closes only where the old programs run everywhere again (no device switched in an earlier round, none left unreverted)
+          if (this.attached.size === 0 && notReverted.length === 0) this.switchStarted = 0;
           return { problems, failed: true };
         }
       }

@@ -650,7 +650,7 @@ async function inNamespace(): Promise<void> {
       const ack = fromClient({ src: client, dst: fe, proto: 'tcp', sport, dport: 80, flags: TCP_ACK, payload: Buffer.from('GET / HTTP/1.0\r\n\r\n') });
       t.equal(ingress(ack).rc, TC_ACT_SHOT, `${fe}: a client's segment with no entry is dropped (its retransmit finds the copy)`);
       const fromBe = fromPod({ src: be, dst: client, proto: 'tcp', sport: 8080, dport: sport, flags: TCP_ACK, payload: answer });
-      untouched(t, egressFrom(0, fromBe), fromBe, `${be}: the node's own segment (no device in) passes`);
+      untouched(t, egressFrom(0, fromBe), fromBe, `${be}: a segment of the node's own (no device in; a hostNetwork backend's reply among them, not held back) passes`);
       if (takesIn) {
         t.equal(egressFrom(POD_IF, fromBe).rc, TC_ACT_SHOT, `${be}: a pod's answer with no entry is dropped at egress, not let out with the pod's address`);
         untouched(t, egressFrom(np0, fromBe), fromBe, `${be}: a segment that came in by a device of ours (a flow redirected out, transit) passes`);
