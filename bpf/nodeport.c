@@ -1179,7 +1179,8 @@ static __always_inline void np4_pair_local(const struct lb_np_config *cfg, const
  * A SNATed flow's lb4_nat entry, checked at every packet the client sends:
  * still its own (the client and frontend it translates back to are this
  * flow's), its state and expiry brought along. One the LRU dropped is
- * written again from the ORIG entry (np_nat_repair). One that names
+ * written again from the ORIG entry (np_nat_repair; also, uncounted, one
+ * an upgrade has not carried into new maps yet). One that names
  * another client means the port was taken (its entry was lost, or the flow
  * had closed and its port went to a new one): this flow's packets must no
  * longer leave with that tuple, or the backend would take them for the
@@ -1199,7 +1200,9 @@ static __always_inline int np4_nat_own(const struct lb_np_config *cfg, const str
 		};
 
 		if (bpf_map_update_elem(&lb4_nat, &rk, &nat, BPF_NOEXIST) == 0) {
-			lb_count(LB_MTR_NP_NAT_REPAIR);
+			/* while flows are carried, an entry not copied yet is no loss: the commit keeps this one */
+			if (!(cfg->flags & LB_NP_F_MIGRATING))
+				lb_count(LB_MTR_NP_NAT_REPAIR);
 			return 0;
 		}
 		r = bpf_map_lookup_elem(&lb4_nat, &rk);
@@ -2262,7 +2265,9 @@ static __always_inline int np6_nat_own(const struct lb_np_config *cfg, const str
 		ip6_copy(nat.addr1, f->daddr);
 		ip6_copy(nat.addr2, f->saddr);
 		if (bpf_map_update_elem(&lb6_nat, &rk, &nat, BPF_NOEXIST) == 0) {
-			lb_count(LB_MTR_NP_NAT_REPAIR);
+			/* while flows are carried, an entry not copied yet is no loss: the commit keeps this one */
+			if (!(cfg->flags & LB_NP_F_MIGRATING))
+				lb_count(LB_MTR_NP_NAT_REPAIR);
 			return 0;
 		}
 		r = bpf_map_lookup_elem(&lb6_nat, &rk);

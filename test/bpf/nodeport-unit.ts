@@ -1396,6 +1396,17 @@ async function inNamespace(): Promise<void> {
     t.ok(back.flags & CT_F_SNAT && back.flags & CT_F_SEEN_REPLY, 'with the flow’s state (established by now)');
     const reply = ingress(fromPeer({ src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: port, flags: TCP_ACK }));
     t.match(reply.p, { dst: CLIENT4, dport: 46700 }, 'and replies reach the client');
+    // While an upgrade carries the flows (LB_NP_F_MIGRATING), an entry missing from the new maps was
+    // not lost, only not copied yet: written again the same, but not counted (nodeport-upgrade.ts
+    // asserts np_nat_repair 0 through its upgrades; a flow opened between the two maps' copies
+    // counted one in a make test run).
+    maps.nat4.delete(rkey);
+    setConfig({ flags: LbNpConfigFlags.LB_NP_F_MIGRATING });
+    const carried = counting(() => fwd(46700));
+    setConfig();
+    t.match(carried.result, { rc: TC_ACT_REDIRECT, p: { sport: port } }, 'migrating: the next packet goes out with its SNAT port');
+    t.equal(carried.delta(LbMetric.LB_MTR_NP_NAT_REPAIR), 0n, 'migrating: the entry written again is not counted as repaired');
+    t.match(lb4_ct_entry.decode(maps.nat4.lookup(rkey)!), { addr2: before.addr2, port2: before.port2 }, 'migrating: the entry is back');
 
     // Another flow holds the port now (the entry was lost and taken): the old flow's packets must not leave with it.
     maps.nat4.update(rkey, lb4_ct_entry.encode({ ...before, addr2: ip4(OUTSIDER4), port2: 50000 }));
