@@ -42,6 +42,12 @@ const PARENT_NETNS = 'LBCTL_NP_UNIT_PARENT_NETNS';
 const TC_ACT_UNSPEC = -1;
 const TC_ACT_OK = 0;
 const TC_ACT_SHOT = 2;
+
+/** Whether the running kernel is `major`.`minor` or later (what a test run takes changed by release). */
+function kernelAtLeast(major: number, minor: number): boolean {
+  const [ma, mi] = os.release().split(/[.-]/).map(Number) as [number, number];
+  return ma > major || (ma === major && mi >= minor);
+}
 const TC_ACT_REDIRECT = 7;
 
 // enum lb_ct_dir, lb_ct_flags and lb_np_config_flags (bpf/include/lb_types.h).
@@ -210,25 +216,33 @@ async function inNamespace(): Promise<void> {
     }
   }
 
-  /** One packet through a program, arriving on (or leaving) np0. */
-  function run(prog: 'lb_nodeport_ingress' | 'lb_nodeport_egress', data: Buffer, gso?: { size: number; segs: number }): Run {
-    // struct __sk_buff: the device is np0 (the FIB lookups start there). ingress_ifindex stays 0
-    // (test runs take it from 5.16 on only): the programs fall back to ifindex, the same device.
-    const ctx = Buffer.alloc(192);
-    ctx.writeUInt32LE(np0, 40); // ifindex
-    if (gso) {
-      ctx.writeUInt32LE(gso.segs, 164); // gso_segs
-      ctx.writeUInt32LE(gso.size, 176); // gso_size
-    }
-    const r = progTestRun(obj.progFd(prog), { data, ctx });
-    const rc = r.retval | 0;
+  /** A test run's answer: its verdict, its bytes, and those parsed (empty when they are no frame). */
+  function runOf(r: { retval: number; data: Buffer }): Run {
     let p: ParsedFrame;
     try {
       p = parseFrame(r.data);
     } catch {
       p = {} as ParsedFrame;
     }
-    return { rc, out: r.data, p };
+    return { rc: r.retval | 0, out: r.data, p };
+  }
+
+  /**
+   * One packet through a program, arriving on (or leaving) np0. struct
+   * __sk_buff: the device is np0 (the FIB lookups start there);
+   * ingress_ifindex, the device a packet leaving came in by, is `inIf`, 0
+   * unless asked (test runs take it from 5.16 on only): the programs fall
+   * back to ifindex, the same device.
+   */
+  function run(prog: 'lb_nodeport_ingress' | 'lb_nodeport_egress', data: Buffer, gso?: { size: number; segs: number }, inIf = 0): Run {
+    const ctx = Buffer.alloc(192);
+    ctx.writeUInt32LE(inIf, 36); // ingress_ifindex
+    ctx.writeUInt32LE(np0, 40); // ifindex
+    if (gso) {
+      ctx.writeUInt32LE(gso.segs, 164); // gso_segs
+      ctx.writeUInt32LE(gso.size, 176); // gso_size
+    }
+    return runOf(progTestRun(obj.progFd(prog), { data, ctx }));
   }
   const ingress = (data: Buffer, gso?: { size: number; segs: number }): Run => run('lb_nodeport_ingress', data, gso);
   const egress = (data: Buffer, gso?: { size: number; segs: number }): Run => run('lb_nodeport_egress', data, gso);
@@ -523,8 +537,7 @@ async function inNamespace(): Promise<void> {
       // Within one second of the datapath's clock (its start waited for; a try the second turned over in, or that
       // ran on another CPU than the one that kept the answer (a per-CPU cache), is tried again): the answer kept is used.
       // Before 5.12 the FIB reports no MTU to check a kept answer against: nothing is kept, the FIB asked every time.
-      const [major, minor] = os.release().split(/[.-]/).map(Number) as [number, number];
-      const keeps = major > 5 || (major === 5 && minor >= 12);
+      const keeps = kernelAtLeast(5, 12);
       let kept = false;
       for (let tries = 0; tries < 8 && !kept; tries++) {
         neigh(f.fam, f.peer, PEER_MAC);
@@ -628,21 +641,8 @@ async function inNamespace(): Promise<void> {
     const POD_IF = 1; // the loopback: a device lb_devices does not hold, as a pod's veth
     maps.devices.delete(u32.encode(POD_IF));
     /** A packet leaving np0 that came in by device `inIf` (0: the node's own). */
-    const egressFrom = (inIf: number, data: Buffer): Run => {
-      const ctx = Buffer.alloc(192);
-      ctx.writeUInt32LE(inIf, 36); // ingress_ifindex
-      ctx.writeUInt32LE(np0, 40); // ifindex
-      const r = progTestRun(obj.progFd('lb_nodeport_egress'), { data, ctx });
-      let p: ParsedFrame;
-      try {
-        p = parseFrame(r.data);
-      } catch {
-        p = {} as ParsedFrame;
-      }
-      return { rc: r.retval | 0, out: r.data, p };
-    };
-    const [major, minor] = os.release().split(/[.-]/).map(Number) as [number, number];
-    const takesIn = major > 5 || (major === 5 && minor >= 16);
+    const egressFrom = (inIf: number, data: Buffer): Run => run('lb_nodeport_egress', data, undefined, inIf);
+    const takesIn = kernelAtLeast(5, 16);
     t.teardown(() => setConfig());
     setConfig({ flags: LbNpConfigFlags.LB_NP_F_MIGRATING });
     const answer = Buffer.from('HTTP/1.0 200 OK\r\n\r\nan answer');
@@ -1897,14 +1897,7 @@ async function inNamespace(): Promise<void> {
         ctx.writeUInt32LE(data.length, 4); // data_end
         ctx.writeUInt32LE(np0, 12); // ingress_ifindex
       }
-      const r = progTestRun(xdp.progFd('lb_nodeport_xdp'), ctx ? { data, ctx } : { data });
-      let p: ParsedFrame;
-      try {
-        p = parseFrame(r.data);
-      } catch {
-        p = {} as ParsedFrame;
-      }
-      return { rc: r.retval | 0, out: r.data, p };
+      return runOf(progTestRun(xdp.progFd('lb_nodeport_xdp'), ctx ? { data, ctx } : { data }));
     };
     const packetByPacket = async (t: Test, arrival: Arrival): Promise<void> => {
       const xrun = xrunOn(arrival);
@@ -1997,8 +1990,7 @@ async function inNamespace(): Promise<void> {
     };
     // A test run takes an XDP context from 5.15 on; before, the kernel refuses it (EINVAL) and the
     // same packets arrive on the loopback only (below), as test/e2e/nodeport-xdp.ts runs the build there.
-    const [major, minor] = os.release().split(/[.-]/).map(Number) as [number, number];
-    if (major > 5 || (major === 5 && minor >= 15)) {
+    if (kernelAtLeast(5, 15)) {
       await t.test('both families, packet by packet, arriving on np0 (an XDP context)', (t) => packetByPacket(t, 'np0'));
     } else {
       t.throws(() => xrunOn('np0')(fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 1, dport: 22 })), { code: 'EINVAL' },
