@@ -133,6 +133,23 @@ static __always_inline const struct lb_np_config *np_config(void)
 	return bpf_map_lookup_elem(&lb_np_config, &zero);
 }
 
+/*
+ * The agent is carrying flows into new maps (LB_NP_F_MIGRATING), and its
+ * deadline has not passed: an agent killed inside the window leaves the flag
+ * set, and the deadline ends what it holds back.
+ */
+static __always_inline bool np_migrating(const struct lb_np_config *cfg, __u64 now)
+{
+	return (cfg->flags & LB_NP_F_MIGRATING) && now < cfg->migrating_until;
+}
+
+/* A packet held back while flows are carried (np_migrating()): its sender retransmits into the copy. */
+static __always_inline int np_migrating_drop(void)
+{
+	lb_count(LB_MTR_NP_MIGRATING_DROP);
+	return TC_ACT_SHOT;
+}
+
 static __always_inline bool np_in_range(__be16 port, __u16 lo, __u16 hi)
 {
 	__u16 p = bpf_ntohs(port);
@@ -1201,7 +1218,7 @@ static __always_inline int np4_nat_own(const struct lb_np_config *cfg, const str
 
 		if (bpf_map_update_elem(&lb4_nat, &rk, &nat, BPF_NOEXIST) == 0) {
 			/* while flows are carried, an entry not copied yet is no loss: the commit keeps this one */
-			if (!(cfg->flags & LB_NP_F_MIGRATING))
+			if (!np_migrating(cfg, now))
 				lb_count(LB_MTR_NP_NAT_REPAIR);
 			return 0;
 		}
@@ -1407,8 +1424,8 @@ static __always_inline int np4_fwd(struct np_ctx *skb, struct np4_flow *f, struc
 			return TC_ACT_SHOT;
 		}
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
-		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
-			return TC_ACT_SHOT;
+		if (np_migrating(cfg, now) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
+			return np_migrating_drop();
 		rc = np4_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev, &fib);
 		if (rc)
 			return rc;
@@ -1514,7 +1531,7 @@ static __always_inline int np4_rev_snat(struct np_ctx *skb, struct np4_flow *f, 
 	int rc, mtu;
 
 	if (!ct)
-		return (cfg->flags & LB_NP_F_MIGRATING) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		return np_migrating(cfg, now) ? np_migrating_drop() : TC_ACT_UNSPEC;
 	if (ct->flags & LB_CT_F_HOST) {
 		/* a reply to the node's own flow: the stack's */
 		np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY, now);
@@ -1746,15 +1763,16 @@ static __always_inline int np4_rewrite_src(struct __sk_buff *skb, const struct n
  * SNATed or DSR, and transit) are never a pod's reply: they pass. The
  * ingress side drops the same way (np4_fwd(), np4_rev_snat()).
  */
-static __always_inline int np_egress_unclaimed(struct np_ctx *skb, const struct lb_np_config *cfg, const struct np_l4 *l4)
+static __always_inline int np_egress_unclaimed(struct np_ctx *skb, const struct lb_np_config *cfg, const struct np_l4 *l4,
+					       __u64 now)
 {
 	__u32 in = skb->ingress_ifindex;
 
-	if (!(cfg->flags & LB_NP_F_MIGRATING) || !np_stateful(l4->proto) || (l4->tcp_flags & TCP_F_SYN))
+	if (!np_migrating(cfg, now) || !np_stateful(l4->proto) || (l4->tcp_flags & TCP_F_SYN))
 		return TC_ACT_UNSPEC;
 	if (!in || bpf_map_lookup_elem(&lb_devices, &in))
 		return TC_ACT_UNSPEC;
-	return TC_ACT_SHOT;
+	return np_migrating_drop();
 }
 
 /* A local backend's reply on its way out: from the frontend again. */
@@ -1779,7 +1797,7 @@ static __always_inline int np4_egress(struct np_ctx *skb)
 		return rc;
 	ct = np4_reply_entry(&lb4_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
-		return np_egress_unclaimed(skb, cfg, &f.l4);
+		return np_egress_unclaimed(skb, cfg, &f.l4, now);
 	np4_reply_seen(cfg, &f, ct, now);
 	np4_frag_record(&f);
 	if (np4_rewrite_src(skb, &f.l4, f.saddr, ct->addr1, f.sport, ct->port1) < 0) {
@@ -2266,7 +2284,7 @@ static __always_inline int np6_nat_own(const struct lb_np_config *cfg, const str
 		ip6_copy(nat.addr2, f->saddr);
 		if (bpf_map_update_elem(&lb6_nat, &rk, &nat, BPF_NOEXIST) == 0) {
 			/* while flows are carried, an entry not copied yet is no loss: the commit keeps this one */
-			if (!(cfg->flags & LB_NP_F_MIGRATING))
+			if (!np_migrating(cfg, now))
 				lb_count(LB_MTR_NP_NAT_REPAIR);
 			return 0;
 		}
@@ -2418,8 +2436,8 @@ static __always_inline int np6_fwd(struct np_ctx *skb, struct np6_flow *f, struc
 			return TC_ACT_SHOT;
 		}
 		/* an established TCP flow whose entry is being carried into new maps: its retransmit finds it */
-		if ((cfg->flags & LB_NP_F_MIGRATING) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
-			return TC_ACT_SHOT;
+		if (np_migrating(cfg, now) && np_stateful(f->l4.proto) && !(f->l4.tcp_flags & TCP_F_SYN))
+			return np_migrating_drop();
 		rc = np6_new_flow(skb, f, key, svc, cfg, &ok, &fresh, now, prev, &fib);
 		if (rc)
 			return rc;
@@ -2523,7 +2541,7 @@ static __always_inline int np6_rev_snat(struct np_ctx *skb, struct np6_flow *f, 
 	int rc, mtu;
 
 	if (!ct)
-		return (cfg->flags & LB_NP_F_MIGRATING) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		return np_migrating(cfg, now) ? np_migrating_drop() : TC_ACT_UNSPEC;
 	if (ct->flags & LB_CT_F_HOST) {
 		np_ct_set(cfg, &ct->expires, &ct->flags, f->l4.proto, np_ct_flags(&f->l4, ct->flags, true) | LB_CT_F_SEEN_REPLY, now);
 		return TC_ACT_UNSPEC;
@@ -2658,7 +2676,7 @@ static __always_inline int np6_egress(struct np_ctx *skb)
 		return rc;
 	ct = np6_reply_entry(&lb6_ct, &f, now);
 	if (!ct || !(ct->flags & LB_CT_F_LOCAL))
-		return np_egress_unclaimed(skb, cfg, &f.l4);
+		return np_egress_unclaimed(skb, cfg, &f.l4, now);
 	np6_reply_seen(cfg, &f, ct, now);
 	np6_frag_record(&f);
 	if (np6_rewrite_addr(skb, &f.l4, NP_L3_OFF + offsetof(struct ipv6hdr, saddr), f.saddr, ct->addr1) < 0 ||

@@ -116,7 +116,8 @@ enum lb_metric {
 	LB_MTR_NP_DSR_REV = 35,		/* the backend's node: a local backend's reply to a DSR flow left from the frontend */
 	LB_MTR_NP_XDP_FWD = 36,		/* --nodeport-acceleration: a packet XDP translated (sent on itself, or passed up to a local backend) */
 	LB_MTR_NP_XDP_TO_TC = 37,	/* ... a service's packet XDP could not finish, passed on to tc unchanged */
-	LB_MTR_MAX = 38,		/* append only: a value is never renumbered */
+	LB_MTR_NP_MIGRATING_DROP = 38,	/* LB_NP_F_MIGRATING: a flow's packet with no entry yet dropped (its sender retransmits into the copy) */
+	LB_MTR_MAX = 39,		/* append only: a value is never renumbered */
 };
 
 /* lb_metrics' size: room for counters to come, so appending one moves no pin. */
@@ -543,6 +544,8 @@ enum lb_np_config_flags {
 	 * switch and the last copy, milliseconds): a reply or a TCP segment of
 	 * an established flow without its entry yet is dropped, its sender
 	 * retransmits, rather than reset by the stack or taken for a new flow.
+	 * Only until migrating_until: an agent that died in the window leaves
+	 * the flag set, and it must not hold flows back for good.
 	 */
 	LB_NP_F_MIGRATING = (1 << 1),
 	/*
@@ -585,6 +588,7 @@ struct lb_np_config {
 	__u32 ct_tcp_established;	/* --conntrack-tcp-timeout-established */
 	__u32 ct_tcp_close_wait;	/* --conntrack-tcp-timeout-close-wait: one side sent its FIN */
 	__u32 ct_udp;			/* --conntrack-udp-timeout */
+	__u32 migrating_until;		/* LB_NP_F_MIGRATING holds until this second of np_now() (0: not at all) */
 };
 
 /*
@@ -665,7 +669,7 @@ _Static_assert(sizeof(struct lb6_frag_key) == 40, "lb6_frag_key size");
 _Static_assert(sizeof(struct lb_np_affinity_key) == 24, "lb_np_affinity_key size");
 _Static_assert(sizeof(struct lb_node_addr_key) == 20, "lb_node_addr_key size");
 _Static_assert(sizeof(struct lb_device) == 28, "lb_device size");
-_Static_assert(sizeof(struct lb_np_config) == 40, "lb_np_config size");
+_Static_assert(sizeof(struct lb_np_config) == 44, "lb_np_config size");
 _Static_assert(sizeof(struct lb4_src_range_key) == 12, "lb4_src_range_key size");
 _Static_assert(sizeof(struct lb6_src_range_key) == 24, "lb6_src_range_key size");
 

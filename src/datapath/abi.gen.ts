@@ -366,7 +366,7 @@ export const lb_np_affinity_key: Codec<LbNpAffinityKey> = {
   },
 };
 
-/** struct lb_np_config (40 bytes) */
+/** struct lb_np_config (44 bytes) */
 export interface LbNpConfig {
   nodeportMin: number;
   nodeportMax: number;
@@ -380,13 +380,14 @@ export interface LbNpConfig {
   ctTcpEstablished: number;
   ctTcpCloseWait: number;
   ctUdp: number;
+  migratingUntil: number;
 }
 
 export const lb_np_config: Codec<LbNpConfig> = {
   name: 'lb_np_config',
-  size: 40,
-  encode(v, b = Buffer.alloc(40), o = 0) {
-    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb_np_config: 40 bytes at offset ${o} of ${b.length}`);
+  size: 44,
+  encode(v, b = Buffer.alloc(44), o = 0) {
+    if (!(o >= 0 && o + 44 <= b.length)) throw new RangeError(`lb_np_config: 44 bytes at offset ${o} of ${b.length}`);
     { const x = v.nodeportMin; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.nodeport_min', x, 65535); b[o + 0] = x; b[o + 1] = x >>> 8; }
     { const x = v.nodeportMax; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.nodeport_max', x, 65535); b[o + 2] = x; b[o + 3] = x >>> 8; }
     { const x = v.snatMin; if (!(x >= 0 && x <= 65535)) throw outOfRange('lb_np_config.snat_min', x, 65535); b[o + 4] = x; b[o + 5] = x >>> 8; }
@@ -399,10 +400,11 @@ export const lb_np_config: Codec<LbNpConfig> = {
     { const x = v.ctTcpEstablished; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.ct_tcp_established', x, 4294967295); b[o + 28] = x; b[o + 29] = x >>> 8; b[o + 30] = x >>> 16; b[o + 31] = x >>> 24; }
     { const x = v.ctTcpCloseWait; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.ct_tcp_close_wait', x, 4294967295); b[o + 32] = x; b[o + 33] = x >>> 8; b[o + 34] = x >>> 16; b[o + 35] = x >>> 24; }
     { const x = v.ctUdp; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.ct_udp', x, 4294967295); b[o + 36] = x; b[o + 37] = x >>> 8; b[o + 38] = x >>> 16; b[o + 39] = x >>> 24; }
+    { const x = v.migratingUntil; if (!(x >= 0 && x <= 4294967295)) throw outOfRange('lb_np_config.migrating_until', x, 4294967295); b[o + 40] = x; b[o + 41] = x >>> 8; b[o + 42] = x >>> 16; b[o + 43] = x >>> 24; }
     return b;
   },
   decode(b, o = 0) {
-    if (!(o >= 0 && o + 40 <= b.length)) throw new RangeError(`lb_np_config: 40 bytes at offset ${o} of ${b.length}`);
+    if (!(o >= 0 && o + 44 <= b.length)) throw new RangeError(`lb_np_config: 44 bytes at offset ${o} of ${b.length}`);
     return {
       nodeportMin: (b[o + 0]! | (b[o + 1]! << 8)),
       nodeportMax: (b[o + 2]! | (b[o + 3]! << 8)),
@@ -416,6 +418,7 @@ export const lb_np_config: Codec<LbNpConfig> = {
       ctTcpEstablished: ((b[o + 28]! | (b[o + 29]! << 8) | (b[o + 30]! << 16) | (b[o + 31]! << 24)) >>> 0),
       ctTcpCloseWait: ((b[o + 32]! | (b[o + 33]! << 8) | (b[o + 34]! << 16) | (b[o + 35]! << 24)) >>> 0),
       ctUdp: ((b[o + 36]! | (b[o + 37]! << 8) | (b[o + 38]! << 16) | (b[o + 39]! << 24)) >>> 0),
+      migratingUntil: ((b[o + 40]! | (b[o + 41]! << 8) | (b[o + 42]! << 16) | (b[o + 43]! << 24)) >>> 0),
     };
   },
 };
@@ -1273,7 +1276,8 @@ export const LbMetric = {
   LB_MTR_NP_DSR_REV: 35,
   LB_MTR_NP_XDP_FWD: 36,
   LB_MTR_NP_XDP_TO_TC: 37,
-  LB_MTR_MAX: 38,
+  LB_MTR_NP_MIGRATING_DROP: 38,
+  LB_MTR_MAX: 39,
 } as const;
 
 /** enum lb_np_config_flags */

@@ -73,6 +73,17 @@ export const DEFAULT_CONNTRACK: ConntrackTimeouts = { tcpEstablished: 21600, tcp
 
 export type NodePortMode = 'snat' | 'dsr' | 'hybrid';
 
+/**
+ * How long the programs hold back a flow's packets that find no entry while
+ * flows are carried into new maps (LB_NP_F_MIGRATING), seconds from the
+ * switch round that set it: the window takes tens of milliseconds, and an
+ * agent killed inside it leaves the flag set, which must not hold a pod's
+ * traffic back until the next agent starts. A window longer than this
+ * (copies of millions of flows on a slow machine) only loses the hold for
+ * the rest of it.
+ */
+export const MIGRATION_HOLD_S = 10;
+
 /** lb_np_config's flags for a --nodeport-mode. */
 export function nodePortModeFlags(mode: NodePortMode | undefined): number {
   if (mode === 'dsr') return LbNpConfigFlags.LB_NP_F_DSR | LbNpConfigFlags.LB_NP_F_DSR_UDP;
@@ -441,10 +452,12 @@ export class NodePortDatapath {
   /**
    * Writes the settings the programs read (before any attach). While flows
    * are carried into new maps (a load that migrated them, until
-   * commitMigration()), the programs are told so (LB_NP_F_MIGRATING).
+   * commitMigration()), the programs are told so (LB_NP_F_MIGRATING),
+   * for MIGRATION_HOLD_S at most.
    */
   configure(s: NodePortSettings): void {
     this.settings = s;
+    const migrating = Boolean(this.pending && this.switching);
     const value = lb_np_config.encode({
       nodeportMin: s.nodePortRange.first,
       nodeportMax: s.nodePortRange.last,
@@ -454,7 +467,7 @@ export class NodePortDatapath {
         (s.externalClusterIP ? LbNpConfigFlags.LB_NP_F_EXTERNAL_CLUSTERIP : 0) |
         nodePortModeFlags(s.mode) |
         (this.frontendPorts?.filled ? LbNpConfigFlags.LB_NP_F_PORTS : 0) |
-        (this.pending && this.switching ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
+        (migrating ? LbNpConfigFlags.LB_NP_F_MIGRATING : 0),
       snatRetries: Math.min(31, Math.max(0, s.snatRetries)),
       maglevM: s.maglev.m,
       maglevSeed4: s.maglev.seed4,
@@ -462,6 +475,7 @@ export class NodePortDatapath {
       ctTcpEstablished: s.conntrack.tcpEstablished,
       ctTcpCloseWait: s.conntrack.tcpCloseWait,
       ctUdp: s.conntrack.udp,
+      migratingUntil: migrating ? monotonicSeconds() + MIGRATION_HOLD_S : 0,
     });
     this.object.map('lb_np_config').update(u32.encode(0), value, BPF_ANY);
   }

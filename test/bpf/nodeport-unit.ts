@@ -21,6 +21,7 @@ import {
   lb6_ct_key, lb6_key, lb6_src_range_key, lb_device, lb_icmp_bucket, lb_node_addr, lb_node_addr_key, lb_np_config, lb_service, LbMetric,
   LbNpConfigFlags, LbSvcFlags, LbSvcType, u32, u64, u8, type Lb4CtEntry, type Lb4CtKey, type Lb6CtEntry, type Lb6CtKey, type LbNpConfig,
 } from '../../src/datapath/abi.gen.js';
+import { monotonicSeconds } from '../../src/datapath/ct.js';
 import { BpfObject, progTestRun, type BpfMap } from '../../src/native/bpf.js';
 import { chunk, initChunk, IPPROTO_SCTP, sctpChecksumOk, sctpFrame, SCTP_CID_INIT } from '../helpers/sctp-packet.js';
 import {
@@ -153,6 +154,8 @@ async function inNamespace(): Promise<void> {
   };
 
   const setConfig = (over: Partial<LbNpConfig> = {}): void => maps.config.update(u32.encode(0), lb_np_config.encode({ ...CONFIG, ...over }));
+  /** The agent's config while it carries flows into new maps: the flag, and a deadline a minute away (src/datapath/nodeport.ts writes MIGRATION_HOLD_S). */
+  const migrating = (): Partial<LbNpConfig> => ({ flags: LbNpConfigFlags.LB_NP_F_MIGRATING, migratingUntil: monotonicSeconds() + 60 });
   const v4 = (s: string): boolean => !s.includes(':');
   const nodeAddrKey = (s: string): Buffer => {
     const address = Buffer.alloc(16);
@@ -644,15 +647,27 @@ async function inNamespace(): Promise<void> {
     const egressFrom = (inIf: number, data: Buffer): Run => run('lb_nodeport_egress', data, undefined, inIf);
     const takesIn = kernelAtLeast(5, 16);
     t.teardown(() => setConfig());
-    setConfig({ flags: LbNpConfigFlags.LB_NP_F_MIGRATING });
+    setConfig(migrating());
     const answer = Buffer.from('HTTP/1.0 200 OK\r\n\r\nan answer');
     for (const [fe, client, be, sport] of [[LB4, CLIENT4, LOCAL_BE4, 42600], [LB6, CLIENT6, LOCAL_BE6, 42601]] as const) {
       const ack = fromClient({ src: client, dst: fe, proto: 'tcp', sport, dport: 80, flags: TCP_ACK, payload: Buffer.from('GET / HTTP/1.0\r\n\r\n') });
-      t.equal(ingress(ack).rc, TC_ACT_SHOT, `${fe}: a client's segment with no entry is dropped (its retransmit finds the copy)`);
+      const held = counting(() => ingress(ack));
+      t.equal(held.result.rc, TC_ACT_SHOT, `${fe}: a client's segment with no entry is dropped (its retransmit finds the copy)`);
+      t.equal(held.delta(LbMetric.LB_MTR_NP_MIGRATING_DROP), 1n, `${fe}: np_migrating_drop counted`);
+      // An agent killed between the switch and the commit leaves the flag set: its deadline ends the hold.
+      setConfig({ ...migrating(), migratingUntil: monotonicSeconds() - 1 });
+      const late = fromClient({ src: client, dst: fe, proto: 'tcp', sport: sport + 20, dport: 80, flags: TCP_ACK, payload: Buffer.from('GET / HTTP/1.0\r\n\r\n') });
+      t.match(ingress(late), { rc: TC_ACT_OK, p: { dst: be, dport: 8080 } }, `${fe}: past the deadline (an agent that died in the window), the flag holds nothing back: balanced as before the flag`);
+      setConfig(migrating());
       const fromBe = fromPod({ src: be, dst: client, proto: 'tcp', sport: 8080, dport: sport, flags: TCP_ACK, payload: answer });
       untouched(t, egressFrom(0, fromBe), fromBe, `${be}: a segment of the node's own (no device in; a hostNetwork backend's reply among them, not held back) passes`);
       if (takesIn) {
-        t.equal(egressFrom(POD_IF, fromBe).rc, TC_ACT_SHOT, `${be}: a pod's answer with no entry is dropped at egress, not let out with the pod's address`);
+        const out = counting(() => egressFrom(POD_IF, fromBe));
+        t.equal(out.result.rc, TC_ACT_SHOT, `${be}: a pod's answer with no entry is dropped at egress, not let out with the pod's address`);
+        t.equal(out.delta(LbMetric.LB_MTR_NP_MIGRATING_DROP), 1n, `${be}: np_migrating_drop counted`);
+        setConfig({ ...migrating(), migratingUntil: monotonicSeconds() - 1 });
+        untouched(t, egressFrom(POD_IF, fromBe), fromBe, `${be}: past the deadline, a pod's segment leaves untouched`);
+        setConfig(migrating());
         untouched(t, egressFrom(np0, fromBe), fromBe, `${be}: a segment that came in by a device of ours (a flow redirected out, transit) passes`);
         const otherUdp = fromPod({ src: be, dst: client, proto: 'udp', sport: 5353, dport: 5353, payload: Buffer.from('datagram') });
         untouched(t, egressFrom(POD_IF, otherUdp), otherUdp, `${be}: a pod's UDP datagram no entry claims passes`);
@@ -1401,7 +1416,7 @@ async function inNamespace(): Promise<void> {
     // asserts np_nat_repair 0 through its upgrades; a flow opened between the two maps' copies
     // counted one in a make test run).
     maps.nat4.delete(rkey);
-    setConfig({ flags: LbNpConfigFlags.LB_NP_F_MIGRATING });
+    setConfig(migrating());
     const carried = counting(() => fwd(46700));
     setConfig();
     t.match(carried.result, { rc: TC_ACT_REDIRECT, p: { sport: port } }, 'migrating: the next packet goes out with its SNAT port');
