@@ -252,9 +252,10 @@ BENCH_FILE_LOAD := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/impo
 # (bench/nodeport-tc.ts, in a private network namespace), then NodePort end
 # to end through the NodePort test lab against kube-proxy's iptables and
 # nftables modes and the routed pod (bench/nodeport-e2e.ts; client, node and
-# pods on CPU 1). Results: bench/results/nodeport-{tc,e2e}.{md,json}.
+# pods on CPU 1, the bench and lbctl's agents off it). Results:
+# bench/results/nodeport-{tc,e2e}.{md,json}.
 BENCH_NP_TC := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/nodeport-tc.ts
-BENCH_NP_E2E := TS_NODE_TRANSPILE_ONLY=1 taskset -c 1 node --import=@tapjs/typescript/import bench/nodeport-e2e.ts
+BENCH_NP_E2E := TS_NODE_TRANSPILE_ONLY=1 node --import=@tapjs/typescript/import bench/nodeport-e2e.ts
 
 # Standalone mode's probes (issue 17): 1,000 backends at periodSeconds 1 with
 # each handler, and with half of them hanging (bench/results/probes.{md,json}).

@@ -27,14 +27,15 @@
 // nodeport-tc.ts for what those cost); the measured ones keep Maglev.
 //
 // Per point, for the local and the remote pod: connect + 64-byte
-// request/reply + close latency (bench/connect.c -m rr, one at a time,
-// p50 and p99), then requests per second (bench/np-load.c: 32 connections
-// in flight, each connect + request/reply + close). Client, node and pods
-// share CPU 1 (veth hands packets on in the sender's softirq, so every
-// step of a connection runs there): requests per second measure what a
-// connection costs the whole path. Each mode gets a fresh lab (no rule,
-// conntrack or CT state carries over); modes run in a rotating order per
-// repetition; medians of the repetitions are reported.
+// request/reply + close latency (bench/connect.c -m rr, one at a time, p50
+// and p99), then requests per second (bench/np-load.c: 32 connections in
+// flight, each connect + request/reply + close). Client, node and pods share
+// CPU 1 (veth hands packets on in the sender's softirq, so every step of a
+// connection runs there): requests per second measure what a connection
+// costs the whole path; the bench and lbctl's agents run on the other CPUs.
+// Each mode gets a fresh lab (no rule, conntrack or CT state carries over);
+// modes run in a rotating order per repetition; medians of the repetitions
+// are reported.
 //
 // lbctl SNATs flows to a remote pod to ports of --snat-port-range (from
 // above the NodePort range to 65535 by default), keeping the client's own
@@ -70,6 +71,7 @@ import path from 'node:path';
 import { Command } from 'commander';
 import { iptablesRestoreFull, nftablesFull } from './kube-proxy.js';
 import { npServices, serviceObject, sliceObject, type NpService } from './np-services.js';
+import { pairedRatios } from './np-figures.js';
 import { ROOT } from './world.js';
 import { createSandbox, type Sandbox } from '../test/helpers/sandbox.js';
 import { addNode2, makeLab, NODE1, POD1, POD2, type Lab } from '../test/helpers/nodeport-lab.js';
@@ -100,6 +102,7 @@ interface Plan {
   out: string;
   sizes: number[];
   reps: number;
+  rounds: number;
   rr: number;
   load: number;
   concurrency: number;
@@ -116,13 +119,14 @@ function parse(): Plan {
     .option('--out <dir>', 'where results go', path.join(ROOT, 'bench/results'))
     .option('--sizes <list>', 'numbers of services (at least 2: the measured ones)')
     .option('--reps <n>', 'repetitions (fresh labs, rotating mode order)')
+    .option('--rounds <n>', 'rounds per lab, each measuring the mode and the routed pod in turn')
     .option('--sustain <s>', 'seconds of the sustained run to the remote pod (0: none)')
     .option('--search-window <s>', 'seconds each probe of the sustained-rate search runs (0: no search)')
     .option('--search-start <rate>', 'the search\'s first rate, new connections a second', '1000')
     .option('--search-steps <n>', 'bisections after the first pass and failure')
     .option('--modes <list>', `the modes timed, comma-separated (default every one: ${MODES.join(', ')}; routed is always one)`)
     .parse()
-    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; sustain?: string; searchWindow?: string; searchStart: string; searchSteps?: string; modes?: string }>();
+    .opts<{ quick?: boolean; out: string; sizes?: string; reps?: string; rounds?: string; sustain?: string; searchWindow?: string; searchStart: string; searchSteps?: string; modes?: string }>();
   const modes = o.modes ? o.modes.split(',') : [...MODES];
   const unknown = modes.filter((m) => !(MODES as readonly string[]).includes(m));
   if (unknown.length) throw new Error(`--modes: no mode ${unknown.join(', ')} (${MODES.join(', ')})`);
@@ -132,8 +136,9 @@ function parse(): Plan {
     out: o.out,
     sizes: o.sizes ? o.sizes.split(',').map((x) => Number(x.replace(/_/g, ''))) : quick ? [2, 1000] : [2, 10_000],
     reps: Number(o.reps ?? (quick ? 1 : 5)),
+    rounds: Number(o.rounds ?? (quick ? 2 : 4)),
     rr: 1000,
-    load: 1500,
+    load: quick ? 1500 : 8000,
     concurrency: 32,
     sustain: Number(o.sustain ?? (quick ? 0 : 3)),
     searchWindow: Number(o.searchWindow ?? (quick ? 5 : 20)),
@@ -174,16 +179,21 @@ function services(n: number): { all: NpService[]; local: NpService; remote: NpSe
 
 interface Lat { p50_us: number; p99_us: number; failed: number }
 interface Load { rps: number; completed: number; failed: number; p50_us: number; p99_us: number; seconds: number }
-/** lbctl: the tc programs' own run time (BPF_ENABLE_STATS) during the requests/s run, per connection. */
+/** lbctl: the tc programs' own run time (BPF_ENABLE_STATS) in a requests/s run of its own (bpfTime()), per connection. */
 interface BpfTime { ingressNsPerConn: number; egressNsPerConn: number; ingressRunsPerConn: number; egressRunsPerConn: number; ingressNsPerRun: number; egressNsPerRun: number }
 interface TargetResult { latency: Lat; load: Load; bpf?: BpfTime }
+/** One round's ratios over the floor measured beside it: requests/s and p50 latency, to each pod. */
+interface Round { local: { rps: number; p50: number }; remote: { rps: number; p50: number } }
 interface PointResult {
   mode: Mode;
   n: number;
   rep: number;
   setupMs: number;
+  /** Medians over the point's rounds. */
   local: TargetResult;
   remote: TargetResult;
+  /** Each round's ratios over the routed pod measured beside it (absent: the floor's own point). */
+  rounds?: Round[];
   sustained?: Load;
   /** lbctl: the datapath's counters after the point (np_* only). */
   counters?: Record<string, number>;
@@ -269,35 +279,84 @@ async function withLab<T>(mode: Mode, n: number, svc: ReturnType<typeof services
 /** Where the client dials a service's pod in `mode`. */
 const dial = (mode: Mode, s: NpService, pod: string): [string, number] => (mode === 'routed' ? [pod, POD_PORT] : [NODE1.v4, s.nodePort]);
 
-/** One mode at one N, in a fresh lab. */
-function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<typeof services>, texts: Map<string, string>): Promise<PointResult> {
-  return withLab(mode, n, svc, texts, false, async ({ sb, lab, setupMs }) => {
-    const at = (s: NpService, pod: string): [string, number] => dial(mode, s, pod);
-    const one = (s: NpService, pod: string): TargetResult => {
-      const [addr, port] = at(s, pod);
-      const lat = latency(lab, addr, port, plan.rr);
-      const before = mode === 'lbctl' ? tcStats(sb.bpfRoot) : undefined; // tc's programs' run time (at XDP, tc runs for few packets)
-      const ld = load(lab, addr, port, ['-n', String(plan.load), '-w', '200']);
-      if (!before) return { latency: lat, load: ld };
-      const after = tcStats(sb.bpfRoot);
-      // np-load made (about) warm-up + counted + the ones in flight at the end: per connection over what it reports plus the warm-up
-      const conns = ld.completed + ld.failed + 200;
-      const d = (k: 'ingress' | 'egress', f: 'ns' | 'runs'): number => after[k][f] - before[k][f];
-      return {
-        latency: lat,
-        load: ld,
-        bpf: {
-          ingressNsPerConn: d('ingress', 'ns') / conns, egressNsPerConn: d('egress', 'ns') / conns,
-          ingressRunsPerConn: d('ingress', 'runs') / conns, egressRunsPerConn: d('egress', 'runs') / conns,
-          ingressNsPerRun: d('ingress', 'ns') / d('ingress', 'runs'), egressNsPerRun: d('egress', 'ns') / d('egress', 'runs'),
-        },
-      };
+/** One measurement of the pod behind `s` in `lab` (`mode` says how it is dialled): latency, then requests/s. */
+function measure(plan: Plan, mode: Mode, lab: Lab, s: NpService, pod: string): TargetResult {
+  const [addr, port] = dial(mode, s, pod);
+  return { latency: latency(lab, addr, port, plan.rr), load: load(lab, addr, port, ['-n', String(plan.load), '-w', '200']) };
+}
+
+/**
+ * lbctl's tc programs' run time per connection to the pod behind `s`, in a
+ * requests/s run of its own: the kernel's accounting (BPF_ENABLE_STATS)
+ * costs every program run two clock reads, so it is on for this run only,
+ * never for the timed ones.
+ */
+function bpfTime(plan: Plan, sb: Sandbox, lab: Lab, s: NpService): BpfTime | undefined {
+  let stats: { close(): void };
+  try {
+    stats = enableRunTimeStats();
+  } catch {
+    return undefined; // before 5.8: the report leaves it out
+  }
+  try {
+    const [addr, port] = dial('lbctl', s, '');
+    const before = tcStats(sb.bpfRoot);
+    const ld = load(lab, addr, port, ['-n', String(plan.load), '-w', '200']);
+    const after = tcStats(sb.bpfRoot);
+    // np-load made (about) warm-up + counted + the ones in flight at the end: per connection over what it reports plus the warm-up
+    const conns = ld.completed + ld.failed + 200;
+    const d = (k: 'ingress' | 'egress', f: 'ns' | 'runs'): number => after[k][f] - before[k][f];
+    return {
+      ingressNsPerConn: d('ingress', 'ns') / conns, egressNsPerConn: d('egress', 'ns') / conns,
+      ingressRunsPerConn: d('ingress', 'runs') / conns, egressRunsPerConn: d('egress', 'runs') / conns,
+      ingressNsPerRun: d('ingress', 'ns') / d('ingress', 'runs'), egressNsPerRun: d('egress', 'ns') / d('egress', 'runs'),
     };
-    const local = one(svc.local, POD1.v4);
-    const remote = one(svc.remote, POD2.v4);
-    const result: PointResult = { mode, n, rep, setupMs, local, remote };
+  } finally {
+    stats.close();
+  }
+}
+
+/** The median of each measured figure over rounds (counts summed). */
+function medianOf(rs: readonly TargetResult[]): TargetResult {
+  const m = (f: (r: TargetResult) => number): number => median(rs.map(f));
+  const sum = (f: (r: TargetResult) => number): number => rs.reduce((a, r) => a + f(r), 0);
+  return {
+    latency: { p50_us: m((r) => r.latency.p50_us), p99_us: m((r) => r.latency.p99_us), failed: sum((r) => r.latency.failed) },
+    load: { rps: m((r) => r.load.rps), completed: sum((r) => r.load.completed), failed: sum((r) => r.load.failed), p50_us: m((r) => r.load.p50_us), p99_us: m((r) => r.load.p99_us), seconds: sum((r) => r.load.seconds) },
+  };
+}
+
+/**
+ * One mode at one N, in a fresh lab, measured in rounds alternating with
+ * the floor (the routed pod, in a lab of its own that lives through the
+ * whole N): each round measures both, in turn (which goes first alternates),
+ * so the machine's drift between runs (other tenants, the hypervisor) falls
+ * on both sides of each ratio. The floor's own measurements are its point.
+ */
+function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<typeof services>, texts: Map<string, string>, floor: ModeLab): Promise<{ point: PointResult; floor: PointResult }> {
+  return withLab(mode, n, svc, texts, false, async ({ sb, lab, setupMs }) => {
+    const ours: Record<'local' | 'remote', TargetResult[]> = { local: [], remote: [] };
+    const theirs: Record<'local' | 'remote', TargetResult[]> = { local: [], remote: [] };
+    const ratios: Round[] = [];
+    for (let round = 0; round < plan.rounds; round++) {
+      const r: Partial<Round> = {};
+      for (const [target, s, pod] of [['local', svc.local, POD1.v4], ['remote', svc.remote, POD2.v4]] as const) {
+        const pair = round % 2 === 0
+          ? [measure(plan, 'routed', floor.lab, s, pod), measure(plan, mode, lab, s, pod)] as const
+          : ((x, y) => [y, x] as const)(measure(plan, mode, lab, s, pod), measure(plan, 'routed', floor.lab, s, pod));
+        theirs[target].push(pair[0]);
+        ours[target].push(pair[1]);
+        r[target] = { rps: pair[1].load.rps / pair[0].load.rps, p50: pair[1].latency.p50_us / pair[0].latency.p50_us };
+      }
+      ratios.push(r as Round);
+    }
+    const result: PointResult = { mode, n, rep, setupMs, local: medianOf(ours.local), remote: medianOf(ours.remote), rounds: ratios };
+    if (mode === 'lbctl') {
+      const [l, r] = [bpfTime(plan, sb, lab, svc.local), bpfTime(plan, sb, lab, svc.remote)];
+      if (l && r) [result.local.bpf, result.remote.bpf] = [l, r];
+    }
     if (plan.sustain > 0) {
-      const [addr, port] = at(svc.remote, POD2.v4);
+      const [addr, port] = dial(mode, svc.remote, POD2.v4);
       result.sustained = load(lab, addr, port, ['-d', String(plan.sustain), '-w', '0']);
     }
     if (mode.startsWith('lbctl')) {
@@ -305,7 +364,7 @@ function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<t
       result.counters = Object.fromEntries(Object.entries(m).filter(([k, v]) => k.startsWith('np_') && v > 0));
       await lab.agent.stop(20_000);
     }
-    return result;
+    return { point: result, floor: { mode: 'routed', n, rep, setupMs: 0, local: medianOf(theirs.local), remote: medianOf(theirs.remote) } };
   });
 }
 
@@ -471,32 +530,45 @@ export interface E2eResults {
   search?: { n: number; window: number; timeoutMs: number; start: number; steps: number; modes: SearchResult[] };
 }
 
+/** The q-quantile of xs (linear between neighbours). */
+const quantile = (xs: readonly number[], q: number): number => {
+  const v = [...xs].sort((a, b) => a - b);
+  if (v.length === 0) return NaN;
+  const i = (v.length - 1) * q;
+  return v[Math.floor(i)]! + (v[Math.ceil(i)]! - v[Math.floor(i)]!) * (i - Math.floor(i));
+};
+
 export function e2eReport(r: E2eResults): string[] {
   const sizes = [...new Set(r.points.map((p) => p.n))];
   const at = (mode: Mode, n: number): PointResult[] => r.points.filter((p) => p.mode === mode && p.n === n);
   const stat = (mode: Mode, n: number, f: (p: PointResult) => number): number => median(at(mode, n).map(f));
+  const ratio = (mode: Mode, n: number, target: 'local' | 'remote', what: 'rps' | 'p50'): number => median(pairedRatios(r, mode, n, target, what));
+  const spread = (mode: Mode, n: number, target: 'local' | 'remote', what: 'rps' | 'p50'): string => {
+    const xs = pairedRatios(r, mode, n, target, what);
+    return mode === 'routed' ? '' : ` (${quantile(xs, 0.25).toFixed(2)}–${quantile(xs, 0.75).toFixed(2)})`;
+  };
   const lines: string[] = [];
   lines.push(
-    `## NodePort end to end (${r.meta.reps} repetitions, medians; ${r.meta.rr} timed connect+request+close one at a time for latency, ${r.meta.load} with 32 in flight for requests/s, after warm-ups)`,
+    `## NodePort end to end (${r.meta.reps} repetitions of ${r.meta.rounds} rounds, each round measuring the mode and the routed pod in turn; ${r.meta.rr} timed connect+request+close one at a time for latency, ${r.meta.load} with 32 in flight for requests/s, after warm-ups)`,
+    '',
+    'Ratios over the routed pod are medians of the rounds\' ratios (in brackets, their quartiles: the spread of the machine\'s noise); requests/s and latencies are medians of the rounds.',
     '',
   );
   for (const target of ['local', 'remote'] as const) {
     lines.push(
       `### ${target === 'local' ? 'Local backend (the pod on node 1: lbctl DNATs only; kube-proxy DNATs and masquerades)' : 'Remote backend (the pod on node 2: DNAT and SNAT in every mode)'}`,
       '',
-      '| N | mode | requests/s | / best kube-proxy | / routed pod | p50 µs | p50 / routed pod | p99 µs | p99 / routed pod | failed |',
-      '|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|',
+      '| N | mode | requests/s | / routed pod | / best kube-proxy | p50 µs | p50 / routed pod | p99 µs | failed |',
+      '|---:|---|---:|---:|---:|---:|---:|---:|---:|',
     );
     for (const n of sizes) {
-      const rps = (m: Mode): number => stat(m, n, (p) => p[target].load.rps);
-      const p50 = (m: Mode): number => stat(m, n, (p) => p[target].latency.p50_us);
-      const p99 = (m: Mode): number => stat(m, n, (p) => p[target].latency.p99_us);
-      const best = Math.max(rps('iptables'), rps('nftables'));
+      const best = Math.max(ratio('iptables', n, target, 'rps'), ratio('nftables', n, target, 'rps'));
       for (const m of MODES) {
         if (at(m, n).length === 0) continue;
         const failed = at(m, n).reduce((a, p) => a + p[target].load.failed + p[target].latency.failed, 0);
         lines.push(
-          `| ${n.toLocaleString('en')} | ${m} | ${rps(m).toFixed(0)} | ${(rps(m) / best).toFixed(2)}× | ${(rps(m) / rps('routed')).toFixed(2)}× | ${p50(m).toFixed(1)} | ${(p50(m) / p50('routed')).toFixed(2)}× | ${p99(m).toFixed(1)} | ${(p99(m) / p99('routed')).toFixed(2)}× | ${failed} |`,
+          `| ${n.toLocaleString('en')} | ${m} | ${stat(m, n, (p) => p[target].load.rps).toFixed(0)} | ${ratio(m, n, target, 'rps').toFixed(2)}×${spread(m, n, target, 'rps')} | ${(ratio(m, n, target, 'rps') / best).toFixed(2)}× | ` +
+            `${stat(m, n, (p) => p[target].latency.p50_us).toFixed(1)} | ${ratio(m, n, target, 'p50').toFixed(2)}×${spread(m, n, target, 'p50')} | ${stat(m, n, (p) => p[target].latency.p99_us).toFixed(1)} | ${failed} |`,
         );
       }
     }
@@ -506,16 +578,16 @@ export function e2eReport(r: E2eResults): string[] {
   const verdict = (ok: boolean): string => (ok ? 'met' : '**missed**');
   for (const n of sizes) {
     for (const target of ['local', 'remote'] as const) {
-      const rps = (m: Mode): number => stat(m, n, (p) => p[target].load.rps);
+      const rps = (m: Mode): number => ratio(m, n, target, 'rps');
+      const p50 = (m: Mode): number => ratio(m, n, target, 'p50');
       const best = Math.max(rps('iptables'), rps('nftables'));
-      const p50 = (m: Mode): number => stat(m, n, (p) => p[target].latency.p50_us) / stat('routed', n, (p) => p[target].latency.p50_us);
       const row = (what: string, v: number, ok: boolean): number => lines.push(`| ${what} | ${n.toLocaleString('en')} | ${target} | ${v.toFixed(2)}× | ${verdict(ok)} |`);
-      row(`requests/s ≥ ${ROUTED_TARGET}× the routed pod (tc, SNAT)`, rps('lbctl') / rps('routed'), rps('lbctl') / rps('routed') >= ROUTED_TARGET);
+      if (at('lbctl', n).length) row(`requests/s ≥ ${ROUTED_TARGET}× the routed pod (tc, SNAT)`, rps('lbctl'), rps('lbctl') >= ROUTED_TARGET);
       for (const [m, what] of [['lbctl-xdp', 'XDP'], ['lbctl-dsr', 'DSR']] as const) {
-        if (at(m, n).length) row(`requests/s ≥ ${ROUTED_TARGET_XDP}× the routed pod (${what})`, rps(m) / rps('routed'), rps(m) / rps('routed') >= ROUTED_TARGET_XDP);
+        if (at(m, n).length) row(`requests/s ≥ ${ROUTED_TARGET_XDP}× the routed pod (${what})`, rps(m), rps(m) >= ROUTED_TARGET_XDP);
       }
-      if (Number.isFinite(best)) row('requests/s ≥ the best kube-proxy mode (tc)', rps('lbctl') / best, rps('lbctl') >= best);
-      row(`p50 ≤ ${P50_TARGET}× the routed pod (tc)`, p50('lbctl'), p50('lbctl') <= P50_TARGET);
+      if (Number.isFinite(best) && at('lbctl', n).length) row('requests/s ≥ the best kube-proxy mode (tc)', rps('lbctl') / best, rps('lbctl') >= best);
+      if (at('lbctl', n).length) row(`p50 ≤ ${P50_TARGET}× the routed pod (tc)`, p50('lbctl'), p50('lbctl') <= P50_TARGET);
       for (const [m, what] of [['lbctl-xdp', 'XDP'], ['lbctl-dsr', 'DSR']] as const) {
         if (at(m, n).length) row(`p50 ≤ ${P50_TARGET}× the routed pod (${what})`, p50(m), p50(m) <= P50_TARGET);
       }
@@ -535,7 +607,7 @@ export function e2eReport(r: E2eResults): string[] {
   }
   const withBpf = r.points.filter((p) => p.local.bpf && p.remote.bpf);
   if (withBpf.length) {
-    lines.push('', "lbctl's tc programs during the requests/s runs (BPF_ENABLE_STATS), medians:", '', '| N | backend | ingress runs / connection | ns / run | egress runs / connection | ns / run | µs of BPF per connection | µs per connection over the routed pod (from requests/s) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
+    lines.push('', "lbctl's tc programs in a requests/s run of their own after the timed rounds (BPF_ENABLE_STATS: its clock reads are kept out of the timed runs), medians:", '', '| N | backend | ingress runs / connection | ns / run | egress runs / connection | ns / run | µs of BPF per connection | µs per connection over the routed pod (from requests/s) |', '|---:|---|---:|---:|---:|---:|---:|---:|');
     for (const n of sizes) {
       for (const target of ['local', 'remote'] as const) {
         const ps = withBpf.filter((p) => p.n === n);
@@ -578,49 +650,62 @@ function searchReport(s: NonNullable<E2eResults['search']>): string[] {
 
 // ------------------------------------------------------------------- main
 
+/**
+ * This process, and so what it starts (lbctl's agents, their worker
+ * threads), on every CPU but the measured one: client, nodes and pods are
+ * pinned to CPU 1 themselves (taskset), and kube-proxy's modes, emulated by
+ * their rules, run no daemon there either. An agent the scheduler put on
+ * CPU 1 took its turns from the connections measured.
+ */
+function keepOffMeasuredCpu(): void {
+  const others = os.cpus().map((_, i) => i).filter((i) => i !== CPU);
+  if (others.length === 0) return;
+  execFileSync('taskset', ['-a', '-p', '-c', others.join(','), String(process.pid)], { stdio: 'ignore' });
+}
+
 async function main(): Promise<void> {
   const plan = parse();
   if (process.getuid?.() !== 0) throw new Error('bench/nodeport-e2e.ts needs root (network namespaces, BPF)');
   if (plan.sizes.some((n) => n < 2)) throw new Error('--sizes: at least 2 (the measured local and remote services)');
   compile();
+  keepOffMeasuredCpu();
   const started = performance.now();
   const results: E2eResults = {
-    meta: { date: new Date().toISOString(), kernel: os.release(), cpus: os.cpus().length, cpu: os.cpus()[0]?.model ?? 'unknown', quick: plan.quick, reps: plan.reps, rr: plan.rr, load: plan.load, sustain: plan.sustain },
+    meta: { date: new Date().toISOString(), kernel: os.release(), cpus: os.cpus().length, cpu: os.cpus()[0]?.model ?? 'unknown', quick: plan.quick, reps: plan.reps, rounds: plan.rounds, rr: plan.rr, load: plan.load, sustain: plan.sustain },
     points: [],
   };
   mkdirSync(plan.out, { recursive: true });
-  // The kernel's accounting of BPF run time, for lbctl's points (it costs every mode the same two clock reads per program run: only lbctl's programs run).
-  // (BPF_ENABLE_STATS, 5.8+: held until this process ends, the kernel.bpf_stats_enabled sysctl untouched)
-  try {
-    enableRunTimeStats();
-  } catch (err) {
-    process.stderr.write(`no BPF run-time stats (${(err as Error).message}): the BPF time per connection is left out\n`);
-  }
   for (const n of plan.sizes) {
     const svc = services(n);
     const texts = new Map<string, string>();
-    for (let rep = 0; rep < plan.reps; rep++) {
-      const ms = plan.modes;
-      const order = [...ms.slice(rep % ms.length), ...ms.slice(0, rep % ms.length)];
-      for (const mode of order) {
-        // A lab that could not be built (a busy machine: the pods' servers slow to start) is built again, twice at most.
-        let p: PointResult | undefined;
-        for (let attempt = 1; !p; attempt++) {
-          try {
-            p = await point(plan, mode, n, rep, svc, texts);
-          } catch (err) {
-            if (attempt >= 3) throw err;
-            process.stderr.write(`e2e N=${n} rep ${rep + 1} ${mode}: ${(err as Error).message.split('\n')[0]}; a fresh lab, attempt ${attempt + 1}\n`);
+    // The floor: the routed pod in a lab of its own, measured in turn with every mode's lab at this N.
+    await withLab('routed', n, svc, texts, false, async (floor) => {
+      const modes = plan.modes.filter((m) => m !== 'routed');
+      for (let rep = 0; rep < plan.reps; rep++) {
+        const order = [...modes.slice(rep % modes.length), ...modes.slice(0, rep % modes.length)];
+        for (const mode of order) {
+          // A lab that could not be built (a busy machine: the pods' servers slow to start) is built again, twice at most.
+          let p: { point: PointResult; floor: PointResult } | undefined;
+          for (let attempt = 1; !p; attempt++) {
+            try {
+              p = await point(plan, mode, n, rep, svc, texts, floor);
+            } catch (err) {
+              if (attempt >= 3) throw err;
+              process.stderr.write(`e2e N=${n} rep ${rep + 1} ${mode}: ${(err as Error).message.split('\n')[0]}; a fresh lab, attempt ${attempt + 1}\n`);
+            }
           }
+          results.points.push(p.point, p.floor);
+          const q = p.point;
+          const r = (t: 'local' | 'remote'): string => q.rounds!.map((x) => x[t].rps.toFixed(2)).join(' ');
+          process.stderr.write(
+            `e2e N=${n} rep ${rep + 1}/${plan.reps} ${mode}: setup ${q.setupMs.toFixed(0)} ms; local ${q.local.load.rps.toFixed(0)} req/s (routed ${p.floor.local.load.rps.toFixed(0)}; rounds ${r('local')}) p50 ${q.local.latency.p50_us} µs; ` +
+              `remote ${q.remote.load.rps.toFixed(0)} req/s (routed ${p.floor.remote.load.rps.toFixed(0)}; rounds ${r('remote')}) p50 ${q.remote.latency.p50_us} µs` +
+              `${q.sustained ? `; sustained ${q.sustained.rps.toFixed(0)} req/s (${q.sustained.failed} failed)` : ''}\n`,
+          );
+          writeFileSync(path.join(plan.out, 'nodeport-e2e.json'), `${JSON.stringify(results, null, 1)}\n`);
         }
-        results.points.push(p);
-        process.stderr.write(
-          `e2e N=${n} rep ${rep + 1}/${plan.reps} ${mode}: setup ${p.setupMs.toFixed(0)} ms; local ${p.local.load.rps.toFixed(0)} req/s p50 ${p.local.latency.p50_us} µs; remote ${p.remote.load.rps.toFixed(0)} req/s p50 ${p.remote.latency.p50_us} µs` +
-            `${p.sustained ? `; sustained ${p.sustained.rps.toFixed(0)} req/s (${p.sustained.failed} failed)` : ''}\n`,
-        );
-        writeFileSync(path.join(plan.out, 'nodeport-e2e.json'), `${JSON.stringify(results, null, 1)}\n`);
       }
-    }
+    });
   }
   if (plan.searchWindow > 0) {
     // At the smallest N: the rate to one backend is the NAT's, not the rule walk's (the table above has that).

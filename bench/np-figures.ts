@@ -1,7 +1,9 @@
-// The tc datapath's per-packet figures (bench/nodeport-tc.ts), as its
-// report and bench/record.ts both compute them: ns over the empty tc
-// program, and issue 37's targets for them. No side effects: record.ts
-// imports it without running the bench.
+// The NodePort benches' figures as their reports and bench/record.ts both
+// compute them: the tc datapath's ns over the empty tc program and issue
+// 37's targets for them (bench/nodeport-tc.ts), and end to end, the ratios
+// over the routed pod measured beside each mode (bench/nodeport-e2e.ts).
+// No side effects: record.ts imports it without running the benches.
+import type { E2eResults } from './nodeport-e2e.js';
 
 /** Targets (issue 37): ns per packet over an empty program, at every N from 1 to 100,000 services. */
 export const TARGET_NS: Readonly<Record<string, number>> = { a: 40, b: 250, c: 250, d: 150, d_egress: 150 };
@@ -22,3 +24,13 @@ export function overEmpty(p: { samples: Record<string, number[]> }, id: string):
 export function wrapperCost(p: { samples: Record<string, number[]> }): number {
   return overEmpty(p, 'wrapped');
 }
+
+/**
+ * `mode`'s ratios over the routed pod at N to one pod, every round of every
+ * repetition (each measured beside the floor); the routed pod's own: 1.
+ */
+export function pairedRatios(r: E2eResults, mode: string, n: number, target: 'local' | 'remote', what: 'rps' | 'p50'): number[] {
+  if (mode === 'routed') return [1];
+  return r.points.filter((p) => p.mode === mode && p.n === n).flatMap((p) => (p.rounds ?? []).map((x) => x[target][what]));
+}
+
