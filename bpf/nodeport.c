@@ -290,9 +290,28 @@ static __always_inline const struct lb_device *np_fib_dev(const struct bpf_fib_l
 	return bpf_map_lookup_elem(&lb_devices, &ifindex);
 }
 
+#ifndef NP_XDP
+/*
+ * skb->tc_index: a packet this program translated and redirected to a
+ * device of ours (np_forward_dev()), whose egress program has nothing left
+ * to do for it: it returns at once (np_egress_done()), where it would look
+ * the packet up for a local flow's reply and find none (a remote flow's
+ * packets both ways, DSR's, ICMP errors translated). The kernel keeps
+ * tc_index from the redirect to the device's egress; the bit is cleared
+ * where it is read, and at ingress, so one set here and not read (a device
+ * that lost our egress program) never skips anything elsewhere. A bit of
+ * its own: Cilium's TC_INDEX_F_* flags take the low ones.
+ */
+#define NP_TC_INDEX_REDIRECTED	0x8000
+#endif
+
 /* np_fib_redirect() out of the FIB's device (`dev`, np_fib_dev()'s), a layer-3 one or not as lb_devices says. */
 static __always_inline int np_forward_dev(struct np_ctx *skb, struct bpf_fib_lookup *fib, int rc, const struct lb_device *dev)
 {
+#ifndef NP_XDP
+	if (dev)
+		skb->tc_index |= NP_TC_INDEX_REDIRECTED;
+#endif
 	return np_fib_redirect(skb, fib, rc, dev && (dev->flags & LB_DEV_F_L3));
 }
 
@@ -3447,11 +3466,25 @@ static __always_inline bool np_l3_at_start(struct np_ctx *skb)
 }
 #endif
 
-SEC("tc")
-int lb_nodeport_ingress(struct np_ctx *skb)
+/*
+ * Whether egress has nothing to do for this packet (NP_TC_INDEX_REDIRECTED:
+ * redirected here, translated, by the ingress program); the bit is cleared.
+ */
+static __always_inline bool np_egress_done(struct np_ctx *skb)
+{
+	if (!(skb->tc_index & NP_TC_INDEX_REDIRECTED))
+		return false;
+	skb->tc_index &= ~NP_TC_INDEX_REDIRECTED;
+	return true;
+}
+
+/* The ingress half of a tc program run: np_ingress4/6 and what they hand on (ICMP). */
+static __always_inline int np_ingress(struct np_ctx *skb)
 {
 	int rc;
 
+	if (skb->tc_index & NP_TC_INDEX_REDIRECTED)
+		skb->tc_index &= ~NP_TC_INDEX_REDIRECTED; /* set on another hop, not read there */
 #ifdef NP_L3_DEVICE
 	if (!np_l3_at_start(skb))
 		return TC_ACT_UNSPEC;
@@ -3480,11 +3513,13 @@ int lb_nodeport_ingress(struct np_ctx *skb)
 	return TC_ACT_UNSPEC;
 }
 
-SEC("tc")
-int lb_nodeport_egress(struct np_ctx *skb)
+/* The egress half. */
+static __always_inline int np_egress(struct np_ctx *skb)
 {
 	int rc;
 
+	if (np_egress_done(skb))
+		return TC_ACT_UNSPEC;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		rc = np_egress4(skb);
 		return rc == NP_DO_ICMP ? np_icmp_egress4(skb) : rc;
@@ -3494,5 +3529,17 @@ int lb_nodeport_egress(struct np_ctx *skb)
 		return rc == NP_DO_ICMP ? np_icmp_egress6(skb) : rc;
 	}
 	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int lb_nodeport_ingress(struct np_ctx *skb)
+{
+	return np_ingress(skb);
+}
+
+SEC("tc")
+int lb_nodeport_egress(struct np_ctx *skb)
+{
+	return np_egress(skb);
 }
 #endif /* NP_XDP */

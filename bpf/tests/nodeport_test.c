@@ -40,3 +40,31 @@ int np_test_record_headlen(struct __sk_buff *skb)
 	bpf_map_update_elem(&np_test_headlen, &zero, &len, BPF_ANY);
 	return TC_ACT_UNSPEC;
 }
+
+/*
+ * test/bpf/nodeport-unit.ts: the mark a redirect leaves for the egress
+ * program (NP_TC_INDEX_REDIRECTED), which a test run neither takes in its
+ * context nor hands back: NP_TEST_MARKED + the verdict when the packet
+ * leaves the program with the bit set. np_test_ingress_mark runs the
+ * ingress program as it is; np_test_egress_marked the egress program on a
+ * packet marked as a redirect would have left it.
+ */
+#define NP_TEST_MARKED 1000
+
+SEC("tc")
+int np_test_ingress_mark(struct __sk_buff *skb)
+{
+	int rc = np_ingress(skb);
+
+	return (skb->tc_index & NP_TC_INDEX_REDIRECTED) ? NP_TEST_MARKED + rc : rc;
+}
+
+SEC("tc")
+int np_test_egress_marked(struct __sk_buff *skb)
+{
+	int rc;
+
+	skb->tc_index |= NP_TC_INDEX_REDIRECTED;
+	rc = np_egress(skb);
+	return (skb->tc_index & NP_TC_INDEX_REDIRECTED) ? NP_TEST_MARKED + rc : rc;
+}

@@ -237,7 +237,7 @@ async function inNamespace(): Promise<void> {
    * unless asked (test runs take it from 5.16 on only): the programs fall
    * back to ifindex, the same device.
    */
-  function run(prog: 'lb_nodeport_ingress' | 'lb_nodeport_egress', data: Buffer, gso?: { size: number; segs: number }, inIf = 0): Run {
+  function run(prog: 'lb_nodeport_ingress' | 'lb_nodeport_egress' | 'np_test_ingress_mark' | 'np_test_egress_marked', data: Buffer, gso?: { size: number; segs: number }, inIf = 0): Run {
     const ctx = Buffer.alloc(192);
     ctx.writeUInt32LE(inIf, 36); // ingress_ifindex
     ctx.writeUInt32LE(np0, 40); // ifindex
@@ -494,6 +494,27 @@ async function inNamespace(): Promise<void> {
     maps.nat4.update(outside, maps.nat4.lookup(lb4_ct_key.encode({ ...rkey, proto: IPPROTO_TCP }))!);
     const own = fromPeer({ src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: 62000, flags: TCP_ACK });
     untouched(t, ingress(own), own, 'a packet to a node port outside the SNAT range, though an entry matches');
+  });
+
+  // A packet the ingress program translated and redirected to a device of ours needs nothing more at that
+  // device's egress: ingress marks it (skb->tc_index, NP_TC_INDEX_REDIRECTED) and egress lets it go at once,
+  // clearing the mark, where it would look it up for a local flow's reply and find none (a remote flow's
+  // packets both ways: 8 egress runs a connection in the NodePort e2e bench). A test run neither takes
+  // tc_index nor hands it back: bpf/tests/nodeport_test.c's wrappers add NP_TEST_MARKED to the verdict.
+  t.test('a packet redirected to a device of ours is marked for its egress program, which lets it go at once; one passed up is not', async (t) => {
+    const MARKED = 1000; // NP_TEST_MARKED
+    reset();
+    putService({ address: '0.0.0.0', port: NODEPORT, type: LbSvcType.LB_SVC_NODEPORT, revNat: 40, backends: [{ id: 7, address: REMOTE_BE4, port: 8080 }] });
+    putService({ address: LB4, port: 80, type: LbSvcType.LB_SVC_LOADBALANCER, revNat: 41, backends: [{ id: 1, address: LOCAL_BE4, port: 8080 }] });
+    const syn = run('np_test_ingress_mark', fromClient({ src: CLIENT4, dst: NODE4, proto: 'tcp', sport: 42700, dport: NODEPORT, flags: TCP_SYN }));
+    t.equal(syn.rc, MARKED + TC_ACT_REDIRECT, 'a remote flow\'s packet, redirected out of np0 (ours): marked');
+    const synAck = fromPeer({ src: REMOTE_BE4, dst: NODE4, proto: 'tcp', sport: 8080, dport: syn.p.sport ?? 0, flags: TCP_SYN | TCP_ACK });
+    t.equal(run('np_test_ingress_mark', synAck).rc, MARKED + TC_ACT_REDIRECT, 'its reply, redirected towards the client: marked');
+    const localSyn = run('np_test_ingress_mark', fromClient({ src: CLIENT4, dst: LB4, proto: 'tcp', sport: 42701, dport: 80, flags: TCP_SYN }));
+    t.match(localSyn, { rc: TC_ACT_OK, p: { dst: LOCAL_BE4 } }, 'a local backend\'s packet, passed up to the stack: translated, not marked');
+    const reply = fromPod({ src: LOCAL_BE4, dst: CLIENT4, proto: 'tcp', sport: 8080, dport: 42701, flags: TCP_SYN | TCP_ACK });
+    untouched(t, run('np_test_egress_marked', reply), reply, 'egress lets a marked packet go as it is, and clears the mark (a local flow\'s reply here, which nothing marks)');
+    t.match(egress(reply), { rc: TC_ACT_UNSPEC, p: { src: LB4, sport: 80 } }, 'the same packet unmarked: the local flow\'s reply, rev-DNATed');
   });
 
   t.test('a remote backend over IPv6, and a local one with its reply at egress', async (t) => {
