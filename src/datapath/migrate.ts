@@ -11,6 +11,9 @@ import { BPF_ANY, BPF_NOEXIST, BpfObject, isErrno, openPinnedMap, type BpfMap } 
 import { mapSpecs } from './abi.gen.js';
 import { convertPerCpu, converter, type Converter } from './layout.js';
 
+/** copyPinnedInto()'s `progress` is called once per this many + 1 entries (a mask). */
+export const PROGRESS_EVERY = 0xfff;
+
 /** BPF_MAP_TYPE_PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH. */
 const PERCPU_TYPES = new Set([5, 6, 10]);
 /** BPF_MAP_TYPE_ARRAY_OF_MAPS, HASH_OF_MAPS. */
@@ -138,6 +141,7 @@ export function copyPinnedInto(
   names: readonly string[],
   relaid: ReadonlyMap<string, MapConverters>,
   keepNewer = false,
+  progress?: () => void,
 ): MapMigration[] {
   const out: MapMigration[] = [];
   for (const name of object.mapNames()) {
@@ -156,7 +160,9 @@ export function copyPinnedInto(
       const keyChanged = conv !== undefined && !conv.key.identical;
       const cpus = from.perCpu ? from.valueBufSize / Math.ceil(from.valueSize / 8) / 8 : 1;
       let entries = 0;
+      let seen = 0;
       for (const [k, v] of from.entries()) {
+        if (progress && (++seen & PROGRESS_EVERY) === 0) progress();
         const key = conv ? conv.key.convert(k) : k;
         const value = !conv ? v : from.perCpu ? convertPerCpu(conv.value, v, cpus) : conv.value.convert(v);
         try {

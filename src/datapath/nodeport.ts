@@ -25,7 +25,7 @@ import { fileURLToPath } from 'node:url';
 import { ConfigError } from '../base/errors.js';
 import { has, type DatapathFeatures } from './features.js';
 import { BPF_ANY, BPF_NOEXIST, BpfObject, holdPinnedLink, holdProgram, isErrno, openPinnedMap, pinnedLinkUpdate, progInfoById, unpin, type BpfMap, type HeldLink, type HeldProgram } from '../native/bpf.js';
-import { comparePinned, copyPinnedInto, openKept, type MapConverters, type MapMigration } from './migrate.js';
+import { comparePinned, copyPinnedInto, openKept, PROGRESS_EVERY, type MapConverters, type MapMigration } from './migrate.js';
 import { links as rtnlLinks } from '../native/rtnl.js';
 import { tcAttach, tcDetach, tcQuery, tcxAttach, type TcDirection, type TcFilter } from '../native/tc.js';
 import { ipv4ToUint, ipv6Bytes } from '../lb/addr.js';
@@ -76,11 +76,10 @@ export type NodePortMode = 'snat' | 'dsr' | 'hybrid';
 /**
  * How long the programs hold back a flow's packets that find no entry while
  * flows are carried into new maps (LB_NP_F_MIGRATING), seconds from the
- * switch round that set it: the window takes tens of milliseconds, and an
- * agent killed inside it leaves the flag set, which must not hold a pod's
- * traffic back until the next agent starts. A window longer than this
- * (copies of millions of flows on a slow machine) only loses the hold for
- * the rest of it.
+ * agent's last renewal (the switch round that set it, then as the window's
+ * work goes: renewHold()): the window takes tens of milliseconds
+ * here, and an agent killed inside it leaves the flag set, which must not
+ * hold a pod's traffic back until the next agent starts.
  */
 export const MIGRATION_HOLD_S = 10;
 
@@ -403,15 +402,17 @@ export class NodePortDatapath {
   commitMigration(): Record<string, number> {
     const m = this.pending;
     if (!m) return {};
+    // a long copy keeps the programs' hold (renewHold()); a killed agent's lapses
+    const renew = (): void => this.renewHold();
+    const after: Record<string, number> = {};
+    for (const r of copyPinnedInto(this.object, this.mapsDir, m.carried, m.relaid, true, renew)) after[r.map] = r.entries;
+    for (const f of m.split) {
+      after[`lb${f}_nat`] = movePinnedTranslations(this.mapsDir, this.object.map(`lb${f}_nat`), f, true, renew);
+      // Gone from the flows' map now that no program looks for them there.
+      moveTranslations(this.object.map(`lb${f}_ct`), undefined, f, true, renew);
+    }
     this.pending = undefined;
     this.switchStarted = 0;
-    const after: Record<string, number> = {};
-    for (const r of copyPinnedInto(this.object, this.mapsDir, m.carried, m.relaid, true)) after[r.map] = r.entries;
-    for (const f of m.split) {
-      after[`lb${f}_nat`] = movePinnedTranslations(this.mapsDir, this.object.map(`lb${f}_nat`), f, true);
-      // Gone from the flows' map now that no program looks for them there.
-      moveTranslations(this.object.map(`lb${f}_ct`), undefined, f, true);
-    }
     if (m.staging) {
       for (const name of readdirSync(m.staging)) renameSync(path.join(m.staging, name), path.join(this.mapsDir, name));
       rmdirSync(m.staging);
@@ -447,6 +448,17 @@ export class NodePortDatapath {
       out.push({ map: name, entries: live, stored: count, maxEntries: map.maxEntries });
     }
     return out;
+  }
+
+  /**
+   * While the programs hold flows back (a migration's switch round, until
+   * its commit), writes the hold's deadline again: after each attach and
+   * every 4,096 entries the commit copies (one map write each time), so the
+   * window's work never outlasts it, and an agent killed inside it stops
+   * renewing it.
+   */
+  private renewHold(): void {
+    if (this.settings && this.pending && this.switching) this.configure(this.settings);
   }
 
   /**
@@ -643,6 +655,7 @@ export class NodePortDatapath {
         try {
           this.attachOne(p.device, p.dir, p.previous, switched.length + 1);
           switched.push(p);
+          this.renewHold();
         } catch (err) {
           const notReverted = this.revert([...switched, p]);
           const devicesIn = new Set(planned.map((x) => x.device.name));
@@ -1000,12 +1013,13 @@ function planTcMaps(file: string, mapsDir: string, shared: ReadonlySet<string>, 
  * written by a datapath from before lb*_nat into `to` (none: only deletes
  * them). With `keepNewer` an entry already in `to` stays. Returns how many.
  */
-function moveTranslations(from: BpfMap, to: BpfMap | undefined, family: 4 | 6, keepNewer: boolean): number {
+function moveTranslations(from: BpfMap, to: BpfMap | undefined, family: 4 | 6, keepNewer: boolean, progress?: () => void): number {
   const keyCodec = family === 4 ? lb4_ct_key : lb6_ct_key;
   const valueCodec = family === 4 ? lb4_ct_entry : lb6_ct_entry;
   let moved = 0;
   const { keys, values, count } = from.entriesFlat();
   for (let i = 0; i < count; i++) {
+    if (progress && (i & PROGRESS_EVERY) === PROGRESS_EVERY) progress();
     const key = keys.subarray(i * from.keySize, (i + 1) * from.keySize);
     const value = values.subarray(i * from.valueSize, (i + 1) * from.valueSize);
     if (keyCodec.decode(key).dir !== LbCtDir.LB_CT_REPLY || !(valueCodec.decode(value).flags & LbCtFlags.LB_CT_F_SNAT)) continue;
@@ -1024,10 +1038,10 @@ function moveTranslations(from: BpfMap, to: BpfMap | undefined, family: 4 | 6, k
 }
 
 /** moveTranslations() out of the lb*_ct map pinned in `mapsDir`. */
-function movePinnedTranslations(mapsDir: string, to: BpfMap, family: 4 | 6, keepNewer: boolean): number {
+function movePinnedTranslations(mapsDir: string, to: BpfMap, family: 4 | 6, keepNewer: boolean, progress?: () => void): number {
   const from = openPinnedMap(path.join(mapsDir, `lb${family}_ct`));
   try {
-    return moveTranslations(from, to, family, keepNewer);
+    return moveTranslations(from, to, family, keepNewer, progress);
   } finally {
     from.close();
   }

@@ -13,9 +13,10 @@ import t from 'tap';
 import { hasSetRetval } from '../../src/datapath/features.js';
 import { ROOT } from '../helpers/sandbox.js';
 import { COMPAT_OBJECT, DEFAULT_OBJECT, ensureBpffs } from '../../src/datapath/loader.js';
-import { isOurs, NodePortDatapath, PROGRAMS } from '../../src/datapath/nodeport.js';
+import { isOurs, MIGRATION_HOLD_S, NodePortDatapath, PROGRAMS, type NodePortSettings } from '../../src/datapath/nodeport.js';
 import { BpfObject, openPinnedMap } from '../../src/native/bpf.js';
-import { lb4_ct_entry, lb4_ct_key, lb_device } from '../../src/datapath/abi.gen.js';
+import { lb4_ct_entry, lb4_ct_key, lb_device, lb_np_config, LbNpConfigFlags, u32 } from '../../src/datapath/abi.gen.js';
+import { monotonicSeconds } from '../../src/datapath/ct.js';
 
 if (process.getuid?.() !== 0) t.bailout('the native suites need root (BPF): run `make test` as root');
 
@@ -135,4 +136,44 @@ t.test("isOurs: lbctl's tc programs by their BTF function names, not by the 15 c
   open.push(bare);
   t.notOk(isOurs(bare.progInfo('lb_nodeport_ingress').id), 'a program without BTF is not ours, whatever its name');
   t.notOk(isOurs(0), 'no program (id 0) is not ours');
+});
+
+// While the programs switch (a migration's switch round), they hold back a flow's packets that find no
+// entry yet (LB_NP_F_MIGRATING) until a deadline MIGRATION_HOLD_S on, so an agent killed in the window
+// does not leave the hold for good. A long commit copy must not outlive it: the agent writes it again
+// every 4,096 entries it copies (a review found a copy of millions of flows would have lost the hold
+// half way); the flag is off once committed.
+t.test('a commit inside a switch round renews the hold as it copies; the flag is off after', async (t) => {
+  const settings: NodePortSettings = {
+    nodePortRange: { first: 30000, last: 32767 }, snatRange: { first: 61000, last: 65535 }, snatRetries: 16, externalClusterIP: false,
+    maglev: { m: 251, seed4: 1, seed6: 2 }, conntrack: { tcpEstablished: 0, tcpCloseWait: 0, udp: 0 },
+  };
+  const first = await load({ ct: 16384 });
+  open.push(first);
+  first.commitMigration();
+  const pinned = openPinnedMap(path.join(mapsDir, 'lb4_ct'));
+  for (let i = 0; i < 10_000; i++) pinned.update(key(10 + i, 0), entry(1 | 4));
+  pinned.close();
+  const dp = await load({ ct: 32768 });
+  open.push(dp);
+  t.ok(dp.migrating, 'a --ct-max change: 10,000 flows to carry');
+  const writes: Array<{ flags: number; until: number }> = [];
+  const configure = dp.configure.bind(dp);
+  dp.configure = (s: NodePortSettings): void => {
+    configure(s);
+    const c = lb_np_config.decode(dp.object.map('lb_np_config').lookup(u32.encode(0))!);
+    writes.push({ flags: c.flags, until: c.migratingUntil });
+  };
+  const inRound = dp as unknown as { switching: boolean };
+  inRound.switching = true; // as switchRound() has it from the first attach to the commit
+  dp.configure(settings);
+  const now = monotonicSeconds();
+  const carried = dp.commitMigration();
+  inRound.switching = false;
+  const MIGRATING = LbNpConfigFlags.LB_NP_F_MIGRATING;
+  t.equal(carried['lb4_ct'] ?? 0, 0, 'every flow was in the new map already (the load copied them): none carried again');
+  const held = writes.filter((w) => w.flags & MIGRATING);
+  t.ok(held.length >= 3, `the hold written at the round's start and again as the copy went: ${held.length} times for 10,000 entries`);
+  t.ok(held.every((w) => w.until >= now + MIGRATION_HOLD_S - 1 && w.until <= now + MIGRATION_HOLD_S + 1), `each with a deadline ${MIGRATION_HOLD_S} s on (${held.map((w) => w.until - now).join(', ')})`);
+  t.match(writes.at(-1), { flags: 0, until: 0 }, 'committed: the flag off, no deadline');
 });
