@@ -298,9 +298,12 @@ static __always_inline const struct lb_device *np_fib_dev(const struct bpf_fib_l
  * the packet up for a local flow's reply and find none (a remote flow's
  * packets both ways, DSR's, ICMP errors translated). The kernel keeps
  * tc_index from the redirect to the device's egress; the bit is cleared
- * where it is read, and at ingress, so one set here and not read (a device
- * that lost our egress program) never skips anything elsewhere. A bit of
- * its own: Cilium's TC_INDEX_F_* flags take the low ones.
+ * where it is read, and at ingress. One set for a device whose egress does
+ * not run ours (not attached yet, or an older release's mid-switch) may
+ * ride a tunnel's outer packet (ipip, vxlan, geneve keep the skb) to the
+ * underlay's egress, which then only skips the node's-own-flow check
+ * (np4_host_flow()) for that packet. A bit of its own: Cilium's
+ * TC_INDEX_F_* flags take the low ones.
  */
 #define NP_TC_INDEX_REDIRECTED	0x8000
 #endif
