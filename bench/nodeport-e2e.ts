@@ -12,7 +12,7 @@
 //   nftables   kube-proxy's nftables mode, emulated the same way, loaded with nft -f
 //
 //   node --import=@tapjs/typescript/import bench/nodeport-e2e.ts [--quick] [--out DIR] [--sizes 2,10000] [--reps 3]
-//        [--sustain 3] [--search-window 20] [--search-start 1000] [--search-steps 3]
+//        [--rounds 4] [--modes lbctl,...] [--sustain 3] [--search-window 20] [--search-start 1000] [--search-steps 3]
 //
 // Every lab is wired as XDP needs it, whatever the mode, so the labs are the
 // same: the veths XDP sends frames to (ext0, n2a) run an XDP program that
@@ -33,15 +33,18 @@
 // CPU 1 (veth hands packets on in the sender's softirq, so every step of a
 // connection runs there): requests per second measure what a connection
 // costs the whole path; the bench and lbctl's agents run on the other CPUs.
-// Each mode gets a fresh lab (no rule, conntrack or CT state carries over);
-// modes run in a rotating order per repetition; medians of the repetitions
-// are reported.
+// Each mode gets a fresh lab (no rule, conntrack or CT state carries over),
+// timed in --rounds rounds in turn with the routed pod, whose lab of its own
+// lives through the N (which goes first alternates): the machine's drift
+// falls on both sides of each round's ratio. Modes run in a rotating order
+// per repetition; ratios over the routed pod are the medians of every
+// round's, figures the medians of the rounds.
 //
 // lbctl SNATs flows to a remote pod to ports of --snat-port-range (from
 // above the NodePort range to 65535 by default), keeping the client's own
 // port when it is free and taking over a closed flow's port when no free
 // one is found (docs/nodeport.md, "SNAT ports"). A last sustained run
-// (--sustain seconds, remote pod, every mode, 32 in flight) follows the
+// (--sustain seconds, remote pod, every mode but the routed pod, 32 in flight) follows the
 // timed points.
 //
 // Then the sustained rate (issue 34): for lbctl, iptables and nftables, the
@@ -65,7 +68,7 @@
 // failures inside it, where the question a node's operator asks is which
 // rate it takes without failing a connection.
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Command } from 'commander';
@@ -130,8 +133,9 @@ function parse(): Plan {
   const modes = o.modes ? o.modes.split(',') : [...MODES];
   const unknown = modes.filter((m) => !(MODES as readonly string[]).includes(m));
   if (unknown.length) throw new Error(`--modes: no mode ${unknown.join(', ')} (${MODES.join(', ')})`);
+  if (!modes.some((m) => m !== 'routed')) throw new Error('--modes: at least one mode besides routed (each is timed beside it)');
   const quick = Boolean(o.quick);
-  return {
+  const plan: Plan = {
     quick,
     out: o.out,
     sizes: o.sizes ? o.sizes.split(',').map((x) => Number(x.replace(/_/g, ''))) : quick ? [2, 1000] : [2, 10_000],
@@ -146,6 +150,8 @@ function parse(): Plan {
     searchSteps: Number(o.searchSteps ?? (quick ? 1 : 3)),
     modes: MODES.filter((m) => m === 'routed' || modes.includes(m)),
   };
+  if (!Number.isInteger(plan.rounds) || plan.rounds < 1) throw new Error(`--rounds ${o.rounds}: a positive integer (an even one puts each side first as often)`);
+  return plan;
 }
 
 const median = (xs: readonly number[]): number => {
@@ -291,12 +297,15 @@ function measure(plan: Plan, mode: Mode, lab: Lab, s: NpService, pod: string): T
  * costs every program run two clock reads, so it is on for this run only,
  * never for the timed ones.
  */
+let statsNoted = false;
 function bpfTime(plan: Plan, sb: Sandbox, lab: Lab, s: NpService): BpfTime | undefined {
   let stats: { close(): void };
   try {
     stats = enableRunTimeStats();
   } catch {
-    return undefined; // before 5.8: the report leaves it out
+    if (!statsNoted) process.stderr.write('no BPF run-time stats (BPF_ENABLE_STATS, 5.8+): the BPF time per connection is left out\n');
+    statsNoted = true;
+    return undefined;
   }
   try {
     const [addr, port] = dial('lbctl', s, '');
@@ -613,8 +622,9 @@ export function e2eReport(r: E2eResults): string[] {
         const ps = withBpf.filter((p) => p.n === n);
         if (!ps.length) continue;
         const m = (f: (b: BpfTime) => number): number => median(ps.map((p) => f(p[target].bpf!)));
-        const perConn = (mode: Mode): number => 1e6 / stat(mode, n, (p) => p[target].load.rps);
-        lines.push(`| ${n.toLocaleString('en')} | ${target} | ${m((b) => b.ingressRunsPerConn).toFixed(1)} | ${m((b) => b.ingressNsPerRun).toFixed(0)} | ${m((b) => b.egressRunsPerConn).toFixed(1)} | ${m((b) => b.egressNsPerRun).toFixed(0)} | ${(m((b) => b.ingressNsPerConn + b.egressNsPerConn) / 1000).toFixed(2)} | ${(perConn('lbctl') - perConn('routed')).toFixed(2)} |`);
+        // a connection's time over the routed pod's, from the paired ratio: routed's µs × (1 / ratio - 1)
+        const over = (1e6 / stat('routed', n, (p) => p[target].load.rps)) * (1 / median(pairedRatios(r, 'lbctl', n, target, 'rps')) - 1);
+        lines.push(`| ${n.toLocaleString('en')} | ${target} | ${m((b) => b.ingressRunsPerConn).toFixed(1)} | ${m((b) => b.ingressNsPerRun).toFixed(0)} | ${m((b) => b.egressRunsPerConn).toFixed(1)} | ${m((b) => b.egressNsPerRun).toFixed(0)} | ${(m((b) => b.ingressNsPerConn + b.egressNsPerConn) / 1000).toFixed(2)} | ${over.toFixed(2)} |`);
       }
     }
   }
@@ -658,9 +668,16 @@ function searchReport(s: NonNullable<E2eResults['search']>): string[] {
  * CPU 1 took its turns from the connections measured.
  */
 function keepOffMeasuredCpu(): void {
-  const others = os.cpus().map((_, i) => i).filter((i) => i !== CPU);
-  if (others.length === 0) return;
-  execFileSync('taskset', ['-a', '-p', '-c', others.join(','), String(process.pid)], { stdio: 'ignore' });
+  // the CPUs this process may use (a cpuset may hold fewer than os.cpus()): Cpus_allowed_list, as 0-3,5
+  const list = /^Cpus_allowed_list:\s*(\S+)/m.exec(readFileSync('/proc/self/status', 'utf8'))?.[1] ?? '';
+  const allowed = list.split(',').flatMap((r) => {
+    const [a, b = a] = r.split('-').map(Number);
+    return Array.from({ length: b! - a! + 1 }, (_, i) => a! + i);
+  });
+  if (!allowed.includes(CPU)) throw new Error(`CPU ${CPU}, where the lab is measured, is not among this process's CPUs (${list})`);
+  const others = allowed.filter((i) => i !== CPU);
+  if (others.length === 0) throw new Error(`only CPU ${CPU} is allowed (${list}): the bench and the agents would run on the CPU measured`);
+  execFileSync('taskset', ['-a', '-p', '-c', others.join(','), String(process.pid)], { stdio: ['ignore', 'ignore', 'pipe'] });
 }
 
 async function main(): Promise<void> {
