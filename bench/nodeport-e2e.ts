@@ -346,19 +346,19 @@ function point(plan: Plan, mode: Mode, n: number, rep: number, svc: ReturnType<t
   return withLab(mode, n, svc, texts, false, async ({ sb, lab, setupMs }) => {
     const ours: Record<'local' | 'remote', TargetResult[]> = { local: [], remote: [] };
     const theirs: Record<'local' | 'remote', TargetResult[]> = { local: [], remote: [] };
-    const ratios: Round[] = [];
     for (let round = 0; round < plan.rounds; round++) {
-      const r: Partial<Round> = {};
       for (const [target, s, pod] of [['local', svc.local, POD1.v4], ['remote', svc.remote, POD2.v4]] as const) {
-        const pair = round % 2 === 0
-          ? [measure(plan, 'routed', floor.lab, s, pod), measure(plan, mode, lab, s, pod)] as const
-          : ((x, y) => [y, x] as const)(measure(plan, mode, lab, s, pod), measure(plan, 'routed', floor.lab, s, pod));
-        theirs[target].push(pair[0]);
-        ours[target].push(pair[1]);
-        r[target] = { rps: pair[1].load.rps / pair[0].load.rps, p50: pair[1].latency.p50_us / pair[0].latency.p50_us };
+        // which of the two goes first alternates
+        const routed = round % 2 === 0 ? measure(plan, 'routed', floor.lab, s, pod) : undefined;
+        ours[target].push(measure(plan, mode, lab, s, pod));
+        theirs[target].push(routed ?? measure(plan, 'routed', floor.lab, s, pod));
       }
-      ratios.push(r as Round);
     }
+    const over = (t: 'local' | 'remote', i: number): Round['local'] => ({
+      rps: ours[t][i]!.load.rps / theirs[t][i]!.load.rps,
+      p50: ours[t][i]!.latency.p50_us / theirs[t][i]!.latency.p50_us,
+    });
+    const ratios: Round[] = ours.local.map((_, i) => ({ local: over('local', i), remote: over('remote', i) }));
     const result: PointResult = { mode, n, rep, setupMs, local: medianOf(ours.local), remote: medianOf(ours.remote), rounds: ratios };
     if (mode === 'lbctl') {
       const [l, r] = [bpfTime(plan, sb, lab, svc.local), bpfTime(plan, sb, lab, svc.remote)];

@@ -458,7 +458,12 @@ export class NodePortDatapath {
    * renewing it.
    */
   private renewHold(): void {
-    if (this.settings && this.pending && this.switching) this.configure(this.settings);
+    if (this.settings && this.holding) this.configure(this.settings);
+  }
+
+  /** The programs hold back flows not carried yet (LB_NP_F_MIGRATING): a migration's switch round runs. */
+  private get holding(): boolean {
+    return this.pending !== undefined && this.switching;
   }
 
   /**
@@ -469,7 +474,7 @@ export class NodePortDatapath {
    */
   configure(s: NodePortSettings): void {
     this.settings = s;
-    const migrating = Boolean(this.pending && this.switching);
+    const migrating = this.holding;
     const value = lb_np_config.encode({
       nodeportMin: s.nodePortRange.first,
       nodeportMax: s.nodePortRange.last,
